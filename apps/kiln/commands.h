@@ -1,0 +1,14 @@
+// The `kiln` CLI: each subcommand registers itself from its own cmd_*.cpp file.
+#pragma once
+
+#include <CLI/CLI.hpp>
+
+namespace kiln::app {
+
+void register_info(CLI::App& app);
+void register_bench(CLI::App& app);
+
+// Exit code for a subcommand that failed on user input (message already printed).
+inline constexpr int kUserError = 2;
+
+}  // namespace kiln::app

@@ -1,0 +1,81 @@
+// kiln's own thread pool, used by every parallel kernel; `--threads` sets its size.
+// Why not OpenMP: the pool is persistent and small enough to read, its size changes at run
+// time from one setting, it never fights OpenBLAS/oneDNN's runtimes in benchmarks or MPI
+// ranks in distributed runs, and a task's index (not the thread that ran it) decides what it
+// computes, so results do not depend on scheduling.
+#pragma once
+
+#include <atomic>
+#include <condition_variable>
+#include <cstdint>
+#include <mutex>
+#include <thread>
+#include <vector>
+
+namespace kiln {
+
+class ThreadPool {
+ public:
+  explicit ThreadPool(int num_threads);
+  ~ThreadPool();
+  ThreadPool(const ThreadPool&) = delete;
+  ThreadPool& operator=(const ThreadPool&) = delete;
+
+  int num_threads() const { return static_cast<int>(workers_.size()) + 1; }
+
+  // Runs fn(task, thread) for every task in [0, num_tasks); the caller is thread 0 and works
+  // too. Tasks are claimed dynamically. Returns when all are done. A call from inside a task
+  // runs serially on the calling thread.
+  template <class F>
+  void run(int64_t num_tasks, F&& fn) {
+    auto thunk = [](void* ctx, int64_t task, int thread) { (*static_cast<F*>(ctx))(task, thread); };
+    run_impl(num_tasks, thunk, &fn);
+  }
+
+ private:
+  using Thunk = void (*)(void*, int64_t, int);
+  void run_impl(int64_t num_tasks, Thunk thunk, void* ctx);
+  void worker_loop(int thread);
+  void work(int thread);
+
+  std::vector<std::thread> workers_;
+  std::mutex mu_;
+  std::condition_variable wake_;
+  std::atomic<uint64_t> generation_{0};
+  std::atomic<int64_t> next_task_{0};
+  std::atomic<int> busy_{0};
+  int64_t num_tasks_ = 0;
+  Thunk thunk_ = nullptr;
+  void* ctx_ = nullptr;
+  std::atomic<bool> stop_{false};
+  std::mutex run_mu_;  // one parallel region at a time
+};
+
+// The process-wide pool. Default size: KILN_NUM_THREADS, else the number of online CPUs.
+ThreadPool& thread_pool();
+int num_threads();
+// Resizes the global pool (call between parallel regions, e.g. from `--threads`).
+void set_num_threads(int n);
+
+// Splits [0, n) into contiguous chunks of at least `grain` items, at most a few per thread,
+// and calls fn(begin, end) for each.
+template <class F>
+void parallel_for(int64_t n, int64_t grain, F&& fn) {
+  if (n <= 0) return;
+  const int threads = num_threads();
+  if (grain < 1) grain = 1;
+  int64_t chunks = (n + grain - 1) / grain;
+  if (chunks > 4 * threads) chunks = 4 * threads;
+  if (threads == 1 || chunks <= 1) {
+    fn(int64_t{0}, n);
+    return;
+  }
+  const int64_t per = n / chunks, extra = n % chunks;
+  thread_pool().run(chunks, [&](int64_t c, int) {
+    const int64_t begin = c * per + (c < extra ? c : extra);
+    const int64_t end = begin + per + (c < extra ? 1 : 0);
+    fn(begin, end);
+  });
+}
+
+}  // namespace kiln
