@@ -83,6 +83,24 @@ CpuFeatures probe() {
   f.l1d_bytes = sysconf_or(_SC_LEVEL1_DCACHE_SIZE, 32 << 10);
   f.l2_bytes = sysconf_or(_SC_LEVEL2_CACHE_SIZE, 1 << 20);
   f.l3_bytes = sysconf_or(_SC_LEVEL3_CACHE_SIZE, 8 << 20);
+  // Deterministic cache parameters (leaf 4 on Intel, 0x8000001D on AMD) are more reliable
+  // than sysconf in VMs: size = ways * partitions * line * sets.
+  const bool amd = f.vendor == "AuthenticAMD";
+  cpuid(amd ? 0x80000000u : 0u, 0, r);
+  const unsigned leaf = amd ? 0x8000001Du : 4u;
+  if (r[0] >= leaf) {
+    for (unsigned sub = 0; sub < 8; ++sub) {
+      cpuid(leaf, sub, r);
+      const unsigned type = r[0] & 0x1f, level = (r[0] >> 5) & 0x7;
+      if (type == 0) break;
+      if (type == 2) continue;  // instruction cache
+      const int bytes = static_cast<int>(((r[1] >> 22) + 1) * (((r[1] >> 12) & 0x3ff) + 1) *
+                                         ((r[1] & 0xfff) + 1) * (r[2] + 1));
+      if (level == 1) f.l1d_bytes = bytes;
+      if (level == 2) f.l2_bytes = bytes;
+      if (level == 3) f.l3_bytes = bytes;
+    }
+  }
   return f;
 }
 
