@@ -7,6 +7,7 @@ namespace kiln::app {
 
 void register_info(CLI::App& app);
 void register_bench(CLI::App& app);
+void register_tokenizer(CLI::App& app);
 
 // Exit code for a subcommand that failed on user input (message already printed).
 inline constexpr int kUserError = 2;

@@ -31,6 +31,7 @@ int main(int argc, char** argv) {
 
   kiln::app::register_info(app);
   kiln::app::register_bench(app);
+  kiln::app::register_tokenizer(app);
 
   try {
     app.parse(argc, argv);
