@@ -1,11 +1,32 @@
 // `kiln bench <what>`: kiln beside its peers in one run (the code lives in bench/).
+#include <memory>
+
 #include "apps/kiln/commands.h"
+#include "bench/gemm_bench.h"
 
 namespace kiln::app {
 
 void register_bench(CLI::App& app) {
   CLI::App* cmd = app.add_subcommand("bench", "Benchmarks: kiln beside its peers, ratios printed");
   cmd->require_subcommand(1);
+
+  // kiln bench gemm: W3 beside OpenBLAS and oneDNN.
+  auto gemm_opt = std::make_shared<bench::GemmBenchOptions>();
+  CLI::App* gemm = cmd->add_subcommand("gemm", "GEMM (W3) beside OpenBLAS and oneDNN, f32 and bf16");
+  gemm->add_flag("--json", gemm_opt->json, "One JSON object per line (per peer)");
+  gemm->add_flag("--tune", gemm_opt->tune, "Time (MC, KC, NC) candidates first and save the best");
+  gemm->add_flag("--quick", gemm_opt->quick, "A small subset (~20 s)");
+  gemm->add_option("--threads-list", gemm_opt->threads_list, "Thread counts, e.g. 1,2")
+      ->delimiter(',')
+      ->check(CLI::Range(1, 7));
+  gemm->add_option("--dtype", gemm_opt->dtype, "f32, bf16 or all")
+      ->check(CLI::IsMember({"f32", "bf16", "all"}));
+  gemm->add_option("--reps", gemm_opt->reps, "Timed repetitions after warm-up (>= 5 recommended)")
+      ->check(CLI::Range(1, 1000));
+  gemm->callback([gemm_opt] {
+    const int rc = bench::run_gemm_bench(*gemm_opt);
+    if (rc != 0) std::exit(rc);
+  });
 }
 
 }  // namespace kiln::app

@@ -2,12 +2,18 @@
 #include "kiln/kernels/registry.h"
 
 #include "kiln/core/cpu_features.h"
+#include "kiln/kernels/cpu/gemm_cpu.h"
+#include "kiln/kernels/cpu/ops_paths.h"
 
 namespace kiln {
 
 std::vector<KernelPath> kernel_paths() {
   std::vector<KernelPath> out;
   out.push_back({"active SIMD target", std::string(simd_target_name(active_simd_target()))});
+  out.push_back({"gemm f32", cpu::gemm_path_name(cpu::GemmPath::kF32)});
+  out.push_back({"gemm bf16", cpu::gemm_path_name(cpu::GemmPath::kBF16)});
+  out.push_back({"gemm m<=8 (decode)", cpu::gemm_small_m_name()});
+  cpu::append_op_kernel_paths(out);  // norms, softmax, activations, rope, embedding, CE, adamw
   return out;
 }
 

@@ -1,0 +1,363 @@
+// `kiln bench comm`: every kiln collective algorithm and MPI's own collective, one after the
+// other on the same buffers in the same run; nccl-tests columns, median of the repetitions.
+// `--calibrate` fits the alpha-beta parameters (ping-pong, reduction, each algorithm).
+#include "bench/comm_bench.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <memory>
+#include <vector>
+
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+#include "bench/bench_util.h"
+#include "kiln/dist/collectives.h"
+#include "kiln/dist/cost_model.h"
+#include "kiln/dist/reduce.h"
+
+namespace kiln::bench {
+namespace {
+
+using dist::Algo;
+using dist::CollOp;
+using dist::Communicator;
+using dist::ReduceOp;
+
+// Element i of the data of `who`: a small integer, so every algorithm's result is exact.
+float value_of(int who, int64_t i) { return static_cast<float>((i * 7 + who * 3 + i / 5) % 9 - 4); }
+
+uint32_t to_bits(DType t, float v) {
+  if (t == DType::kF32) return f32_bits(v);
+  return t == DType::kBF16 ? f32_to_bf16(v) : f32_to_f16(v);
+}
+void store(DType t, std::byte* base, int64_t i, float v) {
+  const uint32_t b = to_bits(t, v);
+  std::memcpy(base + i * (dtype_bits(t) / 8), &b, dtype_bits(t) / 8);
+}
+bool equals(DType t, const std::byte* base, int64_t i, float v) {
+  uint32_t b = 0;
+  std::memcpy(&b, base + i * (dtype_bits(t) / 8), dtype_bits(t) / 8);
+  return b == to_bits(t, v);
+}
+
+double busbw_factor(CollOp op, int p) {
+  switch (op) {
+    case CollOp::kAllReduce: return 2.0 * (p - 1) / p;
+    case CollOp::kAllGather:
+    case CollOp::kReduceScatter:
+    case CollOp::kAllToAll: return (p - 1.0) / p;
+    default: return 1.0;
+  }
+}
+
+// Elements per call argument: the vector for all-reduce / broadcast, per rank otherwise.
+int64_t count_arg(CollOp op, int64_t size, int p, size_t es) {
+  const int64_t total = size / static_cast<int64_t>(es);
+  return (op == CollOp::kAllReduce || op == CollOp::kBroadcast) ? total : total / p;
+}
+
+Status call(Communicator& c, CollOp op, Algo algo, const std::byte* send, std::byte* recv,
+            int64_t count, DType t, ReduceOp rop) {
+  switch (op) {
+    case CollOp::kAllReduce: return dist::all_reduce(c, send, recv, count, t, rop, algo);
+    case CollOp::kAllGather: return dist::all_gather(c, send, recv, count, t, algo);
+    case CollOp::kReduceScatter: return dist::reduce_scatter(c, send, recv, count, t, rop, algo);
+    case CollOp::kAllToAll: return dist::all_to_all(c, send, recv, count, t, algo);
+    case CollOp::kBroadcast: return dist::broadcast(c, recv, count, t, 0, algo);
+    default: return unimplemented("[bench comm] op");
+  }
+}
+
+// Input pattern for `op` (count as in count_arg); bcast fills the root's buffer.
+void fill_inputs(CollOp op, int p, int r, std::byte* send, std::byte* recv, int64_t count, DType t) {
+  switch (op) {
+    case CollOp::kAllReduce:
+    case CollOp::kAllGather:
+      for (int64_t i = 0; i < count; ++i) store(t, send, i, value_of(r, i));
+      break;
+    case CollOp::kReduceScatter:
+      for (int64_t i = 0; i < count * p; ++i) store(t, send, i, value_of(r, i));
+      break;
+    case CollOp::kAllToAll:
+      for (int j = 0; j < p; ++j)
+        for (int64_t i = 0; i < count; ++i) store(t, send, j * count + i, value_of(r * p + j, i));
+      break;
+    case CollOp::kBroadcast:
+      if (r == 0) for (int64_t i = 0; i < count; ++i) store(t, recv, i, value_of(0, i));
+      break;
+    default:
+      break;
+  }
+}
+
+float reduce_ref(ReduceOp op, int p, int64_t i) {
+  float acc = op == ReduceOp::kMax ? -INFINITY : 0.0f;
+  for (int q = 0; q < p; ++q) acc = op == ReduceOp::kMax ? std::max(acc, value_of(q, i)) : acc + value_of(q, i);
+  return op == ReduceOp::kAvg ? acc / static_cast<float>(p) : acc;
+}
+
+int64_t count_wrong(CollOp op, int p, int r, const std::byte* recv, int64_t count, DType t,
+                    ReduceOp rop) {
+  int64_t wrong = 0;
+  switch (op) {
+    case CollOp::kAllReduce:
+      for (int64_t i = 0; i < count; ++i) wrong += !equals(t, recv, i, reduce_ref(rop, p, i));
+      break;
+    case CollOp::kAllGather:
+      for (int64_t i = 0; i < count * p; ++i) wrong += !equals(t, recv, i, value_of(static_cast<int>(i / count), i % count));
+      break;
+    case CollOp::kReduceScatter:
+      for (int64_t i = 0; i < count; ++i) wrong += !equals(t, recv, i, reduce_ref(rop, p, r * count + i));
+      break;
+    case CollOp::kAllToAll:
+      for (int64_t i = 0; i < count * p; ++i)
+        wrong += !equals(t, recv, i, value_of(static_cast<int>(i / count) * p + r, i % count));
+      break;
+    case CollOp::kBroadcast:
+      for (int64_t i = 0; i < count; ++i) wrong += !equals(t, recv, i, value_of(0, i));
+      break;
+    default:
+      break;
+  }
+  return wrong;
+}
+
+double max_over_ranks(Communicator& c, double v) {
+  double out = v;
+  MPI_Allreduce(&v, &out, 1, MPI_DOUBLE, MPI_MAX, c.handle());
+  return out;
+}
+
+// Seconds per call: `reps` repetitions, each the slowest rank's mean over enough calls to
+// last ~20 ms (the same count on every rank), after two warm-up calls.
+Summary time_collective(Communicator& c, CollOp op, Algo algo, const std::byte* send,
+                        std::byte* recv, int64_t count, DType t, ReduceOp rop, int reps) {
+  auto run = [&](int iters) {
+    c.barrier();
+    const double t0 = now_seconds();
+    for (int i = 0; i < iters; ++i) call(c, op, algo, send, recv, count, t, rop).check_ok(__FILE__, __LINE__);
+    return max_over_ranks(c, (now_seconds() - t0) / iters);
+  };
+  run(1);
+  const double one = run(1);
+  const int iters = static_cast<int>(std::clamp(0.02 / std::max(one, 1e-7), 1.0, 2000.0));
+  std::vector<double> v;
+  for (int i = 0; i < reps; ++i) v.push_back(run(iters));
+  return summarize(v);
+}
+
+struct Row {
+  int64_t size = 0, count = 0;
+  Algo algo = Algo::kMpi, resolved = Algo::kMpi;
+  Summary t;
+  int64_t wrong = 0;
+};
+
+// One message each way between ranks 0 and 1: alpha + n beta from a fit over 8 B .. 4 MiB.
+dist::AlphaBeta ping_pong(Communicator& c, std::byte* buf) {
+  std::vector<double> steps, bytes, secs;
+  for (int64_t n = 8; n <= (int64_t{4} << 20); n *= 4) {
+    double best = 1e30;
+    for (int rep = 0; rep < 5; ++rep) {
+      const int iters = n < (64 << 10) ? 200 : 20;
+      c.barrier();
+      const double t0 = now_seconds();
+      for (int i = 0; i < iters; ++i) {
+        if (c.rank() == 0) {
+          c.send(buf, n, 1, 99);
+          c.recv(buf, n, 1, 99);
+        } else if (c.rank() == 1) {
+          c.recv(buf, n, 0, 99);
+          c.send(buf, n, 0, 99);
+        }
+      }
+      best = std::min(best, max_over_ranks(c, (now_seconds() - t0) / iters / 2));
+    }
+    steps.push_back(1);
+    bytes.push_back(static_cast<double>(n));
+    secs.push_back(best);
+  }
+  return dist::fit_alpha_beta(steps.data(), bytes.data(), secs.data(), static_cast<int>(secs.size()));
+}
+
+double reduction_gamma() {
+  const size_t n = size_t{2} << 20;  // 8 MiB of f32: past the caches, as in a large all-reduce
+  std::vector<float> a(n, 1.0f), b(n, 2.0f);
+  double best = 1e30;
+  for (int rep = 0; rep < 5; ++rep) {
+    const double t0 = now_seconds();
+    dist::combine(DType::kF32, ReduceOp::kSum, a.data(), a.data(), b.data(), n);
+    best = std::min(best, now_seconds() - t0);
+  }
+  return best / (n * 4.0);
+}
+
+int calibrate(Communicator& c, const CommBenchOptions& opt, std::byte* send, std::byte* recv) {
+  const int p = c.size();
+  dist::AlphaBetaTable table;
+  if (p >= 2) table.link = ping_pong(c, recv);
+  table.gamma_s_per_byte = reduction_gamma();
+  table.gamma_s_per_byte = max_over_ranks(c, table.gamma_s_per_byte);
+  table.fitted_p = p;
+  const int64_t max_fit = std::min<int64_t>(opt.max_bytes, int64_t{64} << 20);
+  if (c.rank() == 0)
+    fmt::print("# calibrate, p = {}: ping-pong alpha = {:.2f} us, beta = {:.4f} ns/B ({:.2f} GB/s); "
+               "reduction gamma = {:.4f} ns/B ({:.2f} GB/s)\n",
+               p, table.link.alpha_s * 1e6, table.link.beta_s_per_byte * 1e9,
+               1e-9 / table.link.beta_s_per_byte, table.gamma_s_per_byte * 1e9,
+               1e-9 / table.gamma_s_per_byte);
+  for (int o = 0; o < dist::kNumCollOps && p >= 2; ++o) {
+    const auto op = static_cast<CollOp>(o);
+    for (const dist::AlgoInfo& info : dist::kAlgoInfos) {
+      if (info.algo == Algo::kAuto || info.algo == Algo::kMpi || info.algo == Algo::kHierarchical ||
+          !dist::algo_implements(info.algo, op))
+        continue;
+      std::vector<double> steps, bytes, secs;
+      for (int64_t size = 8; size <= max_fit; size *= 4) {
+        const int64_t count = count_arg(op, size, p, 4);
+        if (count == 0) continue;
+        fill_inputs(op, p, c.rank(), send, recv, count, DType::kF32);
+        const Summary s = time_collective(c, op, info.algo, send, recv, count, DType::kF32,
+                                          ReduceOp::kSum, 3);
+        const dist::AlgoCost terms = dist::algo_cost(op, info.algo, p, static_cast<double>(size));
+        steps.push_back(terms.steps);
+        bytes.push_back(terms.bw_bytes);
+        secs.push_back(s.median);
+      }
+      const dist::AlphaBeta f =
+          dist::fit_alpha_beta(steps.data(), bytes.data(), secs.data(), static_cast<int>(secs.size()));
+      table.fit[o][static_cast<int>(info.algo)] = f;
+      if (c.rank() == 0)
+        fmt::print("#   {:<13} {:<19} alpha = {:8.2f} us/step  beta = {:8.4f} ns/B ({:6.2f} GB/s)\n",
+                   dist::coll_op_name(op), info.name, f.alpha_s * 1e6, f.beta_s_per_byte * 1e9,
+                   f.beta_s_per_byte > 0 ? 1e-9 / f.beta_s_per_byte : 0.0);
+    }
+  }
+  int rc = 0;
+  if (c.rank() == 0) {
+    const std::string path = dist::calibration_path();
+    const Status st = dist::save_cost_table(table, path);
+    if (!st.ok()) {
+      fmt::print(stderr, "kiln bench comm: {}\n", st.to_string());
+      rc = 1;
+    } else {
+      fmt::print("# saved to {}\n", path);
+    }
+  }
+  MPI_Bcast(&rc, 1, MPI_INT, 0, c.handle());
+  if (rc == 0) c.set_cost_table(dist::load_cost_table(c));
+  return rc;
+}
+
+}  // namespace
+
+int run_comm_bench(const CommBenchOptions& opt) {
+  dist::init();
+  int rc = 0;
+  {
+    Communicator& c = Communicator::world();
+    const int p = c.size(), r = c.rank();
+    auto fail = [&](const std::string& msg) {
+      if (r == 0) fmt::print(stderr, "kiln bench comm: {}\n", msg);
+      return 2;
+    };
+    const auto op = dist::parse_coll_op(opt.op);
+    const auto dtype = parse_dtype(opt.dtype);
+    const auto rop = dist::parse_reduce_op(opt.redop);
+    if (!op) rc = fail("unknown --op " + opt.op);
+    else if (!dtype || !dist::is_collective_dtype(*dtype)) rc = fail("--dtype must be f32, bf16 or f16");
+    else if (!rop) rc = fail("--redop must be sum, avg or max");
+    else if (opt.min_bytes < 1 || opt.max_bytes < opt.min_bytes) rc = fail("need 1 <= --min-bytes <= --max-bytes");
+    std::vector<Algo> algos;
+    if (rc == 0) {
+      if (opt.algo == "all") {
+        for (const dist::AlgoInfo& a : dist::kAlgoInfos)
+          if (a.algo != Algo::kMpi && dist::algo_implements(a.algo, *op)) algos.push_back(a.algo);
+      } else {
+        const auto a = dist::parse_algo(opt.algo);
+        if (!a || !dist::algo_implements(*a, *op)) rc = fail(fmt::format("--algo {} does not implement {}", opt.algo, opt.op));
+        else if (*a != Algo::kMpi) algos.push_back(*a);
+      }
+      algos.push_back(Algo::kMpi);  // the peer, always measured
+    }
+    c.set_ranks_per_node(opt.ranks_per_node);
+    const size_t es = rc == 0 ? dtype_bits(*dtype) / 8 : 4;
+    const size_t buf_bytes = static_cast<size_t>(std::max<int64_t>(opt.max_bytes, 64 << 20)) + 64;
+    // Allocated and touched once; every algorithm and every size reuses them.
+    auto send = std::make_unique_for_overwrite<std::byte[]>(buf_bytes);
+    auto recv = std::make_unique_for_overwrite<std::byte[]>(buf_bytes);
+    if (rc == 0) {
+      std::memset(send.get(), 0, buf_bytes);
+      std::memset(recv.get(), 0, buf_bytes);
+    }
+    if (rc == 0 && opt.calibrate) {
+      rc = calibrate(c, opt, send.get(), recv.get());
+    } else if (rc == 0) {
+      std::vector<int64_t> sizes;
+      for (int64_t s = 8; s <= opt.max_bytes; s *= 4)
+        if (s >= opt.min_bytes) sizes.push_back(s);
+      if (sizes.empty() || sizes.back() != opt.max_bytes) sizes.push_back(opt.max_bytes);
+      if (r == 0 && !opt.json) {
+        fmt::print("# kiln bench comm: {} on p = {} ranks, {} {}, out-of-place; time = median of {} reps "
+                   "(slowest rank); busbw factor {:.3f}; peer = MPI's own collective\n",
+                   opt.op, p, opt.dtype, is_reducing(*op) ? opt.redop : "-", opt.reps,
+                   busbw_factor(*op, p));
+        fmt::print("#{:>11} {:>11} {:>5} {:>5}  {:<24} {:>10} {:>17} {:>8} {:>8} {:>7} {:>9}\n", "size", "count",
+                   "type", "redop", "algo", "time(us)", "min-max(us)", "algbw", "busbw", "#wrong",
+                   "busbw/mpi");
+        fmt::print("#{:>11} {:>11} {:>5} {:>5}  {:<24} {:>10} {:>17} {:>8} {:>8} {:>7} {:>9}\n", "(B)", "(elements)",
+                   "", "", "", "", "", "(GB/s)", "(GB/s)", "", "");
+      }
+      for (int64_t size : sizes) {
+        const int64_t count = count_arg(*op, size, p, es);
+        if (count == 0) continue;
+        std::vector<Row> rows;
+        for (Algo a : algos) {
+          fill_inputs(*op, p, r, send.get(), recv.get(), count, *dtype);
+          Row row;
+          row.size = size;
+          row.count = count;
+          row.algo = a;
+          row.resolved = a == Algo::kAuto ? dist::resolve_algo(c, *op, size) : a;
+          row.t = time_collective(c, *op, a, send.get(), recv.get(), count, *dtype, *rop, opt.reps);
+          int64_t wrong = count_wrong(*op, p, r, recv.get(), count, *dtype, *rop), total = 0;
+          MPI_Allreduce(&wrong, &total, 1, MPI_INT64_T, MPI_SUM, c.handle());
+          row.wrong = total;
+          rows.push_back(row);
+        }
+        const double mpi_busbw = size / rows.back().t.median * busbw_factor(*op, p);
+        for (const Row& row : rows) {
+          const double algbw = size / row.t.median / 1e9;
+          const double busbw = algbw * busbw_factor(*op, p);
+          const std::string name = row.algo == Algo::kAuto
+                                       ? fmt::format("auto>{}", dist::algo_name(row.resolved))
+                                       : std::string(dist::algo_name(row.algo));
+          if (row.wrong != 0) rc = 1;
+          if (r != 0) continue;
+          if (opt.json) {
+            nlohmann::json j = {{"op", opt.op}, {"p", p}, {"size", size}, {"count", count},
+                                {"type", opt.dtype}, {"redop", is_reducing(*op) ? opt.redop : "none"},
+                                {"algo", dist::algo_name(row.algo)}, {"resolved", dist::algo_name(row.resolved)},
+                                {"time_us", row.t.median * 1e6}, {"time_us_min", row.t.min * 1e6},
+                                {"time_us_max", row.t.max * 1e6}, {"algbw_GBps", algbw},
+                                {"busbw_GBps", busbw}, {"wrong", row.wrong},
+                                {"busbw_vs_mpi", busbw * 1e9 / mpi_busbw}};
+            fmt::print("{}\n", j.dump());
+          } else {
+            fmt::print("{:>12} {:>11} {:>5} {:>5}  {:<24} {:>10.2f} {:>8.2f}-{:<8.2f} {:>8.3f} {:>8.3f} {:>7} {:>9.2f}\n",
+                       size, count, opt.dtype, is_reducing(*op) ? opt.redop : "-", name,
+                       row.t.median * 1e6, row.t.min * 1e6, row.t.max * 1e6, algbw, busbw,
+                       row.wrong, busbw * 1e9 / mpi_busbw);
+          }
+        }
+        if (r == 0) std::fflush(stdout);
+      }
+    }
+  }
+  dist::finalize();
+  return rc;
+}
+
+}  // namespace kiln::bench

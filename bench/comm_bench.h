@@ -1,0 +1,28 @@
+// `kiln bench comm` (W4): kiln's collective algorithms beside MPI's own collective in the same
+// run, nccl-tests columns (size, count, type, redop, time, algbw, busbw, #wrong); and
+// `--calibrate`, which measures the alpha-beta parameters that `--algo auto` uses.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+namespace kiln::bench {
+
+struct CommBenchOptions {
+  std::string op = "allreduce";  // allreduce | allgather | reducescatter | alltoall | bcast
+  std::string algo = "all";      // an algorithm name, `auto`, `mpi`, or `all` (every one + mpi)
+  std::string dtype = "f32";     // f32 | bf16 | f16
+  std::string redop = "sum";     // sum | avg | max
+  int64_t min_bytes = 8;
+  int64_t max_bytes = int64_t{256} << 20;
+  int reps = 5;                  // timed repetitions after warm-up; median, min-max
+  int ranks_per_node = 0;        // hierarchical: 0 = MPI_Comm_split_type, n = forced
+  bool json = false;             // one JSON object per line instead of the table
+  bool calibrate = false;        // measure alpha, beta (+ per-algorithm fits) and cache them
+};
+
+// Collective over MPI_COMM_WORLD (initializes MPI if needed, finalizes at the end); prints on
+// rank 0. Returns a process exit code.
+int run_comm_bench(const CommBenchOptions& opt);
+
+}  // namespace kiln::bench

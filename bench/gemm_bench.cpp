@@ -1,0 +1,326 @@
+// The GEMM benchmark behind `kiln bench gemm`: the three implementations are called in turn
+// inside every repetition (interleaved, so drift hits all alike), each sample long enough to
+// time (>= ~30 ms of calls), median of the repetitions after a warm-up, min-max printed.
+#include "bench/gemm_bench.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <chrono>
+#include <functional>
+#include <cmath>
+#include <memory>
+#include <thread>
+
+#include "bench/bench_util.h"
+#include "bench/peak.h"
+#include "bench/peers.h"
+#include "kiln/core/cpu_features.h"
+#include "kiln/core/rng.h"
+#include "kiln/core/thread_pool.h"
+#include "kiln/kernels/cpu/gemm_cpu.h"
+#include "kiln/kernels/gemm.h"
+
+namespace kiln::bench {
+namespace {
+
+// Owned, 64-byte aligned, first-touched operand storage (f32 or bf16 elements).
+class Buffer {
+ public:
+  Buffer(int64_t elems, DType dtype, Rng& rng) : dtype_(dtype) {
+    const size_t bytes = static_cast<size_t>(dtype_nbytes(dtype, elems) + 63) & ~size_t{63};
+    mem_.reset(static_cast<char*>(std::aligned_alloc(64, bytes)));
+    if (dtype == DType::kBF16) {
+      auto* p = reinterpret_cast<uint16_t*>(mem_.get());
+      for (int64_t i = 0; i < elems; ++i) p[i] = f32_to_bf16(rng.uniform(-1.0f, 1.0f));
+    } else {
+      auto* p = reinterpret_cast<float*>(mem_.get());
+      for (int64_t i = 0; i < elems; ++i) p[i] = rng.uniform(-1.0f, 1.0f);
+    }
+  }
+  void* data() const { return mem_.get(); }
+  float* f32() const { return reinterpret_cast<float*>(mem_.get()); }
+
+ private:
+  struct Free {
+    void operator()(char* p) const { std::free(p); }
+  };
+  std::unique_ptr<char, Free> mem_;
+  DType dtype_;
+};
+
+struct Impl {
+  std::string name;
+  std::function<void(const void* a, const void* b, float* c)> run;
+};
+
+struct Row {
+  std::string dtype, mode;
+  GemmShape shape;
+  int threads = 1;
+  std::vector<std::string> names;
+  std::vector<Summary> gflops;  // per impl, [0] = kiln
+  double bytes_b = 0;           // weight bytes per call (decode rows)
+};
+
+void settle(int threads, const std::string& previous) {
+  if (threads <= 1) return;
+  // OpenBLAS workers spin ~2^28 cycles after a call before sleeping; OpenMP and kiln's pool far
+  // less. Let them go idle so the next implementation gets both cores.
+  std::this_thread::sleep_for(std::chrono::milliseconds(previous == "openblas" ? 150 : 3));
+}
+
+// Times each impl `reps` times (after one warm-up), interleaved; each sample runs `inner` calls,
+// rotating over `num_b` weight matrices (cold decode) when there are several.
+std::vector<Summary> time_impls(const std::vector<Impl>& impls, const void* a,
+                                const std::vector<const void*>& bs, float* c, double flops,
+                                int reps, int threads) {
+  size_t next_b = 0;
+  auto call = [&](const Impl& im) { im.run(a, bs[next_b++ % bs.size()], c); };
+  // Warm-up (also sizes the inner loop from kiln's time).
+  double t_kiln = 0;
+  std::string prev;
+  for (const Impl& im : impls) {
+    settle(threads, prev);
+    const double t0 = now_seconds();
+    call(im);
+    if (im.name == "kiln") t_kiln = now_seconds() - t0;
+    prev = im.name;
+  }
+  const int inner = static_cast<int>(std::clamp(std::ceil(0.03 / std::max(t_kiln, 1e-7)), 1.0, 2000.0));
+  std::vector<std::vector<double>> samples(impls.size());
+  for (int r = 0; r < reps; ++r) {
+    for (size_t i = 0; i < impls.size(); ++i) {
+      settle(threads, prev);
+      const double t0 = now_seconds();
+      for (int q = 0; q < inner; ++q) call(impls[i]);
+      const double dt = (now_seconds() - t0) / inner;
+      samples[i].push_back(flops / dt * 1e-9);
+      prev = impls[i].name;
+    }
+  }
+  std::vector<Summary> out;
+  for (auto& s : samples) out.push_back(summarize(s));
+  return out;
+}
+
+std::vector<Impl> make_impls(const GemmShape& s) {
+  std::vector<Impl> impls;
+  impls.push_back({"kiln", [s](const void* a, const void* b, float* c) {
+                     GemmParams p;
+                     p.m = s.m; p.n = s.n; p.k = s.k;
+                     p.a = a; p.lda = s.k; p.a_dtype = s.dtype;
+                     p.b = b; p.ldb = s.trans_b ? s.k : s.n; p.b_dtype = s.dtype; p.trans_b = s.trans_b;
+                     p.c = c; p.ldc = s.n;
+                     cpu::gemm(p);
+                   }});
+  std::shared_ptr<PeerGemm> ob = make_openblas_gemm(s), od = make_onednn_gemm(s);
+  if (ob) impls.push_back({"openblas", [ob](const void* a, const void* b, float* c) { ob->run(a, b, c); }});
+  if (od) impls.push_back({"onednn", [od](const void* a, const void* b, float* c) { od->run(a, b, c); }});
+  return impls;
+}
+
+struct Context {
+  explicit Context(const GemmBenchOptions& o) : opt(o) {}
+  const GemmBenchOptions& opt;
+  double peak_f32[8] = {}, peak_bf16[8] = {}, dram[8] = {};
+  std::vector<Row> rows;
+};
+
+void print_row(Context& ctx, const Row& r) {
+  const double peak = (r.dtype == "bf16" ? ctx.peak_bf16 : ctx.peak_f32)[r.threads];
+  const Summary& k = r.gflops[0];
+  const double pct = peak > 0 ? 100.0 * k.median / peak : 0.0;
+  const double flops = gemm_flops(r.shape.m, r.shape.n, r.shape.k);
+  auto gbs = [&](double gf) { return r.bytes_b > 0 ? gf * 1e9 / flops * r.bytes_b * 1e-9 : 0.0; };
+  if (ctx.opt.json) {
+    for (size_t i = 1; i < r.names.size(); ++i) {
+      std::string extra;
+      if (r.bytes_b > 0) {
+        const double d = ctx.dram[r.threads];
+        extra = fmt::format(R"(, "kiln_gbs": {:.2f}, "peer_gbs": {:.2f}, "dram_gbs": {:.2f}, "pct_dram": {:.1f})",
+                            gbs(k.median), gbs(r.gflops[i].median), d, d > 0 ? 100 * gbs(k.median) / d : 0.0);
+      }
+      fmt::print(R"({{"op": "gemm", "dtype": "{}", "mode": "{}", "m": {}, "n": {}, "k": {}, "trans_b": {}, "threads": {}, "kiln_gflops": {:.2f}, "kiln_min": {:.2f}, "kiln_max": {:.2f}, "peer": "{}", "peer_gflops": {:.2f}, "ratio": {:.3f}, "pct_peak": {:.1f}{}}})"
+                 "\n",
+                 r.dtype, r.mode, r.shape.m, r.shape.n, r.shape.k, r.shape.trans_b, r.threads,
+                 k.median, k.min, k.max, r.names[i], r.gflops[i].median,
+                 k.median / r.gflops[i].median, pct, extra);
+    }
+    std::fflush(stdout);
+    return;
+  }
+  std::string line = fmt::format("{:<5} {:<5} {:>4}x{:<4}x{:<4} {:>2}  {:>7.1f} ({:>6.1f}-{:<6.1f}) {:>5.1f}%",
+                                 r.dtype, r.mode, r.shape.m, r.shape.n, r.shape.k, r.threads, k.median,
+                                 k.min, k.max, pct);
+  for (size_t i = 1; i < r.names.size(); ++i)
+    line += fmt::format(" | {:<8} {:>7.1f} ({:>6.1f}-{:<6.1f}) x{:<5.2f}", r.names[i], r.gflops[i].median,
+                        r.gflops[i].min, r.gflops[i].max, k.median / r.gflops[i].median);
+  if (r.bytes_b > 0) {
+    const double d = ctx.dram[r.threads];
+    line += fmt::format(" | B {:.1f} GB/s = {:.0f}% of DRAM {:.1f}", gbs(k.median),
+                        d > 0 ? 100 * gbs(k.median) / d : 0.0, d);
+  }
+  fmt::print("{}\n", line);
+  std::fflush(stdout);
+}
+
+void bench_shape(Context& ctx, const GemmShape& s, int threads, const std::string& mode,
+                 int64_t l3_bytes) {
+  Rng rng(42);
+  Buffer a(s.m * s.k, s.dtype, rng);
+  Buffer c(s.m * s.n, DType::kF32, rng);
+  const int64_t b_elems = s.k * s.n;
+  const double b_bytes = static_cast<double>(dtype_nbytes(s.dtype, b_elems));
+  int num_b = 1;
+  if (mode == "cold") num_b = std::max(2, static_cast<int>(std::ceil(3.0 * l3_bytes / b_bytes)));
+  std::vector<std::unique_ptr<Buffer>> bs;
+  std::vector<const void*> b_ptrs;
+  for (int i = 0; i < num_b; ++i) {
+    bs.push_back(std::make_unique<Buffer>(b_elems, s.dtype, rng));
+    b_ptrs.push_back(bs.back()->data());
+  }
+  const std::vector<Impl> impls = make_impls(s);
+  Row r;
+  r.dtype = std::string(dtype_name(s.dtype));
+  r.mode = mode;
+  r.shape = s;
+  r.threads = threads;
+  for (const Impl& im : impls) r.names.push_back(im.name);
+  r.gflops = time_impls(impls, a.data(), b_ptrs, c.f32(), gemm_flops(s.m, s.n, s.k),
+                        ctx.opt.reps, threads);
+  r.bytes_b = s.m <= cpu::kGemmSmallM ? b_bytes : 0.0;
+  print_row(ctx, r);
+  ctx.rows.push_back(r);
+}
+
+// Coordinate search over (KC, MC, NC) on a 2048^3 problem at the largest thread count.
+void tune(Context& ctx, int threads, bool bf16) {
+  const cpu::GemmPath path = bf16 ? cpu::GemmPath::kBF16 : cpu::GemmPath::kF32;
+  const GemmShape s{2048, 2048, 2048, false, bf16 ? DType::kBF16 : DType::kF32};
+  Rng rng(7);
+  Buffer a(s.m * s.k, s.dtype, rng), b(s.k * s.n, s.dtype, rng), c(s.m * s.n, DType::kF32, rng);
+  set_num_threads(threads);
+  const std::vector<Impl> impls = {make_impls(s)[0]};
+  auto measure = [&](cpu::GemmBlocking blk) {
+    cpu::set_gemm_blocking(path, blk);
+    const double gf = time_impls(impls, a.data(), {b.data()}, c.f32(), gemm_flops(s.m, s.n, s.k),
+                                 3, threads)[0].median;
+    if (!ctx.opt.json)
+      fmt::print("  tune {:<4} mc={:<4} kc={:<4} nc={:<5} {:7.1f} GFLOP/s\n", bf16 ? "bf16" : "f32",
+                 blk.mc, blk.kc, blk.nc, gf);
+    return gf;
+  };
+  cpu::GemmBlocking best = cpu::default_gemm_blocking(path);
+  double best_gf = measure(best);
+  const std::vector<int> kcs = bf16 ? std::vector<int>{256, 384, 512, 768, 1024}
+                                    : std::vector<int>{128, 192, 256, 384, 512};
+  const std::vector<int> mcs = {84, 112, 168, 224, 336};
+  const std::vector<int> ncs = {1024, 2048, 3072, 4096};
+  for (int pass = 0; pass < 3; ++pass) {
+    const std::vector<int>& cands = pass == 0 ? kcs : pass == 1 ? mcs : ncs;
+    for (int v : cands) {
+      cpu::GemmBlocking blk = best;
+      (pass == 0 ? blk.kc : pass == 1 ? blk.mc : blk.nc) = v;
+      if (blk.mc == best.mc && blk.kc == best.kc && blk.nc == best.nc) continue;
+      const double gf = measure(blk);
+      if (gf > best_gf * 1.01) {
+        best_gf = gf;
+        best = blk;
+      }
+    }
+  }
+  cpu::set_gemm_blocking(path, best);
+  if (!ctx.opt.json)
+    fmt::print("  tune {:<4} chose mc={} kc={} nc={} ({:.1f} GFLOP/s)\n", bf16 ? "bf16" : "f32",
+               best.mc, best.kc, best.nc, best_gf);
+}
+
+}  // namespace
+
+int run_gemm_bench(const GemmBenchOptions& opt) {
+  reexec_without_openblas_env();
+  Context ctx(opt);
+  const CpuFeatures& f = cpu_features();
+  const int64_t l3 = std::max(f.l3_bytes, 8 << 20);
+  std::vector<DType> dtypes;
+  if (opt.dtype == "f32" || opt.dtype == "all") dtypes.push_back(DType::kF32);
+  if (opt.dtype == "bf16" || opt.dtype == "all") dtypes.push_back(DType::kBF16);
+  std::vector<int> threads_list;
+  for (int t : opt.threads_list)
+    if (t >= 1 && t < 8) threads_list.push_back(t);
+  if (threads_list.empty() || dtypes.empty()) {
+    fmt::print(stderr, "kiln bench gemm: nothing to run (threads 1..7, dtype f32|bf16|all)\n");
+    return 2;
+  }
+  const int max_threads = *std::max_element(threads_list.begin(), threads_list.end());
+
+  // Touch the peers once so OpenBLAS reports its core and oneDNN's runtime is loaded.
+  set_peer_threads(1);
+  {
+    Rng rng(1);
+    Buffer a(64 * 64, DType::kF32, rng), b(64 * 64, DType::kF32, rng), c(64 * 64, DType::kF32, rng);
+    make_openblas_gemm({64, 64, 64})->run(a.data(), b.data(), c.f32());
+    make_onednn_gemm({64, 64, 64})->run(a.data(), b.data(), c.f32());
+  }
+  if (!opt.json) {
+    fmt::print("kiln bench gemm  (W3; median of {} after warm-up, GFLOP/s, min-max)\n", opt.reps);
+    fmt::print("cpu        : {}, L2 {} KiB, L3 {} MiB\n", f.brand, f.l2_bytes >> 10, f.l3_bytes >> 20);
+    fmt::print("openblas   : core {} (OPENBLAS_CORETYPE/L2_SIZE unset)\n", openblas_core_name());
+    fmt::print("kiln paths : f32 {}; bf16 {}; m<=8 {}\n", cpu::gemm_path_name(cpu::GemmPath::kF32),
+               cpu::gemm_path_name(cpu::GemmPath::kBF16), cpu::gemm_small_m_name());
+    fmt::print("tune file  : {}\n", cpu::gemm_tune_file());
+  }
+
+  // Ceilings per thread count: FMA peak (f32, bf16) and DRAM read bandwidth over 256 MiB.
+  {
+    const int64_t n = std::max<int64_t>(64 << 20, 8 * l3 / 4);  // floats: >= 8x L3
+    Rng rng(3);
+    Buffer big(n, DType::kF32, rng);
+    for (int t : threads_list) {
+      ctx.peak_f32[t] = measure_fma_peak_gflops(t, false);
+      ctx.peak_bf16[t] = measure_fma_peak_gflops(t, true);
+      ctx.dram[t] = measure_read_bandwidth_gbs(t, big.f32(), n);
+      if (opt.json) {
+        fmt::print(R"({{"op": "ceilings", "threads": {}, "f32_peak_gflops": {:.1f}, "bf16_peak_gflops": {:.1f}, "dram_read_gbs": {:.2f}}})"
+                   "\n", t, ctx.peak_f32[t], ctx.peak_bf16[t], ctx.dram[t]);
+      } else {
+        fmt::print("ceilings {}T : FMA peak f32 {:.1f} GFLOP/s, bf16 {:.1f} GFLOP/s; DRAM read {:.1f} GB/s\n",
+                   t, ctx.peak_f32[t], ctx.peak_bf16[t], ctx.dram[t]);
+      }
+    }
+  }
+
+  if (opt.tune) {
+    for (DType dt : dtypes) tune(ctx, max_threads, dt == DType::kBF16);
+    const Status st = cpu::save_gemm_tuning();
+    if (!st.ok()) {
+      fmt::print(stderr, "kiln bench gemm: {}\n", st.to_string());
+      return 1;
+    }
+    if (!opt.json) fmt::print("  saved {}\n", cpu::gemm_tune_file());
+  }
+
+  const std::vector<int64_t> squares = opt.quick ? std::vector<int64_t>{256, 512}
+                                                 : std::vector<int64_t>{256, 512, 1024, 2048, 4096};
+  const std::vector<int64_t> decode_m = opt.quick ? std::vector<int64_t>{1}
+                                                  : std::vector<int64_t>{1, 2, 4, 8};
+  if (!opt.json)
+    fmt::print("\n{:<5} {:<5} {:>14} {:>2}  {:>7} {:>15} {:>6} | peer GFLOP/s (min-max) x kiln/peer ...\n",
+               "dtype", "mode", "m x n x k", "T", "kiln", "min-max", "%peak");
+  for (int t : threads_list) {
+    set_num_threads(t);
+    set_peer_threads(t);
+    for (DType dt : dtypes) {
+      for (int64_t s : squares) bench_shape(ctx, {s, s, s, false, dt}, t, "warm", l3);
+      for (int64_t m : decode_m) {
+        // Decode-like: weights (N, K) as PyTorch stores them (y = x W^T).
+        bench_shape(ctx, {m, 4096, 4096, true, dt}, t, "warm", l3);
+        bench_shape(ctx, {m, 4096, 4096, true, dt}, t, "cold", l3);
+      }
+    }
+  }
+  return 0;
+}
+
+}  // namespace kiln::bench

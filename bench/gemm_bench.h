@@ -1,0 +1,22 @@
+// `kiln bench gemm`: kiln's GEMM beside OpenBLAS and oneDNN on the W3 shapes (square 256..4096,
+// decode-like M = 1..8 with K = N = 4096 warm and cold), f32 and bf16, 1 and 2 threads; % of the
+// measured FMA peak and, for decode shapes, effective weight bandwidth vs measured DRAM reads.
+#pragma once
+
+#include <string>
+#include <vector>
+
+namespace kiln::bench {
+
+struct GemmBenchOptions {
+  bool json = false;   // one JSON object per line (per peer) instead of the table
+  bool tune = false;   // time (MC, KC, NC) candidates first and save the best to the tune file
+  bool quick = false;  // small subset, ~20 s
+  std::vector<int> threads_list = {1, 2};
+  std::string dtype = "all";  // f32 | bf16 | all
+  int reps = 5;               // timed repetitions after one warm-up; median, min-max printed
+};
+
+int run_gemm_bench(const GemmBenchOptions& opt);
+
+}  // namespace kiln::bench

@@ -1,0 +1,55 @@
+// Register-only and streaming loops that measure this CPU's ceilings for the GEMM benchmark:
+// AVX-512 FMA and vdpbf16ps throughput (16 independent accumulators, enough to cover a 4-cycle
+// latency on two pipes), and DRAM read bandwidth (wide loads summed into 4 accumulators).
+#include <immintrin.h>
+
+#include "bench/peak.h"
+
+// GCC 12's AVX-512 reductions seed with _mm512_undefined_*(): a -Wextra false positive.
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#pragma GCC diagnostic ignored "-Wuninitialized"
+
+namespace kiln::bench {
+
+double fma_loop_avx512(int64_t iters) {
+  __m512 acc[16];
+  for (int j = 0; j < 16; ++j) acc[j] = _mm512_set1_ps(static_cast<float>(j));
+  const __m512 x = _mm512_set1_ps(0.999f), y = _mm512_set1_ps(0.001f);
+  for (int64_t it = 0; it < iters; ++it) {
+#pragma GCC unroll 16
+    for (int j = 0; j < 16; ++j) acc[j] = _mm512_fmadd_ps(acc[j], x, y);
+  }
+  __m512 s = acc[0];
+  for (int j = 1; j < 16; ++j) s = _mm512_add_ps(s, acc[j]);
+  sink_value(_mm512_reduce_add_ps(s));
+  return static_cast<double>(iters) * 16 * 16 * 2;
+}
+
+double bf16_dot_loop_avx512(int64_t iters) {
+  __m512 acc[16];
+  for (int j = 0; j < 16; ++j) acc[j] = _mm512_set1_ps(static_cast<float>(j));
+  const __m512bh x = (__m512bh)_mm512_set1_epi32(0x3f7f3f7f), y = (__m512bh)_mm512_set1_epi32(0x3a833a83);
+  for (int64_t it = 0; it < iters; ++it) {
+#pragma GCC unroll 16
+    for (int j = 0; j < 16; ++j) acc[j] = _mm512_dpbf16_ps(acc[j], x, y);
+  }
+  __m512 s = acc[0];
+  for (int j = 1; j < 16; ++j) s = _mm512_add_ps(s, acc[j]);
+  sink_value(_mm512_reduce_add_ps(s));
+  return static_cast<double>(iters) * 16 * 32 * 2;
+}
+
+double read_loop_avx512(const float* p, int64_t n) {
+  __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+  int64_t i = 0;
+  for (; i + 64 <= n; i += 64) {
+    a0 = _mm512_add_ps(a0, _mm512_loadu_ps(p + i));
+    a1 = _mm512_add_ps(a1, _mm512_loadu_ps(p + i + 16));
+    a2 = _mm512_add_ps(a2, _mm512_loadu_ps(p + i + 32));
+    a3 = _mm512_add_ps(a3, _mm512_loadu_ps(p + i + 48));
+  }
+  sink_value(_mm512_reduce_add_ps(_mm512_add_ps(_mm512_add_ps(a0, a1), _mm512_add_ps(a2, a3))));
+  return static_cast<double>(i) * 4;
+}
+
+}  // namespace kiln::bench

@@ -1,0 +1,203 @@
+// The public collectives: argument checks (the same verdict on every rank, before any
+// message), `auto` resolution, and dispatch to the algorithm; MPI types for the peer.
+#include "kiln/dist/collectives.h"
+
+#include <climits>
+#include <cstring>
+
+#include "kiln/dist/cost_model.h"
+#include "kiln/dist/detail.h"
+
+namespace kiln::dist {
+
+std::optional<Algo> parse_algo(std::string_view name) {
+  for (const AlgoInfo& info : kAlgoInfos)
+    if (info.name == name) return info.algo;
+  return std::nullopt;
+}
+std::optional<CollOp> parse_coll_op(std::string_view name) {
+  for (int i = 0; i < kNumCollOps; ++i)
+    if (kCollOpNames[i] == name) return static_cast<CollOp>(i);
+  return std::nullopt;
+}
+std::optional<ReduceOp> parse_reduce_op(std::string_view name) {
+  for (size_t i = 0; i < kReduceOpNames.size(); ++i)
+    if (kReduceOpNames[i] == name) return static_cast<ReduceOp>(i);
+  return std::nullopt;
+}
+
+namespace detail {
+namespace {
+
+void combine_mpi(void* in, void* inout, int* len, DType dtype, ReduceOp op) {
+  combine(dtype, op, inout, inout, in, static_cast<size_t>(*len));
+}
+void bf16_sum(void* in, void* io, int* n, MPI_Datatype*) { combine_mpi(in, io, n, DType::kBF16, ReduceOp::kSum); }
+void bf16_max(void* in, void* io, int* n, MPI_Datatype*) { combine_mpi(in, io, n, DType::kBF16, ReduceOp::kMax); }
+void f16_sum(void* in, void* io, int* n, MPI_Datatype*) { combine_mpi(in, io, n, DType::kF16, ReduceOp::kSum); }
+void f16_max(void* in, void* io, int* n, MPI_Datatype*) { combine_mpi(in, io, n, DType::kF16, ReduceOp::kMax); }
+
+struct MpiHalfTypes {
+  MPI_Datatype half = MPI_DATATYPE_NULL;
+  MPI_Op ops[4] = {MPI_OP_NULL, MPI_OP_NULL, MPI_OP_NULL, MPI_OP_NULL};
+  MpiHalfTypes() {
+    MPI_Type_contiguous(2, MPI_BYTE, &half);
+    MPI_Type_commit(&half);
+    MPI_Op_create(bf16_sum, 1, &ops[0]);
+    MPI_Op_create(bf16_max, 1, &ops[1]);
+    MPI_Op_create(f16_sum, 1, &ops[2]);
+    MPI_Op_create(f16_max, 1, &ops[3]);
+  }
+};
+MpiHalfTypes& half_types() {
+  static MpiHalfTypes t;  // created after MPI_Init, on first use; freed by MPI_Finalize
+  return t;
+}
+
+}  // namespace
+
+MPI_Datatype mpi_type(DType dtype) {
+  return dtype == DType::kF32 ? MPI_FLOAT : half_types().half;
+}
+
+MPI_Op mpi_op(DType dtype, ReduceOp op) {
+  const bool max = op == ReduceOp::kMax;
+  if (dtype == DType::kF32) return max ? MPI_MAX : MPI_SUM;
+  return half_types().ops[(dtype == DType::kF16 ? 2 : 0) + (max ? 1 : 0)];
+}
+
+}  // namespace detail
+
+namespace {
+
+using detail::RedSpec;
+
+Status check_common(const char* name, const Communicator& comm, int64_t count, DType dtype,
+                    int64_t messages_per_block) {
+  if (!is_collective_dtype(dtype))
+    return unimplemented("[{}] dtype {} is not supported (f32, bf16, f16)", name, dtype_name(dtype));
+  if (count < 0) return invalid_argument("[{}] count must be >= 0, got {}", name, count);
+  // One message carries at most a block (or the whole vector for the folding algorithms).
+  const int64_t bytes = dtype_nbytes(dtype, count) * messages_per_block;
+  if (bytes > INT_MAX)
+    return out_of_range("[{}] {} elements of {} on {} ranks: {} bytes in one message (limit 2 GiB)",
+                        name, count, dtype_name(dtype), comm.size(), bytes);
+  return Status::ok_status();
+}
+
+Status check_algo(const char* name, Algo algo, CollOp op) {
+  if (!algo_implements(algo, op))
+    return invalid_argument("[{}] algorithm {} does not implement {}", name, algo_name(algo),
+                            coll_op_name(op));
+  return Status::ok_status();
+}
+
+RedSpec spec_of(DType dtype, ReduceOp op) {
+  return {dtype, op == ReduceOp::kAvg ? ReduceOp::kSum : op, static_cast<size_t>(dtype_bits(dtype) / 8)};
+}
+
+}  // namespace
+
+Algo resolve_algo(Communicator& comm, CollOp op, int64_t nbytes_total) {
+  return select_algo(comm.cost_table(), op, comm.size(), static_cast<double>(nbytes_total),
+                     comm.ranks_per_node_setting());
+}
+
+Status all_reduce(Communicator& comm, const void* send, void* recv, int64_t count, DType dtype,
+                  ReduceOp op, Algo algo) {
+  KILN_RETURN_IF_ERROR(check_common("all_reduce", comm, count, dtype, 1));
+  KILN_RETURN_IF_ERROR(check_algo("all_reduce", algo, CollOp::kAllReduce));
+  if (count == 0) return Status::ok_status();
+  const RedSpec s = spec_of(dtype, op);
+  const int avg = op == ReduceOp::kAvg ? comm.size() : 0;
+  if (algo == Algo::kAuto) algo = resolve_algo(comm, CollOp::kAllReduce, count * s.esize);
+  auto* in = static_cast<const std::byte*>(send);
+  auto* out = static_cast<std::byte*>(recv);
+  switch (algo) {
+    case Algo::kMpi: detail::allreduce_mpi(comm, in, out, count, s, avg); break;
+    case Algo::kRing: detail::allreduce_ring(comm, in, out, count, s, avg); break;
+    case Algo::kRecursiveDoubling: detail::allreduce_recursive_doubling(comm, in, out, count, s, avg); break;
+    case Algo::kRabenseifner: detail::allreduce_rabenseifner(comm, in, out, count, s, avg); break;
+    case Algo::kDoubleBinaryTree: detail::allreduce_double_binary_tree(comm, in, out, count, s, avg); break;
+    case Algo::kHierarchical: detail::allreduce_hierarchical(comm, in, out, count, s, avg); break;
+    default: KILN_CHECK_MSG(false, "all_reduce: unhandled algorithm {}", algo_name(algo));
+  }
+  return Status::ok_status();
+}
+
+Status all_gather(Communicator& comm, const void* send, void* recv, int64_t count_per_rank,
+                  DType dtype, Algo algo) {
+  KILN_RETURN_IF_ERROR(check_common("all_gather", comm, count_per_rank, dtype, comm.size()));
+  KILN_RETURN_IF_ERROR(check_algo("all_gather", algo, CollOp::kAllGather));
+  if (count_per_rank == 0) return Status::ok_status();
+  const size_t es = dtype_bits(dtype) / 8;
+  if (algo == Algo::kAuto)
+    algo = resolve_algo(comm, CollOp::kAllGather, count_per_rank * es * comm.size());
+  auto* in = static_cast<const std::byte*>(send);
+  auto* out = static_cast<std::byte*>(recv);
+  switch (algo) {
+    case Algo::kMpi: detail::allgather_mpi(comm, in, out, count_per_rank, es); break;
+    case Algo::kRing: detail::allgather_ring(comm, in, out, count_per_rank, es); break;
+    case Algo::kRecursiveDoubling: detail::allgather_recursive_doubling(comm, in, out, count_per_rank, es); break;
+    default: KILN_CHECK_MSG(false, "all_gather: unhandled algorithm {}", algo_name(algo));
+  }
+  return Status::ok_status();
+}
+
+Status reduce_scatter(Communicator& comm, const void* send, void* recv, int64_t count_per_rank,
+                      DType dtype, ReduceOp op, Algo algo) {
+  KILN_RETURN_IF_ERROR(check_common("reduce_scatter", comm, count_per_rank, dtype, comm.size()));
+  KILN_RETURN_IF_ERROR(check_algo("reduce_scatter", algo, CollOp::kReduceScatter));
+  if (count_per_rank == 0) return Status::ok_status();
+  const RedSpec s = spec_of(dtype, op);
+  const int avg = op == ReduceOp::kAvg ? comm.size() : 0;
+  if (algo == Algo::kAuto)
+    algo = resolve_algo(comm, CollOp::kReduceScatter, count_per_rank * s.esize * comm.size());
+  auto* in = static_cast<const std::byte*>(send);
+  auto* out = static_cast<std::byte*>(recv);
+  switch (algo) {
+    case Algo::kMpi: detail::reducescatter_mpi(comm, in, out, count_per_rank, s, avg); break;
+    case Algo::kRing: detail::reducescatter_ring(comm, in, out, count_per_rank, s, avg); break;
+    case Algo::kRecursiveHalving: detail::reducescatter_recursive_halving(comm, in, out, count_per_rank, s, avg); break;
+    default: KILN_CHECK_MSG(false, "reduce_scatter: unhandled algorithm {}", algo_name(algo));
+  }
+  return Status::ok_status();
+}
+
+Status all_to_all(Communicator& comm, const void* send, void* recv, int64_t count_per_rank,
+                  DType dtype, Algo algo) {
+  KILN_RETURN_IF_ERROR(check_common("all_to_all", comm, count_per_rank, dtype, comm.size()));
+  KILN_RETURN_IF_ERROR(check_algo("all_to_all", algo, CollOp::kAllToAll));
+  if (count_per_rank == 0) return Status::ok_status();
+  const size_t es = dtype_bits(dtype) / 8;
+  if (algo == Algo::kAuto) algo = Algo::kPairwise;  // the only one
+  auto* in = static_cast<const std::byte*>(send);
+  auto* out = static_cast<std::byte*>(recv);
+  switch (algo) {
+    case Algo::kMpi: detail::alltoall_mpi(comm, in, out, count_per_rank, es); break;
+    case Algo::kPairwise: detail::alltoall_pairwise(comm, in, out, count_per_rank, es); break;
+    default: KILN_CHECK_MSG(false, "all_to_all: unhandled algorithm {}", algo_name(algo));
+  }
+  return Status::ok_status();
+}
+
+Status broadcast(Communicator& comm, void* buf, int64_t count, DType dtype, int root, Algo algo) {
+  KILN_RETURN_IF_ERROR(check_common("broadcast", comm, count, dtype, 1));
+  KILN_RETURN_IF_ERROR(check_algo("broadcast", algo, CollOp::kBroadcast));
+  if (root < 0 || root >= comm.size())
+    return invalid_argument("[broadcast] root {} is not a rank of a communicator of size {}", root,
+                            comm.size());
+  if (count == 0) return Status::ok_status();
+  const size_t nbytes = dtype_nbytes(dtype, count);
+  if (algo == Algo::kAuto) algo = resolve_algo(comm, CollOp::kBroadcast, nbytes);
+  auto* b = static_cast<std::byte*>(buf);
+  switch (algo) {
+    case Algo::kMpi: detail::bcast_mpi(comm, b, nbytes, root); break;
+    case Algo::kBinomialTree: detail::bcast_binomial(comm, b, nbytes, root); break;
+    case Algo::kChain: detail::bcast_chain(comm, b, nbytes, root); break;
+    default: KILN_CHECK_MSG(false, "broadcast: unhandled algorithm {}", algo_name(algo));
+  }
+  return Status::ok_status();
+}
+
+}  // namespace kiln::dist

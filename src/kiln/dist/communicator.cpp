@@ -1,0 +1,210 @@
+// MPI start-up and the Communicator: splits, node groups for the hierarchical algorithm,
+// byte-level point-to-point helpers and reusable scratch memory.
+#include "kiln/dist/communicator.h"
+
+#include <climits>
+#include <cstdio>
+
+#include "kiln/dist/cost_model.h"
+
+namespace kiln::dist {
+namespace {
+
+bool g_started_here = false;
+
+void check_mpi(int rc, const char* what) {
+  if (rc != MPI_SUCCESS) {
+    char msg[MPI_MAX_ERROR_STRING];
+    int len = 0;
+    MPI_Error_string(rc, msg, &len);
+    abort_job(fmt::format("{} failed: {}", what, std::string(msg, len)));
+  }
+}
+
+int as_int_bytes(size_t nbytes) {
+  KILN_CHECK_MSG(nbytes <= static_cast<size_t>(INT_MAX), "one message of {} bytes (limit 2 GiB)",
+                 nbytes);
+  return static_cast<int>(nbytes);
+}
+
+}  // namespace
+
+void init(int* argc, char*** argv) {
+  int done = 0;
+  MPI_Initialized(&done);
+  if (done) return;
+  int provided = 0;
+  check_mpi(MPI_Init_thread(argc, argv, MPI_THREAD_FUNNELED, &provided), "MPI_Init_thread");
+  g_started_here = true;
+  // Errors come back as codes and end the job with a message (check_mpi), never a hang.
+  MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN);
+}
+
+void finalize() {
+  int inited = 0, finished = 0;
+  MPI_Initialized(&inited);
+  MPI_Finalized(&finished);
+  if (inited && !finished && g_started_here) MPI_Finalize();
+}
+
+bool is_initialized() {
+  int inited = 0, finished = 0;
+  MPI_Initialized(&inited);
+  MPI_Finalized(&finished);
+  return inited && !finished;
+}
+
+void abort_job(const std::string& message, int code) {
+  std::fflush(stdout);
+  int rank = -1;
+  if (is_initialized()) MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  std::fprintf(stderr, "kiln dist: rank %d: %s\n", rank, message.c_str());
+  std::fflush(stderr);
+  if (is_initialized()) MPI_Abort(MPI_COMM_WORLD, code);
+  std::abort();
+}
+
+Communicator& Communicator::world() {
+  init();
+  static Communicator w(MPI_COMM_WORLD, false);
+  return w;
+}
+
+Communicator::Communicator(MPI_Comm comm, bool owned) : comm_(comm), owned_(owned) {
+  KILN_CHECK(comm != MPI_COMM_NULL);
+  MPI_Comm_rank(comm_, &rank_);
+  MPI_Comm_size(comm_, &size_);
+}
+
+Communicator::~Communicator() {
+  if (owned_ && comm_ != MPI_COMM_NULL && is_initialized()) MPI_Comm_free(&comm_);
+}
+
+Communicator::Communicator(Communicator&& o) noexcept { *this = std::move(o); }
+
+Communicator& Communicator::operator=(Communicator&& o) noexcept {
+  if (this == &o) return *this;
+  if (owned_ && comm_ != MPI_COMM_NULL && is_initialized()) MPI_Comm_free(&comm_);
+  comm_ = o.comm_;
+  owned_ = o.owned_;
+  rank_ = o.rank_;
+  size_ = o.size_;
+  ranks_per_node_ = o.ranks_per_node_;
+  groups_ = std::move(o.groups_);
+  groups_built_for_ = o.groups_built_for_;
+  for (int i = 0; i < kNumScratch; ++i) {
+    scratch_[i] = std::move(o.scratch_[i]);
+    scratch_bytes_[i] = o.scratch_bytes_[i];
+    o.scratch_bytes_[i] = 0;
+  }
+  cost_table_ = std::move(o.cost_table_);
+  o.comm_ = MPI_COMM_NULL;
+  o.owned_ = false;
+  return *this;
+}
+
+Expected<std::unique_ptr<Communicator>> Communicator::split(int color, int key) const {
+  if (color < 0) return invalid_argument("[split] color must be >= 0, got {}", color);
+  MPI_Comm out = MPI_COMM_NULL;
+  check_mpi(MPI_Comm_split(comm_, color, key, &out), "MPI_Comm_split");
+  return std::make_unique<Communicator>(out, true);
+}
+
+std::unique_ptr<Communicator> Communicator::split_type_shared() const {
+  MPI_Comm out = MPI_COMM_NULL;
+  check_mpi(MPI_Comm_split_type(comm_, MPI_COMM_TYPE_SHARED, rank_, MPI_INFO_NULL, &out),
+            "MPI_Comm_split_type");
+  return std::make_unique<Communicator>(out, true);
+}
+
+void Communicator::set_ranks_per_node(int n) {
+  KILN_CHECK(n >= 0);
+  ranks_per_node_ = n;
+}
+
+Communicator::NodeGroups& Communicator::node_groups() {
+  if (groups_ && groups_built_for_ == ranks_per_node_) return *groups_;
+  auto g = std::make_unique<NodeGroups>();
+  if (ranks_per_node_ > 0) {
+    g->node = split(rank_ / ranks_per_node_, rank_).value();
+  } else {
+    g->node = split_type_shared();
+  }
+  const int local = g->node->rank();
+  g->cross = split(local, rank_).value();
+  // Leaders: local rank 0 of each node; the others get a communicator they never use.
+  g->leaders = split(local == 0 ? 0 : 1, rank_).value();
+  if (local != 0) g->leaders.reset();
+  int sizes[2] = {g->node->size(), -g->node->size()};
+  int out[2] = {0, 0};
+  MPI_Allreduce(sizes, out, 2, MPI_INT, MPI_MAX, comm_);
+  g->uniform = out[0] == -out[1];
+  groups_ = std::move(g);
+  groups_built_for_ = ranks_per_node_;
+  return *groups_;
+}
+
+MPI_Request Communicator::isend(const void* data, size_t nbytes, int dest, int tag) const {
+  MPI_Request req = MPI_REQUEST_NULL;
+  check_mpi(MPI_Isend(data, as_int_bytes(nbytes), MPI_BYTE, dest, tag, comm_, &req), "MPI_Isend");
+  return req;
+}
+
+MPI_Request Communicator::irecv(void* data, size_t nbytes, int source, int tag) const {
+  MPI_Request req = MPI_REQUEST_NULL;
+  check_mpi(MPI_Irecv(data, as_int_bytes(nbytes), MPI_BYTE, source, tag, comm_, &req),
+            "MPI_Irecv");
+  return req;
+}
+
+void Communicator::send(const void* data, size_t nbytes, int dest, int tag) const {
+  check_mpi(MPI_Send(data, as_int_bytes(nbytes), MPI_BYTE, dest, tag, comm_), "MPI_Send");
+}
+
+void Communicator::recv(void* data, size_t nbytes, int source, int tag) const {
+  check_mpi(MPI_Recv(data, as_int_bytes(nbytes), MPI_BYTE, source, tag, comm_, MPI_STATUS_IGNORE),
+            "MPI_Recv");
+}
+
+void Communicator::sendrecv(const void* send_data, size_t send_nbytes, int dest, void* recv_data,
+                            size_t recv_nbytes, int source, int tag) const {
+  check_mpi(MPI_Sendrecv(send_data, as_int_bytes(send_nbytes), MPI_BYTE, dest, tag, recv_data,
+                         as_int_bytes(recv_nbytes), MPI_BYTE, source, tag, comm_,
+                         MPI_STATUS_IGNORE),
+            "MPI_Sendrecv");
+}
+
+void Communicator::wait(MPI_Request& req) {
+  check_mpi(MPI_Wait(&req, MPI_STATUS_IGNORE), "MPI_Wait");
+}
+
+void Communicator::wait_all(std::vector<MPI_Request>& reqs) {
+  if (reqs.empty()) return;
+  check_mpi(MPI_Waitall(static_cast<int>(reqs.size()), reqs.data(), MPI_STATUSES_IGNORE),
+            "MPI_Waitall");
+  reqs.clear();
+}
+
+void Communicator::barrier() const { check_mpi(MPI_Barrier(comm_), "MPI_Barrier"); }
+
+std::byte* Communicator::scratch(int slot, size_t nbytes) {
+  KILN_CHECK(slot >= 0 && slot < kNumScratch);
+  if (nbytes > scratch_bytes_[slot]) {
+    // Grow to at least 1.5x so a slowly growing sequence of calls reallocates rarely.
+    const size_t want = std::max(nbytes, scratch_bytes_[slot] + scratch_bytes_[slot] / 2);
+    scratch_[slot] = std::make_unique_for_overwrite<std::byte[]>(want);
+    scratch_bytes_[slot] = want;
+  }
+  return scratch_[slot].get();
+}
+
+const AlphaBetaTable& Communicator::cost_table() {
+  if (!cost_table_) cost_table_ = std::make_unique<AlphaBetaTable>(load_cost_table(*this));
+  return *cost_table_;
+}
+
+void Communicator::set_cost_table(const AlphaBetaTable& table) {
+  cost_table_ = std::make_unique<AlphaBetaTable>(table);
+}
+
+}  // namespace kiln::dist

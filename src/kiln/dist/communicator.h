@@ -1,0 +1,112 @@
+// Communicator: a group of ranks over an MPI communicator, the object every collective and
+// every process group (data, tensor, pipeline, expert, context parallel) is built from.
+// A process started without mpirun is a world of size 1, and everything works in it.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <vector>
+
+// kiln uses MPI's C API only; keep OpenMPI's deprecated C++ bindings out (MPI::MPI_C links
+// no C++ binding library).
+#ifndef OMPI_SKIP_MPICXX
+#define OMPI_SKIP_MPICXX 1
+#endif
+#ifndef MPICH_SKIP_MPICXX
+#define MPICH_SKIP_MPICXX 1
+#endif
+#include <mpi.h>
+
+#include "kiln/core/status.h"
+
+namespace kiln::dist {
+
+// Starts MPI once (thread level FUNNELED); later calls do nothing. Communicator::world()
+// calls it lazily with no arguments, so a program that never calls it still works.
+void init(int* argc = nullptr, char*** argv = nullptr);
+// Ends MPI if this process started it and it is not finalized yet; safe to call twice.
+void finalize();
+bool is_initialized();
+// Ends the whole job with a message (MPI_Abort): the path for a rank that cannot go on,
+// so the other ranks never hang waiting for it.
+[[noreturn]] void abort_job(const std::string& message, int code = 1);
+
+// Per-call cost parameters of one algorithm (the alpha-beta model), loaded from calibration.
+struct AlphaBetaTable;
+
+class Communicator {
+ public:
+  // The world: every process of the job (MPI_COMM_WORLD), initializing MPI if needed.
+  static Communicator& world();
+
+  // Wraps `comm`; takes ownership (MPI_Comm_free on destruction) when `owned`.
+  Communicator(MPI_Comm comm, bool owned);
+  ~Communicator();
+  Communicator(const Communicator&) = delete;
+  Communicator& operator=(const Communicator&) = delete;
+  Communicator(Communicator&&) noexcept;
+  Communicator& operator=(Communicator&&) noexcept;
+
+  int rank() const { return rank_; }
+  int size() const { return size_; }
+  MPI_Comm handle() const { return comm_; }
+
+  // Collective: ranks with the same color form one new communicator, ordered by key.
+  // A negative color gives an empty communicator (size 0 is not representable: returns an
+  // error) — every rank must pass a color >= 0 here.
+  Expected<std::unique_ptr<Communicator>> split(int color, int key) const;
+  // Collective: the ranks that share memory with this one (one "node").
+  std::unique_ptr<Communicator> split_type_shared() const;
+
+  // Ranks per node for the hierarchical algorithm: 0 = from MPI_Comm_split_type (the real
+  // node); n > 0 forces nodes of n consecutive ranks, so one machine can test it.
+  void set_ranks_per_node(int n);
+  int ranks_per_node_setting() const { return ranks_per_node_; }
+  // The node and the cross-node communicators for the hierarchical algorithm, built on first
+  // use (collective) and cached. `cross` links the ranks with the same local rank.
+  struct NodeGroups {
+    std::unique_ptr<Communicator> node;
+    std::unique_ptr<Communicator> cross;   // ranks with this node-local rank, one per node
+    std::unique_ptr<Communicator> leaders; // node-local rank 0 of every node (null elsewhere)
+    bool uniform = true;                   // every node has the same number of ranks
+  };
+  NodeGroups& node_groups();
+
+  // Point-to-point on bytes. Non-blocking calls return a request the caller waits on.
+  MPI_Request isend(const void* data, size_t nbytes, int dest, int tag) const;
+  MPI_Request irecv(void* data, size_t nbytes, int source, int tag) const;
+  void send(const void* data, size_t nbytes, int dest, int tag) const;
+  void recv(void* data, size_t nbytes, int source, int tag) const;
+  void sendrecv(const void* send_data, size_t send_nbytes, int dest, void* recv_data,
+                size_t recv_nbytes, int source, int tag) const;
+  static void wait(MPI_Request& req);
+  static void wait_all(std::vector<MPI_Request>& reqs);  // waits and clears
+  void barrier() const;
+
+  // Scratch memory owned by the communicator: grown when a call needs more, never shrunk or
+  // freed per call (first touch of fresh pages is slow here, see BENCH.md). Slot i is one
+  // independent buffer; collectives use slots 0..kNumScratch-1.
+  static constexpr int kNumScratch = 4;
+  std::byte* scratch(int slot, size_t nbytes);
+
+  // The alpha-beta parameters for `auto` (loaded from the calibration cache on first use,
+  // identical on every rank).
+  const AlphaBetaTable& cost_table();
+  void set_cost_table(const AlphaBetaTable& table);
+
+ private:
+  MPI_Comm comm_ = MPI_COMM_NULL;
+  bool owned_ = false;
+  int rank_ = 0;
+  int size_ = 1;
+  int ranks_per_node_ = 0;
+  std::unique_ptr<NodeGroups> groups_;
+  int groups_built_for_ = -1;
+  std::unique_ptr<std::byte[]> scratch_[kNumScratch];
+  size_t scratch_bytes_[kNumScratch] = {};
+  std::unique_ptr<AlphaBetaTable> cost_table_;
+};
+
+}  // namespace kiln::dist

@@ -1,0 +1,265 @@
+// The alpha-beta model: each algorithm's latency and bandwidth terms, the selection that
+// `auto` uses, the relative-error fit of measured times and the calibration cache file.
+#include "kiln/dist/cost_model.h"
+
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <limits>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "kiln/dist/communicator.h"
+#include "kiln/dist/detail.h"
+
+namespace kiln::dist {
+namespace {
+
+int ilog2(int x) {
+  int l = 0;
+  while ((2 << l) <= x) ++l;
+  return l;
+}
+
+}  // namespace
+
+AlgoCost algo_cost(CollOp op, Algo algo, int p, double n, int ranks_per_node) {
+  AlgoCost c;
+  if (p <= 1 || algo == Algo::kAuto || algo == Algo::kMpi) return c;
+  const int p2 = detail::floor_pow2(p), lg = ilog2(p2);
+  const double extra = p > p2 ? 1.0 : 0.0;  // non-power-of-two: fold and unfold
+  const double frac = (p - 1.0) / p, frac2 = (p2 - 1.0) / p2;
+  switch (op) {
+    case CollOp::kAllReduce:
+      switch (algo) {
+        case Algo::kRing:
+          c = {2.0 * (p - 1), 2 * frac * n, frac * n};
+          break;
+        case Algo::kRecursiveDoubling:
+          c = {lg + 2 * extra, (lg + 2 * extra) * n, (lg + extra) * n};
+          break;
+        case Algo::kRabenseifner:
+          c = {2.0 * lg + 2 * extra, 2 * frac2 * n + 2 * extra * n, frac2 * n + extra * n};
+          break;
+        case Algo::kDoubleBinaryTree: {
+          // Pipeline of K chunks per tree through h levels, up then down: 2(h + K - 1) steps;
+          // per step an inner node moves fanout f chunks each way (f = 2, or 1 when p = 2).
+          const double h = detail::tree_height(p), f = std::min(2, p - 1);
+          const double chunk = static_cast<double>(detail::kTreeChunkBytes);
+          const double K = std::max(1.0, std::ceil(n / 2 / chunk));
+          c = {2 * (h + K - 1), f * n * (h + K - 1) / K, f / 2 * n * (h + K - 1) / K};
+          break;
+        }
+        case Algo::kHierarchical: {
+          const int L = (ranks_per_node <= 0 || ranks_per_node >= p) ? p : ranks_per_node;
+          const double N = std::ceil(static_cast<double>(p) / L);
+          const double fl = (L - 1.0) / L, fn = (N - 1) / N;
+          c = {2.0 * (L - 1) + 2 * (N - 1), 2 * fl * n + 2 * fn * n / L, fl * n + fn * n / L};
+          break;
+        }
+        default:
+          break;
+      }
+      break;
+    case CollOp::kAllGather:
+      if (algo == Algo::kRing) c = {p - 1.0, frac * n, 0};
+      if (algo == Algo::kRecursiveDoubling)
+        c = {lg + 2 * extra, frac2 * n + extra * (n / p + n), 0};
+      break;
+    case CollOp::kReduceScatter:
+      if (algo == Algo::kRing) c = {p - 1.0, frac * n, frac * n};
+      if (algo == Algo::kRecursiveHalving)
+        c = {lg + 2 * extra, frac2 * n + extra * (n + n / p), frac2 * n + extra * n};
+      break;
+    case CollOp::kAllToAll:
+      if (algo == Algo::kPairwise) c = {p - 1.0, frac * n, 0};
+      break;
+    case CollOp::kBroadcast:
+      if (algo == Algo::kBinomialTree) {
+        const double rounds = std::ceil(std::log2(static_cast<double>(p)));
+        c = {rounds, rounds * n, 0};
+      }
+      if (algo == Algo::kChain) {
+        const double K = std::max(1.0, std::ceil(n / static_cast<double>(detail::kChainChunkBytes)));
+        c = {p - 2 + K, (p - 2 + K) * n / K, 0};
+      }
+      break;
+    default:
+      break;
+  }
+  return c;
+}
+
+double predict_seconds(const AlphaBetaTable& t, CollOp op, Algo algo, int p, double nbytes,
+                       int ranks_per_node) {
+  const AlgoCost c = algo_cost(op, algo, p, nbytes, ranks_per_node);
+  const AlphaBeta& f = t.fit_of(op, algo);
+  if (t.fitted_p == p && f.valid()) return f.alpha_s * c.steps + f.beta_s_per_byte * c.bw_bytes;
+  return t.link.alpha_s * c.steps + t.link.beta_s_per_byte * c.bw_bytes +
+         t.gamma_s_per_byte * c.reduce_bytes;
+}
+
+Algo select_algo(const AlphaBetaTable& t, CollOp op, int p, double nbytes, int ranks_per_node) {
+  Algo best = Algo::kAuto;
+  double best_s = std::numeric_limits<double>::infinity();
+  for (const AlgoInfo& info : kAlgoInfos) {
+    if (info.algo == Algo::kAuto || info.algo == Algo::kMpi || !algo_implements(info.algo, op))
+      continue;
+    if (info.algo == Algo::kHierarchical && !(ranks_per_node > 0 && ranks_per_node < p)) continue;
+    const double s = predict_seconds(t, op, info.algo, p, nbytes, ranks_per_node);
+    if (s < best_s) {  // ties keep the earlier row of kAlgoInfos
+      best_s = s;
+      best = info.algo;
+    }
+  }
+  KILN_CHECK(best != Algo::kAuto);
+  return best;
+}
+
+AlphaBeta fit_alpha_beta(const double* steps, const double* bytes, const double* seconds, int n) {
+  // Minimize sum ((alpha s_i + beta b_i - T_i) / T_i)^2: normal equations of a 2x2 system.
+  double ss = 0, sb = 0, bb = 0, st = 0, bt = 0;
+  for (int i = 0; i < n; ++i) {
+    const double w = 1.0 / (seconds[i] * seconds[i]);
+    ss += w * steps[i] * steps[i];
+    sb += w * steps[i] * bytes[i];
+    bb += w * bytes[i] * bytes[i];
+    st += w * steps[i] * seconds[i];
+    bt += w * bytes[i] * seconds[i];
+  }
+  AlphaBeta f;
+  const double det = ss * bb - sb * sb;
+  if (std::abs(det) > 1e-300 * (ss * bb)) {
+    f.alpha_s = (st * bb - sb * bt) / det;
+    f.beta_s_per_byte = (ss * bt - sb * st) / det;
+  }
+  // A negative term means the other one explains the data alone: refit with one parameter.
+  if (!(f.alpha_s >= 0)) {
+    f.alpha_s = 0;
+    f.beta_s_per_byte = bb > 0 ? bt / bb : 0;
+  } else if (!(f.beta_s_per_byte >= 0)) {
+    f.beta_s_per_byte = 0;
+    f.alpha_s = ss > 0 ? st / ss : 0;
+  }
+  return f;
+}
+
+std::string calibration_path() {
+  if (const char* env = std::getenv("KILN_COMM_CALIBRATION"); env && *env) return env;
+  const char* home = std::getenv("HOME");
+  return std::string(home && *home ? home : ".") + "/.cache/kiln/comm_calibration.json";
+}
+
+namespace {
+
+using nlohmann::json;
+
+// Flat form of a table for MPI_Bcast: link, gamma, fitted_p, then every fit.
+constexpr int kFlatSize = 4 + kNumCollOps * kNumAlgos * 2;
+
+void to_flat(const AlphaBetaTable& t, double* v) {
+  v[0] = t.link.alpha_s;
+  v[1] = t.link.beta_s_per_byte;
+  v[2] = t.gamma_s_per_byte;
+  v[3] = t.fitted_p;
+  for (int o = 0; o < kNumCollOps; ++o)
+    for (int a = 0; a < kNumAlgos; ++a) {
+      v[4 + (o * kNumAlgos + a) * 2] = t.fit[o][a].alpha_s;
+      v[5 + (o * kNumAlgos + a) * 2] = t.fit[o][a].beta_s_per_byte;
+    }
+}
+
+AlphaBetaTable from_flat(const double* v) {
+  AlphaBetaTable t;
+  t.link = {v[0], v[1]};
+  t.gamma_s_per_byte = v[2];
+  t.fitted_p = static_cast<int>(v[3]);
+  for (int o = 0; o < kNumCollOps; ++o)
+    for (int a = 0; a < kNumAlgos; ++a)
+      t.fit[o][a] = {v[4 + (o * kNumAlgos + a) * 2], v[5 + (o * kNumAlgos + a) * 2]};
+  return t;
+}
+
+json read_json_file(const std::string& path) {
+  std::ifstream in(path);
+  if (!in) return json::object();
+  json j = json::parse(in, nullptr, /*allow_exceptions=*/false);
+  if (j.is_discarded() || !j.is_object()) {
+    std::fprintf(stderr, "kiln: ignoring malformed calibration file %s\n", path.c_str());
+    return json::object();
+  }
+  return j;
+}
+
+AlphaBetaTable table_from_json(const json& j, int p) {
+  AlphaBetaTable t;
+  try {
+    if (j.contains("link")) {
+      t.link.alpha_s = j["link"].value("alpha_s", t.link.alpha_s);
+      t.link.beta_s_per_byte = j["link"].value("beta_s_per_byte", t.link.beta_s_per_byte);
+    }
+    t.gamma_s_per_byte = j.value("gamma_s_per_byte", t.gamma_s_per_byte);
+    const std::string key = std::to_string(p);
+    if (j.contains("fits") && j["fits"].contains(key)) {
+      t.fitted_p = p;
+      for (const auto& [op_name, algos] : j["fits"][key].items()) {
+        const auto op = parse_coll_op(op_name);
+        if (!op) continue;
+        for (const auto& [algo_name_str, ab] : algos.items()) {
+          const auto a = parse_algo(algo_name_str);
+          if (!a) continue;
+          t.fit[static_cast<int>(*op)][static_cast<int>(*a)] = {ab.value("alpha_s", -1.0),
+                                                                 ab.value("beta_s_per_byte", -1.0)};
+        }
+      }
+    }
+  } catch (const json::exception& e) {
+    std::fprintf(stderr, "kiln: ignoring bad calibration entries: %s\n", e.what());
+    return AlphaBetaTable{};
+  }
+  return t;
+}
+
+}  // namespace
+
+AlphaBetaTable load_cost_table(Communicator& comm) {
+  std::vector<double> flat(kFlatSize);
+  if (comm.rank() == 0) to_flat(table_from_json(read_json_file(calibration_path()), comm.size()), flat.data());
+  if (comm.size() > 1) MPI_Bcast(flat.data(), kFlatSize, MPI_DOUBLE, 0, comm.handle());
+  return from_flat(flat.data());
+}
+
+Status save_cost_table(const AlphaBetaTable& t, const std::string& path) {
+  json j = read_json_file(path);
+  j["version"] = 1;
+  j["link"] = {{"alpha_s", t.link.alpha_s}, {"beta_s_per_byte", t.link.beta_s_per_byte}};
+  j["gamma_s_per_byte"] = t.gamma_s_per_byte;
+  if (t.fitted_p > 0) {
+    json fits = json::object();
+    for (int o = 0; o < kNumCollOps; ++o)
+      for (int a = 0; a < kNumAlgos; ++a)
+        if (t.fit[o][a].valid())
+          fits[std::string(kCollOpNames[o])][std::string(kAlgoInfos[a].name)] = {
+              {"alpha_s", t.fit[o][a].alpha_s}, {"beta_s_per_byte", t.fit[o][a].beta_s_per_byte}};
+    j["fits"][std::to_string(t.fitted_p)] = fits;
+  }
+  std::error_code ec;
+  const std::filesystem::path fp(path);
+  if (fp.has_parent_path()) std::filesystem::create_directories(fp.parent_path(), ec);
+  // Write to a temporary file and rename, so a crash never leaves half a file.
+  const std::string tmp = path + ".tmp";
+  {
+    std::ofstream out(tmp);
+    if (!out) return failed_precondition("[bench comm] cannot write calibration file {}", tmp);
+    out << j.dump(2) << "\n";
+    if (!out) return data_loss("[bench comm] short write to {}", tmp);
+  }
+  std::filesystem::rename(tmp, path, ec);
+  if (ec) return failed_precondition("[bench comm] cannot rename {} to {}: {}", tmp, path, ec.message());
+  return Status::ok_status();
+}
+
+}  // namespace kiln::dist

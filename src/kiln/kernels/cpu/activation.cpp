@@ -1,0 +1,43 @@
+// Fast GELU, SiLU and SwiGLU (activation.h): SIMD kernels of ops_impl.inc over aligned element
+// ranges spread over threads.
+#include "kiln/kernels/activation.h"
+
+#include "kiln/kernels/cpu/ops_targets.h"
+#include "kiln/kernels/cpu/parallel.h"
+
+namespace kiln::cpu {
+
+void gelu_forward(float* out, const float* inp, int64_t n) {
+  const auto fn = KILN_OPS_DISPATCH(gelu_forward_n).pick();
+  parallel_elems(n, [&](int64_t b, int64_t e) { fn(out + b, inp + b, e - b); });
+}
+
+void gelu_backward(float* dinp, const float* dout, const float* inp, int64_t n) {
+  const auto fn = KILN_OPS_DISPATCH(gelu_backward_n).pick();
+  parallel_elems(n, [&](int64_t b, int64_t e) { fn(dinp + b, dout + b, inp + b, e - b); });
+}
+
+void silu_forward(float* out, const float* inp, int64_t n) {
+  const auto fn = KILN_OPS_DISPATCH(silu_forward_n).pick();
+  parallel_elems(n, [&](int64_t b, int64_t e) { fn(out + b, inp + b, e - b); });
+}
+
+void silu_backward(float* dinp, const float* dout, const float* inp, int64_t n) {
+  const auto fn = KILN_OPS_DISPATCH(silu_backward_n).pick();
+  parallel_elems(n, [&](int64_t b, int64_t e) { fn(dinp + b, dout + b, inp + b, e - b); });
+}
+
+void swiglu_forward(float* out, const float* gate, const float* up, int64_t n) {
+  const auto fn = KILN_OPS_DISPATCH(swiglu_forward_n).pick();
+  parallel_elems(n, [&](int64_t b, int64_t e) { fn(out + b, gate + b, up + b, e - b); });
+}
+
+void swiglu_backward(float* dgate, float* dup, const float* dout, const float* gate,
+                     const float* up, int64_t n) {
+  const auto fn = KILN_OPS_DISPATCH(swiglu_backward_n).pick();
+  parallel_elems(n, [&](int64_t b, int64_t e) {
+    fn(dgate + b, dup + b, dout + b, gate + b, up + b, e - b);
+  });
+}
+
+}  // namespace kiln::cpu

@@ -1,0 +1,29 @@
+// Fast fused softmax + cross-entropy (cross_entropy.h): SIMD row kernels of ops_impl.inc
+// (one streaming max/sum pass per row, one gradient pass), rows spread over threads.
+#include "kiln/kernels/cross_entropy.h"
+
+#include "kiln/kernels/cpu/ops_targets.h"
+#include "kiln/kernels/cpu/parallel.h"
+
+namespace kiln::cpu {
+
+void cross_entropy_forward(float* losses, const float* logits, const int32_t* targets,
+                           int64_t rows, int64_t vocab) {
+  check_targets({targets, static_cast<size_t>(rows)}, vocab).check_ok(__FILE__, __LINE__);
+  KILN_CHECK(vocab > 0);
+  const auto fn = KILN_OPS_DISPATCH(cross_entropy_forward_rows).pick();
+  parallel_for(rows, grain_for(vocab),
+               [&](int64_t r0, int64_t r1) { fn(losses, logits, targets, r0, r1, vocab); });
+}
+
+void cross_entropy_backward(float* dlogits, const float* logits, const int32_t* targets,
+                            const float* dlosses, int64_t rows, int64_t vocab) {
+  check_targets({targets, static_cast<size_t>(rows)}, vocab).check_ok(__FILE__, __LINE__);
+  KILN_CHECK(vocab > 0);
+  const auto fn = KILN_OPS_DISPATCH(cross_entropy_backward_rows).pick();
+  parallel_for(rows, grain_for(vocab), [&](int64_t r0, int64_t r1) {
+    fn(dlogits, logits, targets, dlosses, r0, r1, vocab);
+  });
+}
+
+}  // namespace kiln::cpu

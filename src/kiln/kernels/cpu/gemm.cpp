@@ -1,0 +1,335 @@
+// Fast CPU GEMM driver: BLIS-style loops (NC panels of B -> KC blocks -> pack B -> MC blocks of A
+// packed per task -> NR x MR micro-tiles), threads over (M block, N chunk) tiles of the kiln pool,
+// the small-M streaming path for decode-like shapes, the scalar target, and the tuning cache.
+#include <sys/stat.h>
+
+#include <cerrno>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <fstream>
+#include <memory>
+#include <mutex>
+
+#include <nlohmann/json.hpp>
+
+#include "kiln/core/cpu_features.h"
+#include "kiln/core/thread_pool.h"
+#include "kiln/kernels/cpu/gemm_cpu.h"
+#include "kiln/kernels/cpu/gemm_simd.h"
+#include "kiln/kernels/dispatch.h"
+
+namespace kiln::cpu {
+namespace {
+
+// ---- scalar target: a one-lane "vector" so the shared templates compile to plain C++ -------
+struct V1 {
+  using T = float;
+  static constexpr int kLanes = 1;
+  static T zero() { return 0.0f; }
+  static T set1(float x) { return x; }
+  static T load(const float* p) { return *p; }
+  static T loadu(const float* p) { return *p; }
+  static T loadu(const uint16_t* p) { return gemm_detail::bf16_bits_to_f32(*p); }
+  static T load_n(const float* p, int) { return *p; }
+  static T load_n(const uint16_t* p, int) { return gemm_detail::bf16_bits_to_f32(*p); }
+  static void store_n(float* p, T x, int) { *p = x; }
+  static T fmadd(T a, T b, T c) { return a * b + c; }
+  static T add(T a, T b) { return a + b; }
+  static T sub(T a, T b) { return a - b; }
+  static T mul(T a, T b) { return a * b; }
+  static T div(T a, T b) { return a / b; }
+  static T max(T a, T b) { return a > b ? a : b; }
+  static float reduce_add(T a) { return a; }
+  static T exp(T x) { return std::exp(x); }
+};
+
+GemmTargetKernels make_scalar_kernels() {
+  using namespace gemm_detail;
+  GemmTargetKernels k;
+  k.f32 = {"scalar 4x8 micro-kernel", 4, 8, 1, &pack_a_f32<4>, &pack_b_f32<8>,
+           &micro_kernel_f32<V1, 4, 8>};
+  k.bf16 = k.f32;
+  k.bf16.name = "scalar 4x8 micro-kernel, bf16 widened to f32 in packing";
+  k.small_m_name = "scalar small-M (m<=8) kernel, B unpacked";
+  k.small_m = &small_m<V1>;
+  k.epilogue_rows = &epilogue_rows<V1>;
+  return k;
+}
+
+// Scratch that grows and is reused, never freed per call (first touch of a fresh page costs
+// ~16 us in these VMs). One per thread: packing buffers are written by the thread that owns them.
+class ScratchBuffer {
+ public:
+  void* get(size_t bytes) {
+    if (bytes > capacity_) {
+      const size_t rounded = (bytes + 4095) & ~size_t{4095};
+      mem_.reset(std::aligned_alloc(64, rounded));
+      KILN_CHECK_MSG(mem_ != nullptr, "gemm scratch of {} bytes", rounded);
+      capacity_ = rounded;
+    }
+    return mem_.get();
+  }
+
+ private:
+  struct Free {
+    void operator()(void* p) const { std::free(p); }
+  };
+  std::unique_ptr<void, Free> mem_;
+  size_t capacity_ = 0;
+};
+
+ScratchBuffer& a_pack_buffer() { thread_local ScratchBuffer b; return b; }
+ScratchBuffer& b_pack_buffer() { thread_local ScratchBuffer b; return b; }
+ScratchBuffer& small_a_buffer() { thread_local ScratchBuffer b; return b; }
+ScratchBuffer& small_acc_buffer() { thread_local ScratchBuffer b; return b; }
+
+const GemmTargetKernels& target_kernels() {
+  using KernelsFn = const GemmTargetKernels& (*)();
+  return Dispatch<KernelsFn>{&gemm_kernels_scalar, &gemm_kernels_avx2, &gemm_kernels_avx512}.pick()();
+}
+
+int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
+// Runs fn(task) for task in [0, n) on the pool (serially when one thread or one task).
+template <class F>
+void run_tasks(int64_t n, F&& fn) {
+  if (n <= 0) return;
+  if (n == 1 || num_threads() == 1) {
+    for (int64_t t = 0; t < n; ++t) fn(t);
+    return;
+  }
+  thread_pool().run(n, [&](int64_t t, int) { fn(t); });
+}
+
+// ---- blocking and the tuning cache ----------------------------------------------------------
+struct BlockingState {
+  std::mutex mu;
+  bool loaded = false;
+  GemmBlocking current[2];
+};
+BlockingState& blocking_state() {
+  static BlockingState s;
+  return s;
+}
+
+GemmBlocking clamp_blocking(GemmBlocking b, GemmBlocking fallback) {
+  if (b.mc < 1 || b.kc < 2 || b.nc < 1) return fallback;
+  b.mc = std::clamp(b.mc, 8, 8192);
+  b.kc = std::clamp(b.kc & ~1, 16, 8192);
+  b.nc = std::clamp(b.nc, 32, 1 << 16);
+  return b;
+}
+
+void load_tuning_locked(BlockingState& s) {
+  s.current[0] = default_gemm_blocking(GemmPath::kF32);
+  s.current[1] = default_gemm_blocking(GemmPath::kBF16);
+  s.loaded = true;
+  const std::string path = gemm_tune_file();
+  std::ifstream in(path);
+  if (!in) return;  // absent: defaults, silently
+  try {
+    const nlohmann::json j = nlohmann::json::parse(in);
+    for (int i = 0; i < 2; ++i) {
+      const char* key = i == 0 ? "f32" : "bf16";
+      if (!j.contains(key)) continue;
+      const auto& e = j.at(key);
+      GemmBlocking b{e.at("mc").get<int>(), e.at("kc").get<int>(), e.at("nc").get<int>()};
+      s.current[i] = clamp_blocking(b, s.current[i]);
+    }
+  } catch (const std::exception& e) {
+    fmt::print(stderr, "kiln: warning: ignoring unreadable GEMM tuning file {} ({}); using defaults\n",
+               path, e.what());
+    s.current[0] = default_gemm_blocking(GemmPath::kF32);
+    s.current[1] = default_gemm_blocking(GemmPath::kBF16);
+  }
+}
+
+// ---- the packed path -------------------------------------------------------------------------
+void gemm_packed(const GemmParams& p, const PackedPath& path, GemmBlocking blk) {
+  const int64_t mr = path.mr, nr = path.nr, ks = path.k_per_step;
+  const int threads = num_threads();
+  // K blocks of equal, even size (an even size keeps bf16 pairs inside one block).
+  const int64_t num_kb = std::max<int64_t>(1, ceil_div(p.k, blk.kc));
+  const int64_t kc_block = std::max<int64_t>(2, (ceil_div(p.k, num_kb) + 1) & ~int64_t{1});
+  const int64_t nc_max = std::max<int64_t>(nr, blk.nc / nr * nr);
+  const int64_t mstrips = ceil_div(p.m, mr);
+  const int64_t mc_strips = std::max<int64_t>(1, blk.mc / mr);
+
+  for (int64_t jc = 0; jc < p.n; jc += nc_max) {
+    const int64_t nc = std::min(nc_max, p.n - jc);
+    const int64_t nstrips = ceil_div(nc, nr);
+    // Task grid: M blocks (a multiple of the thread count, so the split is even), and when
+    // there are few of them, N is cut into chunks too.
+    int64_t num_ic = ceil_div(mstrips, mc_strips);
+    int64_t num_jn = 1;
+    if (threads > 1) {
+      num_ic = std::min(mstrips, ceil_div(num_ic, threads) * threads);
+      if (num_ic < 2 * threads) num_jn = std::min(nstrips, ceil_div(2 * threads, num_ic));
+    }
+    for (int64_t pc = 0; pc < p.k || pc == 0; pc += kc_block) {
+      const int64_t kc = std::min(kc_block, p.k - pc);
+      const int64_t steps = ceil_div(kc, ks);
+      const int64_t b_strip = nr * steps;  // 4-byte elements per packed B strip
+      auto* bpack = static_cast<uint32_t*>(b_pack_buffer().get(4 * (nstrips * b_strip + 16)));
+      if (kc > 0) {
+        const int64_t num_bt = std::min<int64_t>(nstrips, 4 * threads);
+        run_tasks(num_bt, [&](int64_t t) {
+          const int64_t s0 = nstrips * t / num_bt, s1 = nstrips * (t + 1) / num_bt;
+          if (s0 == s1) return;
+          path.pack_b(p, jc + s0 * nr, std::min(nc, s1 * nr) - s0 * nr, pc, kc, bpack + s0 * b_strip);
+        });
+      }
+      const bool first = pc == 0, last = pc + kc >= p.k;
+      run_tasks(num_ic * num_jn, [&](int64_t task) {
+        const int64_t ic = task / num_jn, jn = task % num_jn;
+        const int64_t ms0 = mstrips * ic / num_ic, ms1 = mstrips * (ic + 1) / num_ic;
+        const int64_t ns0 = nstrips * jn / num_jn, ns1 = nstrips * (jn + 1) / num_jn;
+        if (ms0 == ms1 || ns0 == ns1) return;
+        const int64_t a_strip = mr * steps;
+        auto* apack = static_cast<uint32_t*>(a_pack_buffer().get(4 * ((ms1 - ms0) * a_strip + 16)));
+        if (kc > 0) path.pack_a(p, ms0 * mr, std::min(p.m, ms1 * mr) - ms0 * mr, pc, kc, apack);
+        TileEpilogue ep;
+        ep.alpha = p.alpha;
+        ep.beta = first ? p.beta : 1.0f;
+        ep.act = last ? p.act : Activation::kNone;
+        ep.ldr = p.ldr;
+        for (int64_t ns = ns0; ns < ns1; ++ns) {
+          const int64_t col = jc + ns * nr;
+          const int nv = static_cast<int>(std::min(nr, jc + nc - col));
+          ep.bias = last && p.bias ? p.bias + col : nullptr;
+          for (int64_t ms = ms0; ms < ms1; ++ms) {
+            const int64_t row = ms * mr;
+            const int mv = static_cast<int>(std::min(mr, p.m - row));
+            ep.residual = last && p.residual ? p.residual + row * p.ldr + col : nullptr;
+            path.kernel(steps, apack + (ms - ms0) * a_strip, bpack + ns * b_strip,
+                        p.c + row * p.ldc + col, p.ldc, mv, nv, ep);
+          }
+        }
+      });
+    }
+  }
+}
+
+// ---- the small-M (decode-like) path: B streamed once, straight from the caller's memory ------
+void gemm_small_m(const GemmParams& p, const GemmTargetKernels& kernels) {
+  auto* a32 = static_cast<float*>(small_a_buffer().get(4 * (p.m * p.k + 16)));  // (m, k)
+  for (int64_t i = 0; i < p.m; ++i) {
+    for (int64_t l = 0; l < p.k; ++l) {
+      const int64_t idx = p.trans_a ? l * p.lda + i : i * p.lda + l;
+      a32[i * p.k + l] = p.a_dtype == DType::kBF16
+                             ? gemm_detail::bf16_bits_to_f32(static_cast<const uint16_t*>(p.a)[idx])
+                             : static_cast<const float*>(p.a)[idx];
+    }
+  }
+  SmallMArgs s{a32, p.m, p.k, p.b, p.ldb, p.b_dtype, p.trans_b};
+  // Column chunks of >= 64 (multiples of 16), about four per thread for balance.
+  const int threads = num_threads();
+  const int64_t num_chunks = threads == 1 ? 1 : std::max<int64_t>(1, std::min(ceil_div(p.n, 64), int64_t{4} * threads));
+  run_tasks(num_chunks, [&](int64_t t) {
+    const int64_t j0 = t == 0 ? 0 : (p.n * t / num_chunks) & ~int64_t{15};
+    const int64_t j1 = t + 1 == num_chunks ? p.n : (p.n * (t + 1) / num_chunks) & ~int64_t{15};
+    if (j1 <= j0) return;
+    auto* acc = static_cast<float*>(small_acc_buffer().get(4 * (p.m * (j1 - j0) + 16)));  // (m, j1-j0)
+    kernels.small_m(s, j0, j1, acc);
+    TileEpilogue ep;
+    ep.alpha = p.alpha;
+    ep.beta = p.beta;
+    ep.act = p.act;
+    ep.bias = p.bias ? p.bias + j0 : nullptr;
+    ep.residual = p.residual ? p.residual + j0 : nullptr;
+    ep.ldr = p.ldr;
+    kernels.epilogue_rows(p.c + j0, p.ldc, acc, j1 - j0, p.m, j1 - j0, ep);
+  });
+}
+
+}  // namespace
+
+const GemmTargetKernels& gemm_kernels_scalar() {
+  static const GemmTargetKernels k = make_scalar_kernels();
+  return k;
+}
+
+// Defaults chosen for the machines kiln is measured on (AMD EPYC Zen-class, 2 cores, AVX-512
+// with BF16/VNNI; L1d 32-48 KiB, L2 1 MiB per core, L3 32 MiB shared):
+//  * KC: a KC x 32 f32 micro-panel of B is 32 KiB at KC = 256 and stays in L1 across the MC/14
+//    micro-tiles that reuse it (bf16 pairs: KC = 512 k values in the same 32 KiB);
+//  * MC: a 168 x 256 block of packed A (168 KiB, 12 strips of 14) sits in L2 with room for C
+//    tiles and the B stream;
+//  * NC: a 256 x 3072 panel of B (3 MiB) is shared by both threads from L3.
+// `kiln bench gemm --tune` measures alternatives on the machine at hand.
+GemmBlocking default_gemm_blocking(GemmPath path) {
+  return path == GemmPath::kBF16 ? GemmBlocking{168, 512, 3072} : GemmBlocking{168, 256, 3072};
+}
+
+GemmBlocking gemm_blocking(GemmPath path) {
+  BlockingState& s = blocking_state();
+  std::lock_guard<std::mutex> lock(s.mu);
+  if (!s.loaded) load_tuning_locked(s);
+  return s.current[path == GemmPath::kBF16 ? 1 : 0];
+}
+
+void set_gemm_blocking(GemmPath path, GemmBlocking b) {
+  BlockingState& s = blocking_state();
+  std::lock_guard<std::mutex> lock(s.mu);
+  if (!s.loaded) load_tuning_locked(s);
+  const int i = path == GemmPath::kBF16 ? 1 : 0;
+  s.current[i] = clamp_blocking(b, s.current[i]);
+}
+
+std::string gemm_tune_file() {
+  if (const char* f = std::getenv("KILN_TUNE_FILE"); f && *f) return f;
+  if (const char* x = std::getenv("XDG_CACHE_HOME"); x && *x) return std::string(x) + "/kiln/gemm_tune.json";
+  if (const char* h = std::getenv("HOME"); h && *h) return std::string(h) + "/.cache/kiln/gemm_tune.json";
+  return ".kiln_gemm_tune.json";
+}
+
+Status save_gemm_tuning() {
+  const std::string path = gemm_tune_file();
+  nlohmann::json j;
+  j["version"] = 1;
+  j["cpu"] = cpu_features().brand;
+  for (GemmPath gp : {GemmPath::kF32, GemmPath::kBF16}) {
+    const GemmBlocking b = gemm_blocking(gp);
+    j[gp == GemmPath::kF32 ? "f32" : "bf16"] = {{"mc", b.mc}, {"kc", b.kc}, {"nc", b.nc}};
+  }
+  const size_t slash = path.find_last_of('/');
+  if (slash != std::string::npos && slash > 0) {
+    const std::string dir = path.substr(0, slash);
+    for (size_t pos = 1; pos <= dir.size(); ++pos) {
+      if (pos == dir.size() || dir[pos] == '/') {
+        const std::string part = dir.substr(0, pos);
+        if (::mkdir(part.c_str(), 0755) != 0 && errno != EEXIST)
+          return not_found("[gemm tune] cannot create directory {}", part);
+      }
+    }
+  }
+  const std::string tmp = path + ".tmp";
+  {
+    std::ofstream out(tmp);
+    if (!out) return not_found("[gemm tune] cannot write {}", tmp);
+    out << j.dump(2) << "\n";
+    if (!out) return data_loss("[gemm tune] short write to {}", tmp);
+  }
+  if (std::rename(tmp.c_str(), path.c_str()) != 0)
+    return not_found("[gemm tune] cannot rename {} to {}", tmp, path);
+  return Status::ok_status();
+}
+
+std::string gemm_path_name(GemmPath path) {
+  const GemmTargetKernels& k = target_kernels();
+  return path == GemmPath::kBF16 ? k.bf16.name : k.f32.name;
+}
+std::string gemm_small_m_name() { return target_kernels().small_m_name; }
+
+void gemm(const GemmParams& p) {
+  KILN_CHECK_MSG(check_gemm(p).ok(), "{}", check_gemm(p).message());
+  if (p.m == 0 || p.n == 0) return;
+  const GemmTargetKernels& kernels = target_kernels();
+  if (p.m <= kGemmSmallM) return gemm_small_m(p, kernels);
+  const bool bf16 = p.a_dtype == DType::kBF16 || p.b_dtype == DType::kBF16;
+  const PackedPath& path = bf16 ? kernels.bf16 : kernels.f32;
+  gemm_packed(p, path, gemm_blocking(path.k_per_step == 2 ? GemmPath::kBF16 : GemmPath::kF32));
+}
+
+}  // namespace kiln::cpu

@@ -1,0 +1,64 @@
+// Internal interface between the CPU GEMM driver (gemm.cpp: blocking, packing order,
+// threading) and the per-target kernels (gemm.cpp scalar, gemm_avx2.cpp, gemm_avx512.cpp).
+// Each target fills one GemmTargetKernels table; the driver picks one with Dispatch.
+#pragma once
+
+#include <cstdint>
+
+#include "kiln/kernels/gemm.h"
+
+namespace kiln::cpu {
+
+// What the micro-kernel does when it writes its tile: C = act(alpha*acc + beta*C + bias) + res.
+// bias/act/residual are set only on the last K block; beta is the caller's on the first K block
+// and 1 afterwards. bias points at the tile's first column, residual at the tile's (0, 0).
+struct TileEpilogue {
+  float alpha = 1.0f, beta = 0.0f;
+  const float* bias = nullptr;
+  Activation act = Activation::kNone;
+  const float* residual = nullptr;
+  int64_t ldr = 0;
+};
+
+// One packed (BLIS-style) path. Packed panels are strips of MR rows of A / NR columns of B;
+// within a strip, k steps are outermost. An element is 4 bytes: one f32, or (k_per_step == 2)
+// a pair of bf16 values for consecutive k (the low half holds the even k).
+struct PackedPath {
+  const char* name = "";
+  int mr = 0, nr = 0;
+  int k_per_step = 1;
+  // Packs rows [i0, i0+rows) of op(A), k in [k0, k0+kc), into ceil(rows/MR) strips (zero-padded).
+  void (*pack_a)(const GemmParams& p, int64_t i0, int64_t rows, int64_t k0, int64_t kc, void* dst);
+  // Packs columns [j0, j0+cols) of op(B), k in [k0, k0+kc), into ceil(cols/NR) strips.
+  void (*pack_b)(const GemmParams& p, int64_t j0, int64_t cols, int64_t k0, int64_t kc, void* dst);
+  // One MR x NR tile over `steps` k steps; writes the m x n valid corner of C through the epilogue.
+  void (*kernel)(int64_t steps, const void* a, const void* b, float* c, int64_t ldc, int m, int n,
+                 const TileEpilogue& ep);
+};
+
+// The decode-like path: A is small and converted to a contiguous f32 (m, k) buffer; B is read
+// straight from the caller's memory (f32 or bf16, either layout).
+struct SmallMArgs {
+  const float* a = nullptr;  // (m, k) contiguous
+  int64_t m = 0, k = 0;
+  const void* b = nullptr;
+  int64_t ldb = 0;
+  DType b_dtype = DType::kF32;
+  bool trans_b = false;
+};
+
+struct GemmTargetKernels {
+  PackedPath f32, bf16;
+  const char* small_m_name = "";
+  // acc (m, j1 - j0) = A[:, :] x op(B)[:, j0:j1]
+  void (*small_m)(const SmallMArgs& s, int64_t j0, int64_t j1, float* acc);
+  // C rows (rows, cols) = epilogue(acc) with ep.beta read from C.
+  void (*epilogue_rows)(float* c, int64_t ldc, const float* acc, int64_t ld_acc, int64_t rows,
+                        int64_t cols, const TileEpilogue& ep);
+};
+
+const GemmTargetKernels& gemm_kernels_scalar();
+const GemmTargetKernels& gemm_kernels_avx2();
+const GemmTargetKernels& gemm_kernels_avx512();
+
+}  // namespace kiln::cpu

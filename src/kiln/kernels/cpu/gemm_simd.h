@@ -1,0 +1,441 @@
+// GEMM building blocks written once over a vector type V (V::T = __m512 or __m256, see
+// gemm_avx512.cpp / gemm_avx2.cpp, or a 1-lane scalar): packing, the register-tiled f32
+// micro-kernel with its fused epilogue, and the decode-like small-M kernels. Everything here
+// has internal linkage so each target's translation unit keeps its own copy (compiled with its
+// own flags) and the linker can never mix an AVX-512 copy into the baseline path.
+#pragma once
+
+#include <algorithm>
+#include <cstdint>
+#include <cstring>
+
+#include "kiln/kernels/cpu/gemm_kernels.h"
+
+namespace kiln::cpu::gemm_detail {
+namespace {
+
+inline float bf16_bits_to_f32(uint16_t h) {
+  const uint32_t u = static_cast<uint32_t>(h) << 16;
+  float f;
+  std::memcpy(&f, &u, 4);
+  return f;
+}
+inline uint16_t f32_to_bf16_bits(float f) {  // round to nearest even, NaN stays NaN
+  uint32_t u;
+  std::memcpy(&u, &f, 4);
+  if ((u & 0x7fffffffu) > 0x7f800000u) return static_cast<uint16_t>((u >> 16) | 0x40u);
+  u += 0x7fffu + ((u >> 16) & 1u);
+  return static_cast<uint16_t>(u >> 16);
+}
+
+inline float to_f32(float v) { return v; }
+inline float to_f32(uint16_t v) { return bf16_bits_to_f32(v); }
+inline uint16_t to_bf16(float v) { return f32_to_bf16_bits(v); }
+inline uint16_t to_bf16(uint16_t v) { return v; }
+
+// ---- packing into f32 strips: strip[l][i] (A, MR rows) or strip[l][j] (B, NR columns) ----
+template <int MR, class T>
+void pack_a_f32_impl(const GemmParams& p, int64_t i0, int64_t rows, int64_t k0, int64_t kc,
+                     float* dst) {
+  const T* a = static_cast<const T*>(p.a);
+  for (int64_t s = 0; s < rows; s += MR, dst += MR * kc) {
+    const int mr = static_cast<int>(std::min<int64_t>(MR, rows - s));
+    if (p.trans_a) {  // stored (k, m): op(A)(i, l) = a[l*lda + i], contiguous in i
+      for (int64_t l = 0; l < kc; ++l) {
+        const T* src = a + (k0 + l) * p.lda + i0 + s;
+        float* d = dst + l * MR;
+        for (int i = 0; i < mr; ++i) d[i] = to_f32(src[i]);
+        for (int i = mr; i < MR; ++i) d[i] = 0.0f;
+      }
+    } else {  // stored (m, k): transpose MR rows into the strip, 8 k at a time
+      int64_t l = 0;
+      for (; l + 8 <= kc; l += 8) {
+        for (int i = 0; i < MR; ++i) {
+          if (i < mr) {
+            const T* src = a + (i0 + s + i) * p.lda + k0 + l;
+            for (int q = 0; q < 8; ++q) dst[(l + q) * MR + i] = to_f32(src[q]);
+          } else {
+            for (int q = 0; q < 8; ++q) dst[(l + q) * MR + i] = 0.0f;
+          }
+        }
+      }
+      for (; l < kc; ++l)
+        for (int i = 0; i < MR; ++i)
+          dst[l * MR + i] = i < mr ? to_f32(a[(i0 + s + i) * p.lda + k0 + l]) : 0.0f;
+    }
+  }
+}
+
+template <int NR, class T>
+void pack_b_f32_impl(const GemmParams& p, int64_t j0, int64_t cols, int64_t k0, int64_t kc,
+                     float* dst) {
+  const T* b = static_cast<const T*>(p.b);
+  for (int64_t t = 0; t < cols; t += NR, dst += NR * kc) {
+    const int nr = static_cast<int>(std::min<int64_t>(NR, cols - t));
+    if (!p.trans_b) {  // stored (k, n): row l of the strip is a contiguous run of B's row
+      for (int64_t l = 0; l < kc; ++l) {
+        const T* src = b + (k0 + l) * p.ldb + j0 + t;
+        float* d = dst + l * NR;
+        if (nr == NR) {
+          for (int j = 0; j < NR; ++j) d[j] = to_f32(src[j]);
+        } else {
+          for (int j = 0; j < nr; ++j) d[j] = to_f32(src[j]);
+          for (int j = nr; j < NR; ++j) d[j] = 0.0f;
+        }
+      }
+    } else {  // stored (n, k): transpose NR rows of B into the strip, 8 k at a time
+      int64_t l = 0;
+      for (; l + 8 <= kc; l += 8) {
+        for (int j = 0; j < NR; ++j) {
+          if (j < nr) {
+            const T* src = b + (j0 + t + j) * p.ldb + k0 + l;
+            for (int q = 0; q < 8; ++q) dst[(l + q) * NR + j] = to_f32(src[q]);
+          } else {
+            for (int q = 0; q < 8; ++q) dst[(l + q) * NR + j] = 0.0f;
+          }
+        }
+      }
+      for (; l < kc; ++l)
+        for (int j = 0; j < NR; ++j)
+          dst[l * NR + j] = j < nr ? to_f32(b[(j0 + t + j) * p.ldb + k0 + l]) : 0.0f;
+    }
+  }
+}
+
+template <int MR>
+void pack_a_f32(const GemmParams& p, int64_t i0, int64_t rows, int64_t k0, int64_t kc, void* dst) {
+  if (p.a_dtype == DType::kBF16)
+    pack_a_f32_impl<MR, uint16_t>(p, i0, rows, k0, kc, static_cast<float*>(dst));
+  else
+    pack_a_f32_impl<MR, float>(p, i0, rows, k0, kc, static_cast<float*>(dst));
+}
+template <int NR>
+void pack_b_f32(const GemmParams& p, int64_t j0, int64_t cols, int64_t k0, int64_t kc, void* dst) {
+  if (p.b_dtype == DType::kBF16)
+    pack_b_f32_impl<NR, uint16_t>(p, j0, cols, k0, kc, static_cast<float*>(dst));
+  else
+    pack_b_f32_impl<NR, float>(p, j0, cols, k0, kc, static_cast<float*>(dst));
+}
+
+// ---- packing into bf16 pairs: strip[l2][i] = {op(X)(i, 2 l2), op(X)(i, 2 l2 + 1)} ----------
+// f32 inputs are rounded to bf16 here (the bf16 compute path, like autocast); odd k pads 0.
+template <int MR, class T>
+void pack_a_pairs_impl(const GemmParams& p, int64_t i0, int64_t rows, int64_t k0, int64_t kc,
+                       uint32_t* dst) {
+  const T* a = static_cast<const T*>(p.a);
+  const int64_t kp = (kc + 1) / 2;
+  for (int64_t s = 0; s < rows; s += MR, dst += MR * kp) {
+    const int mr = static_cast<int>(std::min<int64_t>(MR, rows - s));
+    for (int i = 0; i < MR; ++i) {
+      if (i >= mr) {
+        for (int64_t l2 = 0; l2 < kp; ++l2) dst[l2 * MR + i] = 0;
+        continue;
+      }
+      const int64_t row = i0 + s + i;
+      if (p.trans_a) {
+        for (int64_t l2 = 0; l2 < kp; ++l2) {
+          const int64_t l = k0 + 2 * l2;
+          const uint32_t lo = to_bf16(a[l * p.lda + row]);
+          const uint32_t hi = 2 * l2 + 1 < kc ? to_bf16(a[(l + 1) * p.lda + row]) : 0;
+          dst[l2 * MR + i] = lo | hi << 16;
+        }
+      } else {
+        const T* src = a + row * p.lda + k0;
+        const int64_t full = kc / 2;
+        for (int64_t l2 = 0; l2 < full; ++l2)
+          dst[l2 * MR + i] = static_cast<uint32_t>(to_bf16(src[2 * l2])) |
+                             static_cast<uint32_t>(to_bf16(src[2 * l2 + 1])) << 16;
+        if (kc & 1) dst[full * MR + i] = to_bf16(src[kc - 1]);
+      }
+    }
+  }
+}
+
+template <int NR, class T>
+void pack_b_pairs_impl(const GemmParams& p, int64_t j0, int64_t cols, int64_t k0, int64_t kc,
+                       uint32_t* dst) {
+  const T* b = static_cast<const T*>(p.b);
+  const int64_t kp = (kc + 1) / 2;
+  for (int64_t t = 0; t < cols; t += NR, dst += NR * kp) {
+    const int nr = static_cast<int>(std::min<int64_t>(NR, cols - t));
+    if (!p.trans_b) {  // interleave rows 2 l2 and 2 l2 + 1 of B
+      for (int64_t l2 = 0; l2 < kp; ++l2) {
+        const T* r0 = b + (k0 + 2 * l2) * p.ldb + j0 + t;
+        const bool has1 = 2 * l2 + 1 < kc;
+        const T* r1 = r0 + p.ldb;
+        uint32_t* d = dst + l2 * NR;
+        for (int j = 0; j < nr; ++j)
+          d[j] = static_cast<uint32_t>(to_bf16(r0[j])) |
+                 (has1 ? static_cast<uint32_t>(to_bf16(r1[j])) << 16 : 0u);
+        for (int j = nr; j < NR; ++j) d[j] = 0;
+      }
+    } else {  // row j of stored B is contiguous in k: a pair is two adjacent elements
+      for (int j = 0; j < NR; ++j) {
+        if (j >= nr) {
+          for (int64_t l2 = 0; l2 < kp; ++l2) dst[l2 * NR + j] = 0;
+          continue;
+        }
+        const T* src = b + (j0 + t + j) * p.ldb + k0;
+        const int64_t full = kc / 2;
+        for (int64_t l2 = 0; l2 < full; ++l2)
+          dst[l2 * NR + j] = static_cast<uint32_t>(to_bf16(src[2 * l2])) |
+                             static_cast<uint32_t>(to_bf16(src[2 * l2 + 1])) << 16;
+        if (kc & 1) dst[full * NR + j] = to_bf16(src[kc - 1]);
+      }
+    }
+  }
+}
+
+template <int MR>
+void pack_a_pairs(const GemmParams& p, int64_t i0, int64_t rows, int64_t k0, int64_t kc, void* dst) {
+  if (p.a_dtype == DType::kBF16)
+    pack_a_pairs_impl<MR, uint16_t>(p, i0, rows, k0, kc, static_cast<uint32_t*>(dst));
+  else
+    pack_a_pairs_impl<MR, float>(p, i0, rows, k0, kc, static_cast<uint32_t*>(dst));
+}
+template <int NR>
+void pack_b_pairs(const GemmParams& p, int64_t j0, int64_t cols, int64_t k0, int64_t kc, void* dst) {
+  if (p.b_dtype == DType::kBF16)
+    pack_b_pairs_impl<NR, uint16_t>(p, j0, cols, k0, kc, static_cast<uint32_t*>(dst));
+  else
+    pack_b_pairs_impl<NR, float>(p, j0, cols, k0, kc, static_cast<uint32_t*>(dst));
+}
+
+// ---- fused epilogue on one vector of n (<= lanes) valid columns ------------------------------
+template <class V>
+inline typename V::T act_vec(Activation act, typename V::T x) {
+  switch (act) {
+    case Activation::kNone: return x;
+    case Activation::kRelu: return V::max(x, V::zero());
+    case Activation::kSilu:  // x / (1 + e^-x)
+      return V::div(x, V::add(V::set1(1.0f), V::exp(V::sub(V::zero(), x))));
+    case Activation::kGeluTanh: {
+      // 0.5 x (1 + tanh(y)), y = sqrt(2/pi) (x + 0.044715 x^3), tanh(y) = 1 - 2 / (e^{2y} + 1)
+      const typename V::T x2 = V::mul(x, x);
+      const typename V::T y = V::mul(V::mul(V::set1(0.7978845608028654f), x),
+                                     V::fmadd(V::set1(0.044715f), x2, V::set1(1.0f)));
+      const typename V::T e = V::exp(V::add(y, y));
+      const typename V::T t = V::sub(V::set1(1.0f), V::div(V::set1(2.0f), V::add(e, V::set1(1.0f))));
+      return V::mul(V::mul(V::set1(0.5f), x), V::add(V::set1(1.0f), t));
+    }
+  }
+  return x;
+}
+
+template <class V>
+inline typename V::T epilogue_vec(typename V::T acc, const float* c, const float* bias,
+                                  const float* res, int n, const TileEpilogue& ep) {
+  typename V::T x = ep.alpha == 1.0f ? acc : V::mul(V::set1(ep.alpha), acc);
+  if (ep.beta != 0.0f) x = V::fmadd(V::set1(ep.beta), V::load_n(c, n), x);
+  if (bias) x = V::add(x, V::load_n(bias, n));
+  if (ep.act != Activation::kNone) x = act_vec<V>(ep.act, x);
+  if (res) x = V::add(x, V::load_n(res, n));
+  return x;
+}
+
+template <class V>
+void epilogue_rows(float* c, int64_t ldc, const float* acc, int64_t ld_acc, int64_t rows,
+                   int64_t cols, const TileEpilogue& ep) {
+  constexpr int L = V::kLanes;
+  for (int64_t i = 0; i < rows; ++i) {
+    for (int64_t j = 0; j < cols; j += L) {
+      const int n = static_cast<int>(std::min<int64_t>(L, cols - j));
+      const typename V::T x = epilogue_vec<V>(
+          V::load_n(acc + i * ld_acc + j, n), c + i * ldc + j, ep.bias ? ep.bias + j : nullptr,
+          ep.residual ? ep.residual + i * ep.ldr + j : nullptr, n, ep);
+      V::store_n(c + i * ldc + j, x, n);
+    }
+  }
+}
+
+// ---- the register-tiled micro-kernel: MR rows x NV vectors, broadcast A, FMA into C ---------
+template <class V, int MR, int NV>
+[[gnu::always_inline]] inline void store_tile(typename V::T (&acc)[MR][NV], float* c, int64_t ldc, int m, int n,
+                       const TileEpilogue& ep) {
+  constexpr int L = V::kLanes;
+#pragma GCC unroll 16
+  for (int i = 0; i < MR; ++i) {
+    if (i >= m) break;
+#pragma GCC unroll 4
+    for (int v = 0; v < NV; ++v) {
+      const int nv = n - v * L;
+      if (nv <= 0) break;
+      float* cp = c + i * ldc + v * L;
+      const typename V::T x = epilogue_vec<V>(
+          acc[i][v], cp, ep.bias ? ep.bias + v * L : nullptr,
+          ep.residual ? ep.residual + i * ep.ldr + v * L : nullptr, nv, ep);
+      V::store_n(cp, x, nv);
+    }
+  }
+}
+
+template <class V, int MR, int NV>
+void micro_kernel_f32(int64_t steps, const void* a_packed, const void* b_packed, float* c,
+                      int64_t ldc, int m, int n, const TileEpilogue& ep) {
+  constexpr int L = V::kLanes;
+  const float* a = static_cast<const float*>(a_packed);
+  const float* b = static_cast<const float*>(b_packed);
+  // The C tile is read (beta or a later K block) and written at the end: start fetching it now
+  // so it is in L1 when the k loop finishes (C rows are ldc apart and rarely cached).
+  for (int i = 0; i < m; ++i) {
+    __builtin_prefetch(c + i * ldc, 1, 3);
+    __builtin_prefetch(c + i * ldc + NV * L - 1, 1, 3);
+  }
+  typename V::T acc[MR][NV];
+#pragma GCC unroll 16
+  for (int i = 0; i < MR; ++i)
+#pragma GCC unroll 4
+    for (int v = 0; v < NV; ++v) acc[i][v] = V::zero();
+  for (int64_t l = 0; l < steps; ++l) {
+    typename V::T bv[NV];
+#pragma GCC unroll 4
+    for (int v = 0; v < NV; ++v) bv[v] = V::load(b + v * L);
+#pragma GCC unroll 16
+    for (int i = 0; i < MR; ++i) {
+      const typename V::T av = V::set1(a[i]);
+#pragma GCC unroll 4
+      for (int v = 0; v < NV; ++v) acc[i][v] = V::fmadd(av, bv[v], acc[i][v]);
+    }
+    a += MR;
+    b += NV * L;
+  }
+  store_tile<V, MR, NV>(acc, c, ldc, m, n, ep);
+}
+
+// ---- small-M (decode-like) kernels: stream B once, A stays in L1/L2 --------------------------
+// B stored (n, k) (trans_b, PyTorch weights): J rows of B at a time, M x J dot products.
+template <class V, int M, int J, class BT>
+void small_m_tb_group(const float* a, int64_t k, const BT* b, int64_t ldb, float* out,
+                      int64_t ldo) {
+  constexpr int L = V::kLanes;
+  typename V::T acc[M][J];
+#pragma GCC unroll 8
+  for (int i = 0; i < M; ++i)
+#pragma GCC unroll 8
+    for (int j = 0; j < J; ++j) acc[i][j] = V::zero();
+  int64_t l = 0;
+  for (; l + L <= k; l += L) {
+    typename V::T bv[J];
+#pragma GCC unroll 8
+    for (int j = 0; j < J; ++j) bv[j] = V::loadu(b + j * ldb + l);
+#pragma GCC unroll 8
+    for (int i = 0; i < M; ++i) {
+      const typename V::T av = V::loadu(a + i * k + l);
+#pragma GCC unroll 8
+      for (int j = 0; j < J; ++j) acc[i][j] = V::fmadd(av, bv[j], acc[i][j]);
+    }
+  }
+  if (l < k) {
+    const int n = static_cast<int>(k - l);
+    typename V::T bv[J];
+    for (int j = 0; j < J; ++j) bv[j] = V::load_n(b + j * ldb + l, n);
+    for (int i = 0; i < M; ++i) {
+      const typename V::T av = V::load_n(a + i * k + l, n);
+      for (int j = 0; j < J; ++j) acc[i][j] = V::fmadd(av, bv[j], acc[i][j]);
+    }
+  }
+  for (int i = 0; i < M; ++i)
+    for (int j = 0; j < J; ++j) out[i * ldo + j] = V::reduce_add(acc[i][j]);
+}
+
+template <class V, int M, class BT>
+void small_m_tb(const SmallMArgs& s, int64_t j0, int64_t j1, float* out) {
+  constexpr int J = M <= 3 ? 8 : M == 4 ? 6 : M <= 6 ? 4 : 3;  // M*J <= 24 accumulators
+  const BT* b = static_cast<const BT*>(s.b);
+  const int64_t ldo = j1 - j0;
+  int64_t j = j0;
+  for (; j + J <= j1; j += J)
+    small_m_tb_group<V, M, J, BT>(s.a, s.k, b + j * s.ldb, s.ldb, out + (j - j0), ldo);
+  for (; j < j1; ++j) small_m_tb_group<V, M, 1, BT>(s.a, s.k, b + j * s.ldb, s.ldb, out + (j - j0), ldo);
+}
+
+// B stored (k, n): a chunk of NV vectors of columns for kKb rows at a time, accumulated in out;
+// the kKb rows advance together so B is read as kKb sequential streams.
+template <class V, int M, class BT>
+void small_m_nb(const SmallMArgs& s, int64_t j0, int64_t j1, float* out) {
+  constexpr int L = V::kLanes;
+  constexpr int NV = M <= 4 ? 4 : 3;  // M*NV <= 24 accumulators
+  constexpr int64_t kKb = 8;
+  const BT* b = static_cast<const BT*>(s.b);
+  const int64_t ldo = j1 - j0;
+  for (int64_t l0 = 0; l0 < s.k; l0 += kKb) {
+    const int64_t l1 = std::min(s.k, l0 + kKb);
+    for (int64_t j = j0; j < j1; j += NV * L) {
+      const int64_t cols = std::min<int64_t>(NV * L, j1 - j);
+      typename V::T acc[M][NV];
+      for (int i = 0; i < M; ++i)
+        for (int v = 0; v < NV; ++v) {
+          const int n = static_cast<int>(std::clamp<int64_t>(cols - v * L, 0, L));
+          acc[i][v] = l0 == 0 ? V::zero() : V::load_n(out + i * ldo + (j - j0) + v * L, n);
+        }
+      if (cols == NV * L) {
+        for (int64_t l = l0; l < l1; ++l) {
+          typename V::T bv[NV];
+#pragma GCC unroll 4
+          for (int v = 0; v < NV; ++v) bv[v] = V::loadu(b + l * s.ldb + j + v * L);
+#pragma GCC unroll 8
+          for (int i = 0; i < M; ++i) {
+            const typename V::T av = V::set1(s.a[i * s.k + l]);
+#pragma GCC unroll 4
+            for (int v = 0; v < NV; ++v) acc[i][v] = V::fmadd(av, bv[v], acc[i][v]);
+          }
+        }
+      } else {
+        for (int64_t l = l0; l < l1; ++l) {
+          typename V::T bv[NV];
+          for (int v = 0; v < NV; ++v) {
+            const int n = static_cast<int>(std::clamp<int64_t>(cols - v * L, 0, L));
+            bv[v] = n > 0 ? V::load_n(b + l * s.ldb + j + v * L, n) : V::zero();
+          }
+          for (int i = 0; i < M; ++i) {
+            const typename V::T av = V::set1(s.a[i * s.k + l]);
+            for (int v = 0; v < NV; ++v) acc[i][v] = V::fmadd(av, bv[v], acc[i][v]);
+          }
+        }
+      }
+      for (int i = 0; i < M; ++i)
+        for (int v = 0; v < NV; ++v) {
+          const int n = static_cast<int>(std::clamp<int64_t>(cols - v * L, 0, L));
+          if (n > 0) V::store_n(out + i * ldo + (j - j0) + v * L, acc[i][v], n);
+        }
+    }
+  }
+}
+
+template <class V, int M>
+void small_m_fixed(const SmallMArgs& s, int64_t j0, int64_t j1, float* out) {
+  if (s.k == 0) {
+    for (int64_t i = 0; i < M; ++i)
+      for (int64_t j = 0; j < j1 - j0; ++j) out[i * (j1 - j0) + j] = 0.0f;
+    return;
+  }
+  if (s.trans_b) {
+    if (s.b_dtype == DType::kBF16)
+      small_m_tb<V, M, uint16_t>(s, j0, j1, out);
+    else
+      small_m_tb<V, M, float>(s, j0, j1, out);
+  } else {
+    if (s.b_dtype == DType::kBF16)
+      small_m_nb<V, M, uint16_t>(s, j0, j1, out);
+    else
+      small_m_nb<V, M, float>(s, j0, j1, out);
+  }
+}
+
+template <class V>
+void small_m(const SmallMArgs& s, int64_t j0, int64_t j1, float* out) {
+  switch (s.m) {
+    case 1: return small_m_fixed<V, 1>(s, j0, j1, out);
+    case 2: return small_m_fixed<V, 2>(s, j0, j1, out);
+    case 3: return small_m_fixed<V, 3>(s, j0, j1, out);
+    case 4: return small_m_fixed<V, 4>(s, j0, j1, out);
+    case 5: return small_m_fixed<V, 5>(s, j0, j1, out);
+    case 6: return small_m_fixed<V, 6>(s, j0, j1, out);
+    case 7: return small_m_fixed<V, 7>(s, j0, j1, out);
+    case 8: return small_m_fixed<V, 8>(s, j0, j1, out);
+    default: KILN_CHECK(s.m >= 1 && s.m <= 8);
+  }
+}
+
+}  // namespace
+}  // namespace kiln::cpu::gemm_detail

@@ -1,0 +1,3 @@
+// The fast non-GEMM kernels (ops_impl.inc) compiled for AVX2 + FMA (8 lanes) into
+// kiln::cpu::avx2; the file name's suffix gives it its compiler flags (CMakeLists.txt).
+#include "kiln/kernels/cpu/ops_impl.inc"

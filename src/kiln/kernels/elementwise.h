@@ -1,0 +1,39 @@
+// Small elementwise helpers a model needs — residual add, scale, accumulate — and the
+// vectorized exp / tanh as array ops, as kiln::ref and kiln::cpu (SIMD, threaded), identical
+// signatures. All buffers (n,); outputs may alias inputs.
+#pragma once
+
+#include <cstdint>
+
+#include "kiln/kernels/op_cost.h"
+
+namespace kiln {
+
+constexpr OpCost add_cost(int64_t n) { return {1.0 * n, 12.0 * n}; }
+constexpr OpCost scale_cost(int64_t n) { return {1.0 * n, 8.0 * n}; }
+constexpr OpCost accumulate_cost(int64_t n) { return {1.0 * n, 12.0 * n}; }
+constexpr OpCost exp_array_cost(int64_t n) { return {1.0 * n, 8.0 * n}; }
+
+namespace ref {
+void add(float* out, const float* a, const float* b, int64_t n);  // out = a + b (residual)
+void scale(float* out, const float* inp, float s, int64_t n);     // out = s·inp
+void accumulate(float* y, const float* x, int64_t n);             // y += x
+void exp_array(float* out, const float* inp, int64_t n);          // out = e^inp
+void tanh_array(float* out, const float* inp, int64_t n);         // out = tanh(inp)
+}  // namespace ref
+
+namespace cpu {  // same contracts; exp and tanh within 2 ulp (see cpu/vec.h)
+void add(float* out, const float* a, const float* b, int64_t n);
+void scale(float* out, const float* inp, float s, int64_t n);
+void accumulate(float* y, const float* x, int64_t n);
+void exp_array(float* out, const float* inp, int64_t n);
+void tanh_array(float* out, const float* inp, int64_t n);
+}  // namespace cpu
+
+KILN_SAME_SIGNATURE(add);
+KILN_SAME_SIGNATURE(scale);
+KILN_SAME_SIGNATURE(accumulate);
+KILN_SAME_SIGNATURE(exp_array);
+KILN_SAME_SIGNATURE(tanh_array);
+
+}  // namespace kiln

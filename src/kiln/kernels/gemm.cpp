@@ -1,0 +1,116 @@
+// The GEMM op boundary: argument validation (check_gemm), FLOP/byte accounting, the scalar
+// activations every path shares, and the tensor-level matmul op that calls cpu::gemm.
+#include "kiln/kernels/gemm.h"
+
+#include <cmath>
+
+namespace kiln {
+
+std::string_view activation_name(Activation act) {
+  switch (act) {
+    case Activation::kNone: return "none";
+    case Activation::kGeluTanh: return "gelu_tanh";
+    case Activation::kSilu: return "silu";
+    case Activation::kRelu: return "relu";
+  }
+  return "?";
+}
+
+float apply_activation(Activation act, float v) {
+  switch (act) {
+    case Activation::kNone: return v;
+    case Activation::kGeluTanh: {
+      // 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))
+      const float kS = 0.7978845608028654f;
+      return 0.5f * v * (1.0f + std::tanh(kS * (v + 0.044715f * v * v * v)));
+    }
+    case Activation::kSilu: return v / (1.0f + std::exp(-v));
+    case Activation::kRelu: return v > 0.0f ? v : 0.0f;
+  }
+  return v;
+}
+
+Status check_gemm(const GemmParams& p) {
+  const auto desc = [&] {
+    return fmt::format("A{} ({}, {}) {}, B{} ({}, {}) {}", p.trans_a ? "^T" : "", p.m, p.k,
+                       dtype_name(p.a_dtype), p.trans_b ? "^T" : "", p.k, p.n,
+                       dtype_name(p.b_dtype));
+  };
+  if (p.m < 0 || p.n < 0 || p.k < 0)
+    return invalid_argument("[gemm] negative size m={} n={} k={}", p.m, p.n, p.k);
+  for (auto [dt, name] : {std::pair{p.a_dtype, "A"}, std::pair{p.b_dtype, "B"}}) {
+    if (dt != DType::kF32 && dt != DType::kBF16)
+      return invalid_argument("[gemm] {} has dtype {}; f32 or bf16 expected ({})", name,
+                              dtype_name(dt), desc());
+  }
+  // Stored row lengths: A is (m, k) or (k, m); B is (k, n) or (n, k).
+  const int64_t a_row = p.trans_a ? p.m : p.k, b_row = p.trans_b ? p.k : p.n;
+  if (p.lda < std::max<int64_t>(1, a_row))
+    return invalid_argument("[gemm] lda {} must be >= {} (the stored row length of {})", p.lda,
+                            std::max<int64_t>(1, a_row), desc());
+  if (p.ldb < std::max<int64_t>(1, b_row))
+    return invalid_argument("[gemm] ldb {} must be >= {} (the stored row length of {})", p.ldb,
+                            std::max<int64_t>(1, b_row), desc());
+  if (p.ldc < std::max<int64_t>(1, p.n))
+    return invalid_argument("[gemm] ldc {} must be >= n {} ({})", p.ldc, p.n, desc());
+  if (p.m > 0 && p.n > 0 && p.c == nullptr) return invalid_argument("[gemm] C is null ({})", desc());
+  if (p.m > 0 && p.n > 0 && p.k > 0 && (p.a == nullptr || p.b == nullptr))
+    return invalid_argument("[gemm] A or B is null ({})", desc());
+  if (p.residual != nullptr && p.ldr < std::max<int64_t>(1, p.n))
+    return invalid_argument("[gemm] ldr {} must be >= n {} for the residual ({})", p.ldr, p.n,
+                            desc());
+  if (static_cast<int>(p.act) < 0 || static_cast<int>(p.act) > static_cast<int>(Activation::kRelu))
+    return invalid_argument("[gemm] unknown activation {}", static_cast<int>(p.act));
+  return Status::ok_status();
+}
+
+double gemm_bytes(const GemmParams& p) {
+  const double a = static_cast<double>(dtype_nbytes(p.a_dtype, p.m * p.k));
+  const double b = static_cast<double>(dtype_nbytes(p.b_dtype, p.k * p.n));
+  const double c = 4.0 * p.m * p.n * (p.beta != 0.0f ? 2 : 1);
+  const double extra = (p.bias ? 4.0 * p.n : 0.0) + (p.residual ? 4.0 * p.m * p.n : 0.0);
+  return a + b + c + extra;
+}
+
+Expected<Tensor> matmul(const Tensor& a, const Tensor& b, bool trans_b) {
+  if (!a.defined() || !b.defined()) return invalid_argument("[matmul] undefined input tensor");
+  for (const Tensor* t : {&a, &b}) {
+    if (t->dtype() != DType::kF32 && t->dtype() != DType::kBF16)
+      return invalid_argument("[matmul] {} has dtype {}; f32 or bf16 expected",
+                              t == &a ? "a" : "b", dtype_name(t->dtype()));
+  }
+  if (a.rank() < 2)
+    return invalid_argument("[matmul] a {} must have at least 2 dims", a.shape().to_string());
+  if (b.rank() != 2)
+    return invalid_argument("[matmul] b {} must have 2 dims", b.shape().to_string());
+  const int64_t k = a.dim(-1);
+  const int64_t kb = trans_b ? b.dim(1) : b.dim(0), n = trans_b ? b.dim(0) : b.dim(1);
+  if (k != kb)
+    return invalid_argument("[matmul] last dim of a {} must match {} dim of b {}{}",
+                            a.shape().to_string(), trans_b ? "last" : "first",
+                            b.shape().to_string(), trans_b ? " (trans_b)" : "");
+  const Tensor ac = a.contiguous();
+  const Tensor bc = b.strides()[1] == 1 ? b : b.contiguous();
+  Shape out_shape = a.shape();
+  out_shape[a.rank() - 1] = n;
+  Tensor out = Tensor::empty(out_shape, DType::kF32);
+  GemmParams p;
+  p.m = a.numel() / std::max<int64_t>(k, 1);
+  if (k == 0) p.m = out.numel() / std::max<int64_t>(n, 1);
+  p.n = n;
+  p.k = k;
+  p.a = ac.raw_data();
+  p.lda = std::max<int64_t>(k, 1);
+  p.a_dtype = ac.dtype();
+  p.b = bc.raw_data();
+  p.ldb = std::max<int64_t>(bc.strides()[0], std::max<int64_t>(1, bc.dim(1)));
+  p.b_dtype = bc.dtype();
+  p.trans_b = trans_b;
+  p.c = out.data<float>();
+  p.ldc = std::max<int64_t>(n, 1);
+  KILN_RETURN_IF_ERROR(check_gemm(p));
+  cpu::gemm(p);
+  return out;
+}
+
+}  // namespace kiln

@@ -1,0 +1,26 @@
+// Reference elementwise helpers (elementwise.h); exp and tanh through double.
+#include "kiln/kernels/elementwise.h"
+
+#include <cmath>
+
+namespace kiln::ref {
+
+void add(float* out, const float* a, const float* b, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) out[i] = a[i] + b[i];
+}
+void scale(float* out, const float* inp, float s, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) out[i] = inp[i] * s;
+}
+void accumulate(float* y, const float* x, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) y[i] += x[i];
+}
+void exp_array(float* out, const float* inp, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) out[i] = static_cast<float>(std::exp(static_cast<double>(inp[i])));
+}
+void tanh_array(float* out, const float* inp, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) {
+    out[i] = static_cast<float>(std::tanh(static_cast<double>(inp[i])));
+  }
+}
+
+}  // namespace kiln::ref

@@ -1,0 +1,412 @@
+// Transformer forward and backward for GPT-2 and Llama blocks over flat buffers.
+#include "kiln/model/transformer.h"
+
+#include <cmath>
+#include <cstring>
+
+#include "kiln/core/rng.h"
+#include "kiln/core/thread_pool.h"
+#include "kiln/kernels/activation.h"
+#include "kiln/kernels/cross_entropy.h"
+#include "kiln/kernels/elementwise.h"
+#include "kiln/kernels/embedding.h"
+#include "kiln/kernels/norm.h"
+
+namespace kiln {
+
+// ---- Linear --------------------------------------------------------------------------------
+void Linear::forward(float* y, const float* x, int64_t n, const float* residual) const {
+  GemmParams p;
+  p.m = n; p.n = out; p.k = in;
+  p.a = x; p.lda = in;
+  p.b = w; p.ldb = in; p.trans_b = true;
+  p.c = y; p.ldc = out;
+  p.bias = b;
+  p.residual = residual; p.ldr = out;
+  cpu::gemm(p);
+}
+
+void Linear::backward(float* dx, const float* dy, const float* x, int64_t n, bool accumulate_dx) const {
+  GemmParams pd;  // dx (n, in) = dy (n, out) W (out, in)
+  pd.m = n; pd.n = in; pd.k = out;
+  pd.a = dy; pd.lda = out;
+  pd.b = w; pd.ldb = in;
+  pd.c = dx; pd.ldc = in;
+  pd.beta = accumulate_dx ? 1.0f : 0.0f;
+  cpu::gemm(pd);
+  GemmParams pw;  // dW (out, in) += dyᵀ (out, n) x (n, in)
+  pw.m = out; pw.n = in; pw.k = n;
+  pw.a = dy; pw.lda = out; pw.trans_a = true;
+  pw.b = x; pw.ldb = in;
+  pw.c = dw; pw.ldc = in;
+  pw.beta = 1.0f;
+  cpu::gemm(pw);
+  if (db != nullptr) {
+    parallel_for(out, 64, [&](int64_t c0, int64_t c1) {
+      for (int64_t r = 0; r < n; ++r)
+        for (int64_t c = c0; c < c1; ++c) db[c] += dy[r * out + c];
+    });
+  }
+}
+
+// ---- activations ---------------------------------------------------------------------------
+namespace {
+// A float buffer from the caching allocator (so memory reports see it).
+struct Buf {
+  Tensor t;
+  float* p = nullptr;
+  void alloc(int64_t n) {
+    t = Tensor::empty({std::max<int64_t>(n, 1)});
+    p = t.data<float>();
+  }
+};
+}  // namespace
+
+struct Transformer::Acts {
+  int64_t B = 0, T = 0;
+  // Saved for backward:
+  std::vector<Buf> resid;   // (L+1) × (N, C): input of each layer, then the final stream
+  Buf final_norm, final_mean, final_rstd;  // (N, C), (N,), (N,)
+  Buf logits;               // (N, V); the backward turns it into dlogits in place
+  Buf losses;               // (N,)
+  std::vector<int32_t> tokens, targets;
+  int64_t num_valid = 0;
+  // Backward scratch (shared by layers):
+  Buf dresid, dtmp, dnorm, datt, dq, dk, dv, dff_a, dff_b, dff_c;
+};
+
+struct Transformer::Layer {
+  const ModelConfig* cfg = nullptr;
+  const RopeTable* rope = nullptr;
+  // Parameters (and gradients) of this block.
+  float *norm1_w = nullptr, *norm1_b = nullptr, *dnorm1_w = nullptr, *dnorm1_b = nullptr;
+  float *norm2_w = nullptr, *norm2_b = nullptr, *dnorm2_w = nullptr, *dnorm2_b = nullptr;
+  Linear qkv;             // GPT-2: fused c_attn (3C); Llama: q, k, v below
+  Linear q, k, v, o;      // Llama (o is c_proj for GPT-2)
+  Linear fc, proj;        // GPT-2 MLP: c_fc, c_proj
+  Linear gate, up, down;  // Llama MLP
+  // Saved activations, (N, ·):
+  Buf n1, mean1, rstd1, qkv_out, qb, kb, vb, att, lse, x1, n2, mean2, rstd2, ff1, ff2, ffa;
+
+  AttentionParams attn_params(int64_t B, int64_t T) const {
+    AttentionParams p;
+    p.batch = B; p.q_len = T; p.kv_len = T;
+    p.n_heads = cfg->n_heads; p.n_kv_heads = cfg->n_kv_heads; p.head_dim = cfg->head_dim();
+    p.causal = true;
+    if (!cfg->is_llama()) p.q_row_stride = p.k_row_stride = p.v_row_stride = 3 * cfg->d_model;
+    return check_attention(p).value();
+  }
+
+  void alloc(int64_t B, int64_t T) {
+    const int64_t N = B * T, C = cfg->d_model, F = cfg->d_ff, D = cfg->head_dim();
+    n1.alloc(N * C); mean1.alloc(N); rstd1.alloc(N);
+    att.alloc(N * C); lse.alloc(B * cfg->n_heads * T); x1.alloc(N * C);
+    n2.alloc(N * C); mean2.alloc(N); rstd2.alloc(N);
+    ff1.alloc(N * F); ffa.alloc(N * F);
+    if (cfg->is_llama()) {
+      qb.alloc(N * cfg->n_heads * D); kb.alloc(N * cfg->n_kv_heads * D); vb.alloc(N * cfg->n_kv_heads * D);
+      ff2.alloc(N * F);
+    } else {
+      qkv_out.alloc(N * 3 * C);
+    }
+  }
+
+  // x (N, C) -> y (N, C); saves what backward needs.
+  void forward(float* y, const float* x, int64_t B, int64_t T) {
+    const int64_t N = B * T, C = cfg->d_model;
+    const AttentionParams ap = attn_params(B, T);
+    if (cfg->is_llama()) {
+      cpu::rmsnorm_forward(n1.p, rstd1.p, x, norm1_w, N, C, cfg->norm_eps);
+      q.forward(qb.p, n1.p, N);
+      k.forward(kb.p, n1.p, N);
+      v.forward(vb.p, n1.p, N);
+      cpu::rope_forward(qb.p, qb.p, *rope, B, T, cfg->n_heads, cfg->head_dim(), 0);
+      cpu::rope_forward(kb.p, kb.p, *rope, B, T, cfg->n_kv_heads, cfg->head_dim(), 0);
+      cpu::attention_forward(att.p, lse.p, qb.p, kb.p, vb.p, ap);
+      o.forward(x1.p, att.p, N, x);
+      cpu::rmsnorm_forward(n2.p, rstd2.p, x1.p, norm2_w, N, C, cfg->norm_eps);
+      gate.forward(ff1.p, n2.p, N);
+      up.forward(ff2.p, n2.p, N);
+      cpu::swiglu_forward(ffa.p, ff1.p, ff2.p, N * cfg->d_ff);
+      down.forward(y, ffa.p, N, x1.p);
+    } else {
+      cpu::layernorm_forward(n1.p, mean1.p, rstd1.p, x, norm1_w, norm1_b, N, C, cfg->norm_eps);
+      qkv.forward(qkv_out.p, n1.p, N);
+      cpu::attention_forward(att.p, lse.p, qkv_out.p, qkv_out.p + C, qkv_out.p + 2 * C, ap);
+      o.forward(x1.p, att.p, N, x);
+      cpu::layernorm_forward(n2.p, mean2.p, rstd2.p, x1.p, norm2_w, norm2_b, N, C, cfg->norm_eps);
+      fc.forward(ff1.p, n2.p, N);
+      cpu::gelu_forward(ffa.p, ff1.p, N * cfg->d_ff);
+      proj.forward(y, ffa.p, N, x1.p);
+    }
+  }
+
+  // dy (N, C) in, overwritten with dx (N, C). x is this block's saved input.
+  void backward(float* dy, const float* x, int64_t B, int64_t T, Acts& s) {
+    const int64_t N = B * T, C = cfg->d_model, F = cfg->d_ff;
+    const AttentionParams ap = attn_params(B, T);
+    float* dx1 = dy;  // the residual carries dy straight through; norm branches add to it
+    if (cfg->is_llama()) {
+      down.backward(s.dff_a.p, dy, ffa.p, N, false);                       // d swiglu out
+      cpu::swiglu_backward(s.dff_b.p, s.dff_c.p, s.dff_a.p, ff1.p, ff2.p, N * F);  // d gate, d up
+      gate.backward(s.dnorm.p, s.dff_b.p, n2.p, N, false);
+      up.backward(s.dnorm.p, s.dff_c.p, n2.p, N, true);
+      cpu::rmsnorm_backward(s.dtmp.p, dnorm2_w, s.dnorm.p, x1.p, norm2_w, rstd2.p, N, C);
+      cpu::accumulate(dx1, s.dtmp.p, N * C);
+      o.backward(s.datt.p, dx1, att.p, N, false);
+      cpu::attention_backward(s.dq.p, s.dk.p, s.dv.p, s.datt.p, qb.p, kb.p, vb.p, att.p, lse.p, ap);
+      cpu::rope_backward(s.dq.p, s.dq.p, *rope, B, T, cfg->n_heads, cfg->head_dim(), 0);
+      cpu::rope_backward(s.dk.p, s.dk.p, *rope, B, T, cfg->n_kv_heads, cfg->head_dim(), 0);
+      q.backward(s.dnorm.p, s.dq.p, n1.p, N, false);
+      k.backward(s.dnorm.p, s.dk.p, n1.p, N, true);
+      v.backward(s.dnorm.p, s.dv.p, n1.p, N, true);
+      cpu::rmsnorm_backward(s.dtmp.p, dnorm1_w, s.dnorm.p, x, norm1_w, rstd1.p, N, C);
+      cpu::accumulate(dx1, s.dtmp.p, N * C);
+    } else {
+      proj.backward(s.dff_a.p, dy, ffa.p, N, false);
+      cpu::gelu_backward(s.dff_b.p, s.dff_a.p, ff1.p, N * F);
+      fc.backward(s.dnorm.p, s.dff_b.p, n2.p, N, false);
+      cpu::layernorm_backward(s.dtmp.p, dnorm2_w, dnorm2_b, s.dnorm.p, x1.p, norm2_w, mean2.p, rstd2.p, N, C);
+      cpu::accumulate(dx1, s.dtmp.p, N * C);
+      o.backward(s.datt.p, dx1, att.p, N, false);
+      float* dqkv = s.dq.p;  // (N, 3C)
+      cpu::attention_backward(dqkv, dqkv + C, dqkv + 2 * C, s.datt.p, qkv_out.p, qkv_out.p + C,
+                              qkv_out.p + 2 * C, att.p, lse.p, ap);
+      qkv.backward(s.dnorm.p, dqkv, n1.p, N, false);
+      cpu::layernorm_backward(s.dtmp.p, dnorm1_w, dnorm1_b, s.dnorm.p, x, norm1_w, mean1.p, rstd1.p, N, C);
+      cpu::accumulate(dx1, s.dtmp.p, N * C);
+    }
+  }
+};
+
+Transformer::Transformer(const ModelConfig& c) : config_(c) {}
+Transformer::~Transformer() = default;
+
+// ---- parameters ----------------------------------------------------------------------------
+void Transformer::build_params(uint64_t seed) {
+  const ModelConfig& c = config_;
+  const int64_t C = c.d_model, F = c.d_ff, D = c.head_dim(), V = c.vocab_size, L = c.n_layers;
+  int64_t offset = 0;
+  auto add = [&](std::string name, Shape shape, bool decay) {
+    entries_.push_back({std::move(name), shape, offset, decay});
+    offset += shape.numel();
+  };
+  const bool gpt2 = c.family == ModelFamily::kGpt2;
+  if (gpt2) {
+    add("transformer.wte.weight", {V, C}, true);
+    add("transformer.wpe.weight", {c.max_seq_len, C}, true);
+  } else {
+    add("model.embed_tokens.weight", {V, C}, true);
+  }
+  for (int64_t i = 0; i < L; ++i) {
+    if (gpt2) {
+      const std::string p = fmt::format("transformer.h.{}.", i);
+      add(p + "ln_1.weight", {C}, false);
+      add(p + "ln_1.bias", {C}, false);
+      add(p + "attn.c_attn.weight", {3 * C, C}, true);
+      add(p + "attn.c_attn.bias", {3 * C}, false);
+      add(p + "attn.c_proj.weight", {C, C}, true);
+      add(p + "attn.c_proj.bias", {C}, false);
+      add(p + "ln_2.weight", {C}, false);
+      add(p + "ln_2.bias", {C}, false);
+      add(p + "mlp.c_fc.weight", {F, C}, true);
+      add(p + "mlp.c_fc.bias", {F}, false);
+      add(p + "mlp.c_proj.weight", {C, F}, true);
+      add(p + "mlp.c_proj.bias", {C}, false);
+    } else {
+      const std::string p = fmt::format("model.layers.{}.", i);
+      add(p + "input_layernorm.weight", {C}, false);
+      add(p + "self_attn.q_proj.weight", {c.n_heads * D, C}, true);
+      add(p + "self_attn.k_proj.weight", {c.n_kv_heads * D, C}, true);
+      add(p + "self_attn.v_proj.weight", {c.n_kv_heads * D, C}, true);
+      add(p + "self_attn.o_proj.weight", {C, c.n_heads * D}, true);
+      add(p + "post_attention_layernorm.weight", {C}, false);
+      add(p + "mlp.gate_proj.weight", {F, C}, true);
+      add(p + "mlp.up_proj.weight", {F, C}, true);
+      add(p + "mlp.down_proj.weight", {C, F}, true);
+    }
+  }
+  if (gpt2) {
+    add("transformer.ln_f.weight", {C}, false);
+    add("transformer.ln_f.bias", {C}, false);
+  } else {
+    add("model.norm.weight", {C}, false);
+  }
+  if (!c.tied_embeddings) add("lm_head.weight", {V, C}, true);
+
+  params_ = Tensor::zeros({offset});
+  grads_ = Tensor::zeros({offset});
+  // GPT-2 initialization: N(0, 0.02); projections into the residual stream scaled by
+  // 1/sqrt(2L); norms 1, biases 0.
+  Rng rng(seed);
+  float* base = params_.data<float>();
+  for (const ParamEntry& e : entries_) {
+    std::span<float> w(base + e.offset, static_cast<size_t>(e.shape.numel()));
+    const bool is_norm = e.name.find("norm") != std::string::npos || e.name.find("ln_") != std::string::npos;
+    if (is_norm && e.name.ends_with(".weight")) {
+      std::fill(w.begin(), w.end(), 1.0f);
+    } else if (e.shape.rank() == 2) {
+      const bool residual_proj = e.name.find("c_proj") != std::string::npos ||
+                                 e.name.find("o_proj") != std::string::npos ||
+                                 e.name.find("down_proj") != std::string::npos;
+      rng.fill_normal(w, 0.0f, residual_proj ? 0.02f / std::sqrt(2.0f * L) : 0.02f);
+    }
+  }
+  // Wire the layers to their slices.
+  auto P = [&](const std::string& name) { return param(name); };
+  auto G = [&](const std::string& name) { return grad(name); };
+  auto lin = [&](const std::string& w, const std::string& b, int64_t in, int64_t out) {
+    Linear l;
+    l.in = in; l.out = out;
+    l.w = P(w); l.dw = G(w);
+    if (!b.empty()) { l.b = P(b); l.db = G(b); }
+    return l;
+  };
+  for (int64_t i = 0; i < L; ++i) {
+    auto layer = std::make_unique<Layer>();
+    layer->cfg = &config_;
+    layer->rope = &rope_;
+    if (gpt2) {
+      const std::string p = fmt::format("transformer.h.{}.", i);
+      layer->norm1_w = P(p + "ln_1.weight"); layer->norm1_b = P(p + "ln_1.bias");
+      layer->dnorm1_w = G(p + "ln_1.weight"); layer->dnorm1_b = G(p + "ln_1.bias");
+      layer->norm2_w = P(p + "ln_2.weight"); layer->norm2_b = P(p + "ln_2.bias");
+      layer->dnorm2_w = G(p + "ln_2.weight"); layer->dnorm2_b = G(p + "ln_2.bias");
+      layer->qkv = lin(p + "attn.c_attn.weight", p + "attn.c_attn.bias", C, 3 * C);
+      layer->o = lin(p + "attn.c_proj.weight", p + "attn.c_proj.bias", C, C);
+      layer->fc = lin(p + "mlp.c_fc.weight", p + "mlp.c_fc.bias", C, F);
+      layer->proj = lin(p + "mlp.c_proj.weight", p + "mlp.c_proj.bias", F, C);
+    } else {
+      const std::string p = fmt::format("model.layers.{}.", i);
+      layer->norm1_w = P(p + "input_layernorm.weight"); layer->dnorm1_w = G(p + "input_layernorm.weight");
+      layer->norm2_w = P(p + "post_attention_layernorm.weight");
+      layer->dnorm2_w = G(p + "post_attention_layernorm.weight");
+      layer->q = lin(p + "self_attn.q_proj.weight", "", C, c.n_heads * D);
+      layer->k = lin(p + "self_attn.k_proj.weight", "", C, c.n_kv_heads * D);
+      layer->v = lin(p + "self_attn.v_proj.weight", "", C, c.n_kv_heads * D);
+      layer->o = lin(p + "self_attn.o_proj.weight", "", c.n_heads * D, C);
+      layer->gate = lin(p + "mlp.gate_proj.weight", "", C, F);
+      layer->up = lin(p + "mlp.up_proj.weight", "", C, F);
+      layer->down = lin(p + "mlp.down_proj.weight", "", F, C);
+    }
+    layers_.push_back(std::move(layer));
+  }
+}
+
+float* Transformer::param(std::string_view name) {
+  for (const ParamEntry& e : entries_)
+    if (e.name == name) return params_.data<float>() + e.offset;
+  return nullptr;
+}
+
+float* Transformer::grad(std::string_view name) {
+  for (const ParamEntry& e : entries_)
+    if (e.name == name) return grads_.data<float>() + e.offset;
+  return nullptr;
+}
+
+Expected<std::unique_ptr<Transformer>> Transformer::create(const ModelConfig& config, uint64_t seed) {
+  KILN_RETURN_IF_ERROR(check_config(config));
+  std::unique_ptr<Transformer> t(new Transformer(config));  // private constructor
+  if (config.is_llama()) {
+    KILN_ASSIGN_OR_RETURN(t->rope_, make_rope_table(config.head_dim(), config.max_seq_len, config.rope_theta));
+  }
+  t->build_params(seed);
+  return t;
+}
+
+void Transformer::ensure_activations(int64_t B, int64_t T) {
+  if (acts_ && acts_->B == B && acts_->T == T) return;
+  acts_ = std::make_unique<Acts>();
+  Acts& a = *acts_;
+  a.B = B;
+  a.T = T;
+  const int64_t N = B * T, C = config_.d_model, V = config_.vocab_size, F = config_.d_ff;
+  const int64_t D = config_.head_dim();
+  a.resid.resize(static_cast<size_t>(config_.n_layers + 1));
+  for (Buf& r : a.resid) r.alloc(N * C);
+  a.final_norm.alloc(N * C); a.final_mean.alloc(N); a.final_rstd.alloc(N);
+  a.logits.alloc(N * V); a.losses.alloc(N);
+  a.dresid.alloc(N * C); a.dtmp.alloc(N * C); a.dnorm.alloc(N * C); a.datt.alloc(N * C);
+  a.dq.alloc(N * std::max(3 * C, config_.n_heads * D));
+  a.dk.alloc(N * config_.n_kv_heads * D); a.dv.alloc(N * config_.n_kv_heads * D);
+  a.dff_a.alloc(N * F); a.dff_b.alloc(N * F); a.dff_c.alloc(N * F);
+  for (auto& l : layers_) l->alloc(B, T);
+}
+
+// ---- forward / backward -------------------------------------------------------------------
+Expected<float> Transformer::forward(const int32_t* tokens, const int32_t* targets, int64_t B, int64_t T) {
+  const ModelConfig& c = config_;
+  if (B <= 0 || T <= 0 || T > c.max_seq_len)
+    return invalid_argument("[forward] batch {} × seq_len {} must be positive with seq_len <= {}", B, T, c.max_seq_len);
+  const int64_t N = B * T, C = c.d_model, V = c.vocab_size;
+  KILN_RETURN_IF_ERROR(check_token_ids({tokens, static_cast<size_t>(N)}, V));
+  if (targets) KILN_RETURN_IF_ERROR(check_targets({targets, static_cast<size_t>(N)}, V));
+  ensure_activations(B, T);
+  Acts& a = *acts_;
+  a.tokens.assign(tokens, tokens + N);
+  a.targets.assign(targets ? targets : tokens, (targets ? targets : tokens) + N);
+  const bool gpt2 = c.family == ModelFamily::kGpt2;
+  const float* wte = params_.data<float>() + entries_[0].offset;
+  cpu::embedding_forward(a.resid[0].p, tokens, wte, N, V, C);
+  if (gpt2) cpu::positional_forward(a.resid[0].p, params_.data<float>() + entries_[1].offset, B, T, C);
+  for (size_t l = 0; l < layers_.size(); ++l) layers_[l]->forward(a.resid[l + 1].p, a.resid[l].p, B, T);
+  const float* x = a.resid.back().p;
+  if (gpt2) {
+    cpu::layernorm_forward(a.final_norm.p, a.final_mean.p, a.final_rstd.p, x, param("transformer.ln_f.weight"),
+                           param("transformer.ln_f.bias"), N, C, c.norm_eps);
+  } else {
+    cpu::rmsnorm_forward(a.final_norm.p, a.final_rstd.p, x, param("model.norm.weight"), N, C, c.norm_eps);
+  }
+  const float* lm = c.tied_embeddings ? wte : param("lm_head.weight");
+  Linear head;
+  head.in = C; head.out = V; head.w = lm;
+  head.forward(a.logits.p, a.final_norm.p, N);
+  if (!targets) {
+    a.num_valid = 0;
+    return 0.0f;
+  }
+  cpu::cross_entropy_forward(a.losses.p, a.logits.p, targets, N, V);
+  double sum = 0;
+  a.num_valid = 0;
+  for (int64_t i = 0; i < N; ++i) {
+    if (targets[i] == kIgnoreTarget) continue;
+    sum += a.losses.p[i];
+    ++a.num_valid;
+  }
+  return a.num_valid ? static_cast<float>(sum / a.num_valid) : 0.0f;
+}
+
+const float* Transformer::logits() const { return acts_ ? acts_->logits.p : nullptr; }
+
+void Transformer::zero_grad() { std::memset(grads_.raw_data(), 0, static_cast<size_t>(grads_.nbytes())); }
+
+void Transformer::backward() {
+  KILN_CHECK_MSG(acts_ && acts_->num_valid > 0, "backward() needs a forward() with targets first");
+  const ModelConfig& c = config_;
+  Acts& a = *acts_;
+  const int64_t B = a.B, T = a.T, N = B * T, C = c.d_model, V = c.vocab_size;
+  const bool gpt2 = c.family == ModelFamily::kGpt2;
+  // dlosses = 1/num_valid for the mean; dlogits overwrite the logits.
+  for (int64_t i = 0; i < N; ++i) a.losses.p[i] = 1.0f / static_cast<float>(a.num_valid);
+  cpu::cross_entropy_backward(a.logits.p, a.logits.p, a.targets.data(), a.losses.p, N, V);
+  const int64_t wte_off = entries_[0].offset;
+  Linear head;
+  head.in = C; head.out = V;
+  head.w = c.tied_embeddings ? params_.data<float>() + wte_off : param("lm_head.weight");
+  head.dw = c.tied_embeddings ? grads_.data<float>() + wte_off : grad("lm_head.weight");
+  head.backward(a.dnorm.p, a.logits.p, a.final_norm.p, N, false);
+  const float* x = a.resid.back().p;
+  if (gpt2) {
+    cpu::layernorm_backward(a.dresid.p, grad("transformer.ln_f.weight"), grad("transformer.ln_f.bias"), a.dnorm.p, x,
+                            param("transformer.ln_f.weight"), a.final_mean.p, a.final_rstd.p, N, C);
+  } else {
+    cpu::rmsnorm_backward(a.dresid.p, grad("model.norm.weight"), a.dnorm.p, x, param("model.norm.weight"),
+                          a.final_rstd.p, N, C);
+  }
+  for (size_t l = layers_.size(); l-- > 0;) layers_[l]->backward(a.dresid.p, a.resid[l].p, B, T, a);
+  cpu::embedding_backward(grads_.data<float>() + wte_off, a.dresid.p, a.tokens.data(), N, V, C);
+  if (gpt2) cpu::positional_backward(grads_.data<float>() + entries_[1].offset, a.dresid.p, B, T, C);
+}
+
+}  // namespace kiln

@@ -1,0 +1,79 @@
+// The transformer of both families, llm.c style: all parameters in one flat fp32 buffer (and
+// gradients in a twin), named with Hugging Face tensor names; each layer owns forward() and
+// backward() and saves exactly the activations its backward needs. No general autograd.
+#pragma once
+
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "kiln/core/tensor.h"
+#include "kiln/kernels/attention.h"
+#include "kiln/kernels/gemm.h"
+#include "kiln/kernels/rope.h"
+#include "kiln/model/config.h"
+
+namespace kiln {
+
+struct ParamEntry {
+  std::string name;  // Hugging Face name, e.g. "model.layers.0.self_attn.q_proj.weight"
+  Shape shape;       // kiln's layout: linear weights are (out, in) as in PyTorch nn.Linear
+  int64_t offset;    // elements into the flat buffer
+  bool decay;        // AdamW weight decay applies (matrices yes; norms, biases no)
+};
+
+// y = x Wᵀ + b over n rows; W (out, in), b (out,) or null.
+struct Linear {
+  int64_t in = 0, out = 0;
+  const float* w = nullptr;
+  const float* b = nullptr;
+  float* dw = nullptr;
+  float* db = nullptr;
+  // y (n, out) = act(x Wᵀ + b) + residual; x (n, in).
+  void forward(float* y, const float* x, int64_t n, const float* residual = nullptr) const;
+  // dx (n, in) = dy W (or += when accumulate_dx); dW += dyᵀ x; db += Σ dy.
+  void backward(float* dx, const float* dy, const float* x, int64_t n, bool accumulate_dx) const;
+};
+
+class Transformer {
+ public:
+  static Expected<std::unique_ptr<Transformer>> create(const ModelConfig& config, uint64_t seed);
+  ~Transformer();
+  Transformer(const Transformer&) = delete;
+  Transformer& operator=(const Transformer&) = delete;
+
+  const ModelConfig& config() const { return config_; }
+  std::span<float> params() { return {params_.data<float>(), static_cast<size_t>(params_.numel())}; }
+  std::span<float> grads() { return {grads_.data<float>(), static_cast<size_t>(grads_.numel())}; }
+  const std::vector<ParamEntry>& param_entries() const { return entries_; }
+  // Null when the name is unknown.
+  float* param(std::string_view name);
+  float* grad(std::string_view name);
+
+  // tokens, targets (B, T); targets may be null (no loss: logits only). Returns the mean loss
+  // over targets that are not -1. Errors name bad ids or shapes; nothing is computed then.
+  Expected<float> forward(const int32_t* tokens, const int32_t* targets, int64_t batch, int64_t seq_len);
+  // Logits (B, T, V) of the last forward (valid until backward()).
+  const float* logits() const;
+  void zero_grad();
+  // Gradients of the last forward's mean loss, accumulated (+=) into grads().
+  void backward();
+
+  struct Layer;  // one transformer block (defined in transformer.cpp)
+
+ private:
+  explicit Transformer(const ModelConfig& c);
+  void build_params(uint64_t seed);
+  void ensure_activations(int64_t batch, int64_t seq_len);
+
+  ModelConfig config_;
+  Tensor params_, grads_;
+  std::vector<ParamEntry> entries_;
+  std::vector<std::unique_ptr<Layer>> layers_;
+  RopeTable rope_;
+  struct Acts;
+  std::unique_ptr<Acts> acts_;
+};
+
+}  // namespace kiln

@@ -1,0 +1,132 @@
+// Elementwise helper cases (add, scale, accumulate, exp and tanh arrays) for the kernel
+// harness, plus the accuracy of the SIMD exp and tanh in ulp on every supported target,
+// the numbers stated in src/kiln/kernels/cpu/vec.h.
+#include <cmath>
+
+#include <gtest/gtest.h>
+
+#include "kiln/core/cpu_features.h"
+#include "kiln/kernels/elementwise.h"
+#include "tests/kernels/ops_cases_util.h"
+
+namespace kiln::testing {
+namespace {
+
+// |a - e| in units of the fp32 ulp at e (e rounded to fp32 from the exact double value).
+double ulp_error(float a, double exact) {
+  const float e = static_cast<float>(exact);
+  if (a == e) return 0;
+  const float next = std::nextafter(std::fabs(e), INFINITY);
+  return std::fabs(static_cast<double>(a) - exact) / (static_cast<double>(next) - std::fabs(e));
+}
+
+// Max ulp error of `fn` against `exact` over a dense sweep of [lo, hi].
+double max_ulp(void (*fn)(float*, const float*, int64_t), double (*exact)(double), float lo,
+               float hi, float* worst_x) {
+  const int64_t n = 400003;  // odd: every target's tail path runs too
+  std::vector<float> x(n), y(n);
+  for (int64_t i = 0; i < n; ++i) x[i] = lo + (hi - lo) * static_cast<float>(i) / (n - 1);
+  fn(y.data(), x.data(), n);
+  double worst = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    const double err = ulp_error(y[i], exact(x[i]));
+    if (err > worst) {
+      worst = err;
+      *worst_x = x[i];
+    }
+  }
+  return worst;
+}
+
+}  // namespace
+
+KILN_KERNEL_CASES(elementwise) {
+  std::vector<KernelCase> cases;
+  for (int64_t rows : kCaseRows) {
+    for (int64_t cols : kCaseCols) {
+      const int64_t n = rows * cols;
+      cases.push_back({fmt::format("n={}", n), [n] {
+        Rng rng(900 + n);
+        const std::vector<float> a = random_vector(rng, n, -3.0f, 3.0f);
+        const std::vector<float> b = random_vector(rng, n, -3.0f, 3.0f);
+        std::vector<Compare> out;
+        std::vector<float> e(n), c(n, NAN);
+        ref::add(e.data(), a.data(), b.data(), n);
+        cpu::add(c.data(), a.data(), b.data(), n);
+        out.push_back({"add", e, c, 0.0});  // one rounding, same on every target: exact
+        ref::scale(e.data(), a.data(), 0.37f, n);
+        cpu::scale(c.data(), a.data(), 0.37f, n);
+        out.push_back({"scale", e, c, 0.0});
+        e = b;
+        c = b;
+        ref::accumulate(e.data(), a.data(), n);
+        cpu::accumulate(c.data(), a.data(), n);
+        out.push_back({"accumulate", e, c, 0.0});
+        ref::exp_array(e.data(), a.data(), n);
+        cpu::exp_array(c.data(), a.data(), n);
+        out.push_back({"exp", e, c, kTolElementwise});
+        ref::tanh_array(e.data(), a.data(), n);
+        cpu::tanh_array(c.data(), a.data(), n);
+        out.push_back({"tanh", e, c, kTolElementwise});
+        return out;
+      }});
+    }
+  }
+  cases.push_back({"exp edges", [] {  // overflow to inf: see SimdMath.ExpEdges
+    const std::vector<float> x = {-INFINITY, -1000.0f, -87.0f, -20.0f, -1e-30f, 0.0f, 1e-30f,
+                                  0.5f, 20.0f, 88.0f};
+    std::vector<float> e(x.size()), c(x.size(), NAN);
+    ref::exp_array(e.data(), x.data(), static_cast<int64_t>(x.size()));
+    cpu::exp_array(c.data(), x.data(), static_cast<int64_t>(x.size()));
+    return std::vector<Compare>{{"exp", e, c, kTolElementwise}};
+  }});
+  return cases;
+}
+
+// The accuracy claims of cpu/vec.h: exp within 2 ulp on [-87.3, 88.3], tanh within 2 ulp on
+// [-10, 10], on every SIMD target this CPU has (measured: 1.3 ulp for both).
+TEST(SimdMath, ExpAndTanhUlpError) {
+  const SimdTarget saved = active_simd_target();
+  for (const auto& info : kSimdTargets) {
+    if (!set_simd_target(info.target)) continue;
+    float wx = 0, wt = 0;
+    const double exp_ulp = max_ulp(&cpu::exp_array, [](double x) { return std::exp(x); },
+                                   -87.3f, 88.3f, &wx);
+    const double tanh_ulp = max_ulp(&cpu::tanh_array, [](double x) { return std::tanh(x); },
+                                    -10.0f, 10.0f, &wt);
+    EXPECT_LE(exp_ulp, 2.0) << info.name << " worst at x=" << wx;
+    EXPECT_LE(tanh_ulp, 2.0) << info.name << " worst at x=" << wt;
+    RecordProperty(std::string(info.name) + "_exp_max_ulp", fmt::format("{:.2f}", exp_ulp));
+    RecordProperty(std::string(info.name) + "_tanh_max_ulp", fmt::format("{:.2f}", tanh_ulp));
+    std::printf("  %-7s exp max %.2f ulp (x=%g), tanh max %.2f ulp (x=%g)\n",
+                std::string(info.name).c_str(), exp_ulp, wx, tanh_ulp, wt);
+  }
+  set_simd_target(saved);
+}
+
+// Overflow, underflow and NaN of the SIMD exp and tanh, on every target.
+TEST(SimdMath, ExpEdges) {
+  const SimdTarget saved = active_simd_target();
+  const std::vector<float> x = {-INFINITY, -1000.0f, -88.0f, 89.0f, 1000.0f, INFINITY, NAN};
+  for (const auto& info : kSimdTargets) {
+    if (!set_simd_target(info.target)) continue;
+    std::vector<float> e(x.size()), t(x.size());
+    cpu::exp_array(e.data(), x.data(), static_cast<int64_t>(x.size()));
+    cpu::tanh_array(t.data(), x.data(), static_cast<int64_t>(x.size()));
+    EXPECT_EQ(e[0], 0.0f) << info.name;
+    EXPECT_EQ(e[1], 0.0f) << info.name;
+    EXPECT_EQ(e[2], 0.0f) << info.name;  // e^-88 is subnormal: flushed to 0 (documented)
+    EXPECT_EQ(e[3], INFINITY) << info.name;
+    EXPECT_EQ(e[4], INFINITY) << info.name;
+    EXPECT_EQ(e[5], INFINITY) << info.name;
+    EXPECT_TRUE(std::isnan(e[6])) << info.name;
+    EXPECT_EQ(t[0], -1.0f) << info.name;
+    EXPECT_EQ(t[1], -1.0f) << info.name;
+    EXPECT_EQ(t[4], 1.0f) << info.name;
+    EXPECT_EQ(t[5], 1.0f) << info.name;
+    EXPECT_TRUE(std::isnan(t[6])) << info.name;
+  }
+  set_simd_target(saved);
+}
+
+}  // namespace kiln::testing

@@ -1,0 +1,191 @@
+// GEMM cases for the kernel harness: cpu::gemm against ref::gemm over odd and even shapes, all
+// four transpose combinations, padded leading dims, alpha/beta, every epilogue, bf16 inputs,
+// several cache blockings (multi-block K, N and M loops) and the decode-like small-M path.
+//
+// Tolerances (normalized MSE, see harness.cpp): an fp32 length-k dot product in any summation
+// order has nmse ~ k u^2 with u = 2^-24 (~6e-15 per 100 terms), so 1e-10 is orders above any
+// correct kernel and far below a wrong one (a single misplaced element gives ~1e-3). With a bf16
+// input, the fast path may round the other f32 operand to bf16 (u = 2^-8): each product then
+// carries a relative error up to u, variance u^2/3, so nmse ~ 5e-6; the bound is 3e-5.
+#include <cmath>
+#include <memory>
+
+#include <gtest/gtest.h>
+
+#include "kiln/kernels/cpu/gemm_cpu.h"
+#include "kiln/kernels/gemm.h"
+#include "tests/kernels/harness.h"
+
+namespace kiln::testing {
+namespace {
+
+constexpr float kSentinel = 7.25f;  // fills padding of C; a kernel that writes there is wrong
+
+struct GemmCase {
+  int64_t m, n, k;
+  bool ta = false, tb = false;
+  int64_t pad = 0;  // extra elements per stored row of A, B, C and residual
+  float alpha = 1.0f, beta = 0.0f;
+  bool bias = false, residual = false;
+  Activation act = Activation::kNone;
+  DType a_dtype = DType::kF32, b_dtype = DType::kF32;
+  cpu::GemmBlocking blocking{};  // {0,0,0}: the current blocking
+
+  std::string name() const {
+    return fmt::format("m={} n={} k={} ta={} tb={} pad={} alpha={} beta={} bias={} act={} res={} "
+                       "a={} b={} blk={}/{}/{}",
+                       m, n, k, ta, tb, pad, alpha, beta, bias, activation_name(act), residual,
+                       dtype_name(a_dtype), dtype_name(b_dtype), blocking.mc, blocking.kc,
+                       blocking.nc);
+  }
+};
+
+// Operand storage in f32 or bf16 with every element (padding included) random.
+struct Operand {
+  std::vector<float> f32;
+  std::vector<uint16_t> bf16;
+  DType dtype;
+  const void* data() const { return dtype == DType::kBF16 ? static_cast<const void*>(bf16.data()) : f32.data(); }
+};
+
+Operand make_operand(Rng& rng, int64_t rows, int64_t ld, DType dtype) {
+  Operand o;
+  o.dtype = dtype;
+  o.f32 = random_vector(rng, static_cast<size_t>(std::max<int64_t>(1, rows * ld)));
+  if (dtype == DType::kBF16) {
+    o.bf16.resize(o.f32.size());
+    for (size_t i = 0; i < o.f32.size(); ++i) o.bf16[i] = f32_to_bf16(o.f32[i]);
+  }
+  return o;
+}
+
+KernelCase make_case(const GemmCase& g, uint64_t seed) {
+  return {g.name(), [g, seed]() {
+            Rng rng(seed);
+            const int64_t a_rows = g.ta ? g.k : g.m, a_cols = g.ta ? g.m : g.k;
+            const int64_t b_rows = g.tb ? g.n : g.k, b_cols = g.tb ? g.k : g.n;
+            const int64_t lda = std::max<int64_t>(1, a_cols + g.pad);
+            const int64_t ldb = std::max<int64_t>(1, b_cols + g.pad);
+            const int64_t ldc = g.n + g.pad, ldr = g.n + 2 * g.pad;
+            const Operand a = make_operand(rng, a_rows, lda, g.a_dtype);
+            const Operand b = make_operand(rng, b_rows, ldb, g.b_dtype);
+            const std::vector<float> bias = random_vector(rng, static_cast<size_t>(g.n));
+            const std::vector<float> res = random_vector(rng, static_cast<size_t>(g.m * ldr + 1));
+            // C: valid region random when beta reads it, NaN when beta = 0 (must not be read).
+            std::vector<float> c0(static_cast<size_t>(g.m * ldc), kSentinel);
+            for (int64_t i = 0; i < g.m; ++i)
+              for (int64_t j = 0; j < g.n; ++j)
+                c0[i * ldc + j] = g.beta != 0.0f ? rng.uniform(-1.0f, 1.0f) : NAN;
+
+            GemmParams p;
+            p.m = g.m; p.n = g.n; p.k = g.k;
+            p.a = a.data(); p.lda = lda; p.a_dtype = g.a_dtype; p.trans_a = g.ta;
+            p.b = b.data(); p.ldb = ldb; p.b_dtype = g.b_dtype; p.trans_b = g.tb;
+            p.ldc = ldc; p.alpha = g.alpha; p.beta = g.beta;
+            p.bias = g.bias ? bias.data() : nullptr;
+            p.act = g.act;
+            p.residual = g.residual ? res.data() : nullptr;
+            p.ldr = g.residual ? ldr : 0;
+            std::vector<float> c_ref = c0, c_fast = c0;
+            p.c = c_ref.data();
+            EXPECT_TRUE(check_gemm(p).ok()) << check_gemm(p).to_string();
+            ref::gemm(p);
+            p.c = c_fast.data();
+            const cpu::GemmBlocking saved_f32 = cpu::gemm_blocking(cpu::GemmPath::kF32);
+            const cpu::GemmBlocking saved_bf16 = cpu::gemm_blocking(cpu::GemmPath::kBF16);
+            if (g.blocking.mc > 0) {
+              cpu::set_gemm_blocking(cpu::GemmPath::kF32, g.blocking);
+              cpu::set_gemm_blocking(cpu::GemmPath::kBF16, g.blocking);
+            }
+            cpu::gemm(p);
+            cpu::set_gemm_blocking(cpu::GemmPath::kF32, saved_f32);
+            cpu::set_gemm_blocking(cpu::GemmPath::kBF16, saved_bf16);
+
+            Compare valid{"C", {}, {}, 0.0};
+            const bool low = g.a_dtype == DType::kBF16 || g.b_dtype == DType::kBF16;
+            valid.max_nmse = low ? 3e-5 : 1e-10;
+            float touched = 0;
+            for (int64_t i = 0; i < g.m; ++i) {
+              for (int64_t j = 0; j < ldc; ++j) {
+                const float e = c_ref[i * ldc + j], f = c_fast[i * ldc + j];
+                if (j < g.n) {
+                  valid.expected.push_back(e);
+                  valid.actual.push_back(f);
+                } else if (f != kSentinel) {
+                  touched += 1;
+                }
+              }
+            }
+            return std::vector<Compare>{valid, Compare{"C padding untouched", {0.0f}, {touched}, 0.0}};
+          }};
+}
+
+}  // namespace
+
+KILN_KERNEL_CASES(gemm) {
+  std::vector<KernelCase> cases;
+  uint64_t seed = 1;
+  const int64_t sizes[] = {1, 2, 7, 16, 33, 64, 100, 257};
+  // Shapes: every (m, n) pair of the size set with k cycling through it; transposes cycle too.
+  for (int i = 0; i < 8; ++i) {
+    for (int j = 0; j < 8; ++j) {
+      GemmCase g{sizes[i], sizes[j], sizes[(i + 3 * j) % 8]};
+      g.ta = (i + j) % 2 == 1;
+      g.tb = (i + j) / 2 % 2 == 1;
+      if ((i * 8 + j) % 5 == 0) g.pad = 3;
+      cases.push_back(make_case(g, seed++));
+    }
+  }
+  // Larger, all four transposes; padded; alpha/beta.
+  for (int t = 0; t < 4; ++t) {
+    GemmCase g{300, 520, 129, t % 2 == 1, t / 2 == 1};
+    g.pad = t == 3 ? 5 : 0;
+    cases.push_back(make_case(g, seed++));
+  }
+  cases.push_back(make_case({.m = 33, .n = 100, .k = 64, .pad = 1, .alpha = -0.5f, .beta = 1.0f}, seed++));
+  cases.push_back(make_case({.m = 64, .n = 33, .k = 257, .tb = true, .alpha = 2.0f, .beta = 0.75f}, seed++));
+  cases.push_back(make_case({.m = 20, .n = 37, .k = 0, .beta = 0.5f, .bias = true, .residual = true}, seed++));
+  // Every epilogue, with and without beta, on the packed and the small-M path.
+  for (Activation act : {Activation::kNone, Activation::kGeluTanh, Activation::kSilu, Activation::kRelu}) {
+    for (int64_t m : {int64_t{3}, int64_t{45}}) {
+      GemmCase g{m, 70, 50, false, true, 2, 1.5f, act == Activation::kRelu ? 1.0f : 0.0f, true, true, act};
+      cases.push_back(make_case(g, seed++));
+      g.residual = false;
+      g.beta = 0.25f;
+      g.ta = true;
+      cases.push_back(make_case(g, seed++));
+    }
+  }
+  // bf16 A, B or both (dpbf16ps on AVX512_BF16, widened elsewhere), odd k for pair padding.
+  for (int v = 0; v < 6; ++v) {
+    GemmCase g{v < 3 ? int64_t{57} : int64_t{5}, 65, v % 2 ? 33 : 130, v % 2 == 0, v / 2 % 2 == 1};
+    g.a_dtype = v % 3 == 2 ? DType::kF32 : DType::kBF16;
+    g.b_dtype = v % 3 == 0 ? DType::kF32 : DType::kBF16;
+    g.bias = v == 1;
+    g.act = v == 1 ? Activation::kGeluTanh : Activation::kNone;
+    g.beta = v == 4 ? 1.0f : 0.0f;
+    cases.push_back(make_case(g, seed++));
+  }
+  // Small cache blockings: several M blocks, K blocks (odd tail for bf16) and N panels.
+  for (int v = 0; v < 4; ++v) {
+    GemmCase g{100, 200, 151, v % 2 == 1, v / 2 == 1};
+    g.blocking = {28, 32, 64};
+    g.beta = 1.0f;
+    g.bias = g.residual = v == 0;
+    g.act = v == 0 ? Activation::kSilu : Activation::kNone;
+    if (v >= 2) g.a_dtype = g.b_dtype = DType::kBF16;
+    cases.push_back(make_case(g, seed++));
+  }
+  // Decode-like small M with K, N large enough to stream B in several chunks per thread.
+  for (int64_t m : {int64_t{1}, int64_t{4}, int64_t{8}}) {
+    for (bool tb : {true, false}) {
+      GemmCase g{m, 1000, 515, false, tb};
+      g.b_dtype = m == 4 ? DType::kBF16 : DType::kF32;
+      g.pad = m == 8 ? 4 : 0;
+      cases.push_back(make_case(g, seed++));
+    }
+  }
+  return cases;
+}
+
+}  // namespace kiln::testing

@@ -1,0 +1,119 @@
+// The whole model's backward against central finite differences of its loss, for both
+// families (GQA included), plus presets, errors and a few AdamW steps that must lower the loss.
+#include <gtest/gtest.h>
+
+#include <cmath>
+
+#include "kiln/core/rng.h"
+#include "kiln/core/thread_pool.h"
+#include "kiln/kernels/adamw.h"
+#include "kiln/model/transformer.h"
+
+namespace kiln {
+namespace {
+
+ModelConfig tiny(ModelFamily f) {
+  ModelConfig c;
+  c.family = f;
+  c.vocab_size = 11;
+  c.d_model = 8;
+  c.n_layers = 2;
+  c.n_heads = 2;
+  c.n_kv_heads = f == ModelFamily::kLlama ? 1 : 2;
+  c.d_ff = 12;
+  c.max_seq_len = 8;
+  c.tied_embeddings = f == ModelFamily::kGpt2;
+  return c;
+}
+
+void check_gradients(ModelFamily family) {
+  auto model = Transformer::create(tiny(family), 3).value();
+  // Larger weights than the 0.02 init so every path carries signal.
+  Rng rng(5);
+  for (float& w : model->params()) w += 0.3f * rng.normal();
+  const int64_t B = 2, T = 5;
+  std::vector<int32_t> tokens(B * T), targets(B * T);
+  for (auto& t : tokens) t = static_cast<int32_t>(rng.below(11));
+  for (auto& t : targets) t = static_cast<int32_t>(rng.below(11));
+  targets[3] = -1;  // an ignored position
+  model->zero_grad();
+  ASSERT_TRUE(model->forward(tokens.data(), targets.data(), B, T).ok());
+  model->backward();
+  std::vector<float> grads(model->grads().begin(), model->grads().end());
+  auto loss = [&] { return static_cast<double>(model->forward(tokens.data(), targets.data(), B, T).value()); };
+  int checked = 0;
+  for (const ParamEntry& e : model->param_entries()) {
+    for (int probe = 0; probe < 3; ++probe) {
+      const int64_t i = e.offset + static_cast<int64_t>(rng.below(static_cast<uint64_t>(e.shape.numel())));
+      float& w = model->params()[static_cast<size_t>(i)];
+      const float saved = w;
+      const float h = 4e-3f;
+      w = saved + h;
+      const double lp = loss();
+      w = saved - h;
+      const double lm = loss();
+      w = saved;
+      const double fd = (lp - lm) / (2.0 * h);
+      EXPECT_NEAR(grads[i], fd, 2e-3 + 3e-2 * std::fabs(fd)) << e.name << " element " << i - e.offset;
+      ++checked;
+    }
+  }
+  EXPECT_GT(checked, 20);
+}
+
+TEST(Transformer, Gpt2GradientsMatchFiniteDifferences) { check_gradients(ModelFamily::kGpt2); }
+TEST(Transformer, LlamaGradientsMatchFiniteDifferences) { check_gradients(ModelFamily::kLlama); }
+
+TEST(Transformer, PresetsAndParameterCounts) {
+  const ModelConfig g = preset("gpt2-124m").value();
+  EXPECT_EQ(g.num_params(), 124439808);  // GPT-2 small, tied embeddings
+  const ModelConfig l = preset("llama-tiny").value();
+  EXPECT_GT(l.num_params(), 8'000'000);
+  EXPECT_LT(l.num_params(), 14'000'000);
+  for (const auto& name : preset_names()) EXPECT_TRUE(preset(name).ok()) << name;
+  auto bad = preset("gpt5");
+  ASSERT_FALSE(bad.ok());
+  EXPECT_NE(bad.status().message().find("llama-tiny"), std::string::npos);
+  auto model = Transformer::create(tiny(ModelFamily::kLlama), 1).value();
+  int64_t total = 0;
+  for (const auto& e : model->param_entries()) total += e.shape.numel();
+  EXPECT_EQ(total, tiny(ModelFamily::kLlama).num_params());
+  EXPECT_EQ(static_cast<int64_t>(model->params().size()), total);
+}
+
+TEST(Transformer, BadInputIsAnError) {
+  ModelConfig c = tiny(ModelFamily::kLlama);
+  c.n_kv_heads = 3;
+  EXPECT_FALSE(Transformer::create(c, 1).ok());
+  auto model = Transformer::create(tiny(ModelFamily::kGpt2), 1).value();
+  std::vector<int32_t> tokens = {1, 2, 99};
+  auto r = model->forward(tokens.data(), nullptr, 1, 3);
+  ASSERT_FALSE(r.ok());
+  EXPECT_NE(r.status().message().find("99"), std::string::npos);
+  EXPECT_FALSE(model->forward(tokens.data(), nullptr, 1, 100).ok());  // longer than the context
+}
+
+TEST(Transformer, AdamWStepsLowerTheLoss) {
+  for (ModelFamily f : {ModelFamily::kGpt2, ModelFamily::kLlama}) {
+    auto model = Transformer::create(tiny(f), 7).value();
+    std::vector<int32_t> tokens = {1, 2, 3, 4, 5, 6, 7, 8}, targets = {2, 3, 4, 5, 6, 7, 8, 9};
+    std::vector<float> m(model->params().size()), v(model->params().size());
+    AdamWConfig opt;
+    opt.lr = 1e-2;
+    opt.weight_decay = 0.0;
+    const float first = model->forward(tokens.data(), targets.data(), 1, 8).value();
+    float last = first;
+    for (int step = 1; step <= 30; ++step) {
+      model->zero_grad();
+      last = model->forward(tokens.data(), targets.data(), 1, 8).value();
+      model->backward();
+      cpu::adamw_step(model->params().data(), model->grads().data(), m.data(), v.data(),
+                      static_cast<int64_t>(m.size()), opt, step);
+    }
+    EXPECT_LT(last, 0.5f * first) << family_name(f);
+    EXPECT_NEAR(first, std::log(11.0f), 0.3f);  // random init predicts about uniformly
+  }
+}
+
+}  // namespace
+}  // namespace kiln
