@@ -17,9 +17,13 @@ build: configure
 test: build
 	@cd $(BUILD_DIR) && ctest --output-on-failure -j $(JOBS)
 
+# The main job: train llama-tiny on the bundled KJV Bible for about 5 minutes, then sample.
+RUN_MINUTES ?= 5
 run: build
 	@$(BUILD_DIR)/kiln info
-	@$(BUILD_DIR)/kiln bench gemm --quick
+	@$(BUILD_DIR)/kiln train --preset llama-tiny --minutes $(RUN_MINUTES) --out runs/llama-tiny
+	@$(BUILD_DIR)/kiln generate --model runs/llama-tiny --prompt "And God said" --max-tokens 60 \
+		--temperature 0.8 --top-k 40 --samples 3
 
 bench: build
 	@$(BUILD_DIR)/kiln bench gemm

@@ -8,6 +8,7 @@ namespace kiln::app {
 void register_info(CLI::App& app);
 void register_bench(CLI::App& app);
 void register_tokenizer(CLI::App& app);
+void register_train(CLI::App& app);
 void register_comm(CLI::App& app);  // `bench comm` and `plan comm` (cmd_comm.cpp)
 
 // Exit code for a subcommand that failed on user input (message already printed).

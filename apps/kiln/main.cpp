@@ -32,6 +32,7 @@ int main(int argc, char** argv) {
   kiln::app::register_info(app);
   kiln::app::register_bench(app);
   kiln::app::register_tokenizer(app);
+  kiln::app::register_train(app);
   kiln::app::register_comm(app);  // after bench: adds `bench comm` and `plan comm`
 
   try {

@@ -1,0 +1,177 @@
+// `kiln data prepare`, `kiln train` and `kiln generate`: the main job end to end.
+#include <fmt/format.h>
+
+#include <cmath>
+#include <filesystem>
+#include <map>
+
+#include "apps/kiln/commands.h"
+#include "kiln/core/rng.h"
+#include "kiln/core/thread_pool.h"
+#include "kiln/model/weights.h"
+#include "kiln/serve/sampler.h"
+#include "kiln/tokenizer/bpe.h"
+#include "kiln/train/corpus.h"
+#include "kiln/train/trainer.h"
+
+namespace kiln::app {
+namespace {
+
+[[noreturn]] void fail(const char* cmd, const Status& s) {
+  fmt::print(stderr, "kiln {}: {}\n", cmd, s.message());
+  throw CLI::RuntimeError(kUserError);
+}
+
+// Entropy (nats) of the unigram distribution of a shard: the loss of a model that ignores context.
+double unigram_entropy(const TokenShard& s) {
+  std::map<int32_t, int64_t> counts;
+  for (int32_t t : s.tokens) ++counts[t];
+  double h = 0;
+  const double n = static_cast<double>(s.tokens.size());
+  for (const auto& [t, c] : counts) h -= c / n * std::log(c / n);
+  return h;
+}
+
+struct TrainArgs {
+  PrepareOptions data;
+  std::string preset = "llama-tiny", out = "runs/llama-tiny";
+  TrainOptions opt;
+  double minutes = 0;
+};
+
+void run_train(const TrainArgs& a) {
+  std::string log;
+  auto paths = prepare_corpus(a.data, &log);
+  if (!paths.ok()) fail("train", paths.status());
+  fmt::print("{}\n", log);
+  auto train_data = read_shard(paths->train);
+  if (!train_data.ok()) fail("train", train_data.status());
+  auto val_data = read_shard(paths->val);
+  if (!val_data.ok()) fail("train", val_data.status());
+  auto cfg = preset(a.preset);
+  if (!cfg.ok()) fail("train", cfg.status());
+  cfg->vocab_size = train_data->vocab_size;
+  if (a.opt.seq_len > cfg->max_seq_len) fail("train", invalid_argument("--seq {} exceeds the preset's context {}", a.opt.seq_len, cfg->max_seq_len));
+  auto model = Transformer::create(*cfg, a.opt.seed);
+  if (!model.ok()) fail("train", model.status());
+  TrainOptions opt = a.opt;
+  opt.max_seconds = a.minutes * 60.0;
+  if (opt.max_seconds > 0 && opt.max_steps <= 0) opt.max_steps = 1'000'000;
+  const double flops_per_token = cfg->train_flops_per_token(opt.seq_len);
+  fmt::print("model: {}\n", cfg->describe());
+  fmt::print("train: {} tokens, val: {} tokens; batch {} × seq {} × accum {}; {} threads\n",
+             train_data->tokens.size(), val_data->tokens.size(), opt.batch, opt.seq_len, opt.grad_accum, num_threads());
+  const double unigram = unigram_entropy(*val_data);
+  fmt::print("unigram entropy of the validation text: {:.3f} nats/token (loss of a context-free model)\n", unigram);
+  double last_val = -1;
+  train(**model, *train_data, &*val_data, opt, [&](const StepStats& s) {
+    if (s.val_loss >= 0) last_val = s.val_loss;
+    if (s.step % 10 == 0 || s.step == 1 || s.val_loss >= 0) {
+      const double remaining = opt.max_seconds > 0 ? std::max(0.0, opt.max_seconds - s.elapsed)
+                                                   : (opt.max_steps - s.step) * s.seconds;
+      fmt::print("step {:5d} | loss {:.4f}{} | lr {:.2e} | gnorm {:.2f} | {:.0f} tok/s | {:.1f} GFLOP/s | ETA {:.0f}s\n",
+                 s.step, s.loss, s.val_loss >= 0 ? fmt::format(" val {:.4f}", s.val_loss) : std::string(), s.lr,
+                 s.grad_norm, s.tokens_per_second, s.tokens_per_second * flops_per_token / 1e9, remaining);
+      std::fflush(stdout);
+    }
+  });
+  if (Status st = save_model(a.out, **model); !st.ok()) fail("train", st);
+  std::filesystem::copy_file(paths->tokenizer, std::filesystem::path(a.out) / "tokenizer.json",
+                             std::filesystem::copy_options::overwrite_existing);
+  fmt::print("validation loss {:.4f} vs unigram entropy {:.4f} nats/token; saved {}\n", last_val, unigram, a.out);
+}
+
+struct GenArgs {
+  std::string model, prompt = "And", stop;
+  int64_t max_tokens = 64;
+  SamplingParams sampling;
+  uint64_t seed = 1;
+  int samples = 1;
+};
+
+void run_generate(const GenArgs& a) {
+  auto model = load_model(a.model);
+  if (!model.ok()) fail("generate", model.status());
+  auto tk = tok::Tokenizer::load_hf_json((std::filesystem::path(a.model) / "tokenizer.json").string());
+  if (!tk.ok()) fail("generate", tk.status());
+  Transformer& m = **model;
+  const int64_t ctx = m.config().max_seq_len, V = m.config().vocab_size;
+  Rng rng(a.seed);
+  for (int sample = 0; sample < a.samples; ++sample) {
+    std::vector<int32_t> ids = tk->encode(a.prompt);
+    if (ids.empty()) fail("generate", invalid_argument("--prompt is empty"));
+    fmt::print("{}", a.prompt);
+    std::string text;
+    for (int64_t i = 0; i < a.max_tokens; ++i) {
+      // Full recompute over the last `ctx` tokens (the KV-cache path comes with the serving work).
+      const int64_t start = std::max<int64_t>(0, static_cast<int64_t>(ids.size()) - ctx);
+      const int64_t T = static_cast<int64_t>(ids.size()) - start;
+      auto r = m.forward(ids.data() + start, nullptr, 1, T);
+      if (!r.ok()) fail("generate", r.status());
+      const int32_t next = sample_token(m.logits() + (T - 1) * V, V, a.sampling, rng);
+      if (next == tk->eot_id()) break;
+      ids.push_back(next);
+      const std::string piece(tk->token_bytes(next));
+      text += piece;
+      fmt::print("{}", piece);
+      std::fflush(stdout);
+      if (!a.stop.empty() && text.find(a.stop) != std::string::npos) break;
+    }
+    fmt::print("\n---\n");
+  }
+}
+
+}  // namespace
+
+void register_train(CLI::App& app) {
+  auto data = std::make_shared<PrepareOptions>();
+  CLI::App* d = app.add_subcommand("data", "Corpus preparation");
+  d->require_subcommand(1);
+  CLI::App* prep = d->add_subcommand("prepare", "Text -> BPE tokenizer -> train/val token shards (reused later)");
+  prep->add_option("--text", data->text_file, "UTF-8 text file (default: the bundled King James Bible)");
+  prep->add_option("--out", data->out_dir, "Output directory");
+  prep->add_option("--vocab-size", data->vocab_size, "BPE vocabulary size")->check(CLI::Range(257, 65536));
+  prep->add_flag("--force", data->force, "Redo even when the files exist");
+  prep->callback([data] {
+    std::string log;
+    auto p = prepare_corpus(*data, &log);
+    if (!p.ok()) fail("data prepare", p.status());
+    fmt::print("{}\n", log);
+  });
+
+  auto ta = std::make_shared<TrainArgs>();
+  CLI::App* t = app.add_subcommand("train", "Train a model on a corpus (default: llama-tiny on the KJV Bible)");
+  t->add_option("--preset", ta->preset, "gpt2-124m | w1a | llama-tiny | w2-s | w2-l");
+  t->add_option("--text", ta->data.text_file, "UTF-8 text file (default: the bundled King James Bible)");
+  t->add_option("--data", ta->data.out_dir, "Prepared-data directory");
+  t->add_option("--vocab-size", ta->data.vocab_size, "BPE vocabulary size when preparing")->check(CLI::Range(257, 65536));
+  t->add_option("--out", ta->out, "Where to save the model (config.json, model.safetensors, tokenizer.json)");
+  t->add_option("--steps", ta->opt.max_steps, "Optimizer steps")->check(CLI::Range(int64_t{1}, int64_t{1} << 40));
+  t->add_option("--minutes", ta->minutes, "Stop after this many minutes (wall time)")->check(CLI::Range(0.0, 1e6));
+  t->add_option("--batch", ta->opt.batch, "Sequences per micro-batch")->check(CLI::Range(1, 4096));
+  t->add_option("--seq", ta->opt.seq_len, "Tokens per sequence")->check(CLI::Range(2, 1 << 20));
+  t->add_option("--grad-accum", ta->opt.grad_accum, "Micro-batches per step")->check(CLI::Range(1, 4096));
+  t->add_option("--lr", ta->opt.lr, "Peak learning rate")->check(CLI::Range(0.0, 10.0));
+  t->add_option("--warmup", ta->opt.warmup_steps, "Warm-up steps")->check(CLI::Range(0, 1 << 30));
+  t->add_option("--weight-decay", ta->opt.weight_decay, "AdamW decoupled weight decay (matrices only)")->check(CLI::Range(0.0, 10.0));
+  t->add_option("--clip", ta->opt.clip_norm, "Clip gradients to this global norm (0: off)")->check(CLI::Range(0.0, 1e9));
+  t->add_option("--eval-every", ta->opt.eval_every, "Validation loss every N steps")->check(CLI::Range(0, 1 << 30));
+  t->add_option("--eval-batches", ta->opt.eval_batches, "Validation batches per evaluation")->check(CLI::Range(1, 1 << 20));
+  t->add_option("--seed", ta->opt.seed, "Seed for weights and data order");
+  t->callback([ta] { run_train(*ta); });
+
+  auto ga = std::make_shared<GenArgs>();
+  CLI::App* g = app.add_subcommand("generate", "Generate text from a saved model");
+  g->add_option("--model", ga->model, "Model directory (config.json, model.safetensors, tokenizer.json)")->required();
+  g->add_option("--prompt", ga->prompt, "Prompt text");
+  g->add_option("--max-tokens", ga->max_tokens, "Tokens to generate")->check(CLI::Range(1, 1 << 20));
+  g->add_option("--temperature", ga->sampling.temperature, "0: greedy")->check(CLI::Range(0.0, 100.0));
+  g->add_option("--top-k", ga->sampling.top_k, "Keep the k most likely tokens (0: off)")->check(CLI::Range(0, 1 << 30));
+  g->add_option("--top-p", ga->sampling.top_p, "Nucleus sampling mass (1: off)")->check(CLI::Range(0.0, 1.0));
+  g->add_option("--stop", ga->stop, "Stop when this string appears");
+  g->add_option("--seed", ga->seed, "Sampling seed");
+  g->add_option("--samples", ga->samples, "Number of samples")->check(CLI::Range(1, 100));
+  g->callback([ga] { run_generate(*ga); });
+}
+
+}  // namespace kiln::app

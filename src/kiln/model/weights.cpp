@@ -1,0 +1,214 @@
+// safetensors writer/reader and HF config.json mapping.
+#include "kiln/model/weights.h"
+
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+
+#include <nlohmann/json.hpp>
+
+namespace kiln {
+namespace {
+
+namespace fs = std::filesystem;
+constexpr uint64_t kMaxHeaderBytes = 100ull << 20;
+
+// HF GPT-2 keeps these as Conv1D weights, (in, out): transposed from kiln's (out, in).
+bool hf_transposed(const ModelConfig& c, const std::string& name) {
+  if (c.family != ModelFamily::kGpt2) return false;
+  return name.ends_with("attn.c_attn.weight") || name.ends_with("attn.c_proj.weight") ||
+         name.ends_with("mlp.c_fc.weight") || name.ends_with("mlp.c_proj.weight");
+}
+
+Status write_atomic(const fs::path& path, const std::string& a, const char* b, size_t b_bytes) {
+  const fs::path tmp = path.string() + ".tmp";
+  {
+    std::ofstream out(tmp, std::ios::binary);
+    if (!out) return not_found("cannot write {}", tmp.string());
+    out.write(a.data(), static_cast<std::streamsize>(a.size()));
+    if (b_bytes) out.write(b, static_cast<std::streamsize>(b_bytes));
+    if (!out) return data_loss("write to {} failed", tmp.string());
+  }
+  std::error_code ec;
+  fs::rename(tmp, path, ec);
+  if (ec) return internal_error("rename {} -> {}: {}", tmp.string(), path.string(), ec.message());
+  return {};
+}
+
+}  // namespace
+
+std::string config_to_hf_json(const ModelConfig& c) {
+  nlohmann::ordered_json j;
+  if (c.family == ModelFamily::kGpt2) {
+    j = {{"architectures", {"GPT2LMHeadModel"}}, {"model_type", "gpt2"}, {"vocab_size", c.vocab_size},
+         {"n_embd", c.d_model}, {"n_layer", c.n_layers}, {"n_head", c.n_heads}, {"n_inner", c.d_ff},
+         {"n_positions", c.max_seq_len}, {"n_ctx", c.max_seq_len}, {"layer_norm_epsilon", c.norm_eps},
+         {"activation_function", "gelu_new"}, {"tie_word_embeddings", c.tied_embeddings},
+         {"torch_dtype", "float32"}};
+  } else {
+    j = {{"architectures", {"LlamaForCausalLM"}}, {"model_type", "llama"}, {"vocab_size", c.vocab_size},
+         {"hidden_size", c.d_model}, {"num_hidden_layers", c.n_layers}, {"num_attention_heads", c.n_heads},
+         {"num_key_value_heads", c.n_kv_heads}, {"intermediate_size", c.d_ff},
+         {"max_position_embeddings", c.max_seq_len}, {"rms_norm_eps", c.norm_eps}, {"rope_theta", c.rope_theta},
+         {"hidden_act", "silu"}, {"tie_word_embeddings", c.tied_embeddings}, {"attention_bias", false},
+         {"mlp_bias", false}, {"torch_dtype", "float32"}};
+  }
+  return j.dump(2);
+}
+
+Expected<ModelConfig> config_from_hf_json(const std::string& text) {
+  const nlohmann::json j = nlohmann::json::parse(text, nullptr, false);
+  if (j.is_discarded() || !j.is_object()) return data_loss("config.json is not a JSON object");
+  const std::string type = j.value("model_type", std::string());
+  auto get = [&](const char* key, int64_t fallback) -> Expected<int64_t> {
+    if (!j.contains(key)) {
+      if (fallback >= 0) return fallback;
+      return data_loss("config.json lacks \"{}\"", key);
+    }
+    if (!j[key].is_number_integer()) return data_loss("config.json \"{}\" is not an integer", key);
+    return j[key].get<int64_t>();
+  };
+  ModelConfig c;
+  if (type == "gpt2") {
+    c.family = ModelFamily::kGpt2;
+    KILN_ASSIGN_OR_RETURN(c.vocab_size, get("vocab_size", -1));
+    KILN_ASSIGN_OR_RETURN(c.d_model, get("n_embd", -1));
+    KILN_ASSIGN_OR_RETURN(c.n_layers, get("n_layer", -1));
+    KILN_ASSIGN_OR_RETURN(c.n_heads, get("n_head", -1));
+    c.n_kv_heads = c.n_heads;
+    KILN_ASSIGN_OR_RETURN(c.max_seq_len, get("n_positions", 1024));
+    c.d_ff = (j.contains("n_inner") && j["n_inner"].is_number_integer()) ? j["n_inner"].get<int64_t>() : 4 * c.d_model;
+    c.norm_eps = j.value("layer_norm_epsilon", 1e-5f);
+    c.tied_embeddings = j.value("tie_word_embeddings", true);
+    const std::string act = j.value("activation_function", std::string("gelu_new"));
+    if (act != "gelu_new" && act != "gelu_pytorch_tanh")
+      return unimplemented("GPT-2 activation_function '{}' (kiln implements the tanh GELU, gelu_new)", act);
+  } else if (type == "llama") {
+    c.family = ModelFamily::kLlama;
+    KILN_ASSIGN_OR_RETURN(c.vocab_size, get("vocab_size", -1));
+    KILN_ASSIGN_OR_RETURN(c.d_model, get("hidden_size", -1));
+    KILN_ASSIGN_OR_RETURN(c.n_layers, get("num_hidden_layers", -1));
+    KILN_ASSIGN_OR_RETURN(c.n_heads, get("num_attention_heads", -1));
+    KILN_ASSIGN_OR_RETURN(c.n_kv_heads, get("num_key_value_heads", c.n_heads));
+    KILN_ASSIGN_OR_RETURN(c.d_ff, get("intermediate_size", -1));
+    KILN_ASSIGN_OR_RETURN(c.max_seq_len, get("max_position_embeddings", 2048));
+    c.norm_eps = j.value("rms_norm_eps", 1e-6f);
+    c.rope_theta = j.value("rope_theta", 10000.0);
+    c.tied_embeddings = j.value("tie_word_embeddings", false);
+    if (j.contains("rope_scaling") && !j["rope_scaling"].is_null())
+      return unimplemented("Llama rope_scaling is not supported");
+    if (j.value("hidden_act", std::string("silu")) != "silu")
+      return unimplemented("Llama hidden_act '{}' (kiln implements silu)", j.value("hidden_act", std::string()));
+  } else {
+    return unimplemented("model_type '{}' (kiln loads 'llama' and 'gpt2')", type);
+  }
+  KILN_RETURN_IF_ERROR(check_config(c));
+  return c;
+}
+
+Status save_model(const std::string& dir, Transformer& model) {
+  std::error_code ec;
+  fs::create_directories(dir, ec);
+  if (ec) return not_found("cannot create {}: {}", dir, ec.message());
+  const ModelConfig& c = model.config();
+  KILN_RETURN_IF_ERROR(write_atomic(fs::path(dir) / "config.json", config_to_hf_json(c), nullptr, 0));
+  // Data: each tensor in HF layout, in entry order.
+  nlohmann::ordered_json header;
+  header["__metadata__"] = {{"format", "pt"}, {"writer", "kiln"}};
+  std::vector<float> data;
+  data.reserve(model.params().size());
+  for (const ParamEntry& e : model.param_entries()) {
+    const float* w = model.params().data() + e.offset;
+    const uint64_t begin = data.size() * 4;
+    std::vector<int64_t> shape(e.shape.begin(), e.shape.end());
+    if (hf_transposed(c, e.name)) {
+      const int64_t rows = e.shape[0], cols = e.shape[1];
+      for (int64_t j = 0; j < cols; ++j)
+        for (int64_t i = 0; i < rows; ++i) data.push_back(w[i * cols + j]);
+      std::swap(shape[0], shape[1]);
+    } else {
+      data.insert(data.end(), w, w + e.shape.numel());
+    }
+    header[e.name] = {{"dtype", "F32"}, {"shape", shape}, {"data_offsets", {begin, data.size() * 4}}};
+  }
+  std::string h = header.dump();
+  while ((h.size() + 8) % 8 != 0) h += ' ';  // align the data to 8 bytes
+  std::string prefix(8, '\0');
+  const uint64_t hlen = h.size();
+  std::memcpy(prefix.data(), &hlen, 8);
+  return write_atomic(fs::path(dir) / "model.safetensors", prefix + h, reinterpret_cast<const char*>(data.data()),
+                      data.size() * 4);
+}
+
+Expected<std::unique_ptr<Transformer>> load_model(const std::string& dir) {
+  const fs::path cfg_path = fs::path(dir) / "config.json", st_path = fs::path(dir) / "model.safetensors";
+  std::ifstream cfg_in(cfg_path);
+  if (!cfg_in) return not_found("{} not found (a model directory holds config.json and model.safetensors)", cfg_path.string());
+  std::string cfg_text((std::istreambuf_iterator<char>(cfg_in)), std::istreambuf_iterator<char>());
+  auto cfg = config_from_hf_json(cfg_text);
+  if (!cfg.ok()) return Status(cfg.status().code(), fmt::format("{}: {}", cfg_path.string(), cfg.status().message()));
+  KILN_ASSIGN_OR_RETURN(auto model, Transformer::create(*cfg, 0));
+
+  std::error_code ec;
+  const uint64_t size = fs::file_size(st_path, ec);
+  if (ec) return not_found("{}: {}", st_path.string(), ec.message());
+  std::ifstream in(st_path, std::ios::binary);
+  uint64_t hlen = 0;
+  if (size < 8 || !in.read(reinterpret_cast<char*>(&hlen), 8)) return data_loss("{}: too short", st_path.string());
+  if (hlen > kMaxHeaderBytes || hlen > size - 8)
+    return data_loss("{}: header length {} does not fit the file of {} bytes", st_path.string(), hlen, size);
+  std::string h(hlen, '\0');
+  if (!in.read(h.data(), static_cast<std::streamsize>(hlen))) return data_loss("{}: truncated header", st_path.string());
+  const nlohmann::json header = nlohmann::json::parse(h, nullptr, false);
+  if (header.is_discarded() || !header.is_object()) return data_loss("{}: header is not JSON", st_path.string());
+  const uint64_t data_start = 8 + hlen, data_bytes = size - data_start;
+  const ModelConfig& c = model->config();
+  std::vector<char> raw;
+  for (const ParamEntry& e : model->param_entries()) {
+    if (!header.contains(e.name)) return data_loss("{}: tensor {} is missing", st_path.string(), e.name);
+    const auto& t = header[e.name];
+    if (!t.is_object() || !t.contains("dtype") || !t.contains("shape") || !t.contains("data_offsets"))
+      return data_loss("{}: tensor {} has a malformed entry", st_path.string(), e.name);
+    const std::string dt = t["dtype"].is_string() ? t["dtype"].get<std::string>() : "";
+    DType dtype;
+    if (dt == "F32") dtype = DType::kF32;
+    else if (dt == "F16") dtype = DType::kF16;
+    else if (dt == "BF16") dtype = DType::kBF16;
+    else return unimplemented("{}: tensor {} has dtype '{}' (F32, F16 and BF16 load)", st_path.string(), e.name, dt);
+    std::vector<int64_t> want(e.shape.begin(), e.shape.end());
+    if (hf_transposed(c, e.name)) std::swap(want[0], want[1]);
+    std::vector<int64_t> got;
+    if (!t["shape"].is_array()) return data_loss("{}: tensor {} shape is not a list", st_path.string(), e.name);
+    for (const auto& d : t["shape"]) {
+      if (!d.is_number_integer()) return data_loss("{}: tensor {} shape is not integers", st_path.string(), e.name);
+      got.push_back(d.get<int64_t>());
+    }
+    if (got != want)
+      return invalid_argument("{}: tensor {} has shape [{}], the config needs [{}]", st_path.string(), e.name,
+                              fmt::join(got, ", "), fmt::join(want, ", "));
+    const auto& off = t["data_offsets"];
+    if (!off.is_array() || off.size() != 2 || !off[0].is_number_unsigned() || !off[1].is_number_unsigned())
+      return data_loss("{}: tensor {} has malformed data_offsets", st_path.string(), e.name);
+    const uint64_t b = off[0].get<uint64_t>(), en = off[1].get<uint64_t>();
+    const uint64_t need = static_cast<uint64_t>(e.shape.numel()) * static_cast<uint64_t>(dtype_bits(dtype) / 8);
+    if (b > en || en > data_bytes || en - b != need)
+      return data_loss("{}: tensor {} data [{}, {}) is outside the file or not {} bytes (file truncated?)",
+                       st_path.string(), e.name, b, en, need);
+    raw.resize(need);
+    in.seekg(static_cast<std::streamoff>(data_start + b));
+    if (!in.read(raw.data(), static_cast<std::streamsize>(need)))
+      return data_loss("{}: short read of tensor {}", st_path.string(), e.name);
+    float* w = model->params().data() + e.offset;
+    const int64_t n = e.shape.numel();
+    if (hf_transposed(c, e.name)) {
+      const int64_t rows = e.shape[0], cols = e.shape[1];  // kiln (rows, cols) from HF (cols, rows)
+      for (int64_t j = 0; j < cols; ++j)
+        for (int64_t i = 0; i < rows; ++i) w[i * cols + j] = load_as_f32(raw.data(), dtype, j * rows + i);
+    } else {
+      for (int64_t i = 0; i < n; ++i) w[i] = load_as_f32(raw.data(), dtype, i);
+    }
+  }
+  return model;
+}
+
+}  // namespace kiln

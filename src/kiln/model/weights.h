@@ -1,0 +1,24 @@
+// Model directories the way Hugging Face lays them out: config.json + model.safetensors with
+// HF tensor names (GPT-2's Conv1D weights stored transposed, as HF does), plus the
+// tokenizer.json when there is one. Loading checks every size it reads: a truncated or
+// corrupted file is an error naming the file and the tensor, never a crash.
+#pragma once
+
+#include <memory>
+#include <string>
+
+#include "kiln/core/status.h"
+#include "kiln/model/transformer.h"
+
+namespace kiln {
+
+// config.json (HF keys for LlamaForCausalLM / GPT2LMHeadModel) <-> ModelConfig.
+std::string config_to_hf_json(const ModelConfig& c);
+Expected<ModelConfig> config_from_hf_json(const std::string& text);
+
+// Writes dir/config.json and dir/model.safetensors (f32), each via a temporary file + rename.
+Status save_model(const std::string& dir, Transformer& model);
+// Reads dir/config.json and dir/model.safetensors (F32, F16 or BF16 tensors).
+Expected<std::unique_ptr<Transformer>> load_model(const std::string& dir);
+
+}  // namespace kiln

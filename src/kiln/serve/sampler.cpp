@@ -1,0 +1,36 @@
+// Sampling: sort candidates by logit, cut by top-k and top-p, draw from the renormalized rest.
+#include "kiln/serve/sampler.h"
+
+#include <algorithm>
+#include <cmath>
+#include <numeric>
+#include <vector>
+
+namespace kiln {
+
+int32_t sample_token(const float* logits, int64_t vocab, const SamplingParams& p, Rng& rng) {
+  if (p.temperature <= 0.0f) return static_cast<int32_t>(std::max_element(logits, logits + vocab) - logits);
+  std::vector<int32_t> idx(static_cast<size_t>(vocab));
+  std::iota(idx.begin(), idx.end(), 0);
+  int64_t k = (p.top_k > 0 && p.top_k < vocab) ? p.top_k : vocab;
+  std::partial_sort(idx.begin(), idx.begin() + k, idx.end(), [&](int32_t a, int32_t b) { return logits[a] > logits[b]; });
+  std::vector<double> probs(static_cast<size_t>(k));
+  const double mx = logits[idx[0]];
+  double sum = 0;
+  for (int64_t i = 0; i < k; ++i) sum += probs[i] = std::exp((logits[idx[i]] - mx) / p.temperature);
+  if (p.top_p < 1.0f) {  // keep the smallest prefix whose mass reaches top_p
+    double mass = 0;
+    int64_t keep = 0;
+    while (keep < k && mass < p.top_p * sum) mass += probs[keep++];
+    k = std::max<int64_t>(keep, 1);
+    sum = mass;
+  }
+  double r = rng.uniform() * sum;
+  for (int64_t i = 0; i < k; ++i) {
+    r -= probs[i];
+    if (r <= 0) return idx[i];
+  }
+  return idx[k - 1];
+}
+
+}  // namespace kiln

@@ -1,0 +1,50 @@
+// The training loop: AdamW (fused kernel, decoupled weight decay on matrices only), cosine
+// learning rate with linear warm-up, clipping by global gradient norm, gradient accumulation,
+// periodic validation loss, deterministic given the seed.
+#pragma once
+
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "kiln/kernels/adamw.h"
+#include "kiln/model/transformer.h"
+#include "kiln/train/data.h"
+
+namespace kiln {
+
+struct TrainOptions {
+  int64_t batch = 8, seq_len = 256;
+  int64_t max_steps = 1000;
+  double max_seconds = 0;   // > 0: stop after this much wall time
+  int64_t grad_accum = 1;
+  double lr = 3e-3, min_lr_fraction = 0.1;
+  int64_t warmup_steps = 50;
+  double weight_decay = 0.1, beta1 = 0.9, beta2 = 0.95;
+  double clip_norm = 1.0;   // 0: no clipping
+  int64_t eval_every = 100, eval_batches = 8;
+  uint64_t seed = 1;
+};
+
+struct StepStats {
+  int64_t step = 0;
+  float loss = 0;
+  double lr = 0, grad_norm = 0;
+  double tokens_per_second = 0;
+  double seconds = 0;          // wall time of this step
+  double elapsed = 0;          // since the start
+  double val_loss = -1;        // >= 0 on evaluation steps
+};
+
+// Learning rate at `step` (1-based): linear warm-up, then cosine decay to min_lr_fraction·lr.
+double learning_rate(const TrainOptions& o, int64_t step, int64_t total_steps);
+
+// Trains `model` on train (evaluating on val when not null); calls on_step after each step.
+// Returns the stats of every step.
+std::vector<StepStats> train(Transformer& model, const TokenShard& train_data, const TokenShard* val_data,
+                             const TrainOptions& options, const std::function<void(const StepStats&)>& on_step);
+
+// Mean loss over up to `batches` sequential validation batches.
+double evaluate(Transformer& model, const TokenShard& data, int64_t batch, int64_t seq_len, int64_t batches);
+
+}  // namespace kiln
