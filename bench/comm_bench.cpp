@@ -130,22 +130,30 @@ double max_over_ranks(Communicator& c, double v) {
   return out;
 }
 
-// Seconds per call: `reps` repetitions, each the slowest rank's mean over enough calls to
-// last ~20 ms (the same count on every rank), after two warm-up calls.
-Summary time_collective(Communicator& c, CollOp op, Algo algo, const std::byte* send,
-                        std::byte* recv, int64_t count, DType t, ReduceOp rop, int reps) {
-  auto run = [&](int iters) {
+// Seconds per call of each algorithm in `algos`: `reps` rounds, each running every algorithm
+// in turn (so the machine's noise hits all of them alike) for the slowest rank's mean over
+// enough calls to last ~10 ms (the same count on every rank), after two warm-up calls.
+std::vector<Summary> time_collectives(Communicator& c, CollOp op, const std::vector<Algo>& algos,
+                                      const std::byte* send, std::byte* recv, int64_t count,
+                                      DType t, ReduceOp rop, int reps) {
+  auto run = [&](Algo algo, int iters) {
     c.barrier();
     const double t0 = now_seconds();
     for (int i = 0; i < iters; ++i) call(c, op, algo, send, recv, count, t, rop).check_ok(__FILE__, __LINE__);
     return max_over_ranks(c, (now_seconds() - t0) / iters);
   };
-  run(1);
-  const double one = run(1);
-  const int iters = static_cast<int>(std::clamp(0.02 / std::max(one, 1e-7), 1.0, 2000.0));
-  std::vector<double> v;
-  for (int i = 0; i < reps; ++i) v.push_back(run(iters));
-  return summarize(v);
+  std::vector<int> iters;
+  for (Algo a : algos) {
+    run(a, 1);
+    const double one = run(a, 1);
+    iters.push_back(static_cast<int>(std::clamp(0.01 / std::max(one, 1e-7), 1.0, 4000.0)));
+  }
+  std::vector<std::vector<double>> v(algos.size());
+  for (int rep = 0; rep < reps; ++rep)
+    for (size_t k = 0; k < algos.size(); ++k) v[k].push_back(run(algos[k], iters[k]));
+  std::vector<Summary> out;
+  for (auto& x : v) out.push_back(summarize(x));
+  return out;
 }
 
 struct Row {
@@ -219,8 +227,8 @@ int calibrate(Communicator& c, const CommBenchOptions& opt, std::byte* send, std
         const int64_t count = count_arg(op, size, p, 4);
         if (count == 0) continue;
         fill_inputs(op, p, c.rank(), send, recv, count, DType::kF32);
-        const Summary s = time_collective(c, op, info.algo, send, recv, count, DType::kF32,
-                                          ReduceOp::kSum, 3);
+        const Summary s = time_collectives(c, op, {info.algo}, send, recv, count, DType::kF32,
+                                           ReduceOp::kSum, 3)[0];
         const dist::AlgoCost terms = dist::algo_cost(op, info.algo, p, static_cast<double>(size));
         steps.push_back(terms.steps);
         bytes.push_back(terms.bw_bytes);
@@ -313,15 +321,23 @@ int run_comm_bench(const CommBenchOptions& opt) {
       for (int64_t size : sizes) {
         const int64_t count = count_arg(*op, size, p, es);
         if (count == 0) continue;
+        fill_inputs(*op, p, r, send.get(), recv.get(), count, *dtype);
+        const std::vector<Summary> times =
+            time_collectives(c, *op, algos, send.get(), recv.get(), count, *dtype, *rop, opt.reps);
         std::vector<Row> rows;
-        for (Algo a : algos) {
-          fill_inputs(*op, p, r, send.get(), recv.get(), count, *dtype);
+        for (size_t k = 0; k < algos.size(); ++k) {
           Row row;
           row.size = size;
           row.count = count;
-          row.algo = a;
-          row.resolved = a == Algo::kAuto ? dist::resolve_algo(c, *op, size) : a;
-          row.t = time_collective(c, *op, a, send.get(), recv.get(), count, *dtype, *rop, opt.reps);
+          row.algo = algos[k];
+          row.resolved = algos[k] == Algo::kAuto ? dist::resolve_algo(c, *op, size) : algos[k];
+          row.t = times[k];
+          // #wrong: one more call on a poisoned output, checked against the direct computation.
+          if (*op != CollOp::kBroadcast || r != 0) {
+            const bool per_rank = *op == CollOp::kAllGather || *op == CollOp::kAllToAll;
+            std::memset(recv.get(), 0xff, count * es * (per_rank ? p : 1));
+          }
+          call(c, *op, algos[k], send.get(), recv.get(), count, *dtype, *rop).check_ok(__FILE__, __LINE__);
           int64_t wrong = count_wrong(*op, p, r, recv.get(), count, *dtype, *rop), total = 0;
           MPI_Allreduce(&wrong, &total, 1, MPI_INT64_T, MPI_SUM, c.handle());
           row.wrong = total;

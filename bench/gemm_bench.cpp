@@ -5,6 +5,8 @@
 
 #include <fmt/format.h>
 
+#include <time.h>
+
 #include <algorithm>
 #include <chrono>
 #include <functional>
@@ -63,11 +65,22 @@ struct Row {
   double bytes_b = 0;           // weight bytes per call (decode rows)
 };
 
+double process_cpu_seconds() {
+  timespec ts{};
+  clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
+  return static_cast<double>(ts.tv_sec) + 1e-9 * static_cast<double>(ts.tv_nsec);
+}
+
+// Before another implementation runs on several threads, waits until the previous one's
+// workers stop spinning (OpenBLAS spins ~2^28 cycles after a call, OpenMP and kiln's pool less):
+// sleeps in 5 ms steps until the process uses < 10% of a core, at most 400 ms.
 void settle(int threads, const std::string& previous) {
-  if (threads <= 1) return;
-  // OpenBLAS workers spin ~2^28 cycles after a call before sleeping; OpenMP and kiln's pool far
-  // less. Let them go idle so the next implementation gets both cores.
-  std::this_thread::sleep_for(std::chrono::milliseconds(previous == "openblas" ? 150 : 3));
+  if (threads <= 1 || previous.empty()) return;
+  for (int i = 0; i < 80; ++i) {
+    const double c0 = process_cpu_seconds(), w0 = now_seconds();
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    if (process_cpu_seconds() - c0 < 0.1 * (now_seconds() - w0)) return;
+  }
 }
 
 // Times each impl `reps` times (after one warm-up), interleaved; each sample runs `inner` calls,

@@ -1,9 +1,9 @@
 // Elementwise helper cases (add, scale, accumulate, exp and tanh arrays) for the kernel
 // harness, plus the accuracy of the SIMD exp and tanh in ulp on every supported target,
 // the numbers stated in src/kiln/kernels/cpu/vec.h.
-#include <cmath>
-
 #include <gtest/gtest.h>
+
+#include <cmath>
 
 #include "kiln/core/cpu_features.h"
 #include "kiln/kernels/elementwise.h"
@@ -45,41 +45,42 @@ KILN_KERNEL_CASES(elementwise) {
   for (int64_t rows : kCaseRows) {
     for (int64_t cols : kCaseCols) {
       const int64_t n = rows * cols;
-      cases.push_back({fmt::format("n={}", n), [n] {
-        Rng rng(900 + n);
-        const std::vector<float> a = random_vector(rng, n, -3.0f, 3.0f);
-        const std::vector<float> b = random_vector(rng, n, -3.0f, 3.0f);
-        std::vector<Compare> out;
-        std::vector<float> e(n), c(n, NAN);
-        ref::add(e.data(), a.data(), b.data(), n);
-        cpu::add(c.data(), a.data(), b.data(), n);
-        out.push_back({"add", e, c, 0.0});  // one rounding, same on every target: exact
-        ref::scale(e.data(), a.data(), 0.37f, n);
-        cpu::scale(c.data(), a.data(), 0.37f, n);
-        out.push_back({"scale", e, c, 0.0});
-        e = b;
-        c = b;
-        ref::accumulate(e.data(), a.data(), n);
-        cpu::accumulate(c.data(), a.data(), n);
-        out.push_back({"accumulate", e, c, 0.0});
-        ref::exp_array(e.data(), a.data(), n);
-        cpu::exp_array(c.data(), a.data(), n);
-        out.push_back({"exp", e, c, kTolElementwise});
-        ref::tanh_array(e.data(), a.data(), n);
-        cpu::tanh_array(c.data(), a.data(), n);
-        out.push_back({"tanh", e, c, kTolElementwise});
-        return out;
-      }});
+      cases.push_back(
+          {fmt::format("n={}", n), [n] {
+             Rng rng(900 + n);
+             const std::vector<float> a = random_vector(rng, n, -3.0f, 3.0f);
+             const std::vector<float> b = random_vector(rng, n, -3.0f, 3.0f);
+             std::vector<Compare> out;
+             std::vector<float> e(n), c(n, NAN);
+             ref::add(e.data(), a.data(), b.data(), n);
+             cpu::add(c.data(), a.data(), b.data(), n);
+             out.push_back({"add", e, c, 0.0});  // one rounding, same on every target: exact
+             ref::scale(e.data(), a.data(), 0.37f, n);
+             cpu::scale(c.data(), a.data(), 0.37f, n);
+             out.push_back({"scale", e, c, 0.0});
+             e = b;
+             c = b;
+             ref::accumulate(e.data(), a.data(), n);
+             cpu::accumulate(c.data(), a.data(), n);
+             out.push_back({"accumulate", e, c, 0.0});
+             ref::exp_array(e.data(), a.data(), n);
+             cpu::exp_array(c.data(), a.data(), n);
+             out.push_back({"exp", e, c, kTolElementwise});
+             ref::tanh_array(e.data(), a.data(), n);
+             cpu::tanh_array(c.data(), a.data(), n);
+             out.push_back({"tanh", e, c, kTolElementwise});
+             return out;
+           }});
     }
   }
   cases.push_back({"exp edges", [] {  // overflow to inf: see SimdMath.ExpEdges
-    const std::vector<float> x = {-INFINITY, -1000.0f, -87.0f, -20.0f, -1e-30f, 0.0f, 1e-30f,
-                                  0.5f, 20.0f, 88.0f};
-    std::vector<float> e(x.size()), c(x.size(), NAN);
-    ref::exp_array(e.data(), x.data(), static_cast<int64_t>(x.size()));
-    cpu::exp_array(c.data(), x.data(), static_cast<int64_t>(x.size()));
-    return std::vector<Compare>{{"exp", e, c, kTolElementwise}};
-  }});
+                     const std::vector<float> x = {-INFINITY, -1000.0f, -87.0f, -20.0f, -1e-30f,
+                                                   0.0f,      1e-30f,   0.5f,   20.0f,  88.0f};
+                     std::vector<float> e(x.size()), c(x.size(), NAN);
+                     ref::exp_array(e.data(), x.data(), static_cast<int64_t>(x.size()));
+                     cpu::exp_array(c.data(), x.data(), static_cast<int64_t>(x.size()));
+                     return std::vector<Compare>{{"exp", e, c, kTolElementwise}};
+                   }});
   return cases;
 }
 
@@ -90,10 +91,10 @@ TEST(SimdMath, ExpAndTanhUlpError) {
   for (const auto& info : kSimdTargets) {
     if (!set_simd_target(info.target)) continue;
     float wx = 0, wt = 0;
-    const double exp_ulp = max_ulp(&cpu::exp_array, [](double x) { return std::exp(x); },
-                                   -87.3f, 88.3f, &wx);
-    const double tanh_ulp = max_ulp(&cpu::tanh_array, [](double x) { return std::tanh(x); },
-                                    -10.0f, 10.0f, &wt);
+    const double exp_ulp = max_ulp(
+        &cpu::exp_array, [](double x) { return std::exp(x); }, -87.3f, 88.3f, &wx);
+    const double tanh_ulp = max_ulp(
+        &cpu::tanh_array, [](double x) { return std::tanh(x); }, -10.0f, 10.0f, &wt);
     EXPECT_LE(exp_ulp, 2.0) << info.name << " worst at x=" << wx;
     EXPECT_LE(tanh_ulp, 2.0) << info.name << " worst at x=" << wt;
     RecordProperty(std::string(info.name) + "_exp_max_ulp", fmt::format("{:.2f}", exp_ulp));

@@ -26,22 +26,24 @@ KILN_KERNEL_CASES(embedding) {
     for (int64_t tokens : {1, 17, 64, 300}) {
       for (int64_t cols : {1, 7, 65, 768}) {
         if (vocab * cols > 100000) continue;  // keeps the case fast; C = 768 runs with V = 5
-        cases.push_back({fmt::format("V={} N={} C={}", vocab, tokens, cols), [=] {
-          Rng rng(1200 + vocab + tokens + cols);
-          const std::vector<float> w = random_vector(rng, vocab * cols);
-          // ids from a small range: most repeat
-          const std::vector<int32_t> ids = random_ids(rng, tokens, std::min<int64_t>(vocab, 5));
-          const std::vector<float> dy = random_vector(rng, tokens * cols);
-          const std::vector<float> dw0 = random_vector(rng, vocab * cols);
-          std::vector<float> y_ref(tokens * cols), y_cpu(tokens * cols, NAN);
-          ref::embedding_forward(y_ref.data(), ids.data(), w.data(), tokens, vocab, cols);
-          cpu::embedding_forward(y_cpu.data(), ids.data(), w.data(), tokens, vocab, cols);
-          std::vector<float> dw_ref = dw0, dw_cpu = dw0;
-          ref::embedding_backward(dw_ref.data(), dy.data(), ids.data(), tokens, vocab, cols);
-          cpu::embedding_backward(dw_cpu.data(), dy.data(), ids.data(), tokens, vocab, cols);
-          return std::vector<Compare>{{"out", y_ref, y_cpu, 0.0},
-                                      {"dweight", dw_ref, dw_cpu, 0.0}};
-        }});
+        cases.push_back(
+            {fmt::format("V={} N={} C={}", vocab, tokens, cols), [=] {
+               Rng rng(1200 + vocab + tokens + cols);
+               const std::vector<float> w = random_vector(rng, vocab * cols);
+               // ids from a small range: most repeat
+               const std::vector<int32_t> ids =
+                   random_ids(rng, tokens, std::min<int64_t>(vocab, 5));
+               const std::vector<float> dy = random_vector(rng, tokens * cols);
+               const std::vector<float> dw0 = random_vector(rng, vocab * cols);
+               std::vector<float> y_ref(tokens * cols), y_cpu(tokens * cols, NAN);
+               ref::embedding_forward(y_ref.data(), ids.data(), w.data(), tokens, vocab, cols);
+               cpu::embedding_forward(y_cpu.data(), ids.data(), w.data(), tokens, vocab, cols);
+               std::vector<float> dw_ref = dw0, dw_cpu = dw0;
+               ref::embedding_backward(dw_ref.data(), dy.data(), ids.data(), tokens, vocab, cols);
+               cpu::embedding_backward(dw_cpu.data(), dy.data(), ids.data(), tokens, vocab, cols);
+               return std::vector<Compare>{{"out", y_ref, y_cpu, 0.0},
+                                           {"dweight", dw_ref, dw_cpu, 0.0}};
+             }});
       }
     }
   }
@@ -49,18 +51,18 @@ KILN_KERNEL_CASES(embedding) {
     for (int64_t seq : {1, 17, 64}) {
       for (int64_t cols : {7, 768}) {
         cases.push_back({fmt::format("positional B={} T={} C={}", batch, seq, cols), [=] {
-          Rng rng(1300 + batch + seq + cols);
-          const std::vector<float> wpe = random_vector(rng, seq * cols);
-          const std::vector<float> x = random_vector(rng, batch * seq * cols);
-          const std::vector<float> dwpe0 = random_vector(rng, seq * cols);
-          std::vector<float> y_ref = x, y_cpu = x, d_ref = dwpe0, d_cpu = dwpe0;
-          ref::positional_forward(y_ref.data(), wpe.data(), batch, seq, cols);
-          cpu::positional_forward(y_cpu.data(), wpe.data(), batch, seq, cols);
-          ref::positional_backward(d_ref.data(), x.data(), batch, seq, cols);
-          cpu::positional_backward(d_cpu.data(), x.data(), batch, seq, cols);
-          return std::vector<Compare>{{"x + wpe", y_ref, y_cpu, 0.0},
-                                      {"dwpe", d_ref, d_cpu, 0.0}};
-        }});
+                           Rng rng(1300 + batch + seq + cols);
+                           const std::vector<float> wpe = random_vector(rng, seq * cols);
+                           const std::vector<float> x = random_vector(rng, batch * seq * cols);
+                           const std::vector<float> dwpe0 = random_vector(rng, seq * cols);
+                           std::vector<float> y_ref = x, y_cpu = x, d_ref = dwpe0, d_cpu = dwpe0;
+                           ref::positional_forward(y_ref.data(), wpe.data(), batch, seq, cols);
+                           cpu::positional_forward(y_cpu.data(), wpe.data(), batch, seq, cols);
+                           ref::positional_backward(d_ref.data(), x.data(), batch, seq, cols);
+                           cpu::positional_backward(d_cpu.data(), x.data(), batch, seq, cols);
+                           return std::vector<Compare>{{"x + wpe", y_ref, y_cpu, 0.0},
+                                                       {"dwpe", d_ref, d_cpu, 0.0}};
+                         }});
       }
     }
   }

@@ -2,9 +2,9 @@
 // statistics, backward dinp and the += parameter gradients) over rows × cols including odd
 // sizes, and the reference backward against finite differences of a double-precision forward.
 // Tolerances: see ops_cases_util.h (row reductions: kTolReduction).
-#include <cmath>
-
 #include <gtest/gtest.h>
+
+#include <cmath>
 
 #include "kiln/core/thread_pool.h"
 #include "kiln/kernels/norm.h"
@@ -64,46 +64,48 @@ KILN_KERNEL_CASES(layernorm) {
   for (int64_t rows : kCaseRows) {
     for (int64_t cols : kCaseCols) {
       cases.push_back({fmt::format("rows={} cols={}", rows, cols), [rows, cols] {
-        const NormInputs in = norm_inputs(rows, cols, 100 * rows + cols);
-        const size_t n = in.x.size();
-        std::vector<float> y_ref(n), y_cpu(n), mean_ref(rows), mean_cpu(rows), rstd_ref(rows),
-            rstd_cpu(rows);
-        ref::layernorm_forward(y_ref.data(), mean_ref.data(), rstd_ref.data(), in.x.data(),
-                               in.w.data(), in.b.data(), rows, cols);
-        cpu::layernorm_forward(y_cpu.data(), mean_cpu.data(), rstd_cpu.data(), in.x.data(),
-                               in.w.data(), in.b.data(), rows, cols);
-        // the backward gets the same saved statistics, so it is compared on its own
-        std::vector<float> dx_ref(n), dx_cpu(n, NAN), dw_ref = in.dw0, dw_cpu = in.dw0,
-                                      db_ref = in.db0, db_cpu = in.db0;
-        ref::layernorm_backward(dx_ref.data(), dw_ref.data(), db_ref.data(), in.dy.data(),
-                                in.x.data(), in.w.data(), mean_ref.data(), rstd_ref.data(), rows,
-                                cols);
-        cpu::layernorm_backward(dx_cpu.data(), dw_cpu.data(), db_cpu.data(), in.dy.data(),
-                                in.x.data(), in.w.data(), mean_ref.data(), rstd_ref.data(), rows,
-                                cols);
-        std::vector<Compare> out{{"out", y_ref, y_cpu, kTolReduction},
-                                 {"mean", mean_ref, mean_cpu, kTolReduction},
-                                 {"rstd", rstd_ref, rstd_cpu, kTolReduction},
-                                 {"dweight", dw_ref, dw_cpu, kTolReduction},
-                                 {"dbias", db_ref, db_cpu, kTolReduction}};
-        // At cols = 1 the exact dinp is 0 (the output does not depend on x): the fp32 kernel
-        // returns rounding noise of g - mean(g) ~ u·|g|·rstd, and a relative measure against
-        // 0 is meaningless, so dinp is compared from cols = 7 up.
-        if (cols > 1) out.push_back({"dinp", dx_ref, dx_cpu, kTolReduction});
-        return out;
-      }});
+                         const NormInputs in = norm_inputs(rows, cols, 100 * rows + cols);
+                         const size_t n = in.x.size();
+                         std::vector<float> y_ref(n), y_cpu(n), mean_ref(rows), mean_cpu(rows),
+                             rstd_ref(rows), rstd_cpu(rows);
+                         ref::layernorm_forward(y_ref.data(), mean_ref.data(), rstd_ref.data(),
+                                                in.x.data(), in.w.data(), in.b.data(), rows, cols);
+                         cpu::layernorm_forward(y_cpu.data(), mean_cpu.data(), rstd_cpu.data(),
+                                                in.x.data(), in.w.data(), in.b.data(), rows, cols);
+                         // the backward gets the same saved statistics, so it is compared on its
+                         // own
+                         std::vector<float> dx_ref(n), dx_cpu(n, NAN),
+                             dw_ref = in.dw0, dw_cpu = in.dw0, db_ref = in.db0, db_cpu = in.db0;
+                         ref::layernorm_backward(dx_ref.data(), dw_ref.data(), db_ref.data(),
+                                                 in.dy.data(), in.x.data(), in.w.data(),
+                                                 mean_ref.data(), rstd_ref.data(), rows, cols);
+                         cpu::layernorm_backward(dx_cpu.data(), dw_cpu.data(), db_cpu.data(),
+                                                 in.dy.data(), in.x.data(), in.w.data(),
+                                                 mean_ref.data(), rstd_ref.data(), rows, cols);
+                         std::vector<Compare> out{{"out", y_ref, y_cpu, kTolReduction},
+                                                  {"mean", mean_ref, mean_cpu, kTolReduction},
+                                                  {"rstd", rstd_ref, rstd_cpu, kTolReduction},
+                                                  {"dweight", dw_ref, dw_cpu, kTolReduction},
+                                                  {"dbias", db_ref, db_cpu, kTolReduction}};
+                         // At cols = 1 the exact dinp is 0 (the output does not depend on x): the
+                         // fp32 kernel returns rounding noise of g - mean(g) ~ u·|g|·rstd, and a
+                         // relative measure against 0 is meaningless, so dinp is compared from cols
+                         // = 7 up.
+                         if (cols > 1) out.push_back({"dinp", dx_ref, dx_cpu, kTolReduction});
+                         return out;
+                       }});
     }
   }
   // in place: out aliases inp
   cases.push_back({"in place rows=5 cols=300", [] {
-    const NormInputs in = norm_inputs(5, 300, 7);
-    std::vector<float> y_ref(in.x.size()), y_cpu = in.x;
-    ref::layernorm_forward(y_ref.data(), nullptr, nullptr, in.x.data(), in.w.data(), in.b.data(),
-                           5, 300);
-    cpu::layernorm_forward(y_cpu.data(), nullptr, nullptr, y_cpu.data(), in.w.data(),
-                           in.b.data(), 5, 300);
-    return std::vector<Compare>{{"out", y_ref, y_cpu, kTolReduction}};
-  }});
+                     const NormInputs in = norm_inputs(5, 300, 7);
+                     std::vector<float> y_ref(in.x.size()), y_cpu = in.x;
+                     ref::layernorm_forward(y_ref.data(), nullptr, nullptr, in.x.data(),
+                                            in.w.data(), in.b.data(), 5, 300);
+                     cpu::layernorm_forward(y_cpu.data(), nullptr, nullptr, y_cpu.data(),
+                                            in.w.data(), in.b.data(), 5, 300);
+                     return std::vector<Compare>{{"out", y_ref, y_cpu, kTolReduction}};
+                   }});
   return cases;
 }
 
@@ -111,25 +113,28 @@ KILN_KERNEL_CASES(rmsnorm) {
   std::vector<KernelCase> cases;
   for (int64_t rows : kCaseRows) {
     for (int64_t cols : kCaseCols) {
-      cases.push_back({fmt::format("rows={} cols={}", rows, cols), [rows, cols] {
-        const NormInputs in = norm_inputs(rows, cols, 200 * rows + cols);
-        const size_t n = in.x.size();
-        std::vector<float> y_ref(n), y_cpu(n), rstd_ref(rows), rstd_cpu(rows);
-        ref::rmsnorm_forward(y_ref.data(), rstd_ref.data(), in.x.data(), in.w.data(), rows, cols);
-        cpu::rmsnorm_forward(y_cpu.data(), rstd_cpu.data(), in.x.data(), in.w.data(), rows, cols);
-        std::vector<float> dx_ref(n), dx_cpu(n, NAN), dw_ref = in.dw0, dw_cpu = in.dw0;
-        ref::rmsnorm_backward(dx_ref.data(), dw_ref.data(), in.dy.data(), in.x.data(),
-                              in.w.data(), rstd_ref.data(), rows, cols);
-        cpu::rmsnorm_backward(dx_cpu.data(), dw_cpu.data(), in.dy.data(), in.x.data(),
-                              in.w.data(), rstd_ref.data(), rows, cols);
-        std::vector<Compare> out{{"out", y_ref, y_cpu, kTolReduction},
-                                 {"rstd", rstd_ref, rstd_cpu, kTolReduction},
-                                 {"dweight", dw_ref, dw_cpu, kTolReduction}};
-        // At cols = 1 the exact dinp = dy·w·eps/(x² + eps)^1.5 is ~1e-6 of its terms, all
-        // cancellation in fp32 (as in layernorm): compared from cols = 7 up.
-        if (cols > 1) out.push_back({"dinp", dx_ref, dx_cpu, kTolReduction});
-        return out;
-      }});
+      cases.push_back(
+          {fmt::format("rows={} cols={}", rows, cols), [rows, cols] {
+             const NormInputs in = norm_inputs(rows, cols, 200 * rows + cols);
+             const size_t n = in.x.size();
+             std::vector<float> y_ref(n), y_cpu(n), rstd_ref(rows), rstd_cpu(rows);
+             ref::rmsnorm_forward(y_ref.data(), rstd_ref.data(), in.x.data(), in.w.data(), rows,
+                                  cols);
+             cpu::rmsnorm_forward(y_cpu.data(), rstd_cpu.data(), in.x.data(), in.w.data(), rows,
+                                  cols);
+             std::vector<float> dx_ref(n), dx_cpu(n, NAN), dw_ref = in.dw0, dw_cpu = in.dw0;
+             ref::rmsnorm_backward(dx_ref.data(), dw_ref.data(), in.dy.data(), in.x.data(),
+                                   in.w.data(), rstd_ref.data(), rows, cols);
+             cpu::rmsnorm_backward(dx_cpu.data(), dw_cpu.data(), in.dy.data(), in.x.data(),
+                                   in.w.data(), rstd_ref.data(), rows, cols);
+             std::vector<Compare> out{{"out", y_ref, y_cpu, kTolReduction},
+                                      {"rstd", rstd_ref, rstd_cpu, kTolReduction},
+                                      {"dweight", dw_ref, dw_cpu, kTolReduction}};
+             // At cols = 1 the exact dinp = dy·w·eps/(x² + eps)^1.5 is ~1e-6 of its terms, all
+             // cancellation in fp32 (as in layernorm): compared from cols = 7 up.
+             if (cols > 1) out.push_back({"dinp", dx_ref, dx_cpu, kTolReduction});
+             return out;
+           }});
     }
   }
   return cases;
@@ -182,16 +187,14 @@ KILN_GRAD_CASES(rmsnorm) {
                             rows, cols);
       return which == 0 ? dx : dw;
     };
-    cases.push_back({fmt::format("dinp rows={} cols={}", rows, cols), in.x,
-                     [=](const std::vector<float>& x) {
-                       return dot_d(in.dy, rmsnorm_d(x, in.w, rows, cols));
-                     },
-                     [=](const std::vector<float>& x) { return backward(x, in.w, 0); }});
-    cases.push_back({fmt::format("dweight rows={} cols={}", rows, cols), in.w,
-                     [=](const std::vector<float>& w) {
-                       return dot_d(in.dy, rmsnorm_d(in.x, w, rows, cols));
-                     },
-                     [=](const std::vector<float>& w) { return backward(in.x, w, 1); }});
+    cases.push_back(
+        {fmt::format("dinp rows={} cols={}", rows, cols), in.x,
+         [=](const std::vector<float>& x) { return dot_d(in.dy, rmsnorm_d(x, in.w, rows, cols)); },
+         [=](const std::vector<float>& x) { return backward(x, in.w, 0); }});
+    cases.push_back(
+        {fmt::format("dweight rows={} cols={}", rows, cols), in.w,
+         [=](const std::vector<float>& w) { return dot_d(in.dy, rmsnorm_d(in.x, w, rows, cols)); },
+         [=](const std::vector<float>& w) { return backward(in.x, w, 1); }});
   }
   return cases;
 }
@@ -199,24 +202,34 @@ KILN_GRAD_CASES(rmsnorm) {
 // The cpu parameter gradients are reduced per column by one task: the same bits for any
 // thread count.
 TEST(NormKernels, BackwardIsDeterministicAcrossThreadCounts) {
-  const int64_t rows = 64, cols = 1000;
+  const int64_t rows = 200, cols = 1000;  // 7 row blocks over 1 or 3 threads
   const NormInputs in = norm_inputs(rows, cols, 5);
   std::vector<float> y(in.x.size()), mean(rows), rstd(rows);
-  cpu::layernorm_forward(y.data(), mean.data(), rstd.data(), in.x.data(), in.w.data(),
-                         in.b.data(), rows, cols);
+  cpu::layernorm_forward(y.data(), mean.data(), rstd.data(), in.x.data(), in.w.data(), in.b.data(),
+                         rows, cols);
   std::vector<float> runs[2][3];
   const int saved = num_threads();
   for (int k = 0; k < 2; ++k) {
     set_num_threads(k == 0 ? 1 : 3);
     std::vector<float> dx(in.x.size()), dw = in.dw0, db = in.db0;
-    cpu::layernorm_backward(dx.data(), dw.data(), db.data(), in.dy.data(), in.x.data(),
-                            in.w.data(), mean.data(), rstd.data(), rows, cols);
+    cpu::layernorm_backward(dx.data(), dw.data(), db.data(), in.dy.data(), in.x.data(), in.w.data(),
+                            mean.data(), rstd.data(), rows, cols);
     runs[k][0] = dx;
     runs[k][1] = dw;
     runs[k][2] = db;
   }
+  std::vector<float> rms[2][2];
+  for (int k = 0; k < 2; ++k) {
+    set_num_threads(k == 0 ? 1 : 3);
+    std::vector<float> dx(in.x.size()), dw = in.dw0;
+    cpu::rmsnorm_backward(dx.data(), dw.data(), in.dy.data(), in.x.data(), in.w.data(), rstd.data(),
+                          rows, cols);
+    rms[k][0] = dx;
+    rms[k][1] = dw;
+  }
   set_num_threads(saved);
-  for (int j = 0; j < 3; ++j) EXPECT_EQ(runs[0][j], runs[1][j]) << "output " << j;
+  for (int j = 0; j < 3; ++j) EXPECT_EQ(runs[0][j], runs[1][j]) << "layernorm output " << j;
+  for (int j = 0; j < 2; ++j) EXPECT_EQ(rms[0][j], rms[1][j]) << "rmsnorm output " << j;
 }
 
 }  // namespace kiln::testing

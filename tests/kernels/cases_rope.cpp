@@ -2,9 +2,9 @@
 // (odd head_dim/2, position offsets for decode, in place), the reference backward against
 // finite differences, the rotate_half pairing on a hand-checked example, and the argument
 // checks. Tolerance: kTolElementwise (one rotation per pair, a few roundings).
-#include <cmath>
-
 #include <gtest/gtest.h>
+
+#include <cmath>
 
 #include "kiln/kernels/rope.h"
 #include "tests/kernels/ops_cases_util.h"
@@ -39,26 +39,27 @@ std::vector<double> rope_d(const std::vector<float>& x, const RopeShape& s, doub
 
 KILN_KERNEL_CASES(rope) {
   std::vector<KernelCase> cases;
-  const RopeShape shapes[] = {{1, 1, 1, 2, 0},   {1, 5, 3, 6, 0},   {2, 17, 2, 34, 0},
+  const RopeShape shapes[] = {{1, 1, 1, 2, 0},   {1, 5, 3, 6, 0},    {2, 17, 2, 34, 0},
                               {1, 3, 4, 64, 7},  {2, 9, 3, 128, 40}, {3, 1, 12, 64, 63},
                               {1, 33, 1, 66, 5}, {2, 16, 4, 32, 0}};
   for (const RopeShape& s : shapes) {
-    cases.push_back({fmt::format("B={} T={} H={} D={} offset={}", s.b, s.t, s.h, s.d, s.offset),
-                     [s] {
-      const RopeTable table = make_rope_table(s.d, 64, 10000.0).value();
-      Rng rng(1000 + s.d + s.t);
-      const int64_t n = s.b * s.t * s.h * s.d;
-      const std::vector<float> x = random_vector(rng, n), dy = random_vector(rng, n);
-      std::vector<float> y_ref(n), y_cpu(n, NAN), dx_ref(n), dx_cpu(n, NAN), y_inplace = x;
-      ref::rope_forward(y_ref.data(), x.data(), table, s.b, s.t, s.h, s.d, s.offset);
-      cpu::rope_forward(y_cpu.data(), x.data(), table, s.b, s.t, s.h, s.d, s.offset);
-      cpu::rope_forward(y_inplace.data(), y_inplace.data(), table, s.b, s.t, s.h, s.d, s.offset);
-      ref::rope_backward(dx_ref.data(), dy.data(), table, s.b, s.t, s.h, s.d, s.offset);
-      cpu::rope_backward(dx_cpu.data(), dy.data(), table, s.b, s.t, s.h, s.d, s.offset);
-      return std::vector<Compare>{{"out", y_ref, y_cpu, kTolElementwise},
-                                  {"out in place", y_ref, y_inplace, kTolElementwise},
-                                  {"dinp", dx_ref, dx_cpu, kTolElementwise}};
-    }});
+    cases.push_back(
+        {fmt::format("B={} T={} H={} D={} offset={}", s.b, s.t, s.h, s.d, s.offset), [s] {
+           const RopeTable table = make_rope_table(s.d, 64, 10000.0).value();
+           Rng rng(1000 + s.d + s.t);
+           const int64_t n = s.b * s.t * s.h * s.d;
+           const std::vector<float> x = random_vector(rng, n), dy = random_vector(rng, n);
+           std::vector<float> y_ref(n), y_cpu(n, NAN), dx_ref(n), dx_cpu(n, NAN), y_inplace = x;
+           ref::rope_forward(y_ref.data(), x.data(), table, s.b, s.t, s.h, s.d, s.offset);
+           cpu::rope_forward(y_cpu.data(), x.data(), table, s.b, s.t, s.h, s.d, s.offset);
+           cpu::rope_forward(y_inplace.data(), y_inplace.data(), table, s.b, s.t, s.h, s.d,
+                             s.offset);
+           ref::rope_backward(dx_ref.data(), dy.data(), table, s.b, s.t, s.h, s.d, s.offset);
+           cpu::rope_backward(dx_cpu.data(), dy.data(), table, s.b, s.t, s.h, s.d, s.offset);
+           return std::vector<Compare>{{"out", y_ref, y_cpu, kTolElementwise},
+                                       {"out in place", y_ref, y_inplace, kTolElementwise},
+                                       {"dinp", dx_ref, dx_cpu, kTolElementwise}};
+         }});
   }
   return cases;
 }
@@ -70,14 +71,14 @@ KILN_GRAD_CASES(rope) {
     Rng rng(1100 + s.d);
     const int64_t n = s.b * s.t * s.h * s.d;
     const std::vector<float> x = random_vector(rng, n), dy = random_vector(rng, n);
-    cases.push_back({fmt::format("dinp B={} T={} H={} D={} offset={}", s.b, s.t, s.h, s.d, s.offset),
-                     x, [=](const std::vector<float>& v) { return dot_d(dy, rope_d(v, s, 10000.0)); },
-                     [=](const std::vector<float>&) {
-                       std::vector<float> dx(n);
-                       ref::rope_backward(dx.data(), dy.data(), table, s.b, s.t, s.h, s.d,
-                                          s.offset);
-                       return dx;
-                     }});
+    cases.push_back(
+        {fmt::format("dinp B={} T={} H={} D={} offset={}", s.b, s.t, s.h, s.d, s.offset), x,
+         [=](const std::vector<float>& v) { return dot_d(dy, rope_d(v, s, 10000.0)); },
+         [=](const std::vector<float>&) {
+           std::vector<float> dx(n);
+           ref::rope_backward(dx.data(), dy.data(), table, s.b, s.t, s.h, s.d, s.offset);
+           return dx;
+         }});
   }
   return cases;
 }

@@ -1,9 +1,9 @@
 // Softmax cases for the kernel harness: cpu vs ref forward and backward over rows × cols
 // (odd sizes, large offsets that would overflow an unshifted exp, in-place use), and the
 // reference backward against finite differences. Tolerances: ops_cases_util.h.
-#include <cmath>
-
 #include <gtest/gtest.h>
+
+#include <cmath>
 
 #include "kiln/kernels/softmax.h"
 #include "tests/kernels/ops_cases_util.h"
@@ -39,30 +39,31 @@ KILN_KERNEL_CASES(softmax) {
   for (int64_t rows : kCaseRows) {
     for (int64_t cols : kCaseCols) {
       cases.push_back({fmt::format("rows={} cols={}", rows, cols), [rows, cols] {
-        Rng rng(500 * rows + cols);
-        const std::vector<float> x = logits(rng, rows, cols);
-        const std::vector<float> dy = random_vector(rng, x.size());
-        std::vector<float> y_ref(x.size()), y_cpu(x.size());
-        ref::softmax_forward(y_ref.data(), x.data(), rows, cols);
-        cpu::softmax_forward(y_cpu.data(), x.data(), rows, cols);
-        std::vector<float> dx_ref(x.size()), dx_cpu(x.size(), NAN);
-        ref::softmax_backward(dx_ref.data(), dy.data(), y_ref.data(), rows, cols);
-        cpu::softmax_backward(dx_cpu.data(), dy.data(), y_ref.data(), rows, cols);
-        std::vector<Compare> out{{"out", y_ref, y_cpu, kTolReduction}};
-        // cols = 1: y = 1 and the exact dinp is 0 (only rounding noise): not comparable.
-        if (cols > 1) out.push_back({"dinp", dx_ref, dx_cpu, kTolReduction});
-        return out;
-      }});
+                         Rng rng(500 * rows + cols);
+                         const std::vector<float> x = logits(rng, rows, cols);
+                         const std::vector<float> dy = random_vector(rng, x.size());
+                         std::vector<float> y_ref(x.size()), y_cpu(x.size());
+                         ref::softmax_forward(y_ref.data(), x.data(), rows, cols);
+                         cpu::softmax_forward(y_cpu.data(), x.data(), rows, cols);
+                         std::vector<float> dx_ref(x.size()), dx_cpu(x.size(), NAN);
+                         ref::softmax_backward(dx_ref.data(), dy.data(), y_ref.data(), rows, cols);
+                         cpu::softmax_backward(dx_cpu.data(), dy.data(), y_ref.data(), rows, cols);
+                         std::vector<Compare> out{{"out", y_ref, y_cpu, kTolReduction}};
+                         // cols = 1: y = 1 and the exact dinp is 0 (only rounding noise): not
+                         // comparable.
+                         if (cols > 1) out.push_back({"dinp", dx_ref, dx_cpu, kTolReduction});
+                         return out;
+                       }});
     }
   }
   cases.push_back({"in place rows=4 cols=129", [] {
-    Rng rng(9);
-    const std::vector<float> x = logits(rng, 4, 129);
-    std::vector<float> y_ref(x.size()), y_cpu = x;
-    ref::softmax_forward(y_ref.data(), x.data(), 4, 129);
-    cpu::softmax_forward(y_cpu.data(), y_cpu.data(), 4, 129);
-    return std::vector<Compare>{{"out", y_ref, y_cpu, kTolReduction}};
-  }});
+                     Rng rng(9);
+                     const std::vector<float> x = logits(rng, 4, 129);
+                     std::vector<float> y_ref(x.size()), y_cpu = x;
+                     ref::softmax_forward(y_ref.data(), x.data(), 4, 129);
+                     cpu::softmax_forward(y_cpu.data(), y_cpu.data(), 4, 129);
+                     return std::vector<Compare>{{"out", y_ref, y_cpu, kTolReduction}};
+                   }});
   return cases;
 }
 
@@ -72,14 +73,15 @@ KILN_GRAD_CASES(softmax) {
     Rng rng(600 + cols);
     const std::vector<float> x = random_vector(rng, rows * cols, -3.0f, 3.0f);
     const std::vector<float> dy = random_vector(rng, x.size());
-    cases.push_back({fmt::format("dinp rows={} cols={}", rows, cols), x,
-                     [=](const std::vector<float>& xs) { return dot_d(dy, softmax_d(xs, rows, cols)); },
-                     [=](const std::vector<float>& xs) {
-                       std::vector<float> y(xs.size()), dx(xs.size());
-                       ref::softmax_forward(y.data(), xs.data(), rows, cols);
-                       ref::softmax_backward(dx.data(), dy.data(), y.data(), rows, cols);
-                       return dx;
-                     }});
+    cases.push_back(
+        {fmt::format("dinp rows={} cols={}", rows, cols), x,
+         [=](const std::vector<float>& xs) { return dot_d(dy, softmax_d(xs, rows, cols)); },
+         [=](const std::vector<float>& xs) {
+           std::vector<float> y(xs.size()), dx(xs.size());
+           ref::softmax_forward(y.data(), xs.data(), rows, cols);
+           ref::softmax_backward(dx.data(), dy.data(), y.data(), rows, cols);
+           return dx;
+         }});
   }
   return cases;
 }

@@ -12,10 +12,10 @@
 //    lane-wise fp32 partial sums may lose ~sqrt(V)·u relative.
 #pragma once
 
+#include <fmt/format.h>
+
 #include <cstdint>
 #include <vector>
-
-#include <fmt/format.h>
 
 #include "tests/kernels/harness.h"
 

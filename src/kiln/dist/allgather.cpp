@@ -14,7 +14,7 @@ void ring_all_gather(Communicator& c, const std::byte* own, std::byte* recv,
   if (p == 1) return;
   // Step t: block r-t-1 arrives from the left straight into recv and is forwarded.
   ring_run(
-      c, p - 1, mine, part.size(r) * es,
+      c, p - 1, ring_chunk_bytes(part.max_size() * es), mine, part.size(r) * es,
       [&](int t) {
         const int b = mod(r - t - 1, p);
         return RingLanding{recv + part.begin(b) * es, static_cast<size_t>(part.size(b)) * es};
@@ -52,7 +52,7 @@ void allgather_recursive_doubling(Communicator& c, const std::byte* send, std::b
     const size_t m0 = f.first_block(g) * block, m1 = f.first_block(g + mask) * block;
     const size_t q0 = f.first_block(pg) * block, q1 = f.first_block(pg + mask) * block;
     const int partner = f.real(me ^ mask);
-    c.sendrecv(recv + m0, m1 - m0, partner, recv + q0, q1 - q0, partner, kTagRecursive);
+    exchange(c, recv + m0, m1 - m0, partner, recv + q0, q1 - q0, partner, kTagRecursive);
   }
   if (r < 2 * f.rem) c.send(recv, p * block, r - 1, kTagFold);
 }

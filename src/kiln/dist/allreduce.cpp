@@ -29,7 +29,8 @@ void allreduce_ring(Communicator& c, const std::byte* send, std::byte* recv, int
   // p-1..2p-3 all-gather (block lands in recv and is forwarded). Rank r ends the first
   // phase owning block r+1, which it divides for avg before the all-gather.
   ring_run(
-      c, 2 * (p - 1), send + part.begin(r) * es, part.size(r) * es,
+      c, 2 * (p - 1), ring_chunk_bytes(part.max_size() * es), send + part.begin(r) * es,
+      part.size(r) * es,
       [&](int t) {
         const int b = mod(r - t - 1, p);
         return RingLanding{t < p - 1 ? tmp : recv + part.begin(b) * es,
@@ -50,30 +51,29 @@ void allreduce_recursive_doubling(Communicator& c, const std::byte* send, std::b
                                   int64_t n, const RedSpec& s, int avg_divisor) {
   const int p = c.size(), r = c.rank();
   const size_t nbytes = n * s.esize;
-  copy_if_needed(recv, send, nbytes);
   const Fold f = Fold::of(p, r);
   std::byte* tmp = c.scratch(0, nbytes);
+  const std::byte* src = send;  // our partial result: send until the first reduction
   if (r < 2 * f.rem) {  // fold: the extra rank hands its vector to its odd neighbour
     if (f.newrank < 0) {
-      c.send(recv, nbytes, r + 1, kTagFold);
-    } else {
-      c.recv(tmp, nbytes, r - 1, kTagFold);
-      combine(s.dtype, s.op, recv, recv, tmp, n);
+      c.send(send, nbytes, r + 1, kTagFold);
+      c.recv(recv, nbytes, r + 1, kTagFold);  // the final result (already divided)
+      return;
     }
+    c.recv(tmp, nbytes, r - 1, kTagFold);
+    combine(s.dtype, s.op, recv, send, tmp, n);
+    src = recv;
   }
-  if (f.newrank >= 0) {
-    for (int mask = 1; mask < f.p2; mask <<= 1) {
-      const int partner = f.real(f.newrank ^ mask);
-      c.sendrecv(recv, nbytes, partner, tmp, nbytes, partner, kTagRecursive);
-      // a (op) b == b (op) a exactly, so both partners hold bitwise the same values.
-      combine(s.dtype, s.op, recv, recv, tmp, n);
-    }
-    if (avg_divisor > 0) divide(s.dtype, recv, n, avg_divisor);
+  for (int mask = 1; mask < f.p2; mask <<= 1) {
+    const int partner = f.real(f.newrank ^ mask);
+    exchange(c, src, nbytes, partner, tmp, nbytes, partner, kTagRecursive);
+    // a (op) b == b (op) a exactly, so both partners hold bitwise the same values.
+    combine(s.dtype, s.op, recv, src, tmp, n);
+    src = recv;
   }
-  if (r < 2 * f.rem) {  // unfold: the result goes back to the extra rank
-    if (f.newrank < 0) c.recv(recv, nbytes, r + 1, kTagFold);
-    else c.send(recv, nbytes, r - 1, kTagFold);
-  }
+  copy_if_needed(recv, src, nbytes);  // p = 1
+  if (avg_divisor > 0) divide(s.dtype, recv, n, avg_divisor);
+  if (r < 2 * f.rem) c.send(recv, nbytes, r - 1, kTagFold);  // unfold
 }
 
 void allreduce_rabenseifner(Communicator& c, const std::byte* send, std::byte* recv, int64_t n,
@@ -109,8 +109,8 @@ void allreduce_rabenseifner(Communicator& c, const std::byte* send, std::byte* r
     const int64_t k0 = part.begin(keep_lo), k1 = part.begin(keep_lo + mask);
     const int64_t g0 = part.begin(give_lo), g1 = part.begin(give_lo + mask);
     const int partner = f.real(me ^ mask);
-    c.sendrecv(src + g0 * es, (g1 - g0) * es, partner, tmp, (k1 - k0) * es, partner,
-               kTagRecursive);
+    exchange(c, src + g0 * es, (g1 - g0) * es, partner, tmp, (k1 - k0) * es, partner,
+             kTagRecursive);
     combine(s.dtype, s.op, recv + k0 * es, src + k0 * es, tmp, k1 - k0);
     src = recv;
   }
@@ -122,8 +122,8 @@ void allreduce_rabenseifner(Communicator& c, const std::byte* send, std::byte* r
     const int64_t m0 = part.begin(lo), m1 = part.begin(lo + mask);
     const int64_t q0 = part.begin(plo), q1 = part.begin(plo + mask);
     const int partner = f.real(me ^ mask);
-    c.sendrecv(recv + m0 * es, (m1 - m0) * es, partner, recv + q0 * es, (q1 - q0) * es, partner,
-               kTagRecursive);
+    exchange(c, recv + m0 * es, (m1 - m0) * es, partner, recv + q0 * es, (q1 - q0) * es, partner,
+             kTagRecursive);
   }
   if (r < 2 * f.rem) c.send(recv, nbytes, r - 1, kTagFold);
 }

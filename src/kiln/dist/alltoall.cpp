@@ -19,7 +19,7 @@ void alltoall_pairwise(Communicator& c, const std::byte* send, std::byte* recv, 
   if (send != recv && block > 0) std::memcpy(recv + r * block, send + r * block, block);
   for (int step = 1; step < p; ++step) {
     const int to = mod(r + step, p), from = mod(r - step, p);
-    c.sendrecv(send + to * block, block, to, recv + from * block, block, from, kTagAllToAll);
+    exchange(c, send + to * block, block, to, recv + from * block, block, from, kTagAllToAll);
   }
 }
 

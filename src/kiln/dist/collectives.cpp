@@ -99,8 +99,14 @@ RedSpec spec_of(DType dtype, ReduceOp op) {
 }  // namespace
 
 Algo resolve_algo(Communicator& comm, CollOp op, int64_t nbytes_total) {
-  return select_algo(comm.cost_table(), op, comm.size(), static_cast<double>(nbytes_total),
-                     comm.ranks_per_node_setting());
+  const uint64_t key = static_cast<uint64_t>(nbytes_total) * kNumCollOps + static_cast<int>(op);
+  auto& cache = comm.auto_cache();
+  if (auto it = cache.find(key); it != cache.end()) return static_cast<Algo>(it->second);
+  const Algo a = select_algo(comm.cost_table(), op, comm.size(), static_cast<double>(nbytes_total),
+                             comm.ranks_per_node_setting());
+  if (cache.size() > 4096) cache.clear();  // bounded: sizes in a training run are few
+  cache.emplace(key, static_cast<uint8_t>(a));
+  return a;
 }
 
 Status all_reduce(Communicator& comm, const void* send, void* recv, int64_t count, DType dtype,

@@ -98,6 +98,7 @@ Communicator& Communicator::operator=(Communicator&& o) noexcept {
     o.scratch_bytes_[i] = 0;
   }
   cost_table_ = std::move(o.cost_table_);
+  auto_cache_ = std::move(o.auto_cache_);
   o.comm_ = MPI_COMM_NULL;
   o.owned_ = false;
   return *this;
@@ -120,6 +121,7 @@ std::unique_ptr<Communicator> Communicator::split_type_shared() const {
 void Communicator::set_ranks_per_node(int n) {
   KILN_CHECK(n >= 0);
   ranks_per_node_ = n;
+  auto_cache_.clear();
 }
 
 Communicator::NodeGroups& Communicator::node_groups() {
@@ -205,6 +207,7 @@ const AlphaBetaTable& Communicator::cost_table() {
 
 void Communicator::set_cost_table(const AlphaBetaTable& table) {
   cost_table_ = std::make_unique<AlphaBetaTable>(table);
+  auto_cache_.clear();
 }
 
 }  // namespace kiln::dist

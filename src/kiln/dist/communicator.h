@@ -6,6 +6,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <map>
+#include <unordered_map>
 #include <memory>
 #include <vector>
 
@@ -95,6 +96,10 @@ class Communicator {
   // identical on every rank).
   const AlphaBetaTable& cost_table();
   void set_cost_table(const AlphaBetaTable& table);
+  // `auto` decisions already made here, keyed by (op, bytes): a decision costs a model
+  // evaluation per algorithm, too much for a 1 us all-reduce. Cleared when the table or the
+  // ranks per node change.
+  std::unordered_map<uint64_t, uint8_t>& auto_cache() { return auto_cache_; }
 
  private:
   MPI_Comm comm_ = MPI_COMM_NULL;
@@ -107,6 +112,7 @@ class Communicator {
   std::unique_ptr<std::byte[]> scratch_[kNumScratch];
   size_t scratch_bytes_[kNumScratch] = {};
   std::unique_ptr<AlphaBetaTable> cost_table_;
+  std::unordered_map<uint64_t, uint8_t> auto_cache_;
 };
 
 }  // namespace kiln::dist

@@ -31,6 +31,16 @@ inline constexpr size_t kRingChunkBytes = size_t{256} << 10;
 // Tree and chain pipelines: chunk per pipeline step (same reasoning, same sweep).
 inline constexpr size_t kTreeChunkBytes = size_t{256} << 10;
 inline constexpr size_t kChainChunkBytes = size_t{256} << 10;
+// OpenMPI's shared-memory transport (vader) sends a message of up to 4 KiB with its header
+// eagerly; a larger one pays a rendezvous (~5 us on this VM). Messages up to
+// kEagerSplitMaxBytes are therefore cut into kEagerPieceBytes pieces (4 KiB less a 64 B
+// header); past it one single-copy (CMA) message is faster.
+inline constexpr size_t kEagerPieceBytes = 4032;
+inline constexpr size_t kEagerSplitMaxBytes = size_t{32} << 10;
+// The ring's chunk for a call whose largest block is `max_block_bytes`.
+inline size_t ring_chunk_bytes(size_t max_block_bytes) {
+  return max_block_bytes <= kEagerSplitMaxBytes ? kEagerPieceBytes : kRingChunkBytes;
+}
 
 struct RedSpec {
   DType dtype;
@@ -82,30 +92,31 @@ struct Fold {
 // block from its left neighbour and forwards what `on_chunk` returns to its right one.
 //   plan(t) -> {landing buffer, bytes}: where the block of step t lands;
 //   on_chunk(t, offset, nbytes) -> pointer to forward (step t+1's chunk at this offset);
-// The first step's block is sent from `first` (first_nbytes). The right neighbour's step-t
+// The first step's block is sent from `first` (first_nbytes). Blocks travel in `chunk`-byte
+// messages (ring_chunk_bytes, the same on every rank). The right neighbour's step-t
 // block has the same size as ours, so chunks match one to one.
 struct RingLanding {
   std::byte* data;
   size_t nbytes;
 };
 template <class Plan, class OnChunk>
-void ring_run(const Communicator& comm, int num_steps, const std::byte* first, size_t first_nbytes,
-              Plan plan, OnChunk on_chunk) {
+void ring_run(const Communicator& comm, int num_steps, size_t chunk, const std::byte* first,
+              size_t first_nbytes, Plan plan, OnChunk on_chunk) {
   const int p = comm.size(), r = comm.rank();
   const int right = mod(r + 1, p), left = mod(r - 1, p);
   std::vector<MPI_Request> cur_sends, next_sends, recvs;
-  for (size_t off = 0; off < first_nbytes; off += kRingChunkBytes)
-    cur_sends.push_back(comm.isend(first + off, std::min(kRingChunkBytes, first_nbytes - off),
+  for (size_t off = 0; off < first_nbytes; off += chunk)
+    cur_sends.push_back(comm.isend(first + off, std::min(chunk, first_nbytes - off),
                                    right, kTagRing));
   for (int t = 0; t < num_steps; ++t) {
     const RingLanding land = plan(t);
     recvs.clear();
-    for (size_t off = 0; off < land.nbytes; off += kRingChunkBytes)
-      recvs.push_back(comm.irecv(land.data + off, std::min(kRingChunkBytes, land.nbytes - off),
+    for (size_t off = 0; off < land.nbytes; off += chunk)
+      recvs.push_back(comm.irecv(land.data + off, std::min(chunk, land.nbytes - off),
                                  left, kTagRing));
     size_t off = 0;
     for (MPI_Request& req : recvs) {
-      const size_t len = std::min(kRingChunkBytes, land.nbytes - off);
+      const size_t len = std::min(chunk, land.nbytes - off);
       Communicator::wait(req);
       const std::byte* fwd = on_chunk(t, off, len);
       if (t + 1 < num_steps) next_sends.push_back(comm.isend(fwd, len, right, kTagRing));
@@ -116,6 +127,11 @@ void ring_run(const Communicator& comm, int num_steps, const std::byte* first, s
   }
   Communicator::wait_all(cur_sends);
 }
+
+// Sends `send_nbytes` to `to` and receives `recv_nbytes` from `from`, cutting messages of
+// up to kEagerSplitMaxBytes into eager pieces (the receiver cuts the same way).
+void exchange(const Communicator& c, const std::byte* send, size_t send_nbytes, int to,
+              std::byte* recv, size_t recv_nbytes, int from, int tag);
 
 // Ring reduce-scatter over `part`: the reduced block `rank` is written to `out`; the
 // intermediate partial sums live in scratch slots 1 and 2. in-place safe when out aliases

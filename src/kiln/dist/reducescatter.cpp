@@ -22,7 +22,7 @@ void ring_reduce_scatter(Communicator& c, const std::byte* send, std::byte* out,
   // it; at the last step (t = p-2) the block is r itself and complete.
   const int first = mod(r - 1, p);
   ring_run(
-      c, p - 1, send + part.begin(first) * es, part.size(first) * es,
+      c, p - 1, ring_chunk_bytes(max_bytes), send + part.begin(first) * es, part.size(first) * es,
       [&](int t) {
         return RingLanding{tmp, static_cast<size_t>(part.size(mod(r - t - 2, p))) * es};
       },
@@ -71,7 +71,7 @@ void reducescatter_recursive_halving(Communicator& c, const std::byte* send, std
     const size_t k0 = f.first_block(keep) * block, k1 = f.first_block(keep + mask) * block;
     const size_t g0 = f.first_block(give) * block, g1 = f.first_block(give + mask) * block;
     const int partner = f.real(me ^ mask);
-    c.sendrecv(src + g0, g1 - g0, partner, tmp, k1 - k0, partner, kTagRecursive);
+    exchange(c, src + g0, g1 - g0, partner, tmp, k1 - k0, partner, kTagRecursive);
     combine(s.dtype, s.op, work + k0, src + k0, tmp, (k1 - k0) / es);
     src = work;
   }

@@ -14,14 +14,26 @@
 namespace kiln {
 
 // gelu(x) = 0.5·x·(1 + tanh(sqrt(2/π)·(x + 0.044715·x³))); exp and divide count as 1 each.
-constexpr OpCost gelu_forward_cost(int64_t n) { return {9.0 * n, 8.0 * n}; }
-constexpr OpCost gelu_backward_cost(int64_t n) { return {18.0 * n, 12.0 * n}; }
+constexpr OpCost gelu_forward_cost(int64_t n) {
+  return {9.0 * n, 8.0 * n};
+}
+constexpr OpCost gelu_backward_cost(int64_t n) {
+  return {18.0 * n, 12.0 * n};
+}
 // silu(x) = x·sigmoid(x).
-constexpr OpCost silu_forward_cost(int64_t n) { return {4.0 * n, 8.0 * n}; }
-constexpr OpCost silu_backward_cost(int64_t n) { return {8.0 * n, 12.0 * n}; }
+constexpr OpCost silu_forward_cost(int64_t n) {
+  return {4.0 * n, 8.0 * n};
+}
+constexpr OpCost silu_backward_cost(int64_t n) {
+  return {8.0 * n, 12.0 * n};
+}
 // n = N·H output elements.
-constexpr OpCost swiglu_forward_cost(int64_t n) { return {5.0 * n, 12.0 * n}; }
-constexpr OpCost swiglu_backward_cost(int64_t n) { return {10.0 * n, 20.0 * n}; }
+constexpr OpCost swiglu_forward_cost(int64_t n) {
+  return {5.0 * n, 12.0 * n};
+}
+constexpr OpCost swiglu_backward_cost(int64_t n) {
+  return {10.0 * n, 20.0 * n};
+}
 
 namespace ref {
 // out, inp (n,).

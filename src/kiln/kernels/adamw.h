@@ -28,7 +28,9 @@ struct AdamWConfig {  // torch.optim.AdamW defaults
 Status check_adamw_config(const AdamWConfig& config);
 
 // Reads p, g, m, v; writes p, m, v.
-constexpr OpCost adamw_cost(int64_t n) { return {14.0 * n, 28.0 * n}; }
+constexpr OpCost adamw_cost(int64_t n) {
+  return {14.0 * n, 28.0 * n};
+}
 
 namespace ref {
 // param, grad, m, v (n,); step >= 1 is the number of this update (1 for the first).

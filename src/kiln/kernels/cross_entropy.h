@@ -35,16 +35,16 @@ constexpr OpCost cross_entropy_backward_cost(int64_t rows, int64_t vocab) {
 
 namespace ref {
 // losses (N,); logits (N, V); targets (N,) in {-1} ∪ [0, V) (checked).
-void cross_entropy_forward(float* losses, const float* logits, const int32_t* targets,
-                           int64_t rows, int64_t vocab);
+void cross_entropy_forward(float* losses, const float* logits, const int32_t* targets, int64_t rows,
+                           int64_t vocab);
 // dlogits (N, V) overwritten; dlosses (N,) = dL/dloss[n].
 void cross_entropy_backward(float* dlogits, const float* logits, const int32_t* targets,
                             const float* dlosses, int64_t rows, int64_t vocab);
 }  // namespace ref
 
 namespace cpu {  // same contracts as ref::
-void cross_entropy_forward(float* losses, const float* logits, const int32_t* targets,
-                           int64_t rows, int64_t vocab);
+void cross_entropy_forward(float* losses, const float* logits, const int32_t* targets, int64_t rows,
+                           int64_t vocab);
 void cross_entropy_backward(float* dlogits, const float* logits, const int32_t* targets,
                             const float* dlosses, int64_t rows, int64_t vocab);
 }  // namespace cpu

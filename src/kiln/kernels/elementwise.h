@@ -9,10 +9,18 @@
 
 namespace kiln {
 
-constexpr OpCost add_cost(int64_t n) { return {1.0 * n, 12.0 * n}; }
-constexpr OpCost scale_cost(int64_t n) { return {1.0 * n, 8.0 * n}; }
-constexpr OpCost accumulate_cost(int64_t n) { return {1.0 * n, 12.0 * n}; }
-constexpr OpCost exp_array_cost(int64_t n) { return {1.0 * n, 8.0 * n}; }
+constexpr OpCost add_cost(int64_t n) {
+  return {1.0 * n, 12.0 * n};
+}
+constexpr OpCost scale_cost(int64_t n) {
+  return {1.0 * n, 8.0 * n};
+}
+constexpr OpCost accumulate_cost(int64_t n) {
+  return {1.0 * n, 12.0 * n};
+}
+constexpr OpCost exp_array_cost(int64_t n) {
+  return {1.0 * n, 8.0 * n};
+}
 
 namespace ref {
 void add(float* out, const float* a, const float* b, int64_t n);  // out = a + b (residual)

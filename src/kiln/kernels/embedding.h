@@ -36,11 +36,10 @@ namespace ref {
 void embedding_forward(float* out, const int32_t* ids, const float* weight, int64_t num_tokens,
                        int64_t vocab_size, int64_t cols);
 // dweight (V, C) += scatter of dout (N, C) by ids (N,).
-void embedding_backward(float* dweight, const float* dout, const int32_t* ids,
-                        int64_t num_tokens, int64_t vocab_size, int64_t cols);
+void embedding_backward(float* dweight, const float* dout, const int32_t* ids, int64_t num_tokens,
+                        int64_t vocab_size, int64_t cols);
 // x (B, T, C) += wpe (T, C) for every batch row (pass wpe + pos_offset·C when decoding).
-void positional_forward(float* x, const float* wpe, int64_t batch, int64_t seq_len,
-                        int64_t cols);
+void positional_forward(float* x, const float* wpe, int64_t batch, int64_t seq_len, int64_t cols);
 // dwpe (T, C) += sum over the batch of dx (B, T, C).
 void positional_backward(float* dwpe, const float* dx, int64_t batch, int64_t seq_len,
                          int64_t cols);
@@ -49,10 +48,9 @@ void positional_backward(float* dwpe, const float* dx, int64_t batch, int64_t se
 namespace cpu {  // same contracts as ref::
 void embedding_forward(float* out, const int32_t* ids, const float* weight, int64_t num_tokens,
                        int64_t vocab_size, int64_t cols);
-void embedding_backward(float* dweight, const float* dout, const int32_t* ids,
-                        int64_t num_tokens, int64_t vocab_size, int64_t cols);
-void positional_forward(float* x, const float* wpe, int64_t batch, int64_t seq_len,
-                        int64_t cols);
+void embedding_backward(float* dweight, const float* dout, const int32_t* ids, int64_t num_tokens,
+                        int64_t vocab_size, int64_t cols);
+void positional_forward(float* x, const float* wpe, int64_t batch, int64_t seq_len, int64_t cols);
 void positional_backward(float* dwpe, const float* dx, int64_t batch, int64_t seq_len,
                          int64_t cols);
 }  // namespace cpu

@@ -41,32 +41,30 @@ constexpr OpCost rmsnorm_backward_cost(int64_t rows, int64_t cols) {
 namespace ref {
 // out (rows, cols); mean, rstd (rows,) saved for the backward (may be null);
 // inp (rows, cols); weight, bias (cols,).
-void layernorm_forward(float* out, float* mean, float* rstd, const float* inp,
-                       const float* weight, const float* bias, int64_t rows, int64_t cols,
-                       float eps = kLayerNormEps);
+void layernorm_forward(float* out, float* mean, float* rstd, const float* inp, const float* weight,
+                       const float* bias, int64_t rows, int64_t cols, float eps = kLayerNormEps);
 // dinp (rows, cols) overwritten; dweight, dbias (cols,) +=; dout, inp (rows, cols);
 // weight (cols,); mean, rstd (rows,) from the forward.
 void layernorm_backward(float* dinp, float* dweight, float* dbias, const float* dout,
-                        const float* inp, const float* weight, const float* mean,
-                        const float* rstd, int64_t rows, int64_t cols);
+                        const float* inp, const float* weight, const float* mean, const float* rstd,
+                        int64_t rows, int64_t cols);
 // out (rows, cols); rstd (rows,) saved for the backward (may be null); inp (rows, cols);
 // weight (cols,).
-void rmsnorm_forward(float* out, float* rstd, const float* inp, const float* weight,
-                     int64_t rows, int64_t cols, float eps = kRmsNormEps);
+void rmsnorm_forward(float* out, float* rstd, const float* inp, const float* weight, int64_t rows,
+                     int64_t cols, float eps = kRmsNormEps);
 // dinp (rows, cols) overwritten; dweight (cols,) +=.
 void rmsnorm_backward(float* dinp, float* dweight, const float* dout, const float* inp,
                       const float* weight, const float* rstd, int64_t rows, int64_t cols);
 }  // namespace ref
 
 namespace cpu {  // same contracts as ref::
-void layernorm_forward(float* out, float* mean, float* rstd, const float* inp,
-                       const float* weight, const float* bias, int64_t rows, int64_t cols,
-                       float eps = kLayerNormEps);
+void layernorm_forward(float* out, float* mean, float* rstd, const float* inp, const float* weight,
+                       const float* bias, int64_t rows, int64_t cols, float eps = kLayerNormEps);
 void layernorm_backward(float* dinp, float* dweight, float* dbias, const float* dout,
-                        const float* inp, const float* weight, const float* mean,
-                        const float* rstd, int64_t rows, int64_t cols);
-void rmsnorm_forward(float* out, float* rstd, const float* inp, const float* weight,
-                     int64_t rows, int64_t cols, float eps = kRmsNormEps);
+                        const float* inp, const float* weight, const float* mean, const float* rstd,
+                        int64_t rows, int64_t cols);
+void rmsnorm_forward(float* out, float* rstd, const float* inp, const float* weight, int64_t rows,
+                     int64_t cols, float eps = kRmsNormEps);
 void rmsnorm_backward(float* dinp, float* dweight, const float* dout, const float* inp,
                       const float* weight, const float* rstd, int64_t rows, int64_t cols);
 }  // namespace cpu

@@ -45,15 +45,17 @@ Status check_rope_args(const RopeTable& table, int64_t batch, int64_t seq_len, i
                             seq_len, n_heads, head_dim, pos_offset);
   }
   if (head_dim != table.head_dim) {
-    return invalid_argument("[rope] x (B={}, T={}, H={}, D={}) has head_dim {} but the table "
-                            "was built for head_dim {}",
-                            batch, seq_len, n_heads, head_dim, head_dim, table.head_dim);
+    return invalid_argument(
+        "[rope] x (B={}, T={}, H={}, D={}) has head_dim {} but the table "
+        "was built for head_dim {}",
+        batch, seq_len, n_heads, head_dim, head_dim, table.head_dim);
   }
   if (pos_offset + seq_len > table.max_positions) {
-    return invalid_argument("[rope] positions {}..{} of x (B={}, T={}, H={}, D={}) exceed the "
-                            "table's {} positions",
-                            pos_offset, pos_offset + seq_len - 1, batch, seq_len, n_heads,
-                            head_dim, table.max_positions);
+    return invalid_argument(
+        "[rope] positions {}..{} of x (B={}, T={}, H={}, D={}) exceed the "
+        "table's {} positions",
+        pos_offset, pos_offset + seq_len - 1, batch, seq_len, n_heads, head_dim,
+        table.max_positions);
   }
   return {};
 }
@@ -61,9 +63,10 @@ Status check_rope_args(const RopeTable& table, int64_t batch, int64_t seq_len, i
 Status check_token_ids(std::span<const int32_t> ids, int64_t vocab_size) {
   for (size_t i = 0; i < ids.size(); ++i) {
     if (ids[i] < 0 || ids[i] >= vocab_size) {
-      return invalid_argument("[embedding] token id {} at position {} of ids ({},) is outside "
-                              "the vocabulary [0, {})",
-                              ids[i], i, ids.size(), vocab_size);
+      return invalid_argument(
+          "[embedding] token id {} at position {} of ids ({},) is outside "
+          "the vocabulary [0, {})",
+          ids[i], i, ids.size(), vocab_size);
     }
   }
   return {};
@@ -72,10 +75,10 @@ Status check_token_ids(std::span<const int32_t> ids, int64_t vocab_size) {
 Status check_targets(std::span<const int32_t> targets, int64_t vocab_size) {
   for (size_t i = 0; i < targets.size(); ++i) {
     if (targets[i] != kIgnoreTarget && (targets[i] < 0 || targets[i] >= vocab_size)) {
-      return invalid_argument("[cross_entropy] target {} in row {} of targets ({},) is neither "
-                              "-1 (ignore) nor in [0, {}) for logits ({}, {})",
-                              targets[i], i, targets.size(), vocab_size, targets.size(),
-                              vocab_size);
+      return invalid_argument(
+          "[cross_entropy] target {} in row {} of targets ({},) is neither "
+          "-1 (ignore) nor in [0, {}) for logits ({}, {})",
+          targets[i], i, targets.size(), vocab_size, targets.size(), vocab_size);
     }
   }
   return {};

@@ -25,14 +25,12 @@ namespace ref {
 // out, inp (rows, cols).
 void softmax_forward(float* out, const float* inp, int64_t rows, int64_t cols);
 // dinp, dout, out (rows, cols); out is the forward's output.
-void softmax_backward(float* dinp, const float* dout, const float* out, int64_t rows,
-                      int64_t cols);
+void softmax_backward(float* dinp, const float* dout, const float* out, int64_t rows, int64_t cols);
 }  // namespace ref
 
 namespace cpu {  // same contracts as ref::
 void softmax_forward(float* out, const float* inp, int64_t rows, int64_t cols);
-void softmax_backward(float* dinp, const float* dout, const float* out, int64_t rows,
-                      int64_t cols);
+void softmax_backward(float* dinp, const float* dout, const float* out, int64_t rows, int64_t cols);
 }  // namespace cpu
 
 KILN_SAME_SIGNATURE(softmax_forward);

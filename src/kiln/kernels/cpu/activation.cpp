@@ -35,9 +35,8 @@ void swiglu_forward(float* out, const float* gate, const float* up, int64_t n) {
 void swiglu_backward(float* dgate, float* dup, const float* dout, const float* gate,
                      const float* up, int64_t n) {
   const auto fn = KILN_OPS_DISPATCH(swiglu_backward_n).pick();
-  parallel_elems(n, [&](int64_t b, int64_t e) {
-    fn(dgate + b, dup + b, dout + b, gate + b, up + b, e - b);
-  });
+  parallel_elems(
+      n, [&](int64_t b, int64_t e) { fn(dgate + b, dup + b, dout + b, gate + b, up + b, e - b); });
 }
 
 }  // namespace kiln::cpu

@@ -7,8 +7,8 @@
 
 namespace kiln::cpu {
 
-void cross_entropy_forward(float* losses, const float* logits, const int32_t* targets,
-                           int64_t rows, int64_t vocab) {
+void cross_entropy_forward(float* losses, const float* logits, const int32_t* targets, int64_t rows,
+                           int64_t vocab) {
   check_targets({targets, static_cast<size_t>(rows)}, vocab).check_ok(__FILE__, __LINE__);
   KILN_CHECK(vocab > 0);
   const auto fn = KILN_OPS_DISPATCH(cross_entropy_forward_rows).pick();

@@ -21,17 +21,15 @@ void embedding_forward(float* out, const int32_t* ids, const float* weight, int6
   });
 }
 
-void embedding_backward(float* dweight, const float* dout, const int32_t* ids,
-                        int64_t num_tokens, int64_t vocab_size, int64_t cols) {
+void embedding_backward(float* dweight, const float* dout, const int32_t* ids, int64_t num_tokens,
+                        int64_t vocab_size, int64_t cols) {
   check_token_ids({ids, static_cast<size_t>(num_tokens)}, vocab_size).check_ok(__FILE__, __LINE__);
   const auto fn = KILN_OPS_DISPATCH(embedding_backward_cols).pick();
-  parallel_cols(num_tokens, cols, [&](int64_t c0, int64_t c1) {
-    fn(dweight, dout, ids, num_tokens, cols, c0, c1);
-  });
+  parallel_cols(num_tokens, cols,
+                [&](int64_t c0, int64_t c1) { fn(dweight, dout, ids, num_tokens, cols, c0, c1); });
 }
 
-void positional_forward(float* x, const float* wpe, int64_t batch, int64_t seq_len,
-                        int64_t cols) {
+void positional_forward(float* x, const float* wpe, int64_t batch, int64_t seq_len, int64_t cols) {
   const auto fn = KILN_OPS_DISPATCH(accumulate_n).pick();
   parallel_for(batch * seq_len, grain_for(cols), [&](int64_t r0, int64_t r1) {
     for (int64_t r = r0; r < r1; ++r) fn(x + r * cols, wpe + (r % seq_len) * cols, cols);

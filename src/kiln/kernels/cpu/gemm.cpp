@@ -146,54 +146,71 @@ void load_tuning_locked(BlockingState& s) {
 }
 
 // ---- the packed path -------------------------------------------------------------------------
+// Per NC panel of B: one parallel region packs the whole K x NC panel (all K blocks), a second
+// runs the (M block, N chunk) tasks, each looping over the K blocks itself (packing its MC x KC
+// block of A per K block). Two pool regions per panel keep barrier costs small on 2 threads,
+// and a task's C block stays in cache across its K blocks.
 void gemm_packed(const GemmParams& p, const PackedPath& path, GemmBlocking blk) {
   const int64_t mr = path.mr, nr = path.nr, ks = path.k_per_step;
   const int threads = num_threads();
   // K blocks of equal, even size (an even size keeps bf16 pairs inside one block).
   const int64_t num_kb = std::max<int64_t>(1, ceil_div(p.k, blk.kc));
   const int64_t kc_block = std::max<int64_t>(2, (ceil_div(p.k, num_kb) + 1) & ~int64_t{1});
-  const int64_t nc_max = std::max<int64_t>(nr, blk.nc / nr * nr);
+  // NC: the tuned width, narrowed so the packed K x NC panel stays within ~16 MiB (half the L3
+  // of the machines this was tuned on).
+  constexpr int64_t kPanelBytes = int64_t{16} << 20;
+  const int64_t nc_fit = kPanelBytes / (4 * std::max<int64_t>(p.k, 1) / ks + 1);
+  const int64_t nc_max = std::max<int64_t>(nr, std::min<int64_t>(blk.nc, nc_fit) / nr * nr);
   const int64_t mstrips = ceil_div(p.m, mr);
   const int64_t mc_strips = std::max<int64_t>(1, blk.mc / mr);
+  const int64_t steps_block = kc_block / ks;  // exact: kc_block is even
+  const int64_t num_pc = p.k == 0 ? 1 : ceil_div(p.k, kc_block);
 
   for (int64_t jc = 0; jc < p.n; jc += nc_max) {
     const int64_t nc = std::min(nc_max, p.n - jc);
     const int64_t nstrips = ceil_div(nc, nr);
+    // The panel is K block after K block; within one, strip after strip of NR x steps elements.
+    auto block_offset = [&](int64_t q) { return nstrips * nr * steps_block * q; };
+    auto block_steps = [&](int64_t q) { return ceil_div(std::min(kc_block, p.k - q * kc_block), ks); };
+    auto* bpack = static_cast<uint32_t*>(
+        b_pack_buffer().get(4 * (block_offset(num_pc - 1) + nstrips * nr * block_steps(num_pc - 1) + 16)));
+    if (p.k > 0) {
+      const int64_t groups = std::max<int64_t>(1, std::min<int64_t>(nstrips, 2 * threads));
+      run_tasks(groups * num_pc, [&](int64_t t) {
+        const int64_t q = t / groups, g = t % groups;
+        const int64_t s0 = nstrips * g / groups, s1 = nstrips * (g + 1) / groups;
+        if (s0 == s1) return;
+        const int64_t pc = q * kc_block, kc = std::min(kc_block, p.k - pc);
+        path.pack_b(p, jc + s0 * nr, std::min(nc, s1 * nr) - s0 * nr, pc, kc,
+                    bpack + block_offset(q) + s0 * nr * block_steps(q));
+      });
+    }
     // Task grid: M blocks (a multiple of the thread count, so the split is even), and when
     // there are few of them, N is cut into chunks too.
     int64_t num_ic = ceil_div(mstrips, mc_strips);
     int64_t num_jn = 1;
     if (threads > 1) {
       num_ic = std::min(mstrips, ceil_div(num_ic, threads) * threads);
-      if (num_ic < 2 * threads) num_jn = std::min(nstrips, ceil_div(2 * threads, num_ic));
+      if (num_ic < threads) num_jn = std::min(nstrips, ceil_div(2 * threads, num_ic));
     }
-    for (int64_t pc = 0; pc < p.k || pc == 0; pc += kc_block) {
-      const int64_t kc = std::min(kc_block, p.k - pc);
-      const int64_t steps = ceil_div(kc, ks);
-      const int64_t b_strip = nr * steps;  // 4-byte elements per packed B strip
-      auto* bpack = static_cast<uint32_t*>(b_pack_buffer().get(4 * (nstrips * b_strip + 16)));
-      if (kc > 0) {
-        const int64_t num_bt = std::min<int64_t>(nstrips, 4 * threads);
-        run_tasks(num_bt, [&](int64_t t) {
-          const int64_t s0 = nstrips * t / num_bt, s1 = nstrips * (t + 1) / num_bt;
-          if (s0 == s1) return;
-          path.pack_b(p, jc + s0 * nr, std::min(nc, s1 * nr) - s0 * nr, pc, kc, bpack + s0 * b_strip);
-        });
-      }
-      const bool first = pc == 0, last = pc + kc >= p.k;
-      run_tasks(num_ic * num_jn, [&](int64_t task) {
-        const int64_t ic = task / num_jn, jn = task % num_jn;
-        const int64_t ms0 = mstrips * ic / num_ic, ms1 = mstrips * (ic + 1) / num_ic;
-        const int64_t ns0 = nstrips * jn / num_jn, ns1 = nstrips * (jn + 1) / num_jn;
-        if (ms0 == ms1 || ns0 == ns1) return;
-        const int64_t a_strip = mr * steps;
-        auto* apack = static_cast<uint32_t*>(a_pack_buffer().get(4 * ((ms1 - ms0) * a_strip + 16)));
+    run_tasks(num_ic * num_jn, [&](int64_t task) {
+      const int64_t ic = task / num_jn, jn = task % num_jn;
+      const int64_t ms0 = mstrips * ic / num_ic, ms1 = mstrips * (ic + 1) / num_ic;
+      const int64_t ns0 = nstrips * jn / num_jn, ns1 = nstrips * (jn + 1) / num_jn;
+      if (ms0 == ms1 || ns0 == ns1) return;
+      auto* apack = static_cast<uint32_t*>(a_pack_buffer().get(4 * ((ms1 - ms0) * mr * steps_block + 16)));
+      for (int64_t q = 0; q < num_pc; ++q) {
+        const int64_t pc = q * kc_block, kc = std::max<int64_t>(0, std::min(kc_block, p.k - pc));
+        const int64_t steps = block_steps(q);
+        const int64_t a_strip = mr * steps, b_strip = nr * steps;
         if (kc > 0) path.pack_a(p, ms0 * mr, std::min(p.m, ms1 * mr) - ms0 * mr, pc, kc, apack);
+        const bool first = q == 0, last = q + 1 == num_pc;
         TileEpilogue ep;
         ep.alpha = p.alpha;
         ep.beta = first ? p.beta : 1.0f;
         ep.act = last ? p.act : Activation::kNone;
         ep.ldr = p.ldr;
+        const uint32_t* bq = bpack + block_offset(q);
         for (int64_t ns = ns0; ns < ns1; ++ns) {
           const int64_t col = jc + ns * nr;
           const int nv = static_cast<int>(std::min(nr, jc + nc - col));
@@ -202,12 +219,12 @@ void gemm_packed(const GemmParams& p, const PackedPath& path, GemmBlocking blk) 
             const int64_t row = ms * mr;
             const int mv = static_cast<int>(std::min(mr, p.m - row));
             ep.residual = last && p.residual ? p.residual + row * p.ldr + col : nullptr;
-            path.kernel(steps, apack + (ms - ms0) * a_strip, bpack + ns * b_strip,
+            path.kernel(steps, apack + (ms - ms0) * a_strip, bq + ns * b_strip,
                         p.c + row * p.ldc + col, p.ldc, mv, nv, ep);
           }
         }
-      });
-    }
+      }
+    });
   }
 }
 

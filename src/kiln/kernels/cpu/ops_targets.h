@@ -32,6 +32,6 @@ namespace avx512 {
 
 }  // namespace kiln::cpu
 
-#define KILN_OPS_DISPATCH(fn)                                                   \
-  (::kiln::Dispatch<decltype(&::kiln::cpu::scalar::fn)>{                        \
+#define KILN_OPS_DISPATCH(fn)                            \
+  (::kiln::Dispatch<decltype(&::kiln::cpu::scalar::fn)>{ \
       &::kiln::cpu::scalar::fn, &::kiln::cpu::avx2::fn, &::kiln::cpu::avx512::fn})

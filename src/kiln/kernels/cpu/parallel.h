@@ -28,9 +28,8 @@ inline constexpr int64_t kSplitUnit = 64;
 template <class F>
 void parallel_elems(int64_t n, F&& fn) {
   const int64_t units = (n + kSplitUnit - 1) / kSplitUnit;
-  parallel_for(units, grain_for(kSplitUnit), [&](int64_t b, int64_t e) {
-    fn(b * kSplitUnit, std::min(e * kSplitUnit, n));
-  });
+  parallel_for(units, grain_for(kSplitUnit),
+               [&](int64_t b, int64_t e) { fn(b * kSplitUnit, std::min(e * kSplitUnit, n)); });
 }
 
 // fn(col_begin, col_end) over [0, cols) columns of a (rows, cols) reduction, spread over
@@ -39,9 +38,8 @@ void parallel_elems(int64_t n, F&& fn) {
 template <class F>
 void parallel_cols(int64_t rows, int64_t cols, F&& fn) {
   const int64_t units = (cols + kSplitUnit - 1) / kSplitUnit;
-  parallel_for(units, grain_for(rows * kSplitUnit), [&](int64_t b, int64_t e) {
-    fn(b * kSplitUnit, std::min(e * kSplitUnit, cols));
-  });
+  parallel_for(units, grain_for(rows * kSplitUnit),
+               [&](int64_t b, int64_t e) { fn(b * kSplitUnit, std::min(e * kSplitUnit, cols)); });
 }
 
 }  // namespace kiln::cpu

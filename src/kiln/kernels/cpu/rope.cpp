@@ -10,11 +10,12 @@ namespace {
 void rope_apply(float* out, const float* inp, const RopeTable& table, int64_t batch,
                 int64_t seq_len, int64_t n_heads, int64_t head_dim, int64_t pos_offset,
                 float sin_sign) {
-  check_rope_args(table, batch, seq_len, n_heads, head_dim, pos_offset).check_ok(__FILE__, __LINE__);
+  check_rope_args(table, batch, seq_len, n_heads, head_dim, pos_offset)
+      .check_ok(__FILE__, __LINE__);
   const auto fn = KILN_OPS_DISPATCH(rope_rows).pick();
   parallel_for(batch * seq_len, grain_for(n_heads * head_dim), [&](int64_t r0, int64_t r1) {
-    fn(out, inp, table.cos.data(), table.sin.data(), sin_sign, r0, r1, seq_len, n_heads,
-       head_dim, pos_offset);
+    fn(out, inp, table.cos.data(), table.sin.data(), sin_sign, r0, r1, seq_len, n_heads, head_dim,
+       pos_offset);
   });
 }
 

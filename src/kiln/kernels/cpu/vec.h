@@ -54,21 +54,51 @@ struct Vec {
     }
   }
 };
-inline Vec operator+(Vec a, Vec b) { return {_mm512_add_ps(a.v, b.v)}; }
-inline Vec operator-(Vec a, Vec b) { return {_mm512_sub_ps(a.v, b.v)}; }
-inline Vec operator*(Vec a, Vec b) { return {_mm512_mul_ps(a.v, b.v)}; }
-inline Vec operator/(Vec a, Vec b) { return {_mm512_div_ps(a.v, b.v)}; }
-inline Vec fmadd(Vec a, Vec b, Vec c) { return {_mm512_fmadd_ps(a.v, b.v, c.v)}; }    // a*b + c
-inline Vec fnmadd(Vec a, Vec b, Vec c) { return {_mm512_fnmadd_ps(a.v, b.v, c.v)}; }  // c - a*b
-inline Vec max(Vec a, Vec b) { return {_mm512_max_ps(a.v, b.v)}; }
-inline Vec min(Vec a, Vec b) { return {_mm512_min_ps(a.v, b.v)}; }
-inline Vec abs(Vec a) { return {_mm512_abs_ps(a.v)}; }
-inline Vec sqrt(Vec a) { return {_mm512_sqrt_ps(a.v)}; }
-inline Mask less(Vec a, Vec b) { return _mm512_cmp_ps_mask(a.v, b.v, _CMP_LT_OQ); }
-inline Mask is_nan(Vec a) { return _mm512_cmp_ps_mask(a.v, a.v, _CMP_UNORD_Q); }
-inline Vec select(Mask m, Vec a, Vec b) { return {_mm512_mask_blend_ps(m, b.v, a.v)}; }  // m ? a : b
-inline float reduce_add(Vec a) { return _mm512_reduce_add_ps(a.v); }
-inline float reduce_max(Vec a) { return _mm512_reduce_max_ps(a.v); }
+inline Vec operator+(Vec a, Vec b) {
+  return {_mm512_add_ps(a.v, b.v)};
+}
+inline Vec operator-(Vec a, Vec b) {
+  return {_mm512_sub_ps(a.v, b.v)};
+}
+inline Vec operator*(Vec a, Vec b) {
+  return {_mm512_mul_ps(a.v, b.v)};
+}
+inline Vec operator/(Vec a, Vec b) {
+  return {_mm512_div_ps(a.v, b.v)};
+}
+inline Vec fmadd(Vec a, Vec b, Vec c) {
+  return {_mm512_fmadd_ps(a.v, b.v, c.v)};
+}  // a*b + c
+inline Vec fnmadd(Vec a, Vec b, Vec c) {
+  return {_mm512_fnmadd_ps(a.v, b.v, c.v)};
+}  // c - a*b
+inline Vec max(Vec a, Vec b) {
+  return {_mm512_max_ps(a.v, b.v)};
+}
+inline Vec min(Vec a, Vec b) {
+  return {_mm512_min_ps(a.v, b.v)};
+}
+inline Vec abs(Vec a) {
+  return {_mm512_abs_ps(a.v)};
+}
+inline Vec sqrt(Vec a) {
+  return {_mm512_sqrt_ps(a.v)};
+}
+inline Mask less(Vec a, Vec b) {
+  return _mm512_cmp_ps_mask(a.v, b.v, _CMP_LT_OQ);
+}
+inline Mask is_nan(Vec a) {
+  return _mm512_cmp_ps_mask(a.v, a.v, _CMP_UNORD_Q);
+}
+inline Vec select(Mask m, Vec a, Vec b) {
+  return {_mm512_mask_blend_ps(m, b.v, a.v)};
+}  // m ? a : b
+inline float reduce_add(Vec a) {
+  return _mm512_reduce_add_ps(a.v);
+}
+inline float reduce_max(Vec a) {
+  return _mm512_reduce_max_ps(a.v);
+}
 inline Vec round_nearest(Vec a) {
   return {_mm512_roundscale_ps(a.v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC)};
 }
@@ -108,19 +138,45 @@ struct Vec {
     }
   }
 };
-inline Vec operator+(Vec a, Vec b) { return {_mm256_add_ps(a.v, b.v)}; }
-inline Vec operator-(Vec a, Vec b) { return {_mm256_sub_ps(a.v, b.v)}; }
-inline Vec operator*(Vec a, Vec b) { return {_mm256_mul_ps(a.v, b.v)}; }
-inline Vec operator/(Vec a, Vec b) { return {_mm256_div_ps(a.v, b.v)}; }
-inline Vec fmadd(Vec a, Vec b, Vec c) { return {_mm256_fmadd_ps(a.v, b.v, c.v)}; }
-inline Vec fnmadd(Vec a, Vec b, Vec c) { return {_mm256_fnmadd_ps(a.v, b.v, c.v)}; }
-inline Vec max(Vec a, Vec b) { return {_mm256_max_ps(a.v, b.v)}; }
-inline Vec min(Vec a, Vec b) { return {_mm256_min_ps(a.v, b.v)}; }
-inline Vec abs(Vec a) { return {_mm256_andnot_ps(_mm256_set1_ps(-0.0f), a.v)}; }
-inline Vec sqrt(Vec a) { return {_mm256_sqrt_ps(a.v)}; }
-inline Mask less(Vec a, Vec b) { return _mm256_cmp_ps(a.v, b.v, _CMP_LT_OQ); }
-inline Mask is_nan(Vec a) { return _mm256_cmp_ps(a.v, a.v, _CMP_UNORD_Q); }
-inline Vec select(Mask m, Vec a, Vec b) { return {_mm256_blendv_ps(b.v, a.v, m)}; }
+inline Vec operator+(Vec a, Vec b) {
+  return {_mm256_add_ps(a.v, b.v)};
+}
+inline Vec operator-(Vec a, Vec b) {
+  return {_mm256_sub_ps(a.v, b.v)};
+}
+inline Vec operator*(Vec a, Vec b) {
+  return {_mm256_mul_ps(a.v, b.v)};
+}
+inline Vec operator/(Vec a, Vec b) {
+  return {_mm256_div_ps(a.v, b.v)};
+}
+inline Vec fmadd(Vec a, Vec b, Vec c) {
+  return {_mm256_fmadd_ps(a.v, b.v, c.v)};
+}
+inline Vec fnmadd(Vec a, Vec b, Vec c) {
+  return {_mm256_fnmadd_ps(a.v, b.v, c.v)};
+}
+inline Vec max(Vec a, Vec b) {
+  return {_mm256_max_ps(a.v, b.v)};
+}
+inline Vec min(Vec a, Vec b) {
+  return {_mm256_min_ps(a.v, b.v)};
+}
+inline Vec abs(Vec a) {
+  return {_mm256_andnot_ps(_mm256_set1_ps(-0.0f), a.v)};
+}
+inline Vec sqrt(Vec a) {
+  return {_mm256_sqrt_ps(a.v)};
+}
+inline Mask less(Vec a, Vec b) {
+  return _mm256_cmp_ps(a.v, b.v, _CMP_LT_OQ);
+}
+inline Mask is_nan(Vec a) {
+  return _mm256_cmp_ps(a.v, a.v, _CMP_UNORD_Q);
+}
+inline Vec select(Mask m, Vec a, Vec b) {
+  return {_mm256_blendv_ps(b.v, a.v, m)};
+}
 inline float reduce_add(Vec a) {
   __m128 s = _mm_add_ps(_mm256_castps256_ps128(a.v), _mm256_extractf128_ps(a.v, 1));
   s = _mm_add_ps(s, _mm_movehl_ps(s, s));
@@ -157,21 +213,51 @@ struct Vec {
     if (lanes >= 1) *p = v;
   }
 };
-inline Vec operator+(Vec a, Vec b) { return {a.v + b.v}; }
-inline Vec operator-(Vec a, Vec b) { return {a.v - b.v}; }
-inline Vec operator*(Vec a, Vec b) { return {a.v * b.v}; }
-inline Vec operator/(Vec a, Vec b) { return {a.v / b.v}; }
-inline Vec fmadd(Vec a, Vec b, Vec c) { return {a.v * b.v + c.v}; }
-inline Vec fnmadd(Vec a, Vec b, Vec c) { return {c.v - a.v * b.v}; }
-inline Vec max(Vec a, Vec b) { return {a.v > b.v ? a.v : b.v}; }
-inline Vec min(Vec a, Vec b) { return {a.v < b.v ? a.v : b.v}; }
-inline Vec abs(Vec a) { return {fabsf(a.v)}; }
-inline Vec sqrt(Vec a) { return {sqrtf(a.v)}; }
-inline Mask less(Vec a, Vec b) { return a.v < b.v; }
-inline Mask is_nan(Vec a) { return a.v != a.v; }
-inline Vec select(Mask m, Vec a, Vec b) { return m ? a : b; }
-inline float reduce_add(Vec a) { return a.v; }
-inline float reduce_max(Vec a) { return a.v; }
+inline Vec operator+(Vec a, Vec b) {
+  return {a.v + b.v};
+}
+inline Vec operator-(Vec a, Vec b) {
+  return {a.v - b.v};
+}
+inline Vec operator*(Vec a, Vec b) {
+  return {a.v * b.v};
+}
+inline Vec operator/(Vec a, Vec b) {
+  return {a.v / b.v};
+}
+inline Vec fmadd(Vec a, Vec b, Vec c) {
+  return {a.v * b.v + c.v};
+}
+inline Vec fnmadd(Vec a, Vec b, Vec c) {
+  return {c.v - a.v * b.v};
+}
+inline Vec max(Vec a, Vec b) {
+  return {a.v > b.v ? a.v : b.v};
+}
+inline Vec min(Vec a, Vec b) {
+  return {a.v < b.v ? a.v : b.v};
+}
+inline Vec abs(Vec a) {
+  return {fabsf(a.v)};
+}
+inline Vec sqrt(Vec a) {
+  return {sqrtf(a.v)};
+}
+inline Mask less(Vec a, Vec b) {
+  return a.v < b.v;
+}
+inline Mask is_nan(Vec a) {
+  return a.v != a.v;
+}
+inline Vec select(Mask m, Vec a, Vec b) {
+  return m ? a : b;
+}
+inline float reduce_add(Vec a) {
+  return a.v;
+}
+inline float reduce_max(Vec a) {
+  return a.v;
+}
 // Round-to-nearest-even by the 1.5·2^23 trick (|a| < 2^22; exact under the default rounding
 // mode without -ffast-math, which kiln never uses; needs no SSE4.1).
 inline Vec round_nearest(Vec a) {
@@ -187,7 +273,9 @@ inline Vec pow2i(Vec n) {
 #endif
 
 // ---- shared by every target -----------------------------------------------------------------
-inline Vec operator-(Vec a) { return Vec::zero() - a; }
+inline Vec operator-(Vec a) {
+  return Vec::zero() - a;
+}
 
 // Calls f(i, lanes) for i = 0, kLanes, 2·kLanes, ... < n; every call has lanes == kLanes except
 // possibly the last (the tail), so the main loop inlines with full-width loads and stores.
@@ -200,15 +288,15 @@ inline void for_each_vec(int64_t n, F&& f) {
 
 // e^x: Cody–Waite reduction x = n·ln2 + r (|r| <= ln2/2) and Cephes' expf polynomial (degree 7
 // with the leading 1 + r): max error 1.3 ulp over [-87.3, 88.3] on every target (measured
-// against double exp by tests/kernels/cases_elementwise.cpp, which asserts <= 2). x > 88.376 gives +inf (true overflow is at 88.72),
-// x < -87.336 gives 0 (no subnormal results), NaN gives NaN.
+// against double exp by tests/kernels/cases_elementwise.cpp, which asserts <= 2). x > 88.376 gives
+// +inf (true overflow is at 88.72), x < -87.336 gives 0 (no subnormal results), NaN gives NaN.
 inline Vec exp(Vec x) {
   const Vec hi = Vec::set1(88.3762626647949f), lo = Vec::set1(-87.3365447504f);
   const Mask under = less(x, lo), over = less(hi, x), nan = is_nan(x);
   const Vec xc = min(max(x, lo), hi);
   const Vec n = round_nearest(xc * Vec::set1(1.44269504088896341f));  // x·log2(e)
   Vec r = fnmadd(n, Vec::set1(0.693359375f), xc);                     // ln2 = 0.693359375
-  r = fnmadd(n, Vec::set1(-2.12194440e-4f), r);                        //     - 2.12194440e-4
+  r = fnmadd(n, Vec::set1(-2.12194440e-4f), r);                       //     - 2.12194440e-4
   Vec p = Vec::set1(1.9875691500e-4f);
   p = fmadd(p, r, Vec::set1(1.3981999507e-3f));
   p = fmadd(p, r, Vec::set1(8.3334519073e-3f));

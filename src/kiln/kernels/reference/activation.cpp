@@ -9,7 +9,9 @@ namespace {
 constexpr double kGeluC = 0.79788456080286535588;  // sqrt(2/pi)
 constexpr double kGeluA = 0.044715;
 
-double sigmoid(double x) { return 1.0 / (1.0 + std::exp(-x)); }
+double sigmoid(double x) {
+  return 1.0 / (1.0 + std::exp(-x));
+}
 
 }  // namespace
 

@@ -17,8 +17,8 @@ void row_stats(const float* x, int64_t vocab, double* m, double* s) {
 
 }  // namespace
 
-void cross_entropy_forward(float* losses, const float* logits, const int32_t* targets,
-                           int64_t rows, int64_t vocab) {
+void cross_entropy_forward(float* losses, const float* logits, const int32_t* targets, int64_t rows,
+                           int64_t vocab) {
   check_targets({targets, static_cast<size_t>(rows)}, vocab).check_ok(__FILE__, __LINE__);
   for (int64_t r = 0; r < rows; ++r) {
     if (targets[r] == kIgnoreTarget) {

@@ -15,7 +15,8 @@ void accumulate(float* y, const float* x, int64_t n) {
   for (int64_t i = 0; i < n; ++i) y[i] += x[i];
 }
 void exp_array(float* out, const float* inp, int64_t n) {
-  for (int64_t i = 0; i < n; ++i) out[i] = static_cast<float>(std::exp(static_cast<double>(inp[i])));
+  for (int64_t i = 0; i < n; ++i)
+    out[i] = static_cast<float>(std::exp(static_cast<double>(inp[i])));
 }
 void tanh_array(float* out, const float* inp, int64_t n) {
   for (int64_t i = 0; i < n; ++i) {

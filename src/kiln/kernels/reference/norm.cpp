@@ -8,9 +8,8 @@
 
 namespace kiln::ref {
 
-void layernorm_forward(float* out, float* mean, float* rstd, const float* inp,
-                       const float* weight, const float* bias, int64_t rows, int64_t cols,
-                       float eps) {
+void layernorm_forward(float* out, float* mean, float* rstd, const float* inp, const float* weight,
+                       const float* bias, int64_t rows, int64_t cols, float eps) {
   KILN_CHECK(rows >= 0 && cols > 0);
   for (int64_t r = 0; r < rows; ++r) {
     const float* x = inp + r * cols;  // (cols,)
@@ -31,8 +30,8 @@ void layernorm_forward(float* out, float* mean, float* rstd, const float* inp,
 }
 
 void layernorm_backward(float* dinp, float* dweight, float* dbias, const float* dout,
-                        const float* inp, const float* weight, const float* mean,
-                        const float* rstd, int64_t rows, int64_t cols) {
+                        const float* inp, const float* weight, const float* mean, const float* rstd,
+                        int64_t rows, int64_t cols) {
   KILN_CHECK(rows >= 0 && cols > 0);
   std::vector<double> dw(cols, 0.0), db(cols, 0.0);  // (cols,)
   for (int64_t r = 0; r < rows; ++r) {
@@ -63,8 +62,8 @@ void layernorm_backward(float* dinp, float* dweight, float* dbias, const float* 
   }
 }
 
-void rmsnorm_forward(float* out, float* rstd, const float* inp, const float* weight,
-                     int64_t rows, int64_t cols, float eps) {
+void rmsnorm_forward(float* out, float* rstd, const float* inp, const float* weight, int64_t rows,
+                     int64_t cols, float eps) {
   KILN_CHECK(rows >= 0 && cols > 0);
   for (int64_t r = 0; r < rows; ++r) {
     const float* x = inp + r * cols;

@@ -8,7 +8,8 @@ namespace {
 void rope_apply(float* out, const float* inp, const RopeTable& table, int64_t batch,
                 int64_t seq_len, int64_t n_heads, int64_t head_dim, int64_t pos_offset,
                 double sign) {
-  check_rope_args(table, batch, seq_len, n_heads, head_dim, pos_offset).check_ok(__FILE__, __LINE__);
+  check_rope_args(table, batch, seq_len, n_heads, head_dim, pos_offset)
+      .check_ok(__FILE__, __LINE__);
   const int64_t half = head_dim / 2;
   for (int64_t b = 0; b < batch; ++b) {
     for (int64_t t = 0; t < seq_len; ++t) {

@@ -1,0 +1,41 @@
+// One pairwise exchange for the recursive and pairwise algorithms: receive posted first,
+// messages of up to kEagerSplitMaxBytes cut into eager pieces (see detail.h).
+#include <array>
+
+#include "kiln/dist/detail.h"
+
+namespace kiln::dist::detail {
+namespace {
+
+constexpr size_t kMaxPieces = (kEagerSplitMaxBytes + kEagerPieceBytes - 1) / kEagerPieceBytes;
+
+size_t piece_bytes(size_t nbytes) {
+  return (nbytes > kEagerPieceBytes && nbytes <= kEagerSplitMaxBytes) ? kEagerPieceBytes : nbytes;
+}
+
+}  // namespace
+
+void exchange(const Communicator& c, const std::byte* send, size_t send_nbytes, int to,
+              std::byte* recv, size_t recv_nbytes, int from, int tag) {
+  std::array<MPI_Request, 2 * kMaxPieces> reqs;
+  int num = 0;
+  const size_t rp = piece_bytes(recv_nbytes), sp = piece_bytes(send_nbytes);
+  size_t off = 0;
+  do {  // a zero-byte message is still one message, matching the sender's
+    const size_t len = std::min(rp, recv_nbytes - off);
+    reqs[num++] = c.irecv(recv + off, len, from, tag);
+    off += len;
+  } while (off < recv_nbytes);
+  if (sp == send_nbytes) {
+    // One message: a blocking send is safe, the partner's receive is already posted or will
+    // be before it sends.
+    c.send(send, send_nbytes, to, tag);
+  } else {
+    for (off = 0; off < send_nbytes; off += sp)
+      reqs[num++] = c.isend(send + off, std::min(sp, send_nbytes - off), to, tag);
+  }
+  if (MPI_Waitall(num, reqs.data(), MPI_STATUSES_IGNORE) != MPI_SUCCESS)
+    abort_job("exchange: MPI_Waitall failed");
+}
+
+}  // namespace kiln::dist::detail
