@@ -222,7 +222,9 @@ int calibrate(Communicator& c, const CommBenchOptions& opt, std::byte* send, std
       if (info.algo == Algo::kAuto || info.algo == Algo::kMpi || info.algo == Algo::kHierarchical ||
           !dist::algo_implements(info.algo, op))
         continue;
-      std::vector<double> steps, bytes, secs;
+      // Two regimes (cost_model.h): below and from kLargeCallBytes; the point at the
+      // boundary goes into both fits.
+      std::vector<double> steps[2], bytes[2], secs[2];
       for (int64_t size = 8; size <= max_fit; size *= 4) {
         const int64_t count = count_arg(op, size, p, 4);
         if (count == 0) continue;
@@ -230,17 +232,25 @@ int calibrate(Communicator& c, const CommBenchOptions& opt, std::byte* send, std
         const Summary s = time_collectives(c, op, {info.algo}, send, recv, count, DType::kF32,
                                            ReduceOp::kSum, 3)[0];
         const dist::AlgoCost terms = dist::algo_cost(op, info.algo, p, static_cast<double>(size));
-        steps.push_back(terms.steps);
-        bytes.push_back(terms.bw_bytes);
-        secs.push_back(s.median);
+        for (int g = 0; g < 2; ++g) {
+          const bool large = size >= dist::AlphaBetaTable::kLargeCallBytes;
+          const bool boundary = size == static_cast<int64_t>(dist::AlphaBetaTable::kLargeCallBytes);
+          if ((g == 1) != large && !boundary) continue;
+          steps[g].push_back(terms.steps);
+          bytes[g].push_back(terms.bw_bytes);
+          secs[g].push_back(s.median);
+        }
       }
-      const dist::AlphaBeta f =
-          dist::fit_alpha_beta(steps.data(), bytes.data(), secs.data(), static_cast<int>(secs.size()));
-      table.fit[o][static_cast<int>(info.algo)] = f;
-      if (c.rank() == 0)
-        fmt::print("#   {:<13} {:<19} alpha = {:8.2f} us/step  beta = {:8.4f} ns/B ({:6.2f} GB/s)\n",
-                   dist::coll_op_name(op), info.name, f.alpha_s * 1e6, f.beta_s_per_byte * 1e9,
-                   f.beta_s_per_byte > 0 ? 1e-9 / f.beta_s_per_byte : 0.0);
+      for (int g = 0; g < 2; ++g) {
+        if (secs[g].size() < 2) continue;
+        const dist::AlphaBeta f = dist::fit_alpha_beta(steps[g].data(), bytes[g].data(), secs[g].data(),
+                                                       static_cast<int>(secs[g].size()));
+        (g == 0 ? table.fit : table.fit_large)[o][static_cast<int>(info.algo)] = f;
+        if (c.rank() == 0)
+          fmt::print("#   {:<13} {:<19} {:<6} alpha = {:8.2f} us/step  beta = {:8.4f} ns/B ({:6.2f} GB/s)\n",
+                     dist::coll_op_name(op), info.name, g == 0 ? "small" : "large", f.alpha_s * 1e6,
+                     f.beta_s_per_byte * 1e9, f.beta_s_per_byte > 0 ? 1e-9 / f.beta_s_per_byte : 0.0);
+      }
     }
   }
   int rc = 0;
@@ -343,7 +353,7 @@ int run_comm_bench(const CommBenchOptions& opt) {
           row.wrong = total;
           rows.push_back(row);
         }
-        const double mpi_busbw = size / rows.back().t.median * busbw_factor(*op, p);
+        const double mpi_time = rows.back().t.median;  // ratio kiln/mpi busbw = mpi time / kiln time
         for (const Row& row : rows) {
           const double algbw = size / row.t.median / 1e9;
           const double busbw = algbw * busbw_factor(*op, p);
@@ -359,13 +369,13 @@ int run_comm_bench(const CommBenchOptions& opt) {
                                 {"time_us", row.t.median * 1e6}, {"time_us_min", row.t.min * 1e6},
                                 {"time_us_max", row.t.max * 1e6}, {"algbw_GBps", algbw},
                                 {"busbw_GBps", busbw}, {"wrong", row.wrong},
-                                {"busbw_vs_mpi", busbw * 1e9 / mpi_busbw}};
+                                {"busbw_vs_mpi", mpi_time / row.t.median}};
             fmt::print("{}\n", j.dump());
           } else {
             fmt::print("{:>12} {:>11} {:>5} {:>5}  {:<24} {:>10.2f} {:>8.2f}-{:<8.2f} {:>8.3f} {:>8.3f} {:>7} {:>9.2f}\n",
                        size, count, opt.dtype, is_reducing(*op) ? opt.redop : "-", name,
                        row.t.median * 1e6, row.t.min * 1e6, row.t.max * 1e6, algbw, busbw,
-                       row.wrong, busbw * 1e9 / mpi_busbw);
+                       row.wrong, mpi_time / row.t.median);
           }
         }
         if (r == 0) std::fflush(stdout);

@@ -11,17 +11,18 @@
 #include <chrono>
 #include <functional>
 #include <cmath>
+#include <cstdlib>
 #include <memory>
 #include <thread>
 
 #include "bench/bench_util.h"
-#include "bench/peak.h"
 #include "bench/peers.h"
 #include "kiln/core/cpu_features.h"
 #include "kiln/core/rng.h"
 #include "kiln/core/thread_pool.h"
 #include "kiln/kernels/cpu/gemm_cpu.h"
 #include "kiln/kernels/gemm.h"
+#include "kiln/perf/peak.h"
 
 namespace kiln::bench {
 namespace {
@@ -287,13 +288,11 @@ int run_gemm_bench(const GemmBenchOptions& opt) {
 
   // Ceilings per thread count: FMA peak (f32, bf16) and DRAM read bandwidth over 256 MiB.
   {
-    const int64_t n = std::max<int64_t>(64 << 20, 8 * l3 / 4);  // floats: >= 8x L3
-    Rng rng(3);
-    Buffer big(n, DType::kF32, rng);
+    const int64_t dram_bytes = std::max<int64_t>(int64_t{256} << 20, 8 * l3);  // >= 8x L3
     for (int t : threads_list) {
-      ctx.peak_f32[t] = measure_fma_peak_gflops(t, false);
-      ctx.peak_bf16[t] = measure_fma_peak_gflops(t, true);
-      ctx.dram[t] = measure_read_bandwidth_gbs(t, big.f32(), n);
+      ctx.peak_f32[t] = perf::measure_fma_peak_gflops(DType::kF32, t);
+      ctx.peak_bf16[t] = perf::measure_fma_peak_gflops(DType::kBF16, t);
+      ctx.dram[t] = perf::measure_dram_read_gbps(t, dram_bytes);
       if (opt.json) {
         fmt::print(R"({{"op": "ceilings", "threads": {}, "f32_peak_gflops": {:.1f}, "bf16_peak_gflops": {:.1f}, "dram_read_gbs": {:.2f}}})"
                    "\n", t, ctx.peak_f32[t], ctx.peak_bf16[t], ctx.dram[t]);
@@ -325,6 +324,22 @@ int run_gemm_bench(const GemmBenchOptions& opt) {
     set_num_threads(t);
     set_peer_threads(t);
     for (DType dt : dtypes) {
+      if (!opt.shapes.empty()) {
+        for (const std::string& tok : opt.shapes) {
+          if (tok.empty()) continue;
+          if (tok[0] != 'd') {
+            const int64_t s = std::atoll(tok.c_str());
+            if (s > 0) bench_shape(ctx, {s, s, s, false, dt}, t, "warm", l3);
+            continue;
+          }
+          const int64_t m = std::atoll(tok.c_str() + 1);
+          if (m < 1) continue;
+          const char last = tok.back();
+          if (last != 'c') bench_shape(ctx, {m, 4096, 4096, true, dt}, t, "warm", l3);
+          if (last != 'w') bench_shape(ctx, {m, 4096, 4096, true, dt}, t, "cold", l3);
+        }
+        continue;
+      }
       for (int64_t s : squares) bench_shape(ctx, {s, s, s, false, dt}, t, "warm", l3);
       for (int64_t m : decode_m) {
         // Decode-like: weights (N, K) as PyTorch stores them (y = x W^T).

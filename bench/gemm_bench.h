@@ -15,6 +15,9 @@ struct GemmBenchOptions {
   std::vector<int> threads_list = {1, 2};
   std::string dtype = "all";  // f32 | bf16 | all
   int reps = 5;               // timed repetitions after one warm-up; median, min-max printed
+  // Only these shapes when not empty: "512" a square, "d4" decode-like M = 4 warm and cold,
+  // "d4w" / "d4c" warm or cold only.
+  std::vector<std::string> shapes;
 };
 
 int run_gemm_bench(const GemmBenchOptions& opt);

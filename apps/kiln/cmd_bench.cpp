@@ -23,6 +23,9 @@ void register_bench(CLI::App& app) {
       ->check(CLI::IsMember({"f32", "bf16", "all"}));
   gemm->add_option("--reps", gemm_opt->reps, "Timed repetitions after warm-up (>= 5 recommended)")
       ->check(CLI::Range(1, 1000));
+  gemm->add_option("--shapes", gemm_opt->shapes,
+                   "Only these shapes: 512 (square), d4 (M=4 decode, warm+cold), d4w, d4c")
+      ->delimiter(',');
   gemm->callback([gemm_opt] {
     const int rc = bench::run_gemm_bench(*gemm_opt);
     if (rc != 0) std::exit(rc);

@@ -3,12 +3,16 @@
 
 #include <cmath>
 #include <filesystem>
+#include <fstream>
 #include <map>
 
 #include "apps/kiln/commands.h"
 #include "kiln/core/rng.h"
 #include "kiln/core/thread_pool.h"
+#include "kiln/kernels/attention.h"
 #include "kiln/model/weights.h"
+#include "kiln/perf/peak.h"
+#include "kiln/perf/svg.h"
 #include "kiln/serve/sampler.h"
 #include "kiln/tokenizer/bpe.h"
 #include "kiln/train/corpus.h"
@@ -37,6 +41,8 @@ struct TrainArgs {
   std::string preset = "llama-tiny", out = "runs/llama-tiny";
   TrainOptions opt;
   double minutes = 0;
+  bool resume = false;
+  int64_t save_every = 0;
 };
 
 void run_train(const TrainArgs& a) {
@@ -58,27 +64,62 @@ void run_train(const TrainArgs& a) {
   opt.max_seconds = a.minutes * 60.0;
   if (opt.max_seconds > 0 && opt.max_steps <= 0) opt.max_steps = 1'000'000;
   const double flops_per_token = cfg->train_flops_per_token(opt.seq_len);
+  const double peak = perf::fma_peak_gflops(num_threads());  // measured once, ~0.15 s
   fmt::print("model: {}\n", cfg->describe());
   fmt::print("train: {} tokens, val: {} tokens; batch {} × seq {} × accum {}; {} threads\n",
              train_data->tokens.size(), val_data->tokens.size(), opt.batch, opt.seq_len, opt.grad_accum, num_threads());
   const double unigram = unigram_entropy(*val_data);
   fmt::print("unigram entropy of the validation text: {:.3f} nats/token (loss of a context-free model)\n", unigram);
+  Trainer trainer(**model, *train_data, &*val_data, opt);
+  {
+    std::vector<int32_t> probe(static_cast<size_t>(opt.batch * opt.seq_len), 0);
+    (void)(*model)->forward(probe.data(), nullptr, opt.batch, opt.seq_len);
+    fmt::print("memory: weights {:.1f} MiB, grads {:.1f} MiB, AdamW {:.1f} MiB, activations {:.1f} MiB; "
+               "{:.1f} MFLOP/token (train)\n", (*model)->params().size_bytes() / 1048576.0,
+               (*model)->grads().size_bytes() / 1048576.0, 2 * (*model)->params().size_bytes() / 1048576.0,
+               (*model)->activation_bytes() / 1048576.0, flops_per_token / 1e6);
+  }
+  const std::string ckpt = (std::filesystem::path(a.out) / "checkpoint.bin").string();
+  std::error_code ec;
+  std::filesystem::create_directories(a.out, ec);
+  if (a.resume) {
+    if (Status st = trainer.load_checkpoint(ckpt); !st.ok()) fail("train", st);
+    fmt::print("resumed from {} at step {}\n", ckpt, trainer.steps_done());
+  }
   double last_val = -1;
-  train(**model, *train_data, &*val_data, opt, [&](const StepStats& s) {
-    if (s.val_loss >= 0) last_val = s.val_loss;
-    if (s.step % 10 == 0 || s.step == 1 || s.val_loss >= 0) {
-      const double remaining = opt.max_seconds > 0 ? std::max(0.0, opt.max_seconds - s.elapsed)
-                                                   : (opt.max_steps - s.step) * s.seconds;
-      fmt::print("step {:5d} | loss {:.4f}{} | lr {:.2e} | gnorm {:.2f} | {:.0f} tok/s | {:.1f} GFLOP/s | ETA {:.0f}s\n",
-                 s.step, s.loss, s.val_loss >= 0 ? fmt::format(" val {:.4f}", s.val_loss) : std::string(), s.lr,
-                 s.grad_norm, s.tokens_per_second, s.tokens_per_second * flops_per_token / 1e9, remaining);
+  Series train_curve{"train loss", {}, "", false}, val_curve{"validation loss", {}, "", true};
+  while (!trainer.done()) {
+    const StepStats s = trainer.step();
+    train_curve.points.emplace_back(static_cast<double>(s.step), s.loss);
+    if (s.val_loss >= 0) {
+      last_val = s.val_loss;
+      val_curve.points.emplace_back(static_cast<double>(s.step), s.val_loss);
+    }
+    if (s.step % 10 == 0 || s.step == 1 || s.val_loss >= 0 || trainer.done()) {
+      const double remaining = (trainer.total_steps() - s.step) * s.seconds;
+      const double achieved = s.tokens_per_second * flops_per_token;  // FLOP/s
+      fmt::print("step {:5d}/{} | loss {:.4f}{} | lr {:.2e} | gnorm {:.2f} | {:.0f} tok/s | {:.1f} GFLOP/s | MFU {:.1f}% | ETA {:.0f}s\n",
+                 s.step, trainer.total_steps(), s.loss, s.val_loss >= 0 ? fmt::format(" val {:.4f}", s.val_loss) : std::string(),
+                 s.lr, s.grad_norm, s.tokens_per_second, achieved / 1e9, 100.0 * achieved / (peak * 1e9), remaining);
       std::fflush(stdout);
     }
-  });
+    if (a.save_every > 0 && s.step % a.save_every == 0) {
+      if (Status st = trainer.save_checkpoint(ckpt); !st.ok()) fail("train", st);
+    }
+  }
+  if (Status st = trainer.save_checkpoint(ckpt); !st.ok()) fail("train", st);
   if (Status st = save_model(a.out, **model); !st.ok()) fail("train", st);
   std::filesystem::copy_file(paths->tokenizer, std::filesystem::path(a.out) / "tokenizer.json",
                              std::filesystem::copy_options::overwrite_existing);
-  fmt::print("validation loss {:.4f} vs unigram entropy {:.4f} nats/token; saved {}\n", last_val, unigram, a.out);
+  ChartOptions chart;
+  chart.title = fmt::format("{} on {}", a.preset, paths->dir);
+  chart.x_label = "step";
+  chart.y_label = "loss (nats/token)";
+  Series unigram_line{"unigram entropy", {{1.0, unigram}, {static_cast<double>(trainer.steps_done()), unigram}}, "#999", false};
+  const std::string svg_path = (std::filesystem::path(a.out) / "loss.svg").string();
+  std::ofstream(svg_path) << line_chart_svg({train_curve, val_curve, unigram_line}, chart);
+  fmt::print("validation loss {:.4f} vs unigram entropy {:.4f} nats/token; saved {} (loss curve {})\n", last_val,
+             unigram, a.out, svg_path);
 }
 
 struct GenArgs {
@@ -100,22 +141,26 @@ void run_generate(const GenArgs& a) {
   for (int sample = 0; sample < a.samples; ++sample) {
     std::vector<int32_t> ids = tk->encode(a.prompt);
     if (ids.empty()) fail("generate", invalid_argument("--prompt is empty"));
+    if (static_cast<int64_t>(ids.size()) >= ctx)
+      fail("generate", invalid_argument("--prompt has {} tokens; the context is {}", ids.size(), ctx));
     fmt::print("{}", a.prompt);
+    // Prefill the prompt once, then one token per step through the KV cache.
+    KVCache cache = m.make_kv_cache(ctx);
+    auto logits = m.forward_cached(ids.data(), static_cast<int64_t>(ids.size()), cache);
+    if (!logits.ok()) fail("generate", logits.status());
+    const float* last = *logits + (static_cast<int64_t>(ids.size()) - 1) * V;
     std::string text;
-    for (int64_t i = 0; i < a.max_tokens; ++i) {
-      // Full recompute over the last `ctx` tokens (the KV-cache path comes with the serving work).
-      const int64_t start = std::max<int64_t>(0, static_cast<int64_t>(ids.size()) - ctx);
-      const int64_t T = static_cast<int64_t>(ids.size()) - start;
-      auto r = m.forward(ids.data() + start, nullptr, 1, T);
-      if (!r.ok()) fail("generate", r.status());
-      const int32_t next = sample_token(m.logits() + (T - 1) * V, V, a.sampling, rng);
+    for (int64_t i = 0; i < a.max_tokens && cache.len < cache.max_len; ++i) {
+      const int32_t next = sample_token(last, V, a.sampling, rng);
       if (next == tk->eot_id()) break;
-      ids.push_back(next);
       const std::string piece(tk->token_bytes(next));
       text += piece;
       fmt::print("{}", piece);
       std::fflush(stdout);
       if (!a.stop.empty() && text.find(a.stop) != std::string::npos) break;
+      auto step = m.forward_cached(&next, 1, cache);
+      if (!step.ok()) fail("generate", step.status());
+      last = *step;
     }
     fmt::print("\n---\n");
   }
@@ -158,6 +203,12 @@ void register_train(CLI::App& app) {
   t->add_option("--eval-every", ta->opt.eval_every, "Validation loss every N steps")->check(CLI::Range(0, 1 << 30));
   t->add_option("--eval-batches", ta->opt.eval_batches, "Validation batches per evaluation")->check(CLI::Range(1, 1 << 20));
   t->add_option("--seed", ta->opt.seed, "Seed for weights and data order");
+  t->add_option("--attention", "Attention kernels: flash (default) or naive (the T×T GEMM path, for comparison)")
+      ->check(CLI::IsMember({"naive", "flash"}))
+      ->each([](const std::string& s) { set_attention_impl(parse_attention_impl(s).value()); });
+  t->add_flag("--resume", ta->resume, "Continue from OUT/checkpoint.bin (same options give the same losses)");
+  t->add_option("--save-every", ta->save_every, "Write OUT/checkpoint.bin every N steps (and always at the end)")
+      ->check(CLI::Range(0, 1 << 30));
   t->callback([ta] { run_train(*ta); });
 
   auto ga = std::make_shared<GenArgs>();
@@ -170,6 +221,9 @@ void register_train(CLI::App& app) {
   g->add_option("--top-p", ga->sampling.top_p, "Nucleus sampling mass (1: off)")->check(CLI::Range(0.0, 1.0));
   g->add_option("--stop", ga->stop, "Stop when this string appears");
   g->add_option("--seed", ga->seed, "Sampling seed");
+  g->add_option("--attention", "Attention kernels: flash (default) or naive (the T×T GEMM path, for comparison)")
+      ->check(CLI::IsMember({"naive", "flash"}))
+      ->each([](const std::string& s) { set_attention_impl(parse_attention_impl(s).value()); });
   g->add_option("--samples", ga->samples, "Number of samples")->check(CLI::Range(1, 100));
   g->callback([ga] { run_generate(*ga); });
 }

@@ -9,7 +9,11 @@ void register_info(CLI::App& app);
 void register_bench(CLI::App& app);
 void register_tokenizer(CLI::App& app);
 void register_train(CLI::App& app);
+void register_bench_tokenizer(CLI::App& app);  // after register_bench
 void register_comm(CLI::App& app);  // `bench comm` and `plan comm` (cmd_comm.cpp)
+void register_bench_attention(CLI::App& app);  // `bench attention` (cmd_bench_attention.cpp)
+void register_eval(CLI::App& app);         // `eval` (cmd_eval.cpp)
+void register_bench_train(CLI::App& app);  // `bench train`, after register_bench (cmd_bench_train.cpp)
 
 // Exit code for a subcommand that failed on user input (message already printed).
 inline constexpr int kUserError = 2;

@@ -31,9 +31,13 @@ int main(int argc, char** argv) {
 
   kiln::app::register_info(app);
   kiln::app::register_bench(app);
+  kiln::app::register_bench_attention(app);
   kiln::app::register_tokenizer(app);
   kiln::app::register_train(app);
+  kiln::app::register_bench_tokenizer(app);
   kiln::app::register_comm(app);  // after bench: adds `bench comm` and `plan comm`
+  kiln::app::register_eval(app);
+  kiln::app::register_bench_train(app);  // after bench: adds `bench train`
 
   try {
     app.parse(argc, argv);

@@ -77,8 +77,13 @@ TEST(DistCostModel, PredictAndSelect) {
   // A per-algorithm fit for this p overrides the link model.
   t.fitted_p = 4;
   t.fit[static_cast<int>(CollOp::kAllReduce)][static_cast<int>(Algo::kRing)] = {0, 1e-12};
-  EXPECT_EQ(select_algo(t, CollOp::kAllReduce, 4, 64 << 20), Algo::kRing);
   EXPECT_NEAR(predict_seconds(t, CollOp::kAllReduce, Algo::kRing, 4, 1024), 1536e-12, 1e-18);
+  // Calls from kLargeCallBytes up use the large-regime fit (none yet: the link model).
+  EXPECT_EQ(select_algo(t, CollOp::kAllReduce, 4, 64 << 20), Algo::kRabenseifner);
+  t.fit_large[static_cast<int>(CollOp::kAllReduce)][static_cast<int>(Algo::kRing)] = {1e-6, 1e-12};
+  EXPECT_EQ(select_algo(t, CollOp::kAllReduce, 4, 64 << 20), Algo::kRing);
+  EXPECT_NEAR(predict_seconds(t, CollOp::kAllReduce, Algo::kRing, 4, 4 << 20),
+              6e-6 + 1.5 * (4 << 20) * 1e-12, 1e-15);
   // Hierarchical is chosen only when ranks form several nodes.
   for (double n : {8.0, 1e3, 1e6, 1e9})
     EXPECT_NE(select_algo(t, CollOp::kAllReduce, 8, n, 0), Algo::kHierarchical);
@@ -113,6 +118,7 @@ TEST(DistCostModel, CalibrationFileRoundTrip) {
   t.gamma_s_per_byte = 5e-11;
   t.fitted_p = c.size();
   t.fit[static_cast<int>(CollOp::kAllReduce)][static_cast<int>(Algo::kRing)] = {4e-6, 6e-10};
+  t.fit_large[static_cast<int>(CollOp::kAllReduce)][static_cast<int>(Algo::kRing)] = {5e-6, 7e-10};
   if (c.rank() == 0) {
     std::remove(path.c_str());
     EXPECT_TRUE(save_cost_table(t, path).ok());
@@ -124,6 +130,7 @@ TEST(DistCostModel, CalibrationFileRoundTrip) {
   EXPECT_DOUBLE_EQ(u.gamma_s_per_byte, 5e-11);
   EXPECT_EQ(u.fitted_p, c.size());
   EXPECT_DOUBLE_EQ(u.fit_of(CollOp::kAllReduce, Algo::kRing).beta_s_per_byte, 6e-10);
+  EXPECT_DOUBLE_EQ(u.fit_of(CollOp::kAllReduce, Algo::kRing, 1e9).beta_s_per_byte, 7e-10);
   EXPECT_FALSE(u.fit_of(CollOp::kAllReduce, Algo::kRabenseifner).valid());
   c.barrier();
   if (c.rank() == 0) std::remove(path.c_str());

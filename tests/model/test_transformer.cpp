@@ -2,6 +2,7 @@
 // families (GQA included), plus presets, errors and a few AdamW steps that must lower the loss.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 
 #include "kiln/core/rng.h"
@@ -112,6 +113,44 @@ TEST(Transformer, AdamWStepsLowerTheLoss) {
     }
     EXPECT_LT(last, 0.5f * first) << family_name(f);
     EXPECT_NEAR(first, std::log(11.0f), 0.3f);  // random init predicts about uniformly
+  }
+}
+
+}  // namespace
+}  // namespace kiln
+
+namespace kiln {
+namespace {
+
+// Greedy decoding through the KV cache gives the same tokens (and nearly the same logits) as
+// recomputing the whole sequence every step.
+TEST(Transformer, KvCacheMatchesFullRecompute) {
+  for (ModelFamily f : {ModelFamily::kGpt2, ModelFamily::kLlama}) {
+    ModelConfig c = tiny(f);
+    c.max_seq_len = 24;
+    auto model = Transformer::create(c, 9).value();
+    Rng rng(2);
+    for (float& w : model->params()) w += 0.2f * rng.normal();
+    const int64_t V = c.vocab_size;
+    std::vector<int32_t> full = {3, 1, 4, 1, 5};
+    KVCache cache = model->make_kv_cache(24);
+    const float* cl = model->forward_cached(full.data(), 5, cache).value();
+    std::vector<float> cached_last(cl + 4 * V, cl + 5 * V);
+    for (int step = 0; step < 12; ++step) {
+      ASSERT_TRUE(model->forward(full.data(), nullptr, 1, static_cast<int64_t>(full.size())).ok());
+      const float* fl = model->logits() + (static_cast<int64_t>(full.size()) - 1) * V;
+      for (int64_t i = 0; i < V; ++i) ASSERT_NEAR(cached_last[i], fl[i], 1e-4f) << family_name(f) << " step " << step;
+      const int32_t next = static_cast<int32_t>(std::max_element(fl, fl + V) - fl);
+      EXPECT_EQ(next, static_cast<int32_t>(std::max_element(cached_last.begin(), cached_last.end()) - cached_last.begin()));
+      full.push_back(next);
+      const float* nl = model->forward_cached(&next, 1, cache).value();
+      cached_last.assign(nl, nl + V);
+    }
+    EXPECT_EQ(cache.len, 17);
+    EXPECT_EQ(cache.bytes_per_token(), 2 * c.n_layers * c.n_kv_heads * c.head_dim() * 4);
+    // Past the cache: an error, not a crash.
+    KVCache small = model->make_kv_cache(4);
+    EXPECT_FALSE(model->forward_cached(full.data(), 5, small).ok());
   }
 }
 

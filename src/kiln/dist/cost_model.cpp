@@ -96,7 +96,7 @@ AlgoCost algo_cost(CollOp op, Algo algo, int p, double n, int ranks_per_node) {
 double predict_seconds(const AlphaBetaTable& t, CollOp op, Algo algo, int p, double nbytes,
                        int ranks_per_node) {
   const AlgoCost c = algo_cost(op, algo, p, nbytes, ranks_per_node);
-  const AlphaBeta& f = t.fit_of(op, algo);
+  const AlphaBeta& f = t.fit_of(op, algo, nbytes);
   if (t.fitted_p == p && f.valid()) return f.alpha_s * c.steps + f.beta_s_per_byte * c.bw_bytes;
   return t.link.alpha_s * c.steps + t.link.beta_s_per_byte * c.bw_bytes +
          t.gamma_s_per_byte * c.reduce_bytes;
@@ -158,7 +158,7 @@ namespace {
 using nlohmann::json;
 
 // Flat form of a table for MPI_Bcast: link, gamma, fitted_p, then every fit.
-constexpr int kFlatSize = 4 + kNumCollOps * kNumAlgos * 2;
+constexpr int kFlatSize = 4 + kNumCollOps * kNumAlgos * 4;
 
 void to_flat(const AlphaBetaTable& t, double* v) {
   v[0] = t.link.alpha_s;
@@ -167,8 +167,10 @@ void to_flat(const AlphaBetaTable& t, double* v) {
   v[3] = t.fitted_p;
   for (int o = 0; o < kNumCollOps; ++o)
     for (int a = 0; a < kNumAlgos; ++a) {
-      v[4 + (o * kNumAlgos + a) * 2] = t.fit[o][a].alpha_s;
-      v[5 + (o * kNumAlgos + a) * 2] = t.fit[o][a].beta_s_per_byte;
+      v[4 + (o * kNumAlgos + a) * 4] = t.fit[o][a].alpha_s;
+      v[5 + (o * kNumAlgos + a) * 4] = t.fit[o][a].beta_s_per_byte;
+      v[6 + (o * kNumAlgos + a) * 4] = t.fit_large[o][a].alpha_s;
+      v[7 + (o * kNumAlgos + a) * 4] = t.fit_large[o][a].beta_s_per_byte;
     }
 }
 
@@ -178,8 +180,11 @@ AlphaBetaTable from_flat(const double* v) {
   t.gamma_s_per_byte = v[2];
   t.fitted_p = static_cast<int>(v[3]);
   for (int o = 0; o < kNumCollOps; ++o)
-    for (int a = 0; a < kNumAlgos; ++a)
-      t.fit[o][a] = {v[4 + (o * kNumAlgos + a) * 2], v[5 + (o * kNumAlgos + a) * 2]};
+    for (int a = 0; a < kNumAlgos; ++a) {
+      const double* f = v + 4 + (o * kNumAlgos + a) * 4;
+      t.fit[o][a] = {f[0], f[1]};
+      t.fit_large[o][a] = {f[2], f[3]};
+    }
   return t;
 }
 
@@ -213,6 +218,8 @@ AlphaBetaTable table_from_json(const json& j, int p) {
           if (!a) continue;
           t.fit[static_cast<int>(*op)][static_cast<int>(*a)] = {ab.value("alpha_s", -1.0),
                                                                  ab.value("beta_s_per_byte", -1.0)};
+          t.fit_large[static_cast<int>(*op)][static_cast<int>(*a)] = {
+              ab.value("alpha_large_s", -1.0), ab.value("beta_large_s_per_byte", -1.0)};
         }
       }
     }
@@ -241,9 +248,12 @@ Status save_cost_table(const AlphaBetaTable& t, const std::string& path) {
     json fits = json::object();
     for (int o = 0; o < kNumCollOps; ++o)
       for (int a = 0; a < kNumAlgos; ++a)
-        if (t.fit[o][a].valid())
+        if (t.fit[o][a].valid() || t.fit_large[o][a].valid())
           fits[std::string(kCollOpNames[o])][std::string(kAlgoInfos[a].name)] = {
-              {"alpha_s", t.fit[o][a].alpha_s}, {"beta_s_per_byte", t.fit[o][a].beta_s_per_byte}};
+              {"alpha_s", t.fit[o][a].alpha_s},
+              {"beta_s_per_byte", t.fit[o][a].beta_s_per_byte},
+              {"alpha_large_s", t.fit_large[o][a].alpha_s},
+              {"beta_large_s_per_byte", t.fit_large[o][a].beta_s_per_byte}};
     j["fits"][std::to_string(t.fitted_p)] = fits;
   }
   std::error_code ec;

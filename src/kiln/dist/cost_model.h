@@ -35,12 +35,20 @@ struct AlphaBetaTable {
   // measured with OpenMPI's vader BTL, used until a calibration exists.
   AlphaBeta link{1.0e-6, 1.0 / 8.0e9};
   double gamma_s_per_byte = 1.0 / 12.0e9;  // f32 reduction, bytes of the vector
-  // Per (op, algorithm) fits at p = fitted_p: alpha per step, beta per byte of bandwidth term.
+  // Per (op, algorithm) fits at p = fitted_p: alpha per step, beta per byte of bandwidth term,
+  // in two regimes, because on a CPU the time per byte changes once the buffers leave the
+  // caches: `fit` for calls below kLargeCallBytes, `fit_large` from it up.
   int fitted_p = 0;
   std::array<std::array<AlphaBeta, kNumAlgos>, kNumCollOps> fit{};
-  const AlphaBeta& fit_of(CollOp op, Algo a) const {
-    return fit[static_cast<int>(op)][static_cast<int>(a)];
+  std::array<std::array<AlphaBeta, kNumAlgos>, kNumCollOps> fit_large{};
+  const AlphaBeta& fit_of(CollOp op, Algo a, double nbytes = 0) const {
+    const auto& f = nbytes >= kLargeCallBytes ? fit_large : fit;
+    return f[static_cast<int>(op)][static_cast<int>(a)];
   }
+  // Where the two regimes meet: 2 MiB. On the 2-core Zen 5 VM the per-byte cost of the
+  // pipelined algorithms rises from about there (buffers leave the 1 MiB L2 per core); a
+  // boundary at 512 KiB let the tree's pipeline-fill term skew its large-call fit.
+  static constexpr double kLargeCallBytes = 2.0 * 1024 * 1024;
 };
 
 // Predicted seconds of one call: the per-algorithm fit when one exists for this p, else the

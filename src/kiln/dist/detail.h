@@ -26,9 +26,10 @@ enum Tag : int {
 
 // Ring chunk: a step's block is sent in chunks of this size so that the next rank can reduce
 // and forward chunk k while chunk k+1 is in flight, and the reduction reads a chunk that is
-// still in cache. Chosen by sweeping 64 KiB..4 MiB on the 2-core Zen 5 VM (see bench).
+// still in cache. 256 KiB: a quarter of the 1 MiB L2 per core of the 2-core Zen 5 VM; not
+// yet swept (a sweep with `kiln bench comm --algo ring` is the way to retune it).
 inline constexpr size_t kRingChunkBytes = size_t{256} << 10;
-// Tree and chain pipelines: chunk per pipeline step (same reasoning, same sweep).
+// Tree and chain pipelines: chunk per pipeline step (same reasoning, not yet swept either).
 inline constexpr size_t kTreeChunkBytes = size_t{256} << 10;
 inline constexpr size_t kChainChunkBytes = size_t{256} << 10;
 // OpenMPI's shared-memory transport (vader) sends a message of up to 4 KiB with its header

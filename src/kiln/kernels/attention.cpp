@@ -1,9 +1,35 @@
-// Attention argument checks and cost formulas, shared by every attention backend.
+// Attention argument checks, cost formulas and the process-wide implementation setting, shared
+// by every attention backend.
 #include "kiln/kernels/attention.h"
 
+#include <algorithm>
+#include <atomic>
 #include <cmath>
 
 namespace kiln {
+
+namespace {
+std::atomic<AttentionImpl> g_attention_impl{AttentionImpl::kFlash};
+}  // namespace
+
+void set_attention_impl(AttentionImpl impl) {
+  g_attention_impl.store(impl == AttentionImpl::kDefault ? AttentionImpl::kFlash : impl);
+}
+AttentionImpl attention_impl() { return g_attention_impl.load(); }
+
+std::string_view attention_impl_name(AttentionImpl impl) {
+  switch (impl) {
+    case AttentionImpl::kNaive: return "naive";
+    case AttentionImpl::kFlash: return "flash";
+    default: return "default";
+  }
+}
+
+Expected<AttentionImpl> parse_attention_impl(std::string_view name) {
+  if (name == "naive") return AttentionImpl::kNaive;
+  if (name == "flash") return AttentionImpl::kFlash;
+  return invalid_argument("[attention] unknown implementation '{}' (naive | flash)", name);
+}
 
 float AttentionParams::softmax_scale() const {
   return scale != 0.0f ? scale : 1.0f / std::sqrt(static_cast<float>(head_dim));
@@ -26,6 +52,25 @@ Expected<AttentionParams> check_attention(AttentionParams p) {
       p.k_row_stride < p.n_kv_heads * p.head_dim || p.v_row_stride < p.n_kv_heads * p.head_dim)
     return invalid_argument("[attention] a row stride is shorter than heads × head_dim");
   return p;
+}
+
+Expected<AttentionParams> check_attention_varlen(AttentionParams p, const AttentionVarlen& v) {
+  if (v.num_seqs < 0 || (v.num_seqs > 0 && (!v.cu_seqlens_q || !v.cu_seqlens_k)))
+    return invalid_argument("[attention varlen] num_seqs {} needs cu_seqlens_q and cu_seqlens_k", v.num_seqs);
+  int64_t max_q = 0, max_k = 0;
+  for (int64_t i = 0; i < v.num_seqs; ++i) {
+    const int64_t tq = v.cu_seqlens_q[i + 1] - v.cu_seqlens_q[i], tk = v.cu_seqlens_k[i + 1] - v.cu_seqlens_k[i];
+    if (tq < 0 || tk < 0 || (i == 0 && (v.cu_seqlens_q[0] != 0 || v.cu_seqlens_k[0] != 0)))
+      return invalid_argument("[attention varlen] cu_seqlens must start at 0 and not decrease (sequence {})", i);
+    if (p.causal && tk < tq)
+      return invalid_argument("[attention varlen] causal sequence {} has kv_len {} < q_len {}", i, tk, tq);
+    max_q = std::max(max_q, tq);
+    max_k = std::max(max_k, tk);
+  }
+  p.batch = v.num_seqs;
+  p.q_len = max_q;
+  p.kv_len = max_k;
+  return check_attention(p);
 }
 
 namespace {

@@ -51,6 +51,9 @@ void Linear::backward(float* dx, const float* dy, const float* x, int64_t n, boo
 
 // ---- activations ---------------------------------------------------------------------------
 namespace {
+// Bytes allocated by Buf::alloc since the last reset (for Transformer::activation_bytes).
+int64_t g_activation_bytes = 0;
+
 // A float buffer from the caching allocator (so memory reports see it).
 struct Buf {
   Tensor t;
@@ -58,6 +61,7 @@ struct Buf {
   void alloc(int64_t n) {
     t = Tensor::empty({std::max<int64_t>(n, 1)});
     p = t.data<float>();
+    g_activation_bytes += t.nbytes();
   }
 };
 }  // namespace
@@ -88,13 +92,27 @@ struct Transformer::Layer {
   // Saved activations, (N, ·):
   Buf n1, mean1, rstd1, qkv_out, qb, kb, vb, att, lse, x1, n2, mean2, rstd2, ff1, ff2, ffa;
 
-  AttentionParams attn_params(int64_t B, int64_t T) const {
+  // Without a cache K/V come from this forward (GPT-2: inside the fused QKV rows); with one
+  // they are read back from the cache, which holds kv_len = pos + T rows of Hkv·D.
+  AttentionParams attn_params(int64_t B, int64_t T, int64_t kv_len, bool cached) const {
     AttentionParams p;
-    p.batch = B; p.q_len = T; p.kv_len = T;
+    p.batch = B; p.q_len = T; p.kv_len = kv_len;
     p.n_heads = cfg->n_heads; p.n_kv_heads = cfg->n_kv_heads; p.head_dim = cfg->head_dim();
     p.causal = true;
-    if (!cfg->is_llama()) p.q_row_stride = p.k_row_stride = p.v_row_stride = 3 * cfg->d_model;
+    if (!cfg->is_llama()) {
+      p.q_row_stride = 3 * cfg->d_model;
+      if (!cached) p.k_row_stride = p.v_row_stride = 3 * cfg->d_model;
+    }
     return check_attention(p).value();
+  }
+
+  // Copies T rows of K and V (row strides ks, vs) into the cache at position pos (batch 1).
+  static void append_kv(float* ck, float* cv, const float* k, const float* v, int64_t ks, int64_t vs, int64_t T,
+                        int64_t pos, int64_t width) {
+    for (int64_t t = 0; t < T; ++t) {
+      std::memcpy(ck + (pos + t) * width, k + t * ks, static_cast<size_t>(width) * sizeof(float));
+      std::memcpy(cv + (pos + t) * width, v + t * vs, static_cast<size_t>(width) * sizeof(float));
+    }
   }
 
   void alloc(int64_t B, int64_t T) {
@@ -111,18 +129,22 @@ struct Transformer::Layer {
     }
   }
 
-  // x (N, C) -> y (N, C); saves what backward needs.
-  void forward(float* y, const float* x, int64_t B, int64_t T) {
-    const int64_t N = B * T, C = cfg->d_model;
-    const AttentionParams ap = attn_params(B, T);
+  // x (N, C) -> y (N, C); saves what backward needs. With a cache (batch 1), the tokens sit
+  // at positions [pos, pos + T) and K/V are appended to ck/cv (max_len, Hkv·D).
+  void forward(float* y, const float* x, int64_t B, int64_t T, float* ck = nullptr, float* cv = nullptr,
+               int64_t pos = 0) {
+    const int64_t N = B * T, C = cfg->d_model, kv_width = cfg->n_kv_heads * cfg->head_dim();
+    const bool cached = ck != nullptr;
+    const AttentionParams ap = attn_params(B, T, pos + T, cached);
     if (cfg->is_llama()) {
       cpu::rmsnorm_forward(n1.p, rstd1.p, x, norm1_w, N, C, cfg->norm_eps);
       q.forward(qb.p, n1.p, N);
       k.forward(kb.p, n1.p, N);
       v.forward(vb.p, n1.p, N);
-      cpu::rope_forward(qb.p, qb.p, *rope, B, T, cfg->n_heads, cfg->head_dim(), 0);
-      cpu::rope_forward(kb.p, kb.p, *rope, B, T, cfg->n_kv_heads, cfg->head_dim(), 0);
-      cpu::attention_forward(att.p, lse.p, qb.p, kb.p, vb.p, ap);
+      cpu::rope_forward(qb.p, qb.p, *rope, B, T, cfg->n_heads, cfg->head_dim(), pos);
+      cpu::rope_forward(kb.p, kb.p, *rope, B, T, cfg->n_kv_heads, cfg->head_dim(), pos);
+      if (cached) append_kv(ck, cv, kb.p, vb.p, kv_width, kv_width, T, pos, kv_width);
+      cpu::attention_forward(att.p, lse.p, qb.p, cached ? ck : kb.p, cached ? cv : vb.p, ap);
       o.forward(x1.p, att.p, N, x);
       cpu::rmsnorm_forward(n2.p, rstd2.p, x1.p, norm2_w, N, C, cfg->norm_eps);
       gate.forward(ff1.p, n2.p, N);
@@ -132,7 +154,9 @@ struct Transformer::Layer {
     } else {
       cpu::layernorm_forward(n1.p, mean1.p, rstd1.p, x, norm1_w, norm1_b, N, C, cfg->norm_eps);
       qkv.forward(qkv_out.p, n1.p, N);
-      cpu::attention_forward(att.p, lse.p, qkv_out.p, qkv_out.p + C, qkv_out.p + 2 * C, ap);
+      if (cached) append_kv(ck, cv, qkv_out.p + C, qkv_out.p + 2 * C, 3 * C, 3 * C, T, pos, kv_width);
+      cpu::attention_forward(att.p, lse.p, qkv_out.p, cached ? ck : qkv_out.p + C, cached ? cv : qkv_out.p + 2 * C,
+                             ap);
       o.forward(x1.p, att.p, N, x);
       cpu::layernorm_forward(n2.p, mean2.p, rstd2.p, x1.p, norm2_w, norm2_b, N, C, cfg->norm_eps);
       fc.forward(ff1.p, n2.p, N);
@@ -144,7 +168,7 @@ struct Transformer::Layer {
   // dy (N, C) in, overwritten with dx (N, C). x is this block's saved input.
   void backward(float* dy, const float* x, int64_t B, int64_t T, Acts& s) {
     const int64_t N = B * T, C = cfg->d_model, F = cfg->d_ff;
-    const AttentionParams ap = attn_params(B, T);
+    const AttentionParams ap = attn_params(B, T, T, false);
     float* dx1 = dy;  // the residual carries dy straight through; norm branches add to it
     if (cfg->is_llama()) {
       down.backward(s.dff_a.p, dy, ffa.p, N, false);                       // d swiglu out
@@ -317,6 +341,7 @@ Expected<std::unique_ptr<Transformer>> Transformer::create(const ModelConfig& co
 
 void Transformer::ensure_activations(int64_t B, int64_t T) {
   if (acts_ && acts_->B == B && acts_->T == T) return;
+  g_activation_bytes = 0;
   acts_ = std::make_unique<Acts>();
   Acts& a = *acts_;
   a.B = B;
@@ -332,13 +357,47 @@ void Transformer::ensure_activations(int64_t B, int64_t T) {
   a.dk.alloc(N * config_.n_kv_heads * D); a.dv.alloc(N * config_.n_kv_heads * D);
   a.dff_a.alloc(N * F); a.dff_b.alloc(N * F); a.dff_c.alloc(N * F);
   for (auto& l : layers_) l->alloc(B, T);
+  activation_bytes_ = g_activation_bytes;
 }
 
 // ---- forward / backward -------------------------------------------------------------------
 Expected<float> Transformer::forward(const int32_t* tokens, const int32_t* targets, int64_t B, int64_t T) {
+  return forward_impl(tokens, targets, B, T, nullptr);
+}
+
+int64_t KVCache::bytes_per_token() const {
+  if (k.empty() || max_len == 0) return 0;
+  return 2 * static_cast<int64_t>(k.size()) * k[0].numel() / max_len * static_cast<int64_t>(sizeof(float));
+}
+
+KVCache Transformer::make_kv_cache(int64_t max_len) const {
+  KVCache cache;
+  cache.max_len = std::min(max_len, config_.max_seq_len);
+  const int64_t width = config_.n_kv_heads * config_.head_dim();
+  for (int64_t l = 0; l < config_.n_layers; ++l) {
+    cache.k.push_back(Tensor::zeros({cache.max_len, width}));
+    cache.v.push_back(Tensor::zeros({cache.max_len, width}));
+  }
+  return cache;
+}
+
+Expected<const float*> Transformer::forward_cached(const int32_t* tokens, int64_t n, KVCache& cache) {
+  if (n <= 0) return invalid_argument("[forward_cached] no tokens");
+  if (cache.len + n > cache.max_len)
+    return out_of_range("[forward_cached] {} cached + {} new tokens exceed the cache of {}", cache.len, n, cache.max_len);
+  if (static_cast<int64_t>(cache.k.size()) != config_.n_layers)
+    return invalid_argument("[forward_cached] the cache has {} layers, the model {}", cache.k.size(), config_.n_layers);
+  KILN_RETURN_IF_ERROR(forward_impl(tokens, nullptr, 1, n, &cache).status());
+  cache.len += n;
+  return logits();
+}
+
+Expected<float> Transformer::forward_impl(const int32_t* tokens, const int32_t* targets, int64_t B, int64_t T,
+                                          KVCache* cache) {
   const ModelConfig& c = config_;
   if (B <= 0 || T <= 0 || T > c.max_seq_len)
     return invalid_argument("[forward] batch {} × seq_len {} must be positive with seq_len <= {}", B, T, c.max_seq_len);
+  const int64_t pos = cache ? cache->len : 0;
   const int64_t N = B * T, C = c.d_model, V = c.vocab_size;
   KILN_RETURN_IF_ERROR(check_token_ids({tokens, static_cast<size_t>(N)}, V));
   if (targets) KILN_RETURN_IF_ERROR(check_targets({targets, static_cast<size_t>(N)}, V));
@@ -349,8 +408,12 @@ Expected<float> Transformer::forward(const int32_t* tokens, const int32_t* targe
   const bool gpt2 = c.family == ModelFamily::kGpt2;
   const float* wte = params_.data<float>() + entries_[0].offset;
   cpu::embedding_forward(a.resid[0].p, tokens, wte, N, V, C);
-  if (gpt2) cpu::positional_forward(a.resid[0].p, params_.data<float>() + entries_[1].offset, B, T, C);
-  for (size_t l = 0; l < layers_.size(); ++l) layers_[l]->forward(a.resid[l + 1].p, a.resid[l].p, B, T);
+  if (gpt2) cpu::positional_forward(a.resid[0].p, params_.data<float>() + entries_[1].offset + pos * C, B, T, C);
+  for (size_t l = 0; l < layers_.size(); ++l) {
+    float* ck = cache ? cache->k[l].data<float>() : nullptr;
+    float* cv = cache ? cache->v[l].data<float>() : nullptr;
+    layers_[l]->forward(a.resid[l + 1].p, a.resid[l].p, B, T, ck, cv, pos);
+  }
   const float* x = a.resid.back().p;
   if (gpt2) {
     cpu::layernorm_forward(a.final_norm.p, a.final_mean.p, a.final_rstd.p, x, param("transformer.ln_f.weight"),

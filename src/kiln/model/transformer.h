@@ -36,6 +36,17 @@ struct Linear {
   void backward(float* dx, const float* dy, const float* x, int64_t n, bool accumulate_dx) const;
 };
 
+// Keys and values of past tokens for incremental decoding (batch 1), one (max_len, Hkv·D)
+// buffer per layer for K and for V. The same layer code fills it: a forward with a cache
+// appends the new tokens' K/V at positions [len, len + T) and attends over [0, len + T).
+struct KVCache {
+  int64_t max_len = 0;
+  int64_t len = 0;  // tokens cached so far
+  std::vector<Tensor> k, v;
+  // Bytes per cached token: 2 · layers · kv_heads · head_dim · 4.
+  int64_t bytes_per_token() const;
+};
+
 class Transformer {
  public:
   static Expected<std::unique_ptr<Transformer>> create(const ModelConfig& config, uint64_t seed);
@@ -54,6 +65,12 @@ class Transformer {
   // tokens, targets (B, T); targets may be null (no loss: logits only). Returns the mean loss
   // over targets that are not -1. Errors name bad ids or shapes; nothing is computed then.
   Expected<float> forward(const int32_t* tokens, const int32_t* targets, int64_t batch, int64_t seq_len);
+  // Incremental decoding, batch 1: runs `n` new tokens at positions [cache.len, cache.len + n)
+  // through the same layers, appending their K/V to the cache; returns logits (n, V).
+  KVCache make_kv_cache(int64_t max_len) const;
+  Expected<const float*> forward_cached(const int32_t* tokens, int64_t n, KVCache& cache);
+  // Bytes of the activation and backward-scratch buffers for the last forward's (B, T).
+  int64_t activation_bytes() const { return activation_bytes_; }
   // Logits (B, T, V) of the last forward (valid until backward()).
   const float* logits() const;
   void zero_grad();
@@ -66,6 +83,8 @@ class Transformer {
   explicit Transformer(const ModelConfig& c);
   void build_params(uint64_t seed);
   void ensure_activations(int64_t batch, int64_t seq_len);
+  Expected<float> forward_impl(const int32_t* tokens, const int32_t* targets, int64_t batch, int64_t seq_len,
+                               KVCache* cache);
 
   ModelConfig config_;
   Tensor params_, grads_;
@@ -74,6 +93,7 @@ class Transformer {
   RopeTable rope_;
   struct Acts;
   std::unique_ptr<Acts> acts_;
+  int64_t activation_bytes_ = 0;
 };
 
 }  // namespace kiln

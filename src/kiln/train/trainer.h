@@ -39,8 +39,38 @@ struct StepStats {
 // Learning rate at `step` (1-based): linear warm-up, then cosine decay to min_lr_fraction·lr.
 double learning_rate(const TrainOptions& o, int64_t step, int64_t total_steps);
 
-// Trains `model` on train (evaluating on val when not null); calls on_step after each step.
-// Returns the stats of every step.
+// One training run's state: the model, AdamW moments and the step count. The data order is a
+// function of (seed, step), so a checkpoint of this state resumes to exactly the losses of
+// an uninterrupted run.
+class Trainer {
+ public:
+  Trainer(Transformer& model, const TokenShard& train_data, const TokenShard* val_data, const TrainOptions& options);
+
+  // One optimizer step (grad_accum micro-batches); evaluates when due.
+  StepStats step();
+  bool done() const { return step_ >= total_steps_ || stop_; }
+  int64_t steps_done() const { return step_; }
+  int64_t total_steps() const { return total_steps_; }
+
+  // params, AdamW m and v, the step and the options that decide the losses; written to a
+  // temporary file and renamed. Loading checks that the model and those options match.
+  Status save_checkpoint(const std::string& path) const;
+  Status load_checkpoint(const std::string& path);
+
+ private:
+  Transformer& model_;
+  const TokenShard* val_;
+  TrainOptions o_;
+  BatchLoader loader_;
+  std::vector<float> m_, v_;
+  int64_t step_ = 0;
+  int64_t total_steps_;
+  bool stop_ = false;
+  double elapsed_ = 0;  // seconds of steps run by this process
+  std::vector<int32_t> x_, y_;
+};
+
+// Trains to completion; calls on_step after each step. Returns the stats of every step.
 std::vector<StepStats> train(Transformer& model, const TokenShard& train_data, const TokenShard* val_data,
                              const TrainOptions& options, const std::function<void(const StepStats&)>& on_step);
 

@@ -1,7 +1,9 @@
-// Naive attention on the fast GEMM: per (batch, KV head) task, the T×S scores of each query
-// head in the group are formed with cpu::gemm, masked, soft-maxed (keeping the logsumexp) and
-// multiplied by V. The backward recomputes P from the logsumexp. Memory: one T×S score block
-// per task (thread-local scratch, grown once). FlashAttention replaces this with tiles.
+// cpu::attention_forward/backward (the implementation switch) and the naive attention on the
+// fast GEMM: per (batch, KV head) task, the T×S scores of each query head in the group are
+// formed with cpu::gemm, masked, soft-maxed (keeping the logsumexp) and multiplied by V. The
+// backward recomputes P from the logsumexp. Memory: one (forward) or two (backward) T×S score
+// blocks per worker thread, from the caching allocator. FlashAttention (attention_flash.cpp)
+// is the default; this path stays for comparison (`--attention naive`).
 #include <algorithm>
 #include <cmath>
 #include <limits>
@@ -9,22 +11,17 @@
 
 #include "kiln/core/thread_pool.h"
 #include "kiln/kernels/attention.h"
+#include "kiln/kernels/cpu/attention_scratch.h"
 #include "kiln/kernels/elementwise.h"
 #include "kiln/kernels/gemm.h"
 
 namespace kiln::cpu {
 namespace {
 
-struct Scratch {
-  std::vector<float> p, dp;
-};
-Scratch& scratch(size_t n) {
-  thread_local Scratch s;
-  if (s.p.size() < n) {
-    s.p.resize(n);
-    s.dp.resize(n);
-  }
-  return s;
+// Scratch slices for a (batch × KV heads)-task region: one per thread index the pool may use
+// (a single task runs on the caller, index 0).
+int64_t naive_workers(const AttentionParams& p) {
+  return p.batch * p.n_kv_heads > 1 ? num_threads() : 1;
 }
 
 // Scores (T, S) = scale · Q_h Kᵀ, masked to -inf outside the causal / window range.
@@ -52,14 +49,38 @@ void scores(float* sc, const float* q, const float* k, const AttentionParams& p,
   }
 }
 
+AttentionImpl resolve(const AttentionParams& p) {
+  return p.impl == AttentionImpl::kDefault ? attention_impl() : p.impl;
+}
+
 }  // namespace
 
 void attention_forward(float* out, float* lse, const float* q, const float* k, const float* v,
                        const AttentionParams& p) {
+  if (resolve(p) == AttentionImpl::kNaive) {
+    attention_forward_naive(out, lse, q, k, v, p);
+  } else {
+    attention_forward_flash(out, lse, q, k, v, p);
+  }
+}
+
+void attention_backward(float* dq, float* dk, float* dv, const float* dout, const float* q,
+                        const float* k, const float* v, const float* out, const float* lse,
+                        const AttentionParams& p) {
+  if (resolve(p) == AttentionImpl::kNaive) {
+    attention_backward_naive(dq, dk, dv, dout, q, k, v, out, lse, p);
+  } else {
+    attention_backward_flash(dq, dk, dv, dout, q, k, v, out, lse, p);
+  }
+}
+
+void attention_forward_naive(float* out, float* lse, const float* q, const float* k, const float* v,
+                             const AttentionParams& p) {
   const int64_t T = p.q_len, S = p.kv_len, D = p.head_dim, rep = p.n_heads / p.n_kv_heads;
-  thread_pool().run(p.batch * p.n_kv_heads, [&](int64_t task, int) {
+  const ScratchBuffer scratch(naive_workers(p), T * S);  // (workers, T, S)
+  thread_pool().run(p.batch * p.n_kv_heads, [&](int64_t task, int thread) {
     const int64_t b = task / p.n_kv_heads, g = task % p.n_kv_heads;
-    float* sc = scratch(static_cast<size_t>(T * S)).p.data();
+    float* sc = scratch.slice(thread);
     for (int64_t h = g * rep; h < (g + 1) * rep; ++h) {
       scores(sc, q, k, p, b, h, g);
       for (int64_t t = 0; t < T; ++t) {
@@ -83,16 +104,16 @@ void attention_forward(float* out, float* lse, const float* q, const float* k, c
   });
 }
 
-void attention_backward(float* dq, float* dk, float* dv, const float* dout, const float* q,
-                        const float* k, const float* v, const float* out, const float* lse,
-                        const AttentionParams& p) {
+void attention_backward_naive(float* dq, float* dk, float* dv, const float* dout, const float* q,
+                              const float* k, const float* v, const float* out, const float* lse,
+                              const AttentionParams& p) {
   const int64_t T = p.q_len, S = p.kv_len, D = p.head_dim, rep = p.n_heads / p.n_kv_heads;
   const float scale = p.softmax_scale();
-  thread_pool().run(p.batch * p.n_kv_heads, [&](int64_t task, int) {
+  const ScratchBuffer scratch(naive_workers(p), 2 * T * S);  // (workers, 2, T, S): P and dP
+  thread_pool().run(p.batch * p.n_kv_heads, [&](int64_t task, int thread) {
     const int64_t b = task / p.n_kv_heads, g = task % p.n_kv_heads;
-    Scratch& s = scratch(static_cast<size_t>(T * S));
-    float* pm = s.p.data();
-    float* dp = s.dp.data();
+    float* pm = scratch.slice(thread);
+    float* dp = pm + T * S;
     for (int64_t h = g * rep; h < (g + 1) * rep; ++h) {
       scores(pm, q, k, p, b, h, g);
       for (int64_t t = 0; t < T; ++t) {  // P = exp(scores - lse)

@@ -230,16 +230,21 @@ void gemm_packed(const GemmParams& p, const PackedPath& path, GemmBlocking blk) 
 
 // ---- the small-M (decode-like) path: B streamed once, straight from the caller's memory ------
 void gemm_small_m(const GemmParams& p, const GemmTargetKernels& kernels) {
-  auto* a32 = static_cast<float*>(small_a_buffer().get(4 * (p.m * p.k + 16)));  // (m, k)
+  // Row stride of the f32 copy of A: rows 64..448 bytes apart modulo 4 KiB, so the M rows (read
+  // together in every k step) land in different L1 sets; with K = 4096 unpadded they all alias
+  // one set with the B rows and thrash the 8-way L1.
+  int64_t lda = (p.k + 15) & ~int64_t{15};
+  while ((lda * 4) % 4096 < 64 || (lda * 4) % 4096 > 448) lda += 16;
+  auto* a32 = static_cast<float*>(small_a_buffer().get(4 * (p.m * lda + 16)));  // (m, k), ld lda
   for (int64_t i = 0; i < p.m; ++i) {
     for (int64_t l = 0; l < p.k; ++l) {
       const int64_t idx = p.trans_a ? l * p.lda + i : i * p.lda + l;
-      a32[i * p.k + l] = p.a_dtype == DType::kBF16
+      a32[i * lda + l] = p.a_dtype == DType::kBF16
                              ? gemm_detail::bf16_bits_to_f32(static_cast<const uint16_t*>(p.a)[idx])
                              : static_cast<const float*>(p.a)[idx];
     }
   }
-  SmallMArgs s{a32, p.m, p.k, p.b, p.ldb, p.b_dtype, p.trans_b};
+  SmallMArgs s{a32, p.m, p.k, lda, p.b, p.ldb, p.b_dtype, p.trans_b};
   // Column chunks of >= 64 (multiples of 16), about four per thread for balance.
   const int threads = num_threads();
   const int64_t num_chunks = threads == 1 ? 1 : std::max<int64_t>(1, std::min(ceil_div(p.n, 64), int64_t{4} * threads));

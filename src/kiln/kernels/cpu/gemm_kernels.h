@@ -39,8 +39,8 @@ struct PackedPath {
 // The decode-like path: A is small and converted to a contiguous f32 (m, k) buffer; B is read
 // straight from the caller's memory (f32 or bf16, either layout).
 struct SmallMArgs {
-  const float* a = nullptr;  // (m, k) contiguous
-  int64_t m = 0, k = 0;
+  const float* a = nullptr;  // (m, k), rows lda apart (padded so rows fall in different L1 sets)
+  int64_t m = 0, k = 0, lda = 0;
   const void* b = nullptr;
   int64_t ldb = 0;
   DType b_dtype = DType::kF32;

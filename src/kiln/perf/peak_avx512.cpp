@@ -1,15 +1,14 @@
-// Register-only and streaming loops that measure this CPU's ceilings for the GEMM benchmark:
-// AVX-512 FMA and vdpbf16ps throughput (16 independent accumulators, enough to cover a 4-cycle
-// latency on two pipes), and DRAM read bandwidth (wide loads summed into 4 accumulators).
+// AVX-512 ceiling loops for perf/peak.h: FMA and vdpbf16ps throughput (16 independent
+// accumulators cover a 4-cycle latency on two pipes) and DRAM read bandwidth (8 streams).
 #include <immintrin.h>
 
-#include "bench/peak.h"
+#include "kiln/perf/peak.h"
 
 // GCC 12's AVX-512 reductions seed with _mm512_undefined_*(): a -Wextra false positive.
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 #pragma GCC diagnostic ignored "-Wuninitialized"
 
-namespace kiln::bench {
+namespace kiln::perf::detail {
 
 double fma_loop_avx512(int64_t iters) {
   __m512 acc[16];
@@ -56,4 +55,4 @@ double read_loop_avx512(const float* p, int64_t n) {
   return static_cast<double>(per) * kStreams * 4;
 }
 
-}  // namespace kiln::bench
+}  // namespace kiln::perf::detail

@@ -1,0 +1,27 @@
+// `kiln bench attention` (W5): naive vs FlashAttention forward / forward+backward time and
+// extra memory, and split-KV decode latency; the code lives in bench/attention_bench.cpp.
+#include <cstdlib>
+#include <memory>
+
+#include "apps/kiln/commands.h"
+#include "bench/attention_bench.h"
+
+namespace kiln::app {
+
+void register_bench_attention(CLI::App& app) {
+  CLI::App* bench = app.get_subcommand("bench");
+  auto opt = std::make_shared<bench::AttentionBenchOptions>();
+  CLI::App* cmd = bench->add_subcommand(
+      "attention", "Attention (W5): naive vs FlashAttention time and extra memory, split-KV decode latency");
+  cmd->add_flag("--json", opt->json, "One JSON object per line: impl, T, pass, ms, extra_bytes");
+  cmd->add_flag("--quick", opt->quick, "T up to 2048, decode context up to 8192");
+  cmd->add_option("--reps", opt->reps, "Timed repetitions after warm-up (median)")->check(CLI::Range(1, 1000));
+  cmd->add_option("--seq", opt->seq_lens, "Sequence lengths T, e.g. 1024,4096")->delimiter(',')->check(CLI::Range(1, 1 << 20));
+  cmd->add_option("--context", opt->contexts, "Decode contexts, e.g. 4096,32768")->delimiter(',')->check(CLI::Range(1, 1 << 24));
+  cmd->callback([opt] {
+    const int rc = bench::run_attention_bench(*opt);
+    if (rc != 0) std::exit(rc);
+  });
+}
+
+}  // namespace kiln::app

@@ -1,0 +1,202 @@
+// `kiln bench attention`: W5. Times kiln's two attention implementations on the same inputs
+// and reads their scratch from the caching allocator's peak (what a call allocates beyond its
+// inputs and outputs); decode compares split-KV on all threads with one thread scanning the
+// whole cache, each step reading a cache that is not in L3 (caches rotate over > 64 MiB), as a
+// real decode step that visits every layer's cache once would.
+#include "bench/attention_bench.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cmath>
+
+#include "bench/bench_util.h"
+#include "kiln/core/allocator.h"
+#include "kiln/core/rng.h"
+#include "kiln/core/thread_pool.h"
+#include "kiln/kernels/attention.h"
+
+namespace kiln::bench {
+namespace {
+
+constexpr int64_t kHeads = 12, kHeadDim = 64;  // W5: GPT-2 small's attention
+constexpr int64_t kColdBytes = int64_t{64} << 20;  // 2× the 32 MiB L3 of the dev machine
+
+std::vector<float> random_floats(Rng& rng, int64_t n) {
+  std::vector<float> v(static_cast<size_t>(n));
+  rng.fill_uniform(v, -1.0f, 1.0f);
+  return v;
+}
+
+template <class F>
+double median_ms(int reps, F&& f) {
+  f();  // warm-up (also grows the allocator's cache)
+  std::vector<double> t;
+  for (int r = 0; r < reps; ++r) {
+    const double t0 = now_seconds();
+    f();
+    t.push_back(now_seconds() - t0);
+  }
+  return summarize(t).median * 1e3;
+}
+
+// Peak bytes the call requests from the caching allocator beyond what was live before it.
+template <class F>
+int64_t extra_bytes(F&& f) {
+  CachingAllocator& a = default_allocator();
+  a.reset_peak();
+  const int64_t before = a.stats().bytes_requested;
+  f();
+  return a.stats().peak_bytes_requested - before;
+}
+
+struct Row {
+  std::string impl;
+  int64_t t;
+  std::string pass;
+  double ms;
+  int64_t extra;
+};
+
+void print_json(const Row& r, int threads, const std::string& extra_fields = "") {
+  fmt::print(R"({{"bench": "attention", "impl": "{}", "T": {}, "pass": "{}", "ms": {:.4f}, "extra_bytes": {}, "threads": {}, "heads": {}, "head_dim": {}{}}})"
+             "\n",
+             r.impl, r.t, r.pass, r.ms, r.extra, threads, kHeads, kHeadDim, extra_fields);
+}
+
+std::string mib(int64_t bytes) {
+  if (bytes < 0) return "-";
+  return bytes >= (int64_t{1} << 20) ? fmt::format("{:.1f} MiB", bytes / 1048576.0) : fmt::format("{:.0f} KiB", bytes / 1024.0);
+}
+
+void run_training_shapes(const AttentionBenchOptions& opt) {
+  const int threads = num_threads();
+  if (!opt.json) {
+    fmt::print("attention forward / forward+backward: causal, batch 1, {} heads, head_dim {}, {} threads; median of {}\n",
+               kHeads, kHeadDim, threads, opt.reps);
+    fmt::print("{:>6} | {:>10} {:>10} | {:>10} {:>10} {:>7} | {:>11} {:>11} {:>8}\n", "T", "naive fwd", "flash fwd",
+               "naive f+b", "flash f+b", "speedup", "naive extra", "flash extra", "ratio");
+  }
+  std::vector<int64_t> ts = opt.seq_lens;
+  if (ts.empty()) ts = opt.quick ? std::vector<int64_t>{256, 512, 1024, 2048} : std::vector<int64_t>{256, 512, 1024, 2048, 4096, 8192};
+  for (int64_t T : ts) {
+    AttentionParams p;
+    p.q_len = p.kv_len = T;
+    p.n_heads = p.n_kv_heads = kHeads;
+    p.head_dim = kHeadDim;
+    p.causal = true;
+    p = check_attention(p).value();
+    Rng rng(static_cast<uint64_t>(T));
+    const int64_t n = T * kHeads * kHeadDim;
+    std::vector<float> q = random_floats(rng, n), k = random_floats(rng, n), v = random_floats(rng, n),
+                       dout = random_floats(rng, n);
+    std::vector<float> o(n), lse(kHeads * T), dq(n), dk(n), dv(n);
+    double fwd[2] = {NAN, NAN}, fb[2] = {NAN, NAN};
+    int64_t extra[2] = {-1, -1};
+    for (int i = 0; i < 2; ++i) {
+      const AttentionImpl impl = i == 0 ? AttentionImpl::kNaive : AttentionImpl::kFlash;
+      if (impl == AttentionImpl::kNaive && cpu::attention_backward_scratch_bytes(p, impl) > opt.naive_max_bytes) continue;
+      const std::string name(attention_impl_name(impl));
+      auto forward = [&] {
+        if (impl == AttentionImpl::kNaive) {
+          cpu::attention_forward_naive(o.data(), lse.data(), q.data(), k.data(), v.data(), p);
+        } else {
+          cpu::attention_forward_flash(o.data(), lse.data(), q.data(), k.data(), v.data(), p);
+        }
+      };
+      auto both = [&] {
+        forward();
+        if (impl == AttentionImpl::kNaive) {
+          cpu::attention_backward_naive(dq.data(), dk.data(), dv.data(), dout.data(), q.data(), k.data(), v.data(),
+                                        o.data(), lse.data(), p);
+        } else {
+          cpu::attention_backward_flash(dq.data(), dk.data(), dv.data(), dout.data(), q.data(), k.data(), v.data(),
+                                        o.data(), lse.data(), p);
+        }
+      };
+      const int reps = T >= 4096 && impl == AttentionImpl::kNaive ? std::min(opt.reps, 3) : opt.reps;
+      fwd[i] = median_ms(reps, forward);
+      const int64_t fwd_extra = extra_bytes(forward);
+      fb[i] = median_ms(reps, both);
+      extra[i] = extra_bytes(both);
+      default_allocator().empty_cache();  // naive's T×T blocks must not linger
+      if (opt.json) {
+        print_json({name, T, "fwd", fwd[i], fwd_extra}, threads);
+        print_json({name, T, "fwd+bwd", fb[i], extra[i]}, threads);
+      }
+    }
+    if (!opt.json) {
+      const auto ms = [](double x) { return std::isnan(x) ? std::string("-") : fmt::format("{:.2f}", x); };
+      fmt::print("{:>6} | {:>10} {:>10} | {:>10} {:>10} {:>7} | {:>11} {:>11} {:>8}\n", T, ms(fwd[0]), ms(fwd[1]),
+                 ms(fb[0]), ms(fb[1]), std::isnan(fb[0]) ? "-" : fmt::format("{:.2f}x", fb[0] / fb[1]), mib(extra[0]),
+                 mib(extra[1]), extra[0] > 0 ? fmt::format("{:.3f}%", 100.0 * extra[1] / extra[0]) : "-");
+    }
+  }
+}
+
+void run_decode(const AttentionBenchOptions& opt) {
+  const int threads = num_threads();
+  std::vector<int64_t> ctxs = opt.contexts;
+  if (ctxs.empty()) ctxs = opt.quick ? std::vector<int64_t>{512, 2048, 8192} : std::vector<int64_t>{512, 1024, 2048, 4096, 8192, 16384, 32768};
+  for (int64_t kv_heads : {kHeads, int64_t{1}}) {
+    if (!opt.json) {
+      fmt::print("\ndecode (1 query, {} heads / {} KV heads, head_dim {}): split-KV on {} threads vs a 1-thread scan; "
+                 "cold caches\n",
+                 kHeads, kv_heads, kHeadDim, threads);
+      fmt::print("{:>8} | {:>9} | {:>11} {:>11} {:>8} | {:>9}\n", "context", "KV bytes", "scan 1t ms", "split ms",
+                 "speedup", "chunks");
+    }
+    for (int64_t S : ctxs) {
+      AttentionParams p;
+      p.q_len = 1;
+      p.kv_len = S;
+      p.n_heads = kHeads;
+      p.n_kv_heads = kv_heads;
+      p.head_dim = kHeadDim;
+      p = check_attention(p).value();
+      const int64_t kv_floats = S * kv_heads * kHeadDim, kv_bytes = 2 * 4 * kv_floats;
+      const int64_t copies = std::max<int64_t>(2, kColdBytes / kv_bytes + 1);
+      Rng rng(static_cast<uint64_t>(S));
+      std::vector<std::vector<float>> ks, vs;
+      for (int64_t c = 0; c < copies; ++c) {
+        ks.push_back(random_floats(rng, kv_floats));
+        vs.push_back(random_floats(rng, kv_floats));
+      }
+      std::vector<float> q = random_floats(rng, kHeads * kHeadDim), o(kHeads * kHeadDim), lse(kHeads);
+      int64_t next = 0;
+      // Repetitions: ~0.2 s of 1-thread scanning at the ~30 GB/s of one core, at least 20.
+      const int reps = static_cast<int>(std::clamp<int64_t>(int64_t{6'000'000'000} / std::max<int64_t>(kv_bytes, 1), 20, 2000));
+      auto step = [&](int64_t splits) {
+        const size_t c = static_cast<size_t>(next++ % copies);
+        cpu::attention_forward_split_kv(o.data(), lse.data(), q.data(), ks[c].data(), vs[c].data(), p, splits);
+      };
+      set_num_threads(1);
+      const double scan = median_ms(reps, [&] { step(1); });
+      set_num_threads(threads);
+      const int64_t chunks = cpu::split_kv_chunks(p);
+      int64_t split_extra = 0;
+      const double split = median_ms(reps, [&] { step(0); });
+      split_extra = extra_bytes([&] { step(0); });
+      if (opt.json) {
+        const std::string f = fmt::format(R"(, "kv_heads": {}, "chunks": {})", kv_heads, 1);
+        print_json({"scan-1t", S, "decode", scan, 0}, 1, f);
+        print_json({"split-kv", S, "decode", split, split_extra}, threads,
+                   fmt::format(R"(, "kv_heads": {}, "chunks": {})", kv_heads, chunks));
+      } else {
+        fmt::print("{:>8} | {:>9} | {:>11.4f} {:>11.4f} {:>7.2f}x | {:>9}\n", S, mib(kv_bytes), scan, split,
+                   scan / split, chunks);
+      }
+    }
+  }
+}
+
+}  // namespace
+
+int run_attention_bench(const AttentionBenchOptions& opt) {
+  if (!opt.json) fmt::print("kiln bench attention (W5)\n");
+  run_training_shapes(opt);
+  run_decode(opt);
+  return 0;
+}
+
+}  // namespace kiln::bench

@@ -1,0 +1,25 @@
+// `kiln bench attention` (W5 of BENCH.md): naive (T×T GEMM path) and FlashAttention forward and
+// forward+backward time and peak extra memory at T = 256..8192 (causal, batch 1, 12 heads, head
+// dim 64), and decode latency of split-KV against a single-thread sequential scan at context
+// 512..32768.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+namespace kiln::bench {
+
+struct AttentionBenchOptions {
+  bool json = false;   // one JSON object per line: impl, T, pass, ms, extra_bytes, ...
+  bool quick = false;  // T up to 2048, context up to 8192
+  int reps = 3;        // timed repetitions after one warm-up (median)
+  std::vector<int64_t> seq_lens;  // T values (default 256..8192)
+  std::vector<int64_t> contexts;  // decode contexts (default 512..32768)
+  // Naive stops where its score blocks would need more than this (it materializes T×S per
+  // thread, twice in backward).
+  int64_t naive_max_bytes = int64_t{3} << 30;
+};
+
+int run_attention_bench(const AttentionBenchOptions& opt);
+
+}  // namespace kiln::bench

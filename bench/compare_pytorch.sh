@@ -1,0 +1,72 @@
+#!/usr/bin/env bash
+# kiln's training step beside PyTorch's (BENCH.md W1a / W1b, fp32, AdamW), interleaved in one
+# run: for every workload and thread count, `rounds` times kiln then PyTorch, each run a median
+# of --steps steps after warm-up; prints tokens/s and MFU for both and `ratio: X` (kiln / torch,
+# median tokens/s over the rounds).
+#
+#   bench/compare_pytorch.sh [--presets "w1a w1b"] [--threads "1 2"] [--rounds 2] [--steps 5]
+#                            [--lock FILE]     (each timed run under `flock FILE`)
+# Env: KILN (default build/kiln), PYTHON (default /usr/bin/python3: Debian's python3-torch, or
+# any python whose torch is newer). The peer runs with OPENBLAS_CORETYPE and OPENBLAS_L2_SIZE
+# unset (the machine presets pin OpenBLAS to its AVX2 kernel) and OMP_NUM_THREADS =
+# OPENBLAS_NUM_THREADS = N.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+presets="w1a w1b"; threads_list="1 2"; rounds=2; steps=5; lock=""
+while [[ $# -gt 0 ]]; do
+  case "$1" in
+    --presets) presets="$2"; shift 2 ;;
+    --threads) threads_list="$2"; shift 2 ;;
+    --rounds) rounds="$2"; shift 2 ;;
+    --steps) steps="$2"; shift 2 ;;
+    --lock) lock="$2"; shift 2 ;;
+    -h|--help) sed -n '2,12p' "$0"; exit 0 ;;
+    *) echo "compare_pytorch.sh: unknown argument $1" >&2; exit 2 ;;
+  esac
+done
+KILN="${KILN:-build/kiln}"
+PYTHON="${PYTHON:-/usr/bin/python3}"
+[[ -x "$KILN" ]] || { echo "compare_pytorch.sh: $KILN not built (cmake --build build --target kiln)" >&2; exit 2; }
+"$PYTHON" -c "import torch" 2>/dev/null || { echo "compare_pytorch.sh: $PYTHON cannot import torch" >&2; exit 2; }
+locked() { if [[ -n "$lock" ]]; then flock "$lock" "$@"; else "$@"; fi; }
+
+results=$(mktemp)
+trap 'rm -f "$results"' EXIT
+echo "kiln: $("$KILN" info 2>/dev/null | head -1 || true)"
+echo "torch: $("$PYTHON" -c 'import torch; print(torch.__version__, torch.__file__)')"
+for preset in $presets; do
+  for n in $threads_list; do
+    for ((r = 1; r <= rounds; r++)); do
+      locked env OMP_NUM_THREADS="$n" "$KILN" bench train --preset "$preset" --threads "$n" --steps "$steps" --json \
+        | tee -a "$results" | sed 's/^/  /'
+      locked env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE OMP_NUM_THREADS="$n" OPENBLAS_NUM_THREADS="$n" \
+        "$PYTHON" bench/train_torch.py --preset "$preset" --threads "$n" --steps "$steps" --json \
+        | tee -a "$results" | sed 's/^/  /'
+    done
+  done
+done
+
+"$PYTHON" - "$results" <<'EOF'
+import json, statistics, sys
+rows = [json.loads(l) for l in open(sys.argv[1]) if l.startswith("{")]
+groups = {}
+for r in rows:
+    groups.setdefault((r["workload"], r["threads"]), {}).setdefault(r["impl"], []).append(r)
+print()
+for (w, n), g in groups.items():
+    k, t = g.get("kiln", []), g.get("torch", [])
+    if not k or not t:
+        continue
+    kt = statistics.median(r["tokens_per_s"] for r in k)
+    tt = statistics.median(r["tokens_per_s"] for r in t)
+    peak = k[0]["peak_gflops"]
+    kg = statistics.median(r["gflops"] for r in k)
+    tg = statistics.median(r["gflops"] for r in t)
+    print(f"{w} {n} thread(s): kiln {kt:9.1f} tokens/s ({kg:6.1f} GFLOP/s, MFU {100 * kg / peak:4.1f}%)"
+          f" [{min(r['tokens_per_s'] for r in k):.1f}-{max(r['tokens_per_s'] for r in k):.1f}]"
+          f" | torch {t[0]['version']} {tt:9.1f} tokens/s ({tg:6.1f} GFLOP/s, MFU {100 * tg / peak:4.1f}%)"
+          f" [{min(r['tokens_per_s'] for r in t):.1f}-{max(r['tokens_per_s'] for r in t):.1f}]"
+          f" OpenBLAS core {t[0]['openblas_core']}; MFU against kiln's measured FMA peak {peak:.0f} GFLOP/s")
+    print(f"ratio: {kt / tt:.2f}  ({w}, {n} thread(s), kiln / torch tokens/s)")
+EOF

@@ -1,0 +1,20 @@
+// `kiln bench train`: full training steps (forward, backward, AdamW) of the W1a / W1b shapes
+// (BENCH.md) on random tokens, timed as median of >= 5 after warm-up; tokens/s, GFLOP/s and
+// MFU against the measured FMA peak. bench/compare_pytorch.sh runs PyTorch's step beside it.
+#pragma once
+
+#include <string>
+
+namespace kiln::bench {
+
+struct TrainBenchOptions {
+  std::string preset = "w1a";  // w1a (GPT-2 style, vocab 65, d 384, 6 layers; B 8, T 256) | w1b (GPT-2 124M; B 4, T 64)
+  int threads = 0;             // 0: kiln's current thread count
+  int steps = 5;               // timed steps after warm-up (median, min-max)
+  int warmup = 2;
+  bool json = false;           // one JSON object instead of the text lines
+};
+
+int run_train_bench(const TrainBenchOptions& opt);
+
+}  // namespace kiln::bench

@@ -1,0 +1,477 @@
+// FlashAttention on the CPU: threading, SIMD dispatch and scratch around the per-target tile
+// kernels (attention_flash_impl.inc). Forward: one task per (sequence, head, query tile), the
+// heaviest causal tiles first. Few queries (decode): split-KV, one task per (sequence, key
+// chunk) over all heads, partials merged through their logsumexps. Backward: one task per (sequence, KV
+// head[, key chunk]) owning its dK, dV rows; dQ goes straight to the output when a task owns
+// all keys, else to per-chunk buffers summed in a fixed order (no races, no atomics).
+// Regular batches, packed variable-length batches and the paged KV cache share these drivers.
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <utility>
+#include <vector>
+
+#include "kiln/core/thread_pool.h"
+#include "kiln/kernels/attention.h"
+#include "kiln/kernels/cpu/attention_flash.h"
+#include "kiln/kernels/cpu/attention_scratch.h"
+
+namespace kiln::cpu {
+
+namespace {
+int64_t pad16(int64_t n) { return (n + 15) / 16 * 16; }
+}  // namespace
+
+int64_t flash_forward_scratch_floats(int64_t head_dim) {
+  return pad16(head_dim * kFlashBr) + pad16(kFlashBc * kFlashBr) + pad16(kFlashBr * head_dim) + 3 * kFlashBr;
+}
+int64_t flash_backward_scratch_floats(int64_t head_dim) {
+  return 2 * pad16(head_dim * kFlashBr) + 2 * pad16(kFlashBc * kFlashBr);
+}
+
+namespace {
+
+// Split-KV chunks never shorter than this many keys: a chunk's merge costs about as much as
+// scanning a few dozen keys, so shorter chunks would not pay for themselves.
+constexpr int64_t kMinSplitKeys = 256;
+
+int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
+FlashShape shape_of(const AttentionParams& p, int64_t lse_hs) {
+  FlashShape sh;
+  sh.n_heads = p.n_heads;
+  sh.n_kv_heads = p.n_kv_heads;
+  sh.head_dim = p.head_dim;
+  sh.causal = p.causal;
+  sh.window = p.window;
+  sh.scale = p.softmax_scale();
+  sh.q_rs = p.q_row_stride;
+  sh.k_rs = p.k_row_stride;
+  sh.v_rs = p.v_row_stride;
+  sh.o_rs = p.o_row_stride;
+  sh.lse_hs = lse_hs;
+  return sh;
+}
+
+// The sequences of a regular (B, T, ·) batch; lse (B, Hq, T).
+std::vector<FlashSeq> batch_seqs(const AttentionParams& p, const float* out, const float* lse, const float* q,
+                                 const float* k, const float* v) {
+  std::vector<FlashSeq> seqs(static_cast<size_t>(p.batch));
+  for (int64_t b = 0; b < p.batch; ++b) {
+    FlashSeq& s = seqs[static_cast<size_t>(b)];
+    s = FlashSeq{};
+    s.q = q + b * p.q_len * p.q_row_stride;
+    s.k = k + b * p.kv_len * p.k_row_stride;
+    s.v = v + b * p.kv_len * p.v_row_stride;
+    s.o = const_cast<float*>(out) + b * p.q_len * p.o_row_stride;
+    s.lse = const_cast<float*>(lse) + b * p.n_heads * p.q_len;
+    s.q_len = p.q_len;
+    s.kv_len = p.kv_len;
+  }
+  return seqs;
+}
+
+// Packed sequences; lse (Hq, total_q).
+std::vector<FlashSeq> varlen_seqs(const AttentionParams& p, const AttentionVarlen& vl, const float* out,
+                                  const float* lse, const float* q, const float* k, const float* v) {
+  std::vector<FlashSeq> seqs(static_cast<size_t>(vl.num_seqs));
+  for (int64_t i = 0; i < vl.num_seqs; ++i) {
+    const int64_t q0 = vl.cu_seqlens_q[i], k0 = vl.cu_seqlens_k[i];
+    FlashSeq& s = seqs[static_cast<size_t>(i)];
+    s = FlashSeq{};
+    s.q = q + q0 * p.q_row_stride;
+    s.k = k + k0 * p.k_row_stride;
+    s.v = v + k0 * p.v_row_stride;
+    s.o = const_cast<float*>(out) + q0 * p.o_row_stride;
+    s.lse = const_cast<float*>(lse) + q0;
+    s.q_len = vl.cu_seqlens_q[i + 1] - q0;
+    s.kv_len = vl.cu_seqlens_k[i + 1] - k0;
+  }
+  return seqs;
+}
+
+int64_t varlen_total_q(const AttentionVarlen& vl) { return vl.num_seqs > 0 ? vl.cu_seqlens_q[vl.num_seqs] : 0; }
+
+// Task t of a region laid out as consecutive per-sequence ranges: (sequence, local index).
+struct TaskMap {
+  std::vector<int64_t> begin;  // (num_seqs + 1,) prefix sums of per-sequence task counts
+  int64_t total() const { return begin.back(); }
+  std::pair<size_t, int64_t> locate(int64_t task) const {
+    const auto it = std::upper_bound(begin.begin(), begin.end(), task);
+    const size_t s = static_cast<size_t>(it - begin.begin()) - 1;
+    return {s, task - begin[s]};
+  }
+};
+
+template <class CountFn>
+TaskMap make_task_map(size_t num_seqs, CountFn&& count) {
+  TaskMap m;
+  m.begin.assign(num_seqs + 1, 0);
+  for (size_t i = 0; i < num_seqs; ++i) m.begin[i + 1] = m.begin[i] + count(i);
+  return m;
+}
+
+// ---- forward: query tiles ---------------------------------------------------------------------
+
+void forward_tiles(const FlashShape& sh, const std::vector<const FlashSeq*>& seqs) {
+  if (seqs.empty()) return;
+  const auto tile = KILN_FLASH_DISPATCH(flash_forward_tile).pick();
+  const int64_t H = sh.n_heads;
+  const TaskMap map = make_task_map(seqs.size(), [&](size_t i) { return H * ceil_div(seqs[i]->q_len, kFlashBr); });
+  const ScratchBuffer scratch(map.total() > 1 ? num_threads() : 1, flash_forward_scratch_floats(sh.head_dim));
+  thread_pool().run(map.total(), [&](int64_t task, int thread) {
+    const auto [si, local] = map.locate(task);
+    const FlashSeq& sq = *seqs[si];
+    const int64_t nqt = ceil_div(sq.q_len, kFlashBr);
+    // Later query tiles see more keys when causal: hand them out first.
+    const int64_t qt = nqt - 1 - local / H, h = local % H;
+    const int64_t t0 = qt * kFlashBr, br = std::min(kFlashBr, sq.q_len - t0);
+    tile(sh, sq, h, t0, br, 0, sq.kv_len, sq.o + t0 * sh.o_rs + h * sh.head_dim, sh.o_rs,
+         sq.lse + h * sh.lse_hs + t0, scratch.slice(thread));
+  });
+}
+
+// ---- forward: split-KV rows ---------------------------------------------------------------------
+
+int64_t auto_chunks(int64_t kv_len, int64_t num_seqs) {
+  const int64_t threads = num_threads();
+  if (threads == 1 || num_seqs <= 0) return 1;
+  const int64_t want = ceil_div(2 * threads, num_seqs);  // >= 2 tasks per thread
+  return std::clamp<int64_t>(want, 1, std::max<int64_t>(1, kv_len / kMinSplitKeys));
+}
+
+// Keys [c0, c1) of one sequence through the row kernel, every KV head per block of keys: the
+// cache streams through once in address order (a (block, Hkv, D) slab stays in L2 while each
+// head reads its columns). Paged caches are cut at block boundaries. State rows are h·nq + t.
+void scan_keys(const FlashShape& sh, const FlashSeq& sq, const PagedKv* paged, size_t seq_index, int64_t c0,
+               int64_t c1, float* m, float* l, float* o) {
+  const auto update = KILN_FLASH_DISPATCH(attention_rows_update).pick();
+  const int64_t D = sh.head_dim, rep = sh.n_heads / sh.n_kv_heads, nq = sq.q_len, q_pos0 = sq.kv_len - sq.q_len;
+  const int32_t* table = paged ? paged->block_table + static_cast<int64_t>(seq_index) * paged->max_blocks_per_seq : nullptr;
+  for (int64_t j = c0; j < c1;) {
+    int64_t n = std::min(c1 - j, kRowsBlock);
+    const float* kr;
+    const float* vr;
+    if (paged) {
+      const int64_t bs = paged->block_size, row = j % bs;
+      n = std::min(n, bs - row);
+      const int64_t r0 = table[j / bs] * bs + row;
+      kr = paged->k_pool + r0 * sh.k_rs;
+      vr = paged->v_pool + r0 * sh.v_rs;
+    } else {
+      kr = sq.k + j * sh.k_rs;
+      vr = sq.v + j * sh.v_rs;
+    }
+    for (int64_t g = 0; g < sh.n_kv_heads; ++g) {
+      const int64_t r = g * rep * nq;
+      update(sh, sq.q + g * rep * D, nq, q_pos0, kr + g * D, vr + g * D, n, j, m + r, l + r, o + r * D);
+    }
+    j += n;
+  }
+}
+
+// o / l and m + log l for `rows` rows of an online-softmax state; zeros and -inf when empty.
+void finish_rows(float* out_rows, float* lse_rows, const float* m, const float* l, const float* o, int64_t rows,
+                 int64_t D) {
+  for (int64_t r = 0; r < rows; ++r) {
+    float* dst = out_rows + r * D;
+    if (l[r] == 0.0f) {
+      std::fill(dst, dst + D, 0.0f);
+      lse_rows[r] = -std::numeric_limits<float>::infinity();
+      continue;
+    }
+    const float inv = 1.0f / l[r];
+    for (int64_t d = 0; d < D; ++d) dst[d] = o[r * D + d] * inv;
+    lse_rows[r] = m[r] + std::log(l[r]);
+  }
+}
+
+// Split-KV: one task per (sequence, key chunk) covering all heads; each chunk's normalized
+// rows and logsumexps go to a partial buffer (or straight to the output when unsplit), then
+// one task per sequence merges them.
+void forward_split_kv(const FlashShape& sh, const std::vector<const FlashSeq*>& seqs, int64_t num_splits,
+                      const PagedKv* paged = nullptr) {
+  if (seqs.empty()) return;
+  const int64_t H = sh.n_heads, D = sh.head_dim;
+  const int64_t num_seqs = static_cast<int64_t>(seqs.size());
+  std::vector<int64_t> chunks(seqs.size());
+  int64_t max_rows = 0;
+  std::vector<int64_t> part_begin(seqs.size() + 1, 0);  // floats of partials before sequence i
+  for (size_t i = 0; i < seqs.size(); ++i) {
+    const int64_t c = num_splits > 0 ? num_splits : auto_chunks(seqs[i]->kv_len, num_seqs);
+    chunks[i] = std::clamp<int64_t>(c, 1, std::max<int64_t>(1, ceil_div(seqs[i]->kv_len, kRowsBlock)));
+    const int64_t rows = H * seqs[i]->q_len;
+    max_rows = std::max(max_rows, rows);
+    part_begin[i + 1] = part_begin[i] + (chunks[i] > 1 ? chunks[i] * rows * (D + 1) : 0);
+  }
+  const TaskMap map = make_task_map(seqs.size(), [&](size_t i) { return chunks[i]; });
+  const ScratchBuffer parts(1, part_begin.back());
+  const ScratchBuffer state(map.total() > 1 ? num_threads() : 1, max_rows * (D + 2));
+  thread_pool().run(map.total(), [&](int64_t task, int thread) {
+    const auto [si, c] = map.locate(task);
+    const FlashSeq& sq = *seqs[si];
+    const int64_t nc = chunks[si], nq = sq.q_len, rows = H * nq;
+    // Chunks of whole kRowsBlock key blocks.
+    const int64_t per = ceil_div(ceil_div(sq.kv_len, nc), kRowsBlock) * kRowsBlock;
+    const int64_t c0 = std::min(sq.kv_len, c * per), c1 = std::min(sq.kv_len, c0 + per);
+    float* m = state.slice(thread);
+    float* l = m + rows;
+    float* o = l + rows;  // (rows, D), row h·nq + t
+    std::fill(m, m + rows, -std::numeric_limits<float>::infinity());
+    std::fill(l, l + rows + rows * D, 0.0f);
+    scan_keys(sh, sq, paged, si, c0, c1, m, l, o);
+    if (nc == 1) {
+      for (int64_t h = 0; h < H; ++h) {
+        for (int64_t t = 0; t < nq; ++t) {
+          const int64_t r = h * nq + t;
+          finish_rows(sq.o + t * sh.o_rs + h * D, sq.lse + h * sh.lse_hs + t, m + r, l + r, o + r * D, 1, D);
+        }
+      }
+      return;
+    }
+    float* part = parts.data() + part_begin[si] + c * rows * (D + 1);  // (rows, D) then lse (rows,)
+    finish_rows(part, part + rows * D, m, l, o, rows, D);
+  });
+  if (part_begin.back() == 0) return;
+  const auto wsum = KILN_FLASH_DISPATCH(weighted_sum_rows).pick();
+  thread_pool().run(num_seqs, [&](int64_t si, int) {
+    const FlashSeq& sq = *seqs[static_cast<size_t>(si)];
+    const int64_t nc = chunks[static_cast<size_t>(si)], nq = sq.q_len, rows = H * nq;
+    if (nc == 1) return;
+    const float* base = parts.data() + part_begin[static_cast<size_t>(si)];
+    const int64_t part_stride = rows * (D + 1);
+    std::vector<float> w(static_cast<size_t>(nc));
+    for (int64_t r = 0; r < rows; ++r) {
+      const int64_t h = r / nq, t = r % nq;
+      float mx = -std::numeric_limits<float>::infinity();
+      for (int64_t cc = 0; cc < nc; ++cc) mx = std::max(mx, base[cc * part_stride + rows * D + r]);
+      float* dst = sq.o + t * sh.o_rs + h * D;
+      if (mx == -std::numeric_limits<float>::infinity()) {
+        std::fill(dst, dst + D, 0.0f);
+        sq.lse[h * sh.lse_hs + t] = mx;
+        continue;
+      }
+      double sum = 0;
+      for (int64_t cc = 0; cc < nc; ++cc) {
+        w[static_cast<size_t>(cc)] = std::exp(base[cc * part_stride + rows * D + r] - mx);
+        sum += w[static_cast<size_t>(cc)];
+      }
+      const float inv = static_cast<float>(1.0 / sum);
+      for (float& x : w) x *= inv;
+      wsum(dst, base + r * D, part_stride, w.data(), nc, D);
+      sq.lse[h * sh.lse_hs + t] = mx + static_cast<float>(std::log(sum));
+    }
+  });
+}
+
+void forward_seqs(const FlashShape& sh, const std::vector<FlashSeq>& seqs, int64_t num_splits) {
+  std::vector<const FlashSeq*> tiles, rows;
+  for (const FlashSeq& s : seqs) {
+    if (s.q_len == 0) continue;
+    (s.q_len <= kSplitKvMaxQueries ? rows : tiles).push_back(&s);
+  }
+  forward_tiles(sh, tiles);
+  forward_split_kv(sh, rows, num_splits);
+}
+
+// ---- backward -------------------------------------------------------------------------------
+
+int64_t backward_chunks(int64_t kv_len, int64_t num_groups) {
+  const int64_t threads = num_threads();
+  if (threads == 1 || num_groups >= 2 * threads) return 1;
+  // Causal key chunks differ in work; 4 per thread let the pool even them out.
+  return std::clamp<int64_t>(ceil_div(4 * threads, num_groups), 1, std::max<int64_t>(1, ceil_div(kv_len, kFlashBc)));
+}
+
+void backward_seqs(const FlashShape& sh, const std::vector<FlashSeq>& seqs) {
+  const int64_t Hkv = sh.n_kv_heads, rep = sh.n_heads / Hkv, D = sh.head_dim;
+  const int64_t groups = static_cast<int64_t>(seqs.size()) * Hkv;
+  std::vector<int64_t> chunks(seqs.size());
+  int64_t max_t = 0;
+  std::vector<int64_t> part_begin(seqs.size() + 1, 0);  // dQ partials of chunks 1.. (floats)
+  for (size_t i = 0; i < seqs.size(); ++i) {
+    chunks[i] = backward_chunks(seqs[i].kv_len, groups);
+    max_t = std::max(max_t, seqs[i].q_len);
+    part_begin[i + 1] = part_begin[i] + Hkv * (chunks[i] - 1) * seqs[i].q_len * rep * D;
+  }
+  const TaskMap map = make_task_map(seqs.size(), [&](size_t i) { return Hkv * chunks[i]; });
+  const auto keys = KILN_FLASH_DISPATCH(flash_backward_keys).pick();
+  const ScratchBuffer parts(1, part_begin.back());
+  const ScratchBuffer scratch(map.total() > 1 ? num_threads() : 1,
+                              pad16(flash_backward_scratch_floats(D)) + rep * max_t);
+  thread_pool().run(map.total(), [&](int64_t task, int thread) {
+    const auto [si, local] = map.locate(task);
+    const FlashSeq& sq = seqs[si];
+    const int64_t nc = chunks[si], g = local / nc, c = local % nc, T = sq.q_len;
+    float* tile_scratch = scratch.slice(thread);
+    float* dvec = tile_scratch + pad16(flash_backward_scratch_floats(D));  // (rep, T)
+    for (int64_t hh = 0; hh < rep; ++hh) {
+      const int64_t h = g * rep + hh;
+      for (int64_t t = 0; t < T; ++t) {
+        const float* o = sq.o + t * sh.o_rs + h * D;
+        const float* d = sq.dout + t * sh.o_rs + h * D;
+        float acc = 0.0f;
+        for (int64_t i = 0; i < D; ++i) acc += o[i] * d[i];
+        dvec[hh * T + t] = acc;
+      }
+    }
+    float* dq;
+    int64_t ldq;
+    if (c == 0) {
+      dq = sq.dq + g * rep * D;
+      ldq = sh.q_rs;
+      for (int64_t t = 0; t < T; ++t) std::memset(dq + t * ldq, 0, sizeof(float) * static_cast<size_t>(rep * D));
+    } else {
+      dq = parts.data() + part_begin[si] + (g * (nc - 1) + c - 1) * T * rep * D;
+      ldq = rep * D;
+      std::memset(dq, 0, sizeof(float) * static_cast<size_t>(T * rep * D));
+    }
+    const int64_t nkt = ceil_div(sq.kv_len, kFlashBc);
+    const int64_t kb = std::min(sq.kv_len, (c * nkt / nc) * kFlashBc);
+    const int64_t ke = std::min(sq.kv_len, ((c + 1) * nkt / nc) * kFlashBc);
+    keys(sh, sq, g, kb, ke, dq, ldq, dvec, tile_scratch);
+  });
+  if (part_begin.back() == 0) return;
+  // dQ += the partials of chunks 1.., in chunk order, one task per (sequence, KV head).
+  thread_pool().run(map.total(), [&](int64_t task, int) {
+    const auto [si, local] = map.locate(task);
+    const FlashSeq& sq = seqs[si];
+    const int64_t nc = chunks[si], T = sq.q_len;
+    if (nc == 1 || local % nc != 0) return;
+    const int64_t g = local / nc;
+    for (int64_t c = 1; c < nc; ++c) {
+      const float* part = parts.data() + part_begin[si] + (g * (nc - 1) + c - 1) * T * rep * D;
+      for (int64_t t = 0; t < T; ++t) {
+        float* dst = sq.dq + t * sh.q_rs + g * rep * D;
+        const float* src = part + t * rep * D;
+        for (int64_t i = 0; i < rep * D; ++i) dst[i] += src[i];
+      }
+    }
+  });
+}
+
+}  // namespace
+
+// ---- entry points -------------------------------------------------------------------------------
+
+void attention_forward_flash(float* out, float* lse, const float* q, const float* k, const float* v,
+                             const AttentionParams& p) {
+  forward_seqs(shape_of(p, p.q_len), batch_seqs(p, out, lse, q, k, v), p.num_splits);
+}
+
+void attention_backward_flash(float* dq, float* dk, float* dv, const float* dout, const float* q, const float* k,
+                              const float* v, const float* out, const float* lse, const AttentionParams& p) {
+  std::vector<FlashSeq> seqs = batch_seqs(p, out, lse, q, k, v);
+  for (int64_t b = 0; b < p.batch; ++b) {
+    FlashSeq& s = seqs[static_cast<size_t>(b)];
+    s.dout = dout + b * p.q_len * p.o_row_stride;
+    s.dq = dq + b * p.q_len * p.q_row_stride;
+    s.dk = dk + b * p.kv_len * p.k_row_stride;
+    s.dv = dv + b * p.kv_len * p.v_row_stride;
+  }
+  backward_seqs(shape_of(p, p.q_len), seqs);
+}
+
+void attention_forward_split_kv(float* out, float* lse, const float* q, const float* k, const float* v,
+                                const AttentionParams& p, int64_t num_splits) {
+  const std::vector<FlashSeq> seqs = batch_seqs(p, out, lse, q, k, v);
+  std::vector<const FlashSeq*> ptrs;
+  for (const FlashSeq& s : seqs) ptrs.push_back(&s);
+  forward_split_kv(shape_of(p, p.q_len), ptrs, num_splits);
+}
+
+int64_t split_kv_chunks(const AttentionParams& p) {
+  return std::clamp<int64_t>(auto_chunks(p.kv_len, p.batch), 1, std::max<int64_t>(1, ceil_div(p.kv_len, kRowsBlock)));
+}
+
+void attention_merge(float* out, float* lse, const float* parts, const float* part_lse, int64_t num_parts,
+                     int64_t rows, int64_t head_dim) {
+  const auto wsum = KILN_FLASH_DISPATCH(weighted_sum_rows).pick();
+  parallel_for(rows, 64, [&](int64_t r0, int64_t r1) {
+    std::vector<float> w(static_cast<size_t>(num_parts));
+    for (int64_t r = r0; r < r1; ++r) {
+      float mx = -std::numeric_limits<float>::infinity();
+      for (int64_t c = 0; c < num_parts; ++c) mx = std::max(mx, part_lse[c * rows + r]);
+      float* dst = out + r * head_dim;
+      if (mx == -std::numeric_limits<float>::infinity()) {
+        std::fill(dst, dst + head_dim, 0.0f);
+        lse[r] = mx;
+        continue;
+      }
+      double sum = 0;
+      for (int64_t c = 0; c < num_parts; ++c) {
+        w[static_cast<size_t>(c)] = std::exp(part_lse[c * rows + r] - mx);
+        sum += w[static_cast<size_t>(c)];
+      }
+      const float inv = static_cast<float>(1.0 / sum);
+      for (float& x : w) x *= inv;
+      wsum(dst, parts + r * head_dim, rows * head_dim, w.data(), num_parts, head_dim);
+      lse[r] = mx + static_cast<float>(std::log(sum));
+    }
+  });
+}
+
+void attention_forward_varlen(float* out, float* lse, const float* q, const float* k, const float* v,
+                              const AttentionParams& p, const AttentionVarlen& varlen) {
+  forward_seqs(shape_of(p, varlen_total_q(varlen)), varlen_seqs(p, varlen, out, lse, q, k, v), p.num_splits);
+}
+
+void attention_backward_varlen(float* dq, float* dk, float* dv, const float* dout, const float* q, const float* k,
+                               const float* v, const float* out, const float* lse, const AttentionParams& p,
+                               const AttentionVarlen& varlen) {
+  std::vector<FlashSeq> seqs = varlen_seqs(p, varlen, out, lse, q, k, v);
+  for (int64_t i = 0; i < varlen.num_seqs; ++i) {
+    FlashSeq& s = seqs[static_cast<size_t>(i)];
+    const int64_t q0 = varlen.cu_seqlens_q[i], k0 = varlen.cu_seqlens_k[i];
+    s.dout = dout + q0 * p.o_row_stride;
+    s.dq = dq + q0 * p.q_row_stride;
+    s.dk = dk + k0 * p.k_row_stride;
+    s.dv = dv + k0 * p.v_row_stride;
+  }
+  backward_seqs(shape_of(p, varlen_total_q(varlen)), seqs);
+}
+
+void attention_decode_paged(float* out, float* lse, const float* q, const PagedKv& kv, const AttentionParams& p) {
+  std::vector<FlashSeq> seqs(static_cast<size_t>(kv.num_seqs));
+  std::vector<const FlashSeq*> ptrs;
+  for (int64_t i = 0; i < kv.num_seqs; ++i) {
+    FlashSeq& s = seqs[static_cast<size_t>(i)];
+    s = FlashSeq{};
+    s.q = q + i * p.q_len * p.q_row_stride;
+    s.o = out + i * p.q_len * p.o_row_stride;
+    s.lse = lse + i * p.n_heads * p.q_len;
+    s.q_len = p.q_len;
+    s.kv_len = kv.seq_lens[i];
+    KILN_CHECK(s.kv_len >= s.q_len || !p.causal);
+    ptrs.push_back(&s);
+  }
+  forward_split_kv(shape_of(p, p.q_len), ptrs, p.num_splits, &kv);  // runs cut at block edges
+}
+
+int64_t attention_forward_scratch_bytes(const AttentionParams& p, AttentionImpl impl) {
+  if (impl == AttentionImpl::kDefault) impl = attention_impl();
+  const int64_t threads = num_threads();
+  if (impl == AttentionImpl::kNaive)
+    return (p.batch * p.n_kv_heads > 1 ? threads : 1) * pad16(p.q_len * p.kv_len) * 4;
+  if (p.q_len <= kSplitKvMaxQueries) {
+    const int64_t rows = p.n_heads * p.q_len;
+    const int64_t nc = p.num_splits > 0 ? p.num_splits : split_kv_chunks(p);
+    const int64_t part = nc > 1 ? p.batch * nc * rows * (p.head_dim + 1) : 0;
+    return 4 * (pad16(part) + threads * pad16(rows * (p.head_dim + 2)));
+  }
+  return 4 * threads * pad16(flash_forward_scratch_floats(p.head_dim));
+}
+
+int64_t attention_backward_scratch_bytes(const AttentionParams& p, AttentionImpl impl) {
+  if (impl == AttentionImpl::kDefault) impl = attention_impl();
+  const int64_t threads = num_threads();
+  if (impl == AttentionImpl::kNaive)
+    return (p.batch * p.n_kv_heads > 1 ? threads : 1) * pad16(2 * p.q_len * p.kv_len) * 4;
+  const int64_t rep = p.n_heads / p.n_kv_heads;
+  const int64_t nc = backward_chunks(p.kv_len, p.batch * p.n_kv_heads);
+  const int64_t part = p.batch * p.n_kv_heads * (nc - 1) * p.q_len * rep * p.head_dim;
+  return 4 * (pad16(part) + threads * pad16(flash_backward_scratch_floats(p.head_dim) + rep * p.q_len));
+}
+
+}  // namespace kiln::cpu

@@ -1,0 +1,91 @@
+// Internal to kiln::cpu: the per-target FlashAttention tile kernels (attention_flash_impl.inc,
+// compiled once per SIMD target) and the plain structs that describe one sequence's buffers to
+// them. The threading, split-KV merge, varlen and paged-cache plumbing is in attention_flash.cpp.
+#pragma once
+
+#include <cstdint>
+
+#include "kiln/kernels/dispatch.h"
+
+namespace kiln::cpu {
+
+// Tile sizes. Queries per tile (kFlashBr) and keys per tile (kFlashBc): at head_dim 64 the Q,
+// K, V, Sᵀ and O tiles are 16 KiB each, so a tile pair's working set (~80 KiB) sits in the
+// 1 MiB L2 of the 2-core Zen 5 dev machine with the K/V rows streaming through its 48 KiB L1.
+// Chosen by `kiln bench attention` there (64×64 beat 32×64 and 64×128 at T = 1024..4096).
+inline constexpr int64_t kFlashBr = 64;
+inline constexpr int64_t kFlashBc = 64;
+// Keys per block of the few-query (decode) row kernel: 64 scores on the stack, one K/V block
+// of 16 KiB at head_dim 64 reused from L1 by every head of a GQA group.
+inline constexpr int64_t kRowsBlock = 64;
+
+// The sizes and strides shared by every sequence of a call.
+struct FlashShape {
+  int64_t n_heads, n_kv_heads, head_dim;
+  bool causal;
+  int64_t window;  // 0: none
+  float scale;
+  int64_t q_rs, k_rs, v_rs, o_rs;  // row strides (elements)
+  int64_t lse_hs;                  // lse elements between heads (T, or total_q when packed)
+};
+
+// One sequence: pointers to its row 0 (head 0). q_offset = kv_len - q_len places the queries
+// at the end of the keys (causal alignment). Gradient pointers only for backward.
+struct FlashSeq {
+  const float* q;
+  const float* k;
+  const float* v;
+  float* o;    // forward output; backward: the saved output
+  float* lse;  // (Hq, ·) with FlashShape::lse_hs between heads
+  int64_t q_len, kv_len;
+  const float* dout;       // like o
+  float* dq;               // like q
+  float* dk;               // like k
+  float* dv;               // like v
+};
+
+// Scratch floats one forward / backward tile call needs (padded to 64 B per buffer).
+int64_t flash_forward_scratch_floats(int64_t head_dim);
+int64_t flash_backward_scratch_floats(int64_t head_dim);
+
+}  // namespace kiln::cpu
+
+#define KILN_FLASH_DECLS                                                                          \
+  /* Rows [t0, t0+br) of head h over keys [kbeg, kend): normalized output rows to o (ldo apart) \
+     and their logsumexp to lse[0..br) (-inf and zero rows when no key is visible). */          \
+  void flash_forward_tile(const ::kiln::cpu::FlashShape& sh, const ::kiln::cpu::FlashSeq& sq,   \
+                          int64_t h, int64_t t0, int64_t br, int64_t kbeg, int64_t kend,        \
+                          float* o, int64_t ldo, float* lse, float* scratch);                   \
+  /* Keys [kbeg, kend) of KV head g: overwrites those rows of dk, dv with the sum over the     \
+     group's heads and adds this key range's share to dq, which points at row 0, head g·rep  \
+     (rows ldq apart, heads head_dim apart; zeroed by the caller). dvec (rep, q_len):         \
+     rowsum(dO ∘ O) of the group's heads. */                                                     \
+  void flash_backward_keys(const ::kiln::cpu::FlashShape& sh, const ::kiln::cpu::FlashSeq& sq,  \
+                           int64_t g, int64_t kbeg, int64_t kend, float* dq, int64_t ldq,       \
+                           const float* dvec, float* scratch);                                   \
+  /* Few-query row kernel, one contiguous run of keys: queries rows [0, nq) of the group's rep \
+     heads (q at row t0 head g·rep, q_rs apart, heads head_dim apart) at positions q_pos0 + t, \
+     keys n_keys rows of k/v (strides k_rs, v_rs) at positions key_pos0 + j. Updates the      \
+     online-softmax state m, l (rep·nq, index hh·nq + t) and unnormalized o (rep·nq, D). */    \
+  void attention_rows_update(const ::kiln::cpu::FlashShape& sh, const float* q, int64_t nq,     \
+                             int64_t q_pos0, const float* k, const float* v, int64_t n_keys,    \
+                             int64_t key_pos0, float* m, float* l, float* o);                   \
+  /* out = Σ_c exp(lse_c − lse) · part_c over D values, weights already computed. */           \
+  void weighted_sum_rows(float* out, const float* parts, int64_t part_stride,                   \
+                         const float* weights, int64_t num_parts, int64_t d);
+
+namespace kiln::cpu {
+namespace scalar {
+KILN_FLASH_DECLS
+}  // namespace scalar
+namespace avx2 {
+KILN_FLASH_DECLS
+}  // namespace avx2
+namespace avx512 {
+KILN_FLASH_DECLS
+}  // namespace avx512
+}  // namespace kiln::cpu
+
+#define KILN_FLASH_DISPATCH(fn)                          \
+  (::kiln::Dispatch<decltype(&::kiln::cpu::scalar::fn)>{ \
+      &::kiln::cpu::scalar::fn, &::kiln::cpu::avx2::fn, &::kiln::cpu::avx512::fn})

@@ -1,0 +1,134 @@
+// Drivers for the ceiling loops (peak_avx512.cpp, peak_avx2.cpp): calibrate an iteration count,
+// run the loop on every thread at once (plain std::threads released together), keep the best
+// of three; plus the per-process cache behind fma_peak_gflops().
+#include "kiln/perf/peak.h"
+
+#include <sys/mman.h>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cstdlib>
+#include <cstring>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <thread>
+#include <utility>
+#include <vector>
+
+#include "kiln/core/cpu_features.h"
+
+namespace kiln::perf {
+namespace detail {
+namespace {
+std::atomic<float> g_sink{0.0f};
+}  // namespace
+void sink_value(float v) { g_sink.store(v, std::memory_order_relaxed); }
+}  // namespace detail
+
+namespace {
+
+double now_seconds() {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+
+// Runs fn(thread) on `threads` threads started together; returns the wall time from release to
+// the last join.
+template <class F>
+double run_on_threads(int threads, F&& fn) {
+  std::atomic<int> ready{0};
+  std::atomic<bool> go{false};
+  std::vector<std::thread> pool;
+  for (int t = 0; t < threads; ++t) {
+    pool.emplace_back([&, t] {
+      ready.fetch_add(1);
+      while (!go.load(std::memory_order_acquire)) {
+      }
+      fn(t);
+    });
+  }
+  while (ready.load() != threads) {
+  }
+  const double t0 = now_seconds();
+  go.store(true, std::memory_order_release);
+  for (auto& th : pool) th.join();
+  return now_seconds() - t0;
+}
+
+using LoopFn = double (*)(int64_t);
+
+LoopFn fma_loop_for(DType dtype) {
+  const SimdTarget t = active_simd_target();
+  if (dtype == DType::kBF16) return bf16_dot_available() ? &detail::bf16_dot_loop_avx512 : nullptr;
+  if (dtype != DType::kF32) return nullptr;
+  if (t == SimdTarget::kAvx512) return &detail::fma_loop_avx512;
+  if (t == SimdTarget::kAvx2) return &detail::fma_loop_avx2;
+  return nullptr;
+}
+
+}  // namespace
+
+double measure_fma_peak_gflops(DType dtype, int threads, double seconds) {
+  const LoopFn loop = fma_loop_for(dtype);
+  if (!loop || threads < 1) return 0.0;
+  // Calibrate on one thread, then size each run to ~`seconds`.
+  int64_t iters = 1 << 16;
+  const double t_cal = run_on_threads(1, [&](int) { loop(iters); });
+  iters = std::max<int64_t>(iters, static_cast<int64_t>(static_cast<double>(iters) * seconds /
+                                                        std::max(t_cal, 1e-6)));
+  double best = 0;
+  for (int rep = 0; rep < 3; ++rep) {
+    std::vector<double> flops(static_cast<size_t>(threads));
+    const double t = run_on_threads(threads, [&](int th) { flops[static_cast<size_t>(th)] = loop(iters); });
+    double total = 0;
+    for (double f : flops) total += f;
+    best = std::max(best, total / t * 1e-9);
+  }
+  return best;
+}
+
+double measure_dram_read_gbps(int threads, int64_t bytes) {
+  const SimdTarget target = active_simd_target();
+  if (target == SimdTarget::kScalar || threads < 1) return 0.0;
+  if (bytes <= 0) bytes = std::max<int64_t>(int64_t{256} << 20, int64_t{8} * cpu_features().l3_bytes);
+  const int64_t n = bytes / 4 & ~int64_t{1023};  // floats
+  struct Free {
+    void operator()(float* p) const { std::free(p); }
+  };
+  std::unique_ptr<float, Free> buf(static_cast<float*>(std::aligned_alloc(2 << 20, static_cast<size_t>(n) * 4)));
+  if (!buf) return 0.0;
+  madvise(buf.get(), static_cast<size_t>(n) * 4, MADV_HUGEPAGE);  // fewer page faults; advisory
+  // First touch in parallel (page faults are slow in VMs), with values that stay finite.
+  run_on_threads(threads, [&](int th) {
+    const int64_t b = n * th / threads, e = n * (th + 1) / threads;
+    for (int64_t i = b; i < e; ++i) buf.get()[i] = static_cast<float>(i & 255) * (1.0f / 256);
+  });
+  const auto loop = target == SimdTarget::kAvx512 ? &detail::read_loop_avx512 : &detail::read_loop_avx2;
+  double best = 0;
+  for (int rep = 0; rep < 3; ++rep) {
+    std::vector<double> read(static_cast<size_t>(threads));
+    const double t = run_on_threads(threads, [&](int th) {
+      const int64_t b = n * th / threads & ~int64_t{63}, e = n * (th + 1) / threads & ~int64_t{63};
+      read[static_cast<size_t>(th)] = loop(buf.get() + b, e - b);
+    });
+    double total = 0;
+    for (double r : read) total += r;
+    best = std::max(best, total / t * 1e-9);
+  }
+  return best;
+}
+
+double fma_peak_gflops(int threads, DType dtype) {
+  static std::mutex mu;
+  static std::map<std::pair<int, int>, double> cache;
+  std::lock_guard<std::mutex> lock(mu);
+  const auto key = std::make_pair(static_cast<int>(dtype), threads);
+  if (auto it = cache.find(key); it != cache.end()) return it->second;
+  // Three runs of ~15 ms: enough for the clock to ramp and the best of three to be stable.
+  const double v = measure_fma_peak_gflops(dtype, threads, 0.015);
+  cache.emplace(key, v);
+  return v;
+}
+
+}  // namespace kiln::perf

@@ -1,0 +1,38 @@
+// Machine ceilings measured on the CPU at hand: the FMA peak (f32 FMA or bf16 dot products in a
+// register-only loop on 1..N threads) and the DRAM read bandwidth (streaming over >> L3). MFU
+// during training and % of peak in the benchmarks are both quoted against these.
+#pragma once
+
+#include <cstdint>
+
+#include "kiln/core/dtype.h"
+
+namespace kiln::perf {
+
+// GFLOP/s of `threads` threads each running an independent FMA loop (f32: vfmadd on the widest
+// vector the active SIMD target has; bf16: AVX512_BF16 vdpbf16ps, 2 FLOPs per product). Each of
+// three runs lasts about `seconds`; the best is returned. 0 when the CPU has no such instruction
+// (bf16 without AVX512_BF16, f32 on the scalar target) or the dtype is neither.
+double measure_fma_peak_gflops(DType dtype, int threads, double seconds = 0.15);
+
+// GB/s read by `threads` threads streaming disjoint slices of a buffer of `bytes` (0: the larger
+// of 256 MiB and 8x the L3 cache) with wide loads; best of three passes. Allocates and frees the
+// buffer (first touch included, not timed). 0 when the active target is scalar.
+double measure_dram_read_gbps(int threads, int64_t bytes = 0);
+
+// The FMA peak for `threads` threads, measured once per process per (dtype, threads) with a
+// short (~50 ms) run and cached; thread-safe. For MFU = achieved FLOP/s / this.
+double fma_peak_gflops(int threads, DType dtype = DType::kF32);
+
+namespace detail {
+// Per-target loops (peak_avx512.cpp, peak_avx2.cpp). Each returns the FLOPs (or bytes) done.
+double fma_loop_avx512(int64_t iters);
+double bf16_dot_loop_avx512(int64_t iters);
+double read_loop_avx512(const float* p, int64_t n);
+double fma_loop_avx2(int64_t iters);
+double read_loop_avx2(const float* p, int64_t n);
+// Keeps a loop's result alive so it is not optimized away.
+void sink_value(float v);
+}  // namespace detail
+
+}  // namespace kiln::perf

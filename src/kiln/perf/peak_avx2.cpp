@@ -1,0 +1,45 @@
+// AVX2+FMA ceiling loops for perf/peak.h, used on CPUs (or KILN_SIMD settings) without AVX-512:
+// 256-bit FMA throughput with 16 accumulators and an 8-stream read loop.
+#include <immintrin.h>
+
+#include "kiln/perf/peak.h"
+
+namespace kiln::perf::detail {
+namespace {
+float hsum(__m256 v) {
+  const __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  const __m128 t = _mm_add_ps(s, _mm_movehl_ps(s, s));
+  return _mm_cvtss_f32(_mm_add_ss(t, _mm_shuffle_ps(t, t, 1)));
+}
+}  // namespace
+
+double fma_loop_avx2(int64_t iters) {
+  __m256 acc[16];
+  for (int j = 0; j < 16; ++j) acc[j] = _mm256_set1_ps(static_cast<float>(j));
+  const __m256 x = _mm256_set1_ps(0.999f), y = _mm256_set1_ps(0.001f);
+  for (int64_t it = 0; it < iters; ++it) {
+#pragma GCC unroll 16
+    for (int j = 0; j < 16; ++j) acc[j] = _mm256_fmadd_ps(acc[j], x, y);
+  }
+  __m256 s = acc[0];
+  for (int j = 1; j < 16; ++j) s = _mm256_add_ps(s, acc[j]);
+  sink_value(hsum(s));
+  return static_cast<double>(iters) * 16 * 8 * 2;
+}
+
+double read_loop_avx2(const float* p, int64_t n) {
+  constexpr int kStreams = 8;
+  const int64_t per = n / kStreams & ~int64_t{7};
+  __m256 acc[kStreams];
+  for (int s = 0; s < kStreams; ++s) acc[s] = _mm256_setzero_ps();
+  for (int64_t i = 0; i < per; i += 8) {
+#pragma GCC unroll 8
+    for (int s = 0; s < kStreams; ++s) acc[s] = _mm256_add_ps(acc[s], _mm256_loadu_ps(p + s * per + i));
+  }
+  __m256 t = acc[0];
+  for (int s = 1; s < kStreams; ++s) t = _mm256_add_ps(t, acc[s]);
+  sink_value(hsum(t));
+  return static_cast<double>(per) * kStreams * 4;
+}
+
+}  // namespace kiln::perf::detail
