@@ -202,6 +202,18 @@ double reduction_gamma() {
   return best / (n * 4.0);
 }
 
+// The bench's sizes: 8 B, 32 B, ... by factors of 4 up to max_bytes, and max_bytes itself.
+std::vector<int64_t> bench_sizes(int64_t min_bytes, int64_t max_bytes) {
+  std::vector<int64_t> sizes;
+  for (int64_t s = 8; s <= max_bytes; s *= 4)
+    if (s >= min_bytes) sizes.push_back(s);
+  if (sizes.empty() || sizes.back() != max_bytes) sizes.push_back(max_bytes);
+  return sizes;
+}
+
+// Calibration: for each op, every kiln algorithm at every bench size, interleaved in one
+// timing loop per size (the noise hits them alike), median of at least 7 repetitions; then a
+// piecewise alpha-beta fit per algorithm (cost_model.h) through the medians.
 int calibrate(Communicator& c, const CommBenchOptions& opt, std::byte* send, std::byte* recv) {
   const int p = c.size();
   dist::AlphaBetaTable table;
@@ -209,48 +221,62 @@ int calibrate(Communicator& c, const CommBenchOptions& opt, std::byte* send, std
   table.gamma_s_per_byte = reduction_gamma();
   table.gamma_s_per_byte = max_over_ranks(c, table.gamma_s_per_byte);
   table.fitted_p = p;
-  const int64_t max_fit = std::min<int64_t>(opt.max_bytes, int64_t{64} << 20);
+  table.hier_ranks_per_node = c.hierarchical_node_size();
+  const int reps = std::max(opt.reps, 7);
+  std::vector<int64_t> sizes = bench_sizes(8, opt.max_bytes);
+  if (static_cast<int>(sizes.size()) > dist::PiecewiseAlphaBeta::kMaxKnots)
+    sizes.resize(dist::PiecewiseAlphaBeta::kMaxKnots);
   if (c.rank() == 0)
     fmt::print("# calibrate, p = {}: ping-pong alpha = {:.2f} us, beta = {:.4f} ns/B ({:.2f} GB/s); "
-               "reduction gamma = {:.4f} ns/B ({:.2f} GB/s)\n",
+               "reduction gamma = {:.4f} ns/B ({:.2f} GB/s); hierarchical node size {}; "
+               "median of {} reps per size\n"
+               "# per algorithm: alpha (us/step), then beta (ns/B of the bandwidth term) at "
+               "32 KiB, 512 KiB, 8 MiB and the largest size\n",
                p, table.link.alpha_s * 1e6, table.link.beta_s_per_byte * 1e9,
                1e-9 / table.link.beta_s_per_byte, table.gamma_s_per_byte * 1e9,
-               1e-9 / table.gamma_s_per_byte);
+               1e-9 / table.gamma_s_per_byte, table.hier_ranks_per_node, reps);
   for (int o = 0; o < dist::kNumCollOps && p >= 2; ++o) {
     const auto op = static_cast<CollOp>(o);
+    std::vector<Algo> algos;
     for (const dist::AlgoInfo& info : dist::kAlgoInfos) {
-      if (info.algo == Algo::kAuto || info.algo == Algo::kMpi || info.algo == Algo::kHierarchical ||
-          !dist::algo_implements(info.algo, op))
+      if (info.algo == Algo::kAuto || info.algo == Algo::kMpi || !dist::algo_implements(info.algo, op))
         continue;
-      // Two regimes (cost_model.h): below and from kLargeCallBytes; the point at the
-      // boundary goes into both fits.
-      std::vector<double> steps[2], bytes[2], secs[2];
-      for (int64_t size = 8; size <= max_fit; size *= 4) {
-        const int64_t count = count_arg(op, size, p, 4);
-        if (count == 0) continue;
-        fill_inputs(op, p, c.rank(), send, recv, count, DType::kF32);
-        const Summary s = time_collectives(c, op, {info.algo}, send, recv, count, DType::kF32,
-                                           ReduceOp::kSum, 3)[0];
-        const dist::AlgoCost terms = dist::algo_cost(op, info.algo, p, static_cast<double>(size));
-        for (int g = 0; g < 2; ++g) {
-          const bool large = size >= dist::AlphaBetaTable::kLargeCallBytes;
-          const bool boundary = size == static_cast<int64_t>(dist::AlphaBetaTable::kLargeCallBytes);
-          if ((g == 1) != large && !boundary) continue;
-          steps[g].push_back(terms.steps);
-          bytes[g].push_back(terms.bw_bytes);
-          secs[g].push_back(s.median);
-        }
+      if (info.algo == Algo::kHierarchical && table.hier_ranks_per_node == 0) continue;
+      algos.push_back(info.algo);
+    }
+    // MPI's own collective runs in the same loop, last, as in `--algo all` (not fitted): the
+    // algorithms are then timed amid the same cache and scheduling state as in the bench.
+    std::vector<Algo> timed = algos;
+    timed.push_back(Algo::kMpi);
+    // Per algorithm: the knots' sizes, terms and measured seconds.
+    std::vector<std::vector<double>> ks(algos.size()), steps(algos.size()), bw(algos.size()),
+        secs(algos.size());
+    for (int64_t size : sizes) {
+      const int64_t count = count_arg(op, size, p, 4);
+      if (count == 0) continue;
+      fill_inputs(op, p, c.rank(), send, recv, count, DType::kF32);
+      const std::vector<Summary> t =
+          time_collectives(c, op, timed, send, recv, count, DType::kF32, ReduceOp::kSum, reps);
+      for (size_t k = 0; k < algos.size(); ++k) {
+        const dist::AlgoCost terms = dist::algo_cost(op, algos[k], p, static_cast<double>(size),
+                                                     table.hier_ranks_per_node);
+        ks[k].push_back(static_cast<double>(size));
+        steps[k].push_back(terms.steps);
+        bw[k].push_back(terms.bw_bytes);
+        secs[k].push_back(t[k].median);
       }
-      for (int g = 0; g < 2; ++g) {
-        if (secs[g].size() < 2) continue;
-        const dist::AlphaBeta f = dist::fit_alpha_beta(steps[g].data(), bytes[g].data(), secs[g].data(),
-                                                       static_cast<int>(secs[g].size()));
-        (g == 0 ? table.fit : table.fit_large)[o][static_cast<int>(info.algo)] = f;
-        if (c.rank() == 0)
-          fmt::print("#   {:<13} {:<19} {:<6} alpha = {:8.2f} us/step  beta = {:8.4f} ns/B ({:6.2f} GB/s)\n",
-                     dist::coll_op_name(op), info.name, g == 0 ? "small" : "large", f.alpha_s * 1e6,
-                     f.beta_s_per_byte * 1e9, f.beta_s_per_byte > 0 ? 1e-9 / f.beta_s_per_byte : 0.0);
-      }
+    }
+    for (size_t k = 0; k < algos.size(); ++k) {
+      if (ks[k].empty()) continue;
+      const dist::PiecewiseAlphaBeta f = dist::fit_piecewise(
+          ks[k].data(), steps[k].data(), bw[k].data(), secs[k].data(), static_cast<int>(ks[k].size()));
+      table.fit_of(op, algos[k]) = f;
+      if (c.rank() != 0) continue;
+      std::string betas;
+      for (double at : {32.0 * 1024, 512.0 * 1024, 8.0 * 1024 * 1024, ks[k].back()})
+        betas += fmt::format(" {:8.4f}", f.at(at).beta_s_per_byte * 1e9);
+      fmt::print("#   {:<13} {:<19} alpha = {:6.2f} us/step  beta(ns/B) ={}\n", dist::coll_op_name(op),
+                 dist::algo_name(algos[k]), f.knots[0].ab.alpha_s * 1e6, betas);
     }
   }
   int rc = 0;
@@ -301,6 +327,7 @@ int run_comm_bench(const CommBenchOptions& opt) {
       algos.push_back(Algo::kMpi);  // the peer, always measured
     }
     c.set_ranks_per_node(opt.ranks_per_node);
+    dist::set_pipeline_chunk_override(static_cast<size_t>(opt.chunk_bytes));
     const size_t es = rc == 0 ? dtype_bits(*dtype) / 8 : 4;
     const size_t buf_bytes = static_cast<size_t>(std::max<int64_t>(opt.max_bytes, 64 << 20)) + 64;
     // Allocated and touched once; every algorithm and every size reuses them.
@@ -313,20 +340,19 @@ int run_comm_bench(const CommBenchOptions& opt) {
     if (rc == 0 && opt.calibrate) {
       rc = calibrate(c, opt, send.get(), recv.get());
     } else if (rc == 0) {
-      std::vector<int64_t> sizes;
-      for (int64_t s = 8; s <= opt.max_bytes; s *= 4)
-        if (s >= opt.min_bytes) sizes.push_back(s);
-      if (sizes.empty() || sizes.back() != opt.max_bytes) sizes.push_back(opt.max_bytes);
+      const std::vector<int64_t> sizes = bench_sizes(opt.min_bytes, opt.max_bytes);
       if (r == 0 && !opt.json) {
         fmt::print("# kiln bench comm: {} on p = {} ranks, {} {}, out-of-place; time = median of {} reps "
-                   "(slowest rank); busbw factor {:.3f}; peer = MPI's own collective\n",
+                   "(slowest rank); busbw factor {:.3f}; peer = MPI's own collective; "
+                   "vs_best = best kiln algorithm's time / this time{}\n",
                    opt.op, p, opt.dtype, is_reducing(*op) ? opt.redop : "-", opt.reps,
-                   busbw_factor(*op, p));
-        fmt::print("#{:>11} {:>11} {:>5} {:>5}  {:<24} {:>10} {:>17} {:>8} {:>8} {:>7} {:>9}\n", "size", "count",
+                   busbw_factor(*op, p),
+                   opt.chunk_bytes > 0 ? fmt::format("; pipeline chunk {} B", dist::pipeline_chunk_override()) : "");
+        fmt::print("#{:>11} {:>11} {:>5} {:>5}  {:<24} {:>10} {:>17} {:>8} {:>8} {:>7} {:>9} {:>7}\n", "size", "count",
                    "type", "redop", "algo", "time(us)", "min-max(us)", "algbw", "busbw", "#wrong",
-                   "busbw/mpi");
-        fmt::print("#{:>11} {:>11} {:>5} {:>5}  {:<24} {:>10} {:>17} {:>8} {:>8} {:>7} {:>9}\n", "(B)", "(elements)",
-                   "", "", "", "", "", "(GB/s)", "(GB/s)", "", "");
+                   "busbw/mpi", "vs_best");
+        fmt::print("#{:>11} {:>11} {:>5} {:>5}  {:<24} {:>10} {:>17} {:>8} {:>8} {:>7} {:>9} {:>7}\n", "(B)", "(elements)",
+                   "", "", "", "", "", "(GB/s)", "(GB/s)", "", "", "");
       }
       for (int64_t size : sizes) {
         const int64_t count = count_arg(*op, size, p, es);
@@ -354,6 +380,10 @@ int run_comm_bench(const CommBenchOptions& opt) {
           rows.push_back(row);
         }
         const double mpi_time = rows.back().t.median;  // ratio kiln/mpi busbw = mpi time / kiln time
+        double best_kiln = 0;  // the fastest named kiln algorithm (not auto, not mpi)
+        for (const Row& row : rows)
+          if (row.algo != Algo::kAuto && row.algo != Algo::kMpi && (best_kiln == 0 || row.t.median < best_kiln))
+            best_kiln = row.t.median;
         for (const Row& row : rows) {
           const double algbw = size / row.t.median / 1e9;
           const double busbw = algbw * busbw_factor(*op, p);
@@ -369,13 +399,15 @@ int run_comm_bench(const CommBenchOptions& opt) {
                                 {"time_us", row.t.median * 1e6}, {"time_us_min", row.t.min * 1e6},
                                 {"time_us_max", row.t.max * 1e6}, {"algbw_GBps", algbw},
                                 {"busbw_GBps", busbw}, {"wrong", row.wrong},
-                                {"busbw_vs_mpi", mpi_time / row.t.median}};
+                                {"busbw_vs_mpi", mpi_time / row.t.median},
+                                {"vs_best", best_kiln > 0 ? best_kiln / row.t.median : 0.0}};
             fmt::print("{}\n", j.dump());
           } else {
-            fmt::print("{:>12} {:>11} {:>5} {:>5}  {:<24} {:>10.2f} {:>8.2f}-{:<8.2f} {:>8.3f} {:>8.3f} {:>7} {:>9.2f}\n",
+            fmt::print("{:>12} {:>11} {:>5} {:>5}  {:<24} {:>10.2f} {:>8.2f}-{:<8.2f} {:>8.3f} {:>8.3f} {:>7} {:>9.2f} {:>7}\n",
                        size, count, opt.dtype, is_reducing(*op) ? opt.redop : "-", name,
                        row.t.median * 1e6, row.t.min * 1e6, row.t.max * 1e6, algbw, busbw,
-                       row.wrong, mpi_time / row.t.median);
+                       row.wrong, mpi_time / row.t.median,
+                       best_kiln > 0 ? fmt::format("{:.2f}", best_kiln / row.t.median) : std::string("-"));
           }
         }
         if (r == 0) std::fflush(stdout);

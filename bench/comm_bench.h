@@ -19,6 +19,7 @@ struct CommBenchOptions {
   int ranks_per_node = 0;        // hierarchical: 0 = MPI_Comm_split_type, n = forced
   bool json = false;             // one JSON object per line instead of the table
   bool calibrate = false;        // measure alpha, beta (+ per-algorithm fits) and cache them
+  int64_t chunk_bytes = 0;       // pipeline chunk override for sweeps (0 = per-size defaults)
 };
 
 // Collective over MPI_COMM_WORLD (initializes MPI if needed, finalizes at the end); prints on

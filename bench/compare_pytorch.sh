@@ -8,8 +8,11 @@
 #                            [--lock FILE]     (each timed run under `flock FILE`)
 # Env: KILN (default build/kiln), PYTHON (default /usr/bin/python3: Debian's python3-torch, or
 # any python whose torch is newer). The peer runs with OPENBLAS_CORETYPE and OPENBLAS_L2_SIZE
-# unset (the machine presets pin OpenBLAS to its AVX2 kernel) and OMP_NUM_THREADS =
-# OPENBLAS_NUM_THREADS = N.
+# unset (the machine presets pin OpenBLAS to its AVX2 kernel), OMP_NUM_THREADS =
+# OPENBLAS_NUM_THREADS = N, and OMP_WAIT_POLICY=PASSIVE: Debian's torch runs its elementwise ops
+# on OpenMP threads and its GEMMs on OpenBLAS's own pthreads; with libgomp's default spinning
+# the two pools fight over the cores (measured here at 2 threads, W1a: 1081 tokens/s spinning,
+# 1720 passive).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -21,7 +24,7 @@ while [[ $# -gt 0 ]]; do
     --rounds) rounds="$2"; shift 2 ;;
     --steps) steps="$2"; shift 2 ;;
     --lock) lock="$2"; shift 2 ;;
-    -h|--help) sed -n '2,12p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,15p' "$0"; exit 0 ;;
     *) echo "compare_pytorch.sh: unknown argument $1" >&2; exit 2 ;;
   esac
 done
@@ -41,6 +44,7 @@ for preset in $presets; do
       locked env OMP_NUM_THREADS="$n" "$KILN" bench train --preset "$preset" --threads "$n" --steps "$steps" --json \
         | tee -a "$results" | sed 's/^/  /'
       locked env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE OMP_NUM_THREADS="$n" OPENBLAS_NUM_THREADS="$n" \
+        OMP_WAIT_POLICY=PASSIVE \
         "$PYTHON" bench/train_torch.py --preset "$preset" --threads "$n" --steps "$steps" --json \
         | tee -a "$results" | sed 's/^/  /'
     done

@@ -5,6 +5,7 @@
 
 #include <fmt/format.h>
 
+#include <sys/mman.h>
 #include <time.h>
 
 #include <algorithm>
@@ -31,8 +32,12 @@ namespace {
 class Buffer {
  public:
   Buffer(int64_t elems, DType dtype, Rng& rng) : dtype_(dtype) {
-    const size_t bytes = static_cast<size_t>(dtype_nbytes(dtype, elems) + 63) & ~size_t{63};
-    mem_.reset(static_cast<char*>(std::aligned_alloc(64, bytes)));
+    // Large operands on transparent huge pages (THP is "madvise" on these VMs), like the buffer
+    // perf::measure_dram_read_gbps streams: the ceiling and the GEMMs see the same TLB reach.
+    const size_t align = elems * 4 >= (4 << 20) ? size_t{2} << 20 : 64;
+    const size_t bytes = (static_cast<size_t>(dtype_nbytes(dtype, elems)) + align - 1) & ~(align - 1);
+    mem_.reset(static_cast<char*>(std::aligned_alloc(align, bytes)));
+    if (align > 64) madvise(mem_.get(), bytes, MADV_HUGEPAGE);
     if (dtype == DType::kBF16) {
       auto* p = reinterpret_cast<uint16_t*>(mem_.get());
       for (int64_t i = 0; i < elems; ++i) p[i] = f32_to_bf16(rng.uniform(-1.0f, 1.0f));

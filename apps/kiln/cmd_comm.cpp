@@ -39,6 +39,9 @@ void register_bench_comm(CLI::App& bench) {
   cmd->add_option("--ranks-per-node", opt->ranks_per_node,
                   "Hierarchical: ranks per node (0 = from MPI_Comm_split_type)")
       ->check(CLI::Range(0, 1 << 20));
+  cmd->add_option("--chunk-bytes", opt->chunk_bytes,
+                  "Pipeline chunk of ring, double_binary_tree and chain for a sweep (0 = per-size defaults)")
+      ->check(CLI::Range(int64_t{0}, int64_t{1} << 30));
   cmd->add_flag("--json", opt->json, "One JSON object per line");
   cmd->add_flag("--calibrate", opt->calibrate,
                 "Measure alpha, beta and per-algorithm fits; cache them for --algo auto");

@@ -1,9 +1,13 @@
 // `kiln info`: the build, the CPU features detected, each kernel family's SIMD path, threads.
 #include <fmt/format.h>
 
+#include <cmath>
+#include <memory>
+
 #include "apps/kiln/commands.h"
 #include "kiln/core/allocator.h"
 #include "kiln/core/cpu_features.h"
+#include "kiln/core/float_formats.h"
 #include "kiln/core/thread_pool.h"
 #include "kiln/kernels/registry.h"
 
@@ -39,11 +43,29 @@ void run_info() {
   for (const KernelPath& k : kernel_paths()) fmt::print("  {:<22} {}\n", k.family, k.path);
 }
 
+// `kiln info --formats`: every number measured from the conversion code (float_formats.h).
+void run_formats() {
+  fmt::print("float formats, measured from kiln's conversions (round to nearest, ties to even)\n");
+  fmt::print("{:<7} {:>4} {:>3} {:>10} {:>10} {:>11} {:>11} {:>11} {:>8} {:>4}\n", "format", "bits", "p",
+             "eps 2^1-p", "u 2^-p", "largest", "min normal", "min subnorm", "binades", "inf");
+  for (const FloatFormatInfo& f : float_format_infos()) {
+    fmt::print("{:<7} {:>4} {:>3} {:>10.3e} {:>10.3e} {:>11.4e} {:>11.4e} {:>11.4e} {:>8.1f} {:>4}\n", f.name,
+               f.storage_bits, f.significant_bits, f.epsilon, f.unit_roundoff, f.largest_finite,
+               f.smallest_normal, f.smallest_subnormal, std::log2(f.largest_finite / f.smallest_subnormal),
+               yes_no(f.has_infinity));
+  }
+  fmt::print("p: significant bits (precision); eps: gap above 1; u: largest relative rounding error;\n"
+             "binades: log2(largest / min subnormal), the range in powers of two\n");
+}
+
 }  // namespace
 
 void register_info(CLI::App& app) {
   CLI::App* cmd = app.add_subcommand("info", "Print the build, CPU features, SIMD paths and threads");
-  cmd->callback([] { run_info(); });
+  auto formats = std::make_shared<bool>(false);
+  cmd->add_flag("--formats", *formats,
+                "Print each float format's precision and range (f32, tf32, bf16, f16, fp8 e4m3/e5m2)");
+  cmd->callback([formats] { *formats ? run_formats() : run_info(); });
 }
 
 }  // namespace kiln::app

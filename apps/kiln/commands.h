@@ -14,6 +14,7 @@ void register_comm(CLI::App& app);  // `bench comm` and `plan comm` (cmd_comm.cp
 void register_bench_attention(CLI::App& app);  // `bench attention` (cmd_bench_attention.cpp)
 void register_eval(CLI::App& app);         // `eval` (cmd_eval.cpp)
 void register_bench_train(CLI::App& app);  // `bench train`, after register_bench (cmd_bench_train.cpp)
+void register_bench_numerics(CLI::App& app);  // `bench numerics`, after register_bench (cmd_bench_numerics.cpp)
 
 // Exit code for a subcommand that failed on user input (message already printed).
 inline constexpr int kUserError = 2;

@@ -7,8 +7,10 @@
 
 #include <gtest/gtest.h>
 
+#include "kiln/core/cpu_features.h"
 #include "kiln/dist/collectives.h"
 #include "kiln/dist/reduce.h"
+#include "kiln/dist/reduce_kernels.h"
 
 namespace kiln::dist {
 namespace {
@@ -234,6 +236,85 @@ TEST(DistCollectives, BroadcastEveryAlgorithmAndRoot) {
           EXPECT_EQ(wrong, 0) << "broadcast " << algo_name(algo) << " " << dtype_name(t)
                               << " root=" << root << " n=" << n;
         }
+}
+
+// max propagates a NaN from any rank (either operand of every combine), and the result is the
+// same bits on every rank; max(+0, -0) is +0 whatever the order. MPI's own MPI_MAX is the
+// peer's semantics and is not checked.
+TEST(DistCollectives, MaxPropagatesNaN) {
+  Communicator& c = world();
+  const int p = c.size(), r = c.rank();
+  const int64_t n = 41, kZeros = 33;  // [kZeros, n): signed zeros, no NaN
+  for (CollOp cop : {CollOp::kAllReduce, CollOp::kReduceScatter})
+    for (Algo algo : algos_for(cop)) {
+      if (algo == Algo::kMpi) continue;
+      for (DType t : kDTypes) {
+        // All-reduce: element i; reduce-scatter: element i of every rank's block (so each
+        // rank's own block has the same pattern).
+        const int64_t total = cop == CollOp::kAllReduce ? n : n * p;
+        Buf send(t, total), recv(t, n);
+        for (int64_t j = 0; j < total; ++j) {
+          const int64_t i = j % n;
+          float v = value_of(r, i);
+          if (i >= kZeros) v = r % 2 ? 0.0f : -0.0f;
+          else if (i % (p + 1) == r) v = NAN;  // no NaN where i % (p + 1) == p
+          send.set(j, v);
+        }
+        recv.fill_nan(n);
+        const Status st = cop == CollOp::kAllReduce
+                              ? all_reduce(c, send.data(), recv.data(), n, t, ReduceOp::kMax, algo)
+                              : reduce_scatter(c, send.data(), recv.data(), n, t, ReduceOp::kMax, algo);
+        ASSERT_TRUE(st.ok());
+        int64_t wrong = 0;
+        for (int64_t i = 0; i < n; ++i) {
+          if (i >= kZeros) {
+            wrong += recv.bits(i) != to_bits(t, p >= 2 ? 0.0f : -0.0f);
+          } else if (i % (p + 1) < p) {
+            wrong += !std::isnan(recv.get(i));
+          } else {
+            wrong += recv.bits(i) != to_bits(t, reduce_ref(ReduceOp::kMax, p, i));
+          }
+        }
+        EXPECT_EQ(wrong, 0) << coll_op_name(cop) << " " << algo_name(algo) << " " << dtype_name(t);
+        if (cop == CollOp::kAllReduce) {
+          std::vector<std::byte> root = recv.bytes;
+          MPI_Bcast(root.data(), static_cast<int>(root.size()), MPI_BYTE, 0, c.handle());
+          EXPECT_EQ(std::memcmp(root.data(), recv.data(), root.size()), 0)
+              << "max with NaN differs across ranks: " << algo_name(algo) << " " << dtype_name(t);
+        }
+      }
+    }
+}
+
+// The f32 SIMD reduction kernels give the scalar kernel's bits, NaN and signed zeros included.
+TEST(DistReduce, SimdKernelsMatchScalar) {
+  if (!simd_target_supported(SimdTarget::kAvx2)) GTEST_SKIP() << "no AVX2";
+  const float specials[] = {NAN, 7.0f, 0.0f, -0.0f, INFINITY, -INFINITY, 1.5f, -2.25f, 3e38f};
+  for (size_t n : {size_t{0}, size_t{1}, size_t{7}, size_t{8}, size_t{15}, size_t{16}, size_t{37}, size_t{100}}) {
+    std::vector<float> a(n), b(n), d1(n), d2(n);
+    for (size_t i = 0; i < n; ++i) {
+      a[i] = specials[i % 9];
+      b[i] = specials[(i * 5 + 3) % 9];
+    }
+    for (ReduceOp op : {ReduceOp::kSum, ReduceOp::kMax}) {
+      detail::combine_f32_scalar(op, d1.data(), a.data(), b.data(), n);
+      detail::combine_f32_avx2(op, d2.data(), a.data(), b.data(), n);
+      EXPECT_EQ(std::memcmp(d1.data(), d2.data(), n * 4), 0) << "n=" << n;
+      if (op == ReduceOp::kMax) {  // symmetric bit for bit
+        detail::combine_f32_avx2(op, d2.data(), b.data(), a.data(), n);
+        EXPECT_EQ(std::memcmp(d1.data(), d2.data(), n * 4), 0) << "n=" << n << " swapped";
+        for (size_t i = 0; i < n; ++i)
+          if (std::isnan(a[i]) || std::isnan(b[i])) {
+            EXPECT_TRUE(std::isnan(d1[i]));
+          }
+      }
+    }
+    d1 = a;
+    d2 = a;
+    detail::divide_f32_scalar(d1.data(), n, 3.0f);
+    detail::divide_f32_avx2(d2.data(), n, 3.0f);
+    EXPECT_EQ(std::memcmp(d1.data(), d2.data(), n * 4), 0) << "divide n=" << n;
+  }
 }
 
 // Process groups: collectives on split communicators (even and odd ranks).

@@ -4,6 +4,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <set>
+#include <vector>
 
 #include <gtest/gtest.h>
 
@@ -76,17 +77,114 @@ TEST(DistCostModel, PredictAndSelect) {
   EXPECT_EQ(select_algo(t, CollOp::kBroadcast, 8, 256 << 20), Algo::kChain);
   // A per-algorithm fit for this p overrides the link model.
   t.fitted_p = 4;
-  t.fit[static_cast<int>(CollOp::kAllReduce)][static_cast<int>(Algo::kRing)] = {0, 1e-12};
+  PiecewiseAlphaBeta& ring = t.fit_of(CollOp::kAllReduce, Algo::kRing);
+  ring.knots[0] = {8, {0, 1e-12}};
+  ring.num_knots = 1;
   EXPECT_NEAR(predict_seconds(t, CollOp::kAllReduce, Algo::kRing, 4, 1024), 1536e-12, 1e-18);
-  // Calls from kLargeCallBytes up use the large-regime fit (none yet: the link model).
-  EXPECT_EQ(select_algo(t, CollOp::kAllReduce, 4, 64 << 20), Algo::kRabenseifner);
-  t.fit_large[static_cast<int>(CollOp::kAllReduce)][static_cast<int>(Algo::kRing)] = {1e-6, 1e-12};
   EXPECT_EQ(select_algo(t, CollOp::kAllReduce, 4, 64 << 20), Algo::kRing);
-  EXPECT_NEAR(predict_seconds(t, CollOp::kAllReduce, Algo::kRing, 4, 4 << 20),
-              6e-6 + 1.5 * (4 << 20) * 1e-12, 1e-15);
-  // Hierarchical is chosen only when ranks form several nodes.
-  for (double n : {8.0, 1e3, 1e6, 1e9})
+  // ... but not for another p.
+  EXPECT_EQ(select_algo(t, CollOp::kAllReduce, 8, 64 << 20), Algo::kRabenseifner);
+  // Hierarchical is chosen only when ranks form several nodes of more than one rank.
+  for (double n : {8.0, 1e3, 1e6, 1e9}) {
     EXPECT_NE(select_algo(t, CollOp::kAllReduce, 8, n, 0), Algo::kHierarchical);
+    EXPECT_NE(select_algo(t, CollOp::kAllReduce, 8, n, 1), Algo::kHierarchical);
+    EXPECT_NE(select_algo(t, CollOp::kAllReduce, 8, n, 8), Algo::kHierarchical);
+  }
+  // A hierarchical fit applies only to the node size it was measured with.
+  t.hier_ranks_per_node = 2;
+  PiecewiseAlphaBeta& hier = t.fit_of(CollOp::kAllReduce, Algo::kHierarchical);
+  hier.knots[0] = {8, {0, 1e-13}};
+  hier.num_knots = 1;
+  EXPECT_EQ(select_algo(t, CollOp::kAllReduce, 4, 64 << 20, 2), Algo::kHierarchical);
+  EXPECT_NEAR(predict_seconds(t, CollOp::kAllReduce, Algo::kHierarchical, 4, 1024, 2),
+              algo_cost(CollOp::kAllReduce, Algo::kHierarchical, 4, 1024, 2).bw_bytes * 1e-13, 1e-20);
+  t.hier_ranks_per_node = 3;  // measured with another split: the link model
+  const AlgoCost hc = algo_cost(CollOp::kAllReduce, Algo::kHierarchical, 4, 1024, 2);
+  EXPECT_DOUBLE_EQ(hc.steps, 4);  // 2 (L-1) + 2 (N-1) with L = N = 2
+  EXPECT_NEAR(predict_seconds(t, CollOp::kAllReduce, Algo::kHierarchical, 4, 1024, 2),
+              4e-6 + hc.bw_bytes * 1e-9, 1e-15);
+}
+
+// The piecewise model reproduces the measured times at its knots exactly and interpolates
+// alpha and beta in log2(size) between them.
+TEST(DistCostModel, PiecewiseFitReproducesKnots) {
+  // A ring-like algorithm: 6 steps at every size, bandwidth term 1.5 n; a latency of 1 us per
+  // step, then beta that doubles at 1 MiB (cache) and a noisy point below alpha * steps.
+  const double sizes[] = {8, 32, 128, 512, 2048, 8192, 32768, 1 << 20, 4 << 20, 16 << 20};
+  const int n = static_cast<int>(std::size(sizes));
+  std::vector<double> steps(n, 6), bw(n), secs(n);
+  for (int i = 0; i < n; ++i) {
+    bw[i] = 1.5 * sizes[i];
+    const double beta = sizes[i] >= (1 << 20) ? 2e-10 : 1e-10;
+    secs[i] = 1e-6 * 6 + beta * bw[i];
+  }
+  const PiecewiseAlphaBeta f = fit_piecewise(sizes, steps.data(), bw.data(), secs.data(), n);
+  ASSERT_EQ(f.num_knots, n);
+  auto reproduces = [&](const PiecewiseAlphaBeta& pw) {
+    for (int i = 0; i < n; ++i) {
+      const AlphaBeta ab = pw.at(sizes[i]);
+      EXPECT_TRUE(ab.valid());
+      EXPECT_NEAR(ab.alpha_s * steps[i] + ab.beta_s_per_byte * bw[i], secs[i], 1e-9 * secs[i])
+          << "knot " << i;
+    }
+  };
+  reproduces(f);
+  EXPECT_NEAR(f.at(8).alpha_s, 1e-6, 1e-12);
+  EXPECT_NEAR(f.at(8192).beta_s_per_byte, 1e-10, 1e-16);
+  EXPECT_NEAR(f.at(1 << 20).beta_s_per_byte, 2e-10, 1e-16);
+  EXPECT_NEAR(f.at(16 << 20).alpha_s, 1e-6, 1e-9);
+  // Halfway (in log2) between 1 MiB and 4 MiB: the mean of the two knots' betas (both 2e-10);
+  // between 32 KiB and 1 MiB: a blend of 1e-10 and 2e-10.
+  EXPECT_NEAR(f.at(2 << 20).beta_s_per_byte, 2e-10, 1e-16);
+  const double mid = f.at(std::sqrt(32768.0 * (1 << 20))).beta_s_per_byte;
+  EXPECT_NEAR(mid, 1.5e-10, 1e-16);
+  // Outside the knots the end knots hold.
+  EXPECT_EQ(f.at(1).beta_s_per_byte, f.knots[0].ab.beta_s_per_byte);
+  EXPECT_EQ(f.at(1e12).beta_s_per_byte, f.knots[n - 1].ab.beta_s_per_byte);
+  // A noisy knot below alpha * steps: its alpha is lowered so the measured time still holds.
+  secs[2] = 5e-6;
+  reproduces(fit_piecewise(sizes, steps.data(), bw.data(), secs.data(), n));
+  // So selection between two calibrated algorithms follows the measurement at each knot.
+  AlphaBetaTable t;
+  t.fitted_p = 4;
+  const double big[] = {1 << 20, 4 << 20, 16 << 20};
+  double ring_s[] = {100e-6, 500e-6, 3000e-6}, rab_s[] = {110e-6, 450e-6, 3100e-6};
+  double st[3], b[3], st2[3], b2[3];
+  for (int i = 0; i < 3; ++i) {
+    const AlgoCost cr = algo_cost(CollOp::kAllReduce, Algo::kRing, 4, big[i]);
+    const AlgoCost ca = algo_cost(CollOp::kAllReduce, Algo::kRabenseifner, 4, big[i]);
+    st[i] = cr.steps, b[i] = cr.bw_bytes, st2[i] = ca.steps, b2[i] = ca.bw_bytes;
+  }
+  t.fit_of(CollOp::kAllReduce, Algo::kRing) = fit_piecewise(big, st, b, ring_s, 3);
+  t.fit_of(CollOp::kAllReduce, Algo::kRabenseifner) = fit_piecewise(big, st2, b2, rab_s, 3);
+  for (Algo a : {Algo::kRecursiveDoubling, Algo::kDoubleBinaryTree}) {
+    PiecewiseAlphaBeta& slow = t.fit_of(CollOp::kAllReduce, a);
+    slow.knots[0] = {8, {1e-3, 1e-9}};
+    slow.num_knots = 1;
+  }
+  EXPECT_EQ(select_algo(t, CollOp::kAllReduce, 4, 1 << 20), Algo::kRing);
+  EXPECT_EQ(select_algo(t, CollOp::kAllReduce, 4, 4 << 20), Algo::kRabenseifner);
+  EXPECT_EQ(select_algo(t, CollOp::kAllReduce, 4, 16 << 20), Algo::kRing);
+}
+
+TEST(DistCostModel, SingleNodeSplit) {
+  EXPECT_EQ(single_node_split(1), 0);
+  EXPECT_EQ(single_node_split(2), 0);
+  EXPECT_EQ(single_node_split(3), 0);
+  EXPECT_EQ(single_node_split(4), 2);
+  EXPECT_EQ(single_node_split(5), 0);
+  EXPECT_EQ(single_node_split(6), 2);
+  EXPECT_EQ(single_node_split(8), 2);
+  EXPECT_EQ(single_node_split(9), 3);
+  EXPECT_EQ(single_node_split(16), 4);
+  EXPECT_EQ(single_node_split(64), 8);
+  // On one machine the automatic setting gives hierarchical virtual nodes where p allows.
+  Communicator& c = Communicator::world();
+  c.set_ranks_per_node(0);
+  EXPECT_EQ(c.hierarchical_node_size(), single_node_split(c.size()));
+  c.set_ranks_per_node(2);
+  EXPECT_EQ(c.hierarchical_node_size(), c.size() > 2 && c.size() % 2 == 0 ? 2 : 0);
+  c.set_ranks_per_node(0);
 }
 
 TEST(DistCostModel, FitRecoversAlphaBeta) {
@@ -117,8 +215,11 @@ TEST(DistCostModel, CalibrationFileRoundTrip) {
   t.link = {3e-6, 2e-10};
   t.gamma_s_per_byte = 5e-11;
   t.fitted_p = c.size();
-  t.fit[static_cast<int>(CollOp::kAllReduce)][static_cast<int>(Algo::kRing)] = {4e-6, 6e-10};
-  t.fit_large[static_cast<int>(CollOp::kAllReduce)][static_cast<int>(Algo::kRing)] = {5e-6, 7e-10};
+  t.hier_ranks_per_node = 2;
+  PiecewiseAlphaBeta& ring = t.fit_of(CollOp::kAllReduce, Algo::kRing);
+  ring.knots[0] = {8, {4e-6, 6e-10}};
+  ring.knots[1] = {1 << 20, {5e-6, 7e-10}};
+  ring.num_knots = 2;
   if (c.rank() == 0) {
     std::remove(path.c_str());
     EXPECT_TRUE(save_cost_table(t, path).ok());
@@ -129,8 +230,11 @@ TEST(DistCostModel, CalibrationFileRoundTrip) {
   EXPECT_DOUBLE_EQ(u.link.beta_s_per_byte, 2e-10);
   EXPECT_DOUBLE_EQ(u.gamma_s_per_byte, 5e-11);
   EXPECT_EQ(u.fitted_p, c.size());
-  EXPECT_DOUBLE_EQ(u.fit_of(CollOp::kAllReduce, Algo::kRing).beta_s_per_byte, 6e-10);
-  EXPECT_DOUBLE_EQ(u.fit_of(CollOp::kAllReduce, Algo::kRing, 1e9).beta_s_per_byte, 7e-10);
+  EXPECT_EQ(u.hier_ranks_per_node, 2);
+  EXPECT_EQ(u.fit_of(CollOp::kAllReduce, Algo::kRing).num_knots, 2);
+  EXPECT_DOUBLE_EQ(u.fit_of(CollOp::kAllReduce, Algo::kRing).at(8).beta_s_per_byte, 6e-10);
+  EXPECT_DOUBLE_EQ(u.fit_of(CollOp::kAllReduce, Algo::kRing).at(1e9).beta_s_per_byte, 7e-10);
+  EXPECT_DOUBLE_EQ(u.fit_of(CollOp::kAllReduce, Algo::kRing).at(1e9).alpha_s, 5e-6);
   EXPECT_FALSE(u.fit_of(CollOp::kAllReduce, Algo::kRabenseifner).valid());
   c.barrier();
   if (c.rank() == 0) std::remove(path.c_str());

@@ -109,3 +109,7 @@ inline uint16_t f32_to_f16(float f) {
 }
 
 }  // namespace kiln
+
+// fp8 (E4M3, E5M2) and TF32 conversions, in their own headers next to these.
+#include "kiln/core/fp8.h"   // IWYU pragma: export
+#include "kiln/core/tf32.h"  // IWYU pragma: export

@@ -64,6 +64,8 @@ float load_as_f32(const void* base, DType dtype, int64_t i) {
     case DType::kF32: return static_cast<const float*>(base)[i];
     case DType::kBF16: return bf16_to_f32(static_cast<const uint16_t*>(base)[i]);
     case DType::kF16: return f16_to_f32(static_cast<const uint16_t*>(base)[i]);
+    case DType::kF8E4M3: return f8e4m3_to_f32(static_cast<const uint8_t*>(base)[i]);
+    case DType::kF8E5M2: return f8e5m2_to_f32(static_cast<const uint8_t*>(base)[i]);
     case DType::kI8: return static_cast<const int8_t*>(base)[i];
     case DType::kI32: return static_cast<float>(static_cast<const int32_t*>(base)[i]);
     default: fatal(__FILE__, __LINE__, fmt::format("load_as_f32: no path for {}", dtype_name(dtype)));
@@ -75,12 +77,19 @@ void store_from_f32(void* base, DType dtype, int64_t i, float v) {
     case DType::kF32: static_cast<float*>(base)[i] = v; return;
     case DType::kBF16: static_cast<uint16_t*>(base)[i] = f32_to_bf16(v); return;
     case DType::kF16: static_cast<uint16_t*>(base)[i] = f32_to_f16(v); return;
+    // fp8 stores round to nearest even without saturation (E4M3 overflow -> NaN, E5M2 -> inf);
+    // scaled fp8 (amax, saturation) belongs to the callers that own the scale.
+    case DType::kF8E4M3: static_cast<uint8_t*>(base)[i] = f32_to_f8e4m3(v); return;
+    case DType::kF8E5M2: static_cast<uint8_t*>(base)[i] = f32_to_f8e5m2(v); return;
     default: fatal(__FILE__, __LINE__, fmt::format("store_from_f32: no path for {}", dtype_name(dtype)));
   }
 }
 
 namespace {
-bool convertible(DType t) { return t == DType::kF32 || t == DType::kBF16 || t == DType::kF16; }
+bool convertible(DType t) {
+  return t == DType::kF32 || t == DType::kBF16 || t == DType::kF16 || t == DType::kF8E4M3 ||
+         t == DType::kF8E5M2;
+}
 
 // Calls fn(logical_index, element_offset) over every element in row-major logical order.
 template <class F>

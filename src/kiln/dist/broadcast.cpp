@@ -28,8 +28,9 @@ void bcast_chain(Communicator& c, std::byte* buf, size_t nbytes, int root) {
   const int vr = mod(r - root, p);
   const int prev = mod(r - 1, p), next = mod(r + 1, p);
   std::vector<MPI_Request> sends;
-  for (size_t off = 0; off < nbytes; off += kChainChunkBytes) {
-    const size_t len = std::min(kChainChunkBytes, nbytes - off);
+  const size_t chunk = chain_chunk_bytes(nbytes);
+  for (size_t off = 0; off < nbytes; off += chunk) {
+    const size_t len = std::min(chunk, nbytes - off);
     if (vr > 0) c.recv(buf + off, len, prev, kTagBcast);
     if (vr < p - 1) sends.push_back(c.isend(buf + off, len, next, kTagBcast));
   }

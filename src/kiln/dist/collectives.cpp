@@ -102,8 +102,8 @@ Algo resolve_algo(Communicator& comm, CollOp op, int64_t nbytes_total) {
   const uint64_t key = static_cast<uint64_t>(nbytes_total) * kNumCollOps + static_cast<int>(op);
   auto& cache = comm.auto_cache();
   if (auto it = cache.find(key); it != cache.end()) return static_cast<Algo>(it->second);
-  const Algo a = select_algo(comm.cost_table(), op, comm.size(), static_cast<double>(nbytes_total),
-                             comm.ranks_per_node_setting());
+  const int rpn = op == CollOp::kAllReduce ? comm.hierarchical_node_size() : 0;
+  const Algo a = select_algo(comm.cost_table(), op, comm.size(), static_cast<double>(nbytes_total), rpn);
   if (cache.size() > 4096) cache.clear();  // bounded: sizes in a training run are few
   cache.emplace(key, static_cast<uint8_t>(a));
   return a;

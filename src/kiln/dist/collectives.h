@@ -3,6 +3,7 @@
 // the alpha-beta model (cost_model.h). Every rank of `comm` calls with the same arguments.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 
 #include "kiln/core/dtype.h"
@@ -40,5 +41,12 @@ Status broadcast(Communicator& comm, void* buf, int64_t count, DType dtype, int 
 
 // The algorithm `auto` resolves to for this call (same on every rank).
 Algo resolve_algo(Communicator& comm, CollOp op, int64_t nbytes_total);
+
+// Tuning hook for chunk sweeps (`kiln bench comm --chunk-bytes`): the pipelined algorithms
+// (ring, double binary tree, chain) send `bytes` per chunk (rounded down to a multiple of 64,
+// at least 4 KiB) instead of their per-size defaults; 0 restores the defaults. Must be the
+// same on every rank.
+void set_pipeline_chunk_override(size_t bytes);
+size_t pipeline_chunk_override();
 
 }  // namespace kiln::dist

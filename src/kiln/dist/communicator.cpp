@@ -118,6 +118,19 @@ std::unique_ptr<Communicator> Communicator::split_type_shared() const {
   return std::make_unique<Communicator>(out, true);
 }
 
+int single_node_split(int p) {
+  int best = 0;
+  for (int l = 2; l * l <= p; ++l)
+    if (p % l == 0) best = l;
+  return best;
+}
+
+int Communicator::hierarchical_node_size() {
+  if (size_ < 2) return 0;
+  NodeGroups& g = node_groups();
+  return g.uniform && g.node->size() > 1 && g.node->size() < size_ ? g.node->size() : 0;
+}
+
 void Communicator::set_ranks_per_node(int n) {
   KILN_CHECK(n >= 0);
   ranks_per_node_ = n;
@@ -131,6 +144,10 @@ Communicator::NodeGroups& Communicator::node_groups() {
     g->node = split(rank_ / ranks_per_node_, rank_).value();
   } else {
     g->node = split_type_shared();
+    // The same verdict on every rank: if one rank's node is the whole communicator, all are.
+    const int virtual_size = single_node_split(size_);
+    if (g->node->size() == size_ && virtual_size > 0)
+      g->node = split(rank_ / virtual_size, rank_).value();
   }
   const int local = g->node->rank();
   g->cross = split(local, rank_).value();

@@ -34,6 +34,11 @@ bool is_initialized();
 // so the other ranks never hang waiting for it.
 [[noreturn]] void abort_job(const std::string& message, int code = 1);
 
+// The virtual node size for a communicator of p ranks on one machine: the largest divisor L
+// of p with 1 < L <= sqrt(p) (p = 4: 2; p = 9: 3; p = 16: 4), 0 when there is none (p < 4
+// or p prime). Nodes of L ranks and p / L nodes balance the steps of the two levels.
+int single_node_split(int p);
+
 // Per-call cost parameters of one algorithm (the alpha-beta model), loaded from calibration.
 struct AlphaBetaTable;
 
@@ -61,10 +66,15 @@ class Communicator {
   // Collective: the ranks that share memory with this one (one "node").
   std::unique_ptr<Communicator> split_type_shared() const;
 
-  // Ranks per node for the hierarchical algorithm: 0 = from MPI_Comm_split_type (the real
-  // node); n > 0 forces nodes of n consecutive ranks, so one machine can test it.
+  // Ranks per node for the hierarchical algorithm: n > 0 forces nodes of n consecutive ranks,
+  // so one machine can test it; 0 = automatic: the real node from MPI_Comm_split_type, except
+  // that when the whole communicator is one node, virtual nodes of single_node_split(p)
+  // consecutive ranks (hierarchical then runs as a 2D algorithm, not as a plain ring).
   void set_ranks_per_node(int n);
   int ranks_per_node_setting() const { return ranks_per_node_; }
+  // Collective on first use (builds node_groups): the node size hierarchical runs with, as
+  // the cost model sees it; 0 when it would be one node or nodes of unequal sizes.
+  int hierarchical_node_size();
   // The node and the cross-node communicators for the hierarchical algorithm, built on first
   // use (collective) and cached. `cross` links the ranks with the same local rank.
   struct NodeGroups {

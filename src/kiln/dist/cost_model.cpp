@@ -48,7 +48,7 @@ AlgoCost algo_cost(CollOp op, Algo algo, int p, double n, int ranks_per_node) {
           // Pipeline of K chunks per tree through h levels, up then down: 2(h + K - 1) steps;
           // per step an inner node moves fanout f chunks each way (f = 2, or 1 when p = 2).
           const double h = detail::tree_height(p), f = std::min(2, p - 1);
-          const double chunk = static_cast<double>(detail::kTreeChunkBytes);
+          const double chunk = static_cast<double>(detail::tree_chunk_bytes(static_cast<size_t>(n)));
           const double K = std::max(1.0, std::ceil(n / 2 / chunk));
           c = {2 * (h + K - 1), f * n * (h + K - 1) / K, f / 2 * n * (h + K - 1) / K};
           break;
@@ -83,7 +83,8 @@ AlgoCost algo_cost(CollOp op, Algo algo, int p, double n, int ranks_per_node) {
         c = {rounds, rounds * n, 0};
       }
       if (algo == Algo::kChain) {
-        const double K = std::max(1.0, std::ceil(n / static_cast<double>(detail::kChainChunkBytes)));
+        const double chunk = static_cast<double>(detail::chain_chunk_bytes(static_cast<size_t>(n)));
+        const double K = std::max(1.0, std::ceil(n / chunk));
         c = {p - 2 + K, (p - 2 + K) * n / K, 0};
       }
       break;
@@ -93,11 +94,54 @@ AlgoCost algo_cost(CollOp op, Algo algo, int p, double n, int ranks_per_node) {
   return c;
 }
 
+AlphaBeta PiecewiseAlphaBeta::at(double nbytes) const {
+  KILN_CHECK(num_knots > 0);
+  if (nbytes <= knots[0].bytes) return knots[0].ab;
+  if (nbytes >= knots[num_knots - 1].bytes) return knots[num_knots - 1].ab;
+  int i = 0;
+  while (knots[i + 1].bytes <= nbytes) ++i;  // knots[i].bytes <= nbytes < knots[i + 1].bytes
+  const Knot &a = knots[i], &b = knots[i + 1];
+  const double w = std::log2(nbytes / a.bytes) / std::log2(b.bytes / a.bytes);
+  return {a.ab.alpha_s + w * (b.ab.alpha_s - a.ab.alpha_s),
+          a.ab.beta_s_per_byte + w * (b.ab.beta_s_per_byte - a.ab.beta_s_per_byte)};
+}
+
+PiecewiseAlphaBeta fit_piecewise(const double* sizes, const double* steps, const double* bw_bytes,
+                                 const double* seconds, int n) {
+  PiecewiseAlphaBeta f;
+  KILN_CHECK(n >= 1 && n <= PiecewiseAlphaBeta::kMaxKnots);
+  // The algorithm's latency per step, from the sizes where latency dominates: 16 KiB is
+  // below OpenMPI's switch to single-copy transfers, so those sizes share one protocol.
+  constexpr double kLatencyBoundBytes = 16 << 10;
+  int m = 0;
+  while (m < n && sizes[m] <= kLatencyBoundBytes) ++m;
+  double alpha = 0;
+  if (m >= 2) alpha = fit_alpha_beta(steps, bw_bytes, seconds, m).alpha_s;
+  else if (steps[0] > 0) alpha = seconds[0] / steps[0];
+  for (int i = 0; i < n; ++i) {
+    KILN_CHECK(i == 0 || sizes[i] > sizes[i - 1]);
+    AlphaBeta ab{alpha, 0};
+    if (steps[i] > 0 && ab.alpha_s * steps[i] > seconds[i]) ab.alpha_s = seconds[i] / steps[i];
+    const double rest = seconds[i] - ab.alpha_s * steps[i];
+    if (bw_bytes[i] > 0) ab.beta_s_per_byte = std::max(0.0, rest / bw_bytes[i]);
+    else if (steps[i] > 0) ab.alpha_s = seconds[i] / steps[i];
+    f.knots[i] = {sizes[i], ab};
+  }
+  f.num_knots = n;
+  return f;
+}
+
 double predict_seconds(const AlphaBetaTable& t, CollOp op, Algo algo, int p, double nbytes,
                        int ranks_per_node) {
   const AlgoCost c = algo_cost(op, algo, p, nbytes, ranks_per_node);
-  const AlphaBeta& f = t.fit_of(op, algo, nbytes);
-  if (t.fitted_p == p && f.valid()) return f.alpha_s * c.steps + f.beta_s_per_byte * c.bw_bytes;
+  const PiecewiseAlphaBeta& f = t.fit_of(op, algo);
+  const bool fit_applies =
+      t.fitted_p == p && f.valid() &&
+      (algo != Algo::kHierarchical || ranks_per_node == t.hier_ranks_per_node);
+  if (fit_applies) {
+    const AlphaBeta ab = f.at(nbytes);
+    return ab.alpha_s * c.steps + ab.beta_s_per_byte * c.bw_bytes;
+  }
   return t.link.alpha_s * c.steps + t.link.beta_s_per_byte * c.bw_bytes +
          t.gamma_s_per_byte * c.reduce_bytes;
 }
@@ -108,7 +152,7 @@ Algo select_algo(const AlphaBetaTable& t, CollOp op, int p, double nbytes, int r
   for (const AlgoInfo& info : kAlgoInfos) {
     if (info.algo == Algo::kAuto || info.algo == Algo::kMpi || !algo_implements(info.algo, op))
       continue;
-    if (info.algo == Algo::kHierarchical && !(ranks_per_node > 0 && ranks_per_node < p)) continue;
+    if (info.algo == Algo::kHierarchical && !(ranks_per_node > 1 && ranks_per_node < p)) continue;
     const double s = predict_seconds(t, op, info.algo, p, nbytes, ranks_per_node);
     if (s < best_s) {  // ties keep the earlier row of kAlgoInfos
       best_s = s;
@@ -157,20 +201,27 @@ namespace {
 
 using nlohmann::json;
 
-// Flat form of a table for MPI_Bcast: link, gamma, fitted_p, then every fit.
-constexpr int kFlatSize = 4 + kNumCollOps * kNumAlgos * 4;
+// Flat form of a table for MPI_Bcast: link, gamma, fitted_p, hier_ranks_per_node, then every
+// fit as its number of knots and (bytes, alpha, beta) per knot.
+constexpr int kKnotDoubles = 1 + 3 * PiecewiseAlphaBeta::kMaxKnots;
+constexpr int kFlatSize = 5 + kNumCollOps * kNumAlgos * kKnotDoubles;
 
 void to_flat(const AlphaBetaTable& t, double* v) {
   v[0] = t.link.alpha_s;
   v[1] = t.link.beta_s_per_byte;
   v[2] = t.gamma_s_per_byte;
   v[3] = t.fitted_p;
+  v[4] = t.hier_ranks_per_node;
   for (int o = 0; o < kNumCollOps; ++o)
     for (int a = 0; a < kNumAlgos; ++a) {
-      v[4 + (o * kNumAlgos + a) * 4] = t.fit[o][a].alpha_s;
-      v[5 + (o * kNumAlgos + a) * 4] = t.fit[o][a].beta_s_per_byte;
-      v[6 + (o * kNumAlgos + a) * 4] = t.fit_large[o][a].alpha_s;
-      v[7 + (o * kNumAlgos + a) * 4] = t.fit_large[o][a].beta_s_per_byte;
+      double* f = v + 5 + (o * kNumAlgos + a) * kKnotDoubles;
+      const PiecewiseAlphaBeta& pw = t.fits[o][a];
+      f[0] = pw.num_knots;
+      for (int k = 0; k < PiecewiseAlphaBeta::kMaxKnots; ++k) {
+        f[1 + 3 * k] = pw.knots[k].bytes;
+        f[2 + 3 * k] = pw.knots[k].ab.alpha_s;
+        f[3 + 3 * k] = pw.knots[k].ab.beta_s_per_byte;
+      }
     }
 }
 
@@ -179,11 +230,14 @@ AlphaBetaTable from_flat(const double* v) {
   t.link = {v[0], v[1]};
   t.gamma_s_per_byte = v[2];
   t.fitted_p = static_cast<int>(v[3]);
+  t.hier_ranks_per_node = static_cast<int>(v[4]);
   for (int o = 0; o < kNumCollOps; ++o)
     for (int a = 0; a < kNumAlgos; ++a) {
-      const double* f = v + 4 + (o * kNumAlgos + a) * 4;
-      t.fit[o][a] = {f[0], f[1]};
-      t.fit_large[o][a] = {f[2], f[3]};
+      const double* f = v + 5 + (o * kNumAlgos + a) * kKnotDoubles;
+      PiecewiseAlphaBeta& pw = t.fits[o][a];
+      pw.num_knots = static_cast<int>(f[0]);
+      for (int k = 0; k < PiecewiseAlphaBeta::kMaxKnots; ++k)
+        pw.knots[k] = {f[1 + 3 * k], {f[2 + 3 * k], f[3 + 3 * k]}};
     }
   return t;
 }
@@ -199,6 +253,25 @@ json read_json_file(const std::string& path) {
   return j;
 }
 
+// A fit is {"knots": [[bytes, alpha_s, beta_s_per_byte], ...]} with ascending bytes; anything
+// else (version 1's two-regime fits) is skipped, leaving that algorithm on the link model.
+PiecewiseAlphaBeta piecewise_from_json(const json& j) {
+  PiecewiseAlphaBeta pw;
+  if (!j.is_object() || !j.contains("knots") || !j["knots"].is_array()) return pw;
+  const json& ks = j["knots"];
+  if (ks.empty() || ks.size() > PiecewiseAlphaBeta::kMaxKnots) return pw;
+  for (size_t k = 0; k < ks.size(); ++k) {
+    const json& e = ks[k];
+    if (!e.is_array() || e.size() != 3) return PiecewiseAlphaBeta{};
+    const PiecewiseAlphaBeta::Knot knot{e[0].get<double>(), {e[1].get<double>(), e[2].get<double>()}};
+    if (!(knot.bytes > 0) || !knot.ab.valid() || (k > 0 && knot.bytes <= pw.knots[k - 1].bytes))
+      return PiecewiseAlphaBeta{};
+    pw.knots[k] = knot;
+  }
+  pw.num_knots = static_cast<int>(ks.size());
+  return pw;
+}
+
 AlphaBetaTable table_from_json(const json& j, int p) {
   AlphaBetaTable t;
   try {
@@ -208,18 +281,16 @@ AlphaBetaTable table_from_json(const json& j, int p) {
     }
     t.gamma_s_per_byte = j.value("gamma_s_per_byte", t.gamma_s_per_byte);
     const std::string key = std::to_string(p);
-    if (j.contains("fits") && j["fits"].contains(key)) {
+    if (j.contains("fits") && j["fits"].contains(key) && j["fits"][key].is_object()) {
+      const json& at_p = j["fits"][key];
       t.fitted_p = p;
-      for (const auto& [op_name, algos] : j["fits"][key].items()) {
+      t.hier_ranks_per_node = at_p.value("hierarchical_ranks_per_node", 0);
+      for (const auto& [op_name, algos] : at_p.items()) {
         const auto op = parse_coll_op(op_name);
-        if (!op) continue;
-        for (const auto& [algo_name_str, ab] : algos.items()) {
+        if (!op || !algos.is_object()) continue;
+        for (const auto& [algo_name_str, fit] : algos.items()) {
           const auto a = parse_algo(algo_name_str);
-          if (!a) continue;
-          t.fit[static_cast<int>(*op)][static_cast<int>(*a)] = {ab.value("alpha_s", -1.0),
-                                                                 ab.value("beta_s_per_byte", -1.0)};
-          t.fit_large[static_cast<int>(*op)][static_cast<int>(*a)] = {
-              ab.value("alpha_large_s", -1.0), ab.value("beta_large_s_per_byte", -1.0)};
+          if (a) t.fit_of(*op, *a) = piecewise_from_json(fit);
         }
       }
     }
@@ -241,19 +312,21 @@ AlphaBetaTable load_cost_table(Communicator& comm) {
 
 Status save_cost_table(const AlphaBetaTable& t, const std::string& path) {
   json j = read_json_file(path);
-  j["version"] = 1;
+  j["version"] = 2;
   j["link"] = {{"alpha_s", t.link.alpha_s}, {"beta_s_per_byte", t.link.beta_s_per_byte}};
   j["gamma_s_per_byte"] = t.gamma_s_per_byte;
   if (t.fitted_p > 0) {
     json fits = json::object();
+    fits["hierarchical_ranks_per_node"] = t.hier_ranks_per_node;
     for (int o = 0; o < kNumCollOps; ++o)
-      for (int a = 0; a < kNumAlgos; ++a)
-        if (t.fit[o][a].valid() || t.fit_large[o][a].valid())
-          fits[std::string(kCollOpNames[o])][std::string(kAlgoInfos[a].name)] = {
-              {"alpha_s", t.fit[o][a].alpha_s},
-              {"beta_s_per_byte", t.fit[o][a].beta_s_per_byte},
-              {"alpha_large_s", t.fit_large[o][a].alpha_s},
-              {"beta_large_s_per_byte", t.fit_large[o][a].beta_s_per_byte}};
+      for (int a = 0; a < kNumAlgos; ++a) {
+        const PiecewiseAlphaBeta& pw = t.fits[o][a];
+        if (!pw.valid()) continue;
+        json knots = json::array();
+        for (int k = 0; k < pw.num_knots; ++k)
+          knots.push_back({pw.knots[k].bytes, pw.knots[k].ab.alpha_s, pw.knots[k].ab.beta_s_per_byte});
+        fits[std::string(kCollOpNames[o])][std::string(kAlgoInfos[a].name)] = {{"knots", knots}};
+      }
     j["fits"][std::to_string(t.fitted_p)] = fits;
   }
   std::error_code ec;

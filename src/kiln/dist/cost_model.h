@@ -20,7 +20,7 @@ struct AlgoCost {
   double bw_bytes = 0;      // bandwidth term: bytes a rank sends in sequence, each costing beta
   double reduce_bytes = 0;  // bytes a rank reduces in sequence, each costing gamma
 };
-// `ranks_per_node` only matters for the hierarchical algorithm (0: one node).
+// `ranks_per_node` only matters for the hierarchical algorithm (0 or >= p: one node).
 // Returns all-zero terms for Algo::kAuto / kMpi (not modelled).
 AlgoCost algo_cost(CollOp op, Algo algo, int p, double nbytes, int ranks_per_node = 0);
 
@@ -30,33 +30,59 @@ struct AlphaBeta {
   bool valid() const { return alpha_s >= 0 && beta_s_per_byte >= 0; }
 };
 
+// One algorithm's calibrated model: (alpha, beta) at each calibration size ("knot", the
+// bench's sizes 8 B, 32 B, ... by factors of 4). On a CPU the time per byte is not one
+// number: it changes as buffers leave L1, L2 and the LLC, and as OpenMPI switches protocol
+// (eager, then single-copy). So beta is fitted per size: between two knots alpha and beta
+// are interpolated linearly in log2(size), below the first and above the last the end knot
+// holds. The knots are fitted so that the model reproduces every measured time exactly
+// (fit_piecewise), hence it ranks algorithms at the calibration sizes as they measured.
+struct PiecewiseAlphaBeta {
+  static constexpr int kMaxKnots = 16;
+  struct Knot {
+    double bytes = 0;  // the call size (nccl-tests size) of this knot
+    AlphaBeta ab;
+  };
+  std::array<Knot, kMaxKnots> knots{};
+  int num_knots = 0;  // 0: not calibrated
+  bool valid() const { return num_knots > 0; }
+  // alpha and beta at `nbytes` (interpolated).
+  AlphaBeta at(double nbytes) const;
+};
+
+// Fits a piecewise model through n >= 1 measurements (sizes ascending, at most kMaxKnots):
+// one alpha for the algorithm from the latency-bound sizes (<= 16 KiB; weighted least
+// squares, fit_alpha_beta), then at each knot beta = (T - alpha steps) / bw_bytes, with alpha
+// lowered to T / steps where the measured time is below alpha * steps (noise), so the model
+// reproduces each measured T exactly.
+PiecewiseAlphaBeta fit_piecewise(const double* sizes, const double* steps, const double* bw_bytes,
+                                 const double* seconds, int n);
+
 struct AlphaBetaTable {
   // One message between two ranks (ping-pong fit). The defaults are what this 2-core VM
   // measured with OpenMPI's vader BTL, used until a calibration exists.
   AlphaBeta link{1.0e-6, 1.0 / 8.0e9};
   double gamma_s_per_byte = 1.0 / 12.0e9;  // f32 reduction, bytes of the vector
-  // Per (op, algorithm) fits at p = fitted_p: alpha per step, beta per byte of bandwidth term,
-  // in two regimes, because on a CPU the time per byte changes once the buffers leave the
-  // caches: `fit` for calls below kLargeCallBytes, `fit_large` from it up.
+  // Per (op, algorithm) piecewise fits at p = fitted_p (the reduction's cost is part of each
+  // fitted beta). `hier_ranks_per_node`: the node size the hierarchical fit was measured with.
   int fitted_p = 0;
-  std::array<std::array<AlphaBeta, kNumAlgos>, kNumCollOps> fit{};
-  std::array<std::array<AlphaBeta, kNumAlgos>, kNumCollOps> fit_large{};
-  const AlphaBeta& fit_of(CollOp op, Algo a, double nbytes = 0) const {
-    const auto& f = nbytes >= kLargeCallBytes ? fit_large : fit;
-    return f[static_cast<int>(op)][static_cast<int>(a)];
+  int hier_ranks_per_node = 0;
+  std::array<std::array<PiecewiseAlphaBeta, kNumAlgos>, kNumCollOps> fits{};
+  const PiecewiseAlphaBeta& fit_of(CollOp op, Algo a) const {
+    return fits[static_cast<int>(op)][static_cast<int>(a)];
   }
-  // Where the two regimes meet: 2 MiB. On the 2-core Zen 5 VM the per-byte cost of the
-  // pipelined algorithms rises from about there (buffers leave the 1 MiB L2 per core); a
-  // boundary at 512 KiB let the tree's pipeline-fill term skew its large-call fit.
-  static constexpr double kLargeCallBytes = 2.0 * 1024 * 1024;
+  PiecewiseAlphaBeta& fit_of(CollOp op, Algo a) {
+    return fits[static_cast<int>(op)][static_cast<int>(a)];
+  }
 };
 
-// Predicted seconds of one call: the per-algorithm fit when one exists for this p, else the
-// link's alpha and beta with gamma for the reduction.
+// Predicted seconds of one call: the algorithm's piecewise fit when one exists for this p
+// (and, for hierarchical, this node size), else the link's alpha and beta with gamma for the
+// reduction.
 double predict_seconds(const AlphaBetaTable& t, CollOp op, Algo algo, int p, double nbytes,
                        int ranks_per_node = 0);
 // The algorithm with the least predicted time (never kAuto or kMpi; hierarchical only when
-// `ranks_per_node` > 0 splits the ranks into more than one node).
+// `ranks_per_node` splits the ranks into several nodes of more than one rank).
 Algo select_algo(const AlphaBetaTable& t, CollOp op, int p, double nbytes, int ranks_per_node = 0);
 
 // Weighted least squares for T = alpha * steps + beta * bytes with relative errors (weights

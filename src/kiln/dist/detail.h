@@ -24,24 +24,23 @@ enum Tag : int {
   kTagFold = 22,
 };
 
-// Ring chunk: a step's block is sent in chunks of this size so that the next rank can reduce
-// and forward chunk k while chunk k+1 is in flight, and the reduction reads a chunk that is
-// still in cache. 256 KiB: a quarter of the 1 MiB L2 per core of the 2-core Zen 5 VM; not
-// yet swept (a sweep with `kiln bench comm --algo ring` is the way to retune it).
-inline constexpr size_t kRingChunkBytes = size_t{256} << 10;
-// Tree and chain pipelines: chunk per pipeline step (same reasoning, not yet swept either).
-inline constexpr size_t kTreeChunkBytes = size_t{256} << 10;
-inline constexpr size_t kChainChunkBytes = size_t{256} << 10;
 // OpenMPI's shared-memory transport (vader) sends a message of up to 4 KiB with its header
 // eagerly; a larger one pays a rendezvous (~5 us on this VM). Messages up to
 // kEagerSplitMaxBytes are therefore cut into kEagerPieceBytes pieces (4 KiB less a 64 B
 // header); past it one single-copy (CMA) message is faster.
 inline constexpr size_t kEagerPieceBytes = 4032;
 inline constexpr size_t kEagerSplitMaxBytes = size_t{32} << 10;
+
+// Pipeline chunks (pipeline.cpp): a block is sent in chunks so that the next rank can reduce
+// and forward chunk k while chunk k+1 is in flight. The chunk sizes depend on the call size
+// only, so every rank picks the same. `set_pipeline_chunk_override` (collectives.h) replaces
+// them all, for chunk sweeps.
 // The ring's chunk for a call whose largest block is `max_block_bytes`.
-inline size_t ring_chunk_bytes(size_t max_block_bytes) {
-  return max_block_bytes <= kEagerSplitMaxBytes ? kEagerPieceBytes : kRingChunkBytes;
-}
+size_t ring_chunk_bytes(size_t max_block_bytes);
+// The double binary tree's chunk for an all-reduce of `nbytes` (each tree carries half).
+size_t tree_chunk_bytes(size_t nbytes);
+// The chain broadcast's chunk for a message of `nbytes`.
+size_t chain_chunk_bytes(size_t nbytes);
 
 struct RedSpec {
   DType dtype;

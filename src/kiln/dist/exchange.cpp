@@ -17,9 +17,15 @@ size_t piece_bytes(size_t nbytes) {
 
 void exchange(const Communicator& c, const std::byte* send, size_t send_nbytes, int to,
               std::byte* recv, size_t recv_nbytes, int from, int tag) {
+  const size_t rp = piece_bytes(recv_nbytes), sp = piece_bytes(send_nbytes);
+  if (rp == recv_nbytes && sp == send_nbytes) {
+    // One message each way: one MPI_Sendrecv costs a third of the API calls of irecv + send +
+    // wait (about 0.1 us of a 0.7 us small all-reduce at p = 2 here).
+    c.sendrecv(send, send_nbytes, to, recv, recv_nbytes, from, tag);
+    return;
+  }
   std::array<MPI_Request, 2 * kMaxPieces> reqs;
   int num = 0;
-  const size_t rp = piece_bytes(recv_nbytes), sp = piece_bytes(send_nbytes);
   size_t off = 0;
   do {  // a zero-byte message is still one message, matching the sender's
     const size_t len = std::min(rp, recv_nbytes - off);

@@ -11,7 +11,8 @@
 namespace kiln::dist {
 
 // dst[i] = a[i] (op) b[i] for n elements; dst may alias a or b. avg combines as sum.
-// max keeps the larger value (a NaN in b is not propagated).
+// max keeps the larger value; a NaN in either operand gives a NaN (the canonical quiet NaN, so
+// the result's bits do not depend on the operand order), and max(+0, -0) = +0.
 void combine(DType dtype, ReduceOp op, void* dst, const void* a, const void* b, size_t n);
 // buf[i] = buf[i] / divisor: the last step of avg, done once by the rank that owns a result.
 void divide(DType dtype, void* buf, size_t n, int divisor);

@@ -77,13 +77,14 @@ void allreduce_double_binary_tree(Communicator& c, const std::byte* send, std::b
   const TreeLinks tree[2] = {tree_links(p, r, 0), tree_links(p, r, 1)};
   const int64_t half = n / 2;
   const int64_t lo[2] = {0, half}, len[2] = {half, n - half};
-  const int64_t chunk = static_cast<int64_t>(kTreeChunkBytes / es);
+  const size_t chunk_bytes = tree_chunk_bytes(n * es);
+  const int64_t chunk = static_cast<int64_t>(chunk_bytes / es);
   const int64_t nchunks[2] = {(len[0] + chunk - 1) / chunk, (len[1] + chunk - 1) / chunk};
   const int64_t K = std::max(nchunks[0], nchunks[1]);
   // The down phase of chunk k runs `lag` iterations after its up phase, so chunk k+1..k+lag
   // climb the tree while chunk k comes down.
   const int64_t lag = tree_height(p) + 1;
-  std::byte* tmp[2] = {c.scratch(0, kTreeChunkBytes), c.scratch(1, kTreeChunkBytes)};
+  std::byte* tmp[2] = {c.scratch(0, chunk_bytes), c.scratch(1, chunk_bytes)};
   std::vector<MPI_Request> up_sends[2] = {std::vector<MPI_Request>(nchunks[0], MPI_REQUEST_NULL),
                                           std::vector<MPI_Request>(nchunks[1], MPI_REQUEST_NULL)};
   std::vector<MPI_Request> down_sends, kid_recvs;

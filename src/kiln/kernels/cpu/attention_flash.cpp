@@ -5,6 +5,8 @@
 // head[, key chunk]) owning its dK, dV rows; dQ goes straight to the output when a task owns
 // all keys, else to per-chunk buffers summed in a fixed order (no races, no atomics).
 // Regular batches, packed variable-length batches and the paged KV cache share these drivers.
+#include <immintrin.h>
+
 #include <algorithm>
 #include <cmath>
 #include <cstring>
@@ -117,15 +119,17 @@ TaskMap make_task_map(size_t num_seqs, CountFn&& count) {
 void forward_tiles(const FlashShape& sh, const std::vector<const FlashSeq*>& seqs) {
   if (seqs.empty()) return;
   const auto tile = KILN_FLASH_DISPATCH(flash_forward_tile).pick();
-  const int64_t H = sh.n_heads;
-  const TaskMap map = make_task_map(seqs.size(), [&](size_t i) { return H * ceil_div(seqs[i]->q_len, kFlashBr); });
+  const TaskMap map =
+      make_task_map(seqs.size(), [&](size_t i) { return sh.n_heads * ceil_div(seqs[i]->q_len, kFlashBr); });
   const ScratchBuffer scratch(map.total() > 1 ? num_threads() : 1, flash_forward_scratch_floats(sh.head_dim));
   thread_pool().run(map.total(), [&](int64_t task, int thread) {
     const auto [si, local] = map.locate(task);
     const FlashSeq& sq = *seqs[si];
     const int64_t nqt = ceil_div(sq.q_len, kFlashBr);
-    // Later query tiles see more keys when causal: hand them out first.
-    const int64_t qt = nqt - 1 - local / H, h = local % H;
+    // Head-major, so the tasks running together (and back to back) reread one head's K/V from
+    // L2/L3 instead of DRAM (at T = 8192 a head-interleaved order was 1.8× slower); within a
+    // head the later query tiles, which see more keys when causal, go first.
+    const int64_t h = local / nqt, qt = nqt - 1 - local % nqt;
     const int64_t t0 = qt * kFlashBr, br = std::min(kFlashBr, sq.q_len - t0);
     tile(sh, sq, h, t0, br, 0, sq.kv_len, sq.o + t0 * sh.o_rs + h * sh.head_dim, sh.o_rs,
          sq.lse + h * sh.lse_hs + t0, scratch.slice(thread));
@@ -163,7 +167,19 @@ void scan_keys(const FlashShape& sh, const FlashSeq& sq, const PagedKv* paged, s
       kr = sq.k + j * sh.k_rs;
       vr = sq.v + j * sh.v_rs;
     }
+    // The next block's rows, prefetched into L2 a slice per head while this block is used:
+    // each head reads only its columns of a row, a stride the hardware prefetcher misses.
+    const int64_t nn = paged ? 0 : std::min(c1 - j - n, kRowsBlock);
+    const int64_t k_bytes = sh.n_kv_heads * D * 4;
     for (int64_t g = 0; g < sh.n_kv_heads; ++g) {
+      for (int64_t row = g * nn / sh.n_kv_heads; row < (g + 1) * nn / sh.n_kv_heads; ++row) {
+        const char* kp = reinterpret_cast<const char*>(kr + (n + row) * sh.k_rs);
+        const char* vp = reinterpret_cast<const char*>(vr + (n + row) * sh.v_rs);
+        for (int64_t b = 0; b < k_bytes; b += 64) {
+          _mm_prefetch(kp + b, _MM_HINT_T1);
+          _mm_prefetch(vp + b, _MM_HINT_T1);
+        }
+      }
       const int64_t r = g * rep * nq;
       update(sh, sq.q + g * rep * D, nq, q_pos0, kr + g * D, vr + g * D, n, j, m + r, l + r, o + r * D);
     }

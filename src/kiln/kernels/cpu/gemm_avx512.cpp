@@ -92,14 +92,112 @@ void micro_kernel_bf16_14x32(int64_t steps, const void* a_packed, const void* b_
   gemm_detail::store_tile<V512, kMr, 2>(acc, c, ldc, m, n, ep);
 }
 
+// ---- SIMD packing: A rows transposed 16 x 16 (32-bit elements) instead of element by element --
+// Transposes r[0..15] (16 rows of 16 32-bit elements) in place: afterwards r[q] holds element q
+// of every row. Three shuffle stages (unpack ps, unpack pd, two rounds of 128-bit shuffles).
+[[gnu::always_inline]] inline void transpose_16x16(__m512 (&r)[16]) {
+  __m512 t[16];
+  for (int i = 0; i < 16; i += 2) {
+    t[i] = _mm512_unpacklo_ps(r[i], r[i + 1]);
+    t[i + 1] = _mm512_unpackhi_ps(r[i], r[i + 1]);
+  }
+  __m512 u[16];  // u[4 i + c], 128-bit lane L: rows 4i..4i+3 of column 4L + c
+  for (int i = 0; i < 16; i += 4) {
+    const __m512d t0 = _mm512_castps_pd(t[i]), t1 = _mm512_castps_pd(t[i + 1]);
+    const __m512d t2 = _mm512_castps_pd(t[i + 2]), t3 = _mm512_castps_pd(t[i + 3]);
+    u[i] = _mm512_castpd_ps(_mm512_unpacklo_pd(t0, t2));
+    u[i + 1] = _mm512_castpd_ps(_mm512_unpackhi_pd(t0, t2));
+    u[i + 2] = _mm512_castpd_ps(_mm512_unpacklo_pd(t1, t3));
+    u[i + 3] = _mm512_castpd_ps(_mm512_unpackhi_pd(t1, t3));
+  }
+  for (int c = 0; c < 4; ++c) {
+    const __m512 x0 = _mm512_shuffle_f32x4(u[c], u[4 + c], 0x88), x1 = _mm512_shuffle_f32x4(u[8 + c], u[12 + c], 0x88);
+    const __m512 y0 = _mm512_shuffle_f32x4(u[c], u[4 + c], 0xdd), y1 = _mm512_shuffle_f32x4(u[8 + c], u[12 + c], 0xdd);
+    r[c] = _mm512_shuffle_f32x4(x0, x1, 0x88);
+    r[8 + c] = _mm512_shuffle_f32x4(x0, x1, 0xdd);
+    r[4 + c] = _mm512_shuffle_f32x4(y0, y1, 0x88);
+    r[12 + c] = _mm512_shuffle_f32x4(y0, y1, 0xdd);
+  }
+}
+
+// One full strip of kMr rows: dst[q * kMr + i] = element q of row i (32-bit elements: an f32,
+// or a pair of bf16 for consecutive k), for q in [0, count) rounded down to 16; returns how many
+// elements were done (the caller packs the rest with the generic code).
+template <int kMr>
+int64_t pack_strip_16x16(const char* src, int64_t row_bytes, int64_t count, uint32_t* dst) {
+  static_assert(kMr <= 16);
+  constexpr __mmask16 kRowMask = static_cast<__mmask16>((1u << kMr) - 1u);
+  int64_t q = 0;
+  for (; q + 16 <= count; q += 16) {
+    __m512 r[16];
+    for (int i = 0; i < 16; ++i)
+      r[i] = i < kMr ? _mm512_loadu_ps(reinterpret_cast<const float*>(src + i * row_bytes) + q) : _mm512_setzero_ps();
+    transpose_16x16(r);
+    float* d = reinterpret_cast<float*>(dst + q * kMr);
+    for (int c = 0; c < 16; ++c) _mm512_mask_storeu_ps(d + c * kMr, kRowMask, r[c]);
+  }
+  return q;
+}
+
+// op(A) not transposed: f32 (m, k) rows, or bf16 rows read as pairs of k. Full 14-row strips go
+// through pack_strip_16x16; partial strips and the k tail through the generic packing.
+template <bool kPairs>
+void pack_a_avx512_14(const GemmParams& p, int64_t i0, int64_t rows, int64_t k0, int64_t kc, void* dst) {
+  constexpr int kMr = 14;
+  const bool simd = !p.trans_a && (kPairs ? p.a_dtype == DType::kBF16 : p.a_dtype == DType::kF32);
+  auto generic = [&](int64_t r0, int64_t nrows, int64_t kk0, int64_t nk, uint32_t* d) {
+    if constexpr (kPairs) gemm_detail::pack_a_pairs<kMr>(p, r0, nrows, kk0, nk, d);
+    else gemm_detail::pack_a_f32<kMr>(p, r0, nrows, kk0, nk, d);
+  };
+  auto* out = static_cast<uint32_t*>(dst);
+  if (!simd) return generic(i0, rows, k0, kc, out);
+  const int64_t elem_bytes = kPairs ? 2 : 4;
+  const int64_t steps = kPairs ? (kc + 1) / 2 : kc;  // 32-bit elements per row in the strip
+  const int64_t full_pairs = kPairs ? kc / 2 : kc;   // those the SIMD path may read whole
+  int64_t s = 0;
+  for (; s + kMr <= rows; s += kMr, out += kMr * steps) {
+    const char* src = static_cast<const char*>(p.a) + ((i0 + s) * p.lda + k0) * elem_bytes;
+    const int64_t done = pack_strip_16x16<kMr>(src, p.lda * elem_bytes, full_pairs, out);
+    if (done < steps) {
+      const int64_t kd = kPairs ? 2 * done : done;
+      generic(i0 + s, kMr, k0 + kd, kc - kd, out + done * kMr);
+    }
+  }
+  if (s < rows) generic(i0 + s, rows - s, k0, kc, out);
+}
+
+// op(B) = bf16 (k, n) not transposed, into pairs: rows 2 l2 and 2 l2 + 1 interleaved 16 bits at
+// a time (vpunpck{l,h}wd + a qword permute), 32 columns per strip; the rest generic.
+void pack_b_pairs_avx512_32(const GemmParams& p, int64_t j0, int64_t cols, int64_t k0, int64_t kc, void* dst) {
+  constexpr int kNr = 32;
+  auto* out = static_cast<uint32_t*>(dst);
+  if (p.trans_b || p.b_dtype != DType::kBF16) return gemm_detail::pack_b_pairs<kNr>(p, j0, cols, k0, kc, out);
+  const int64_t kp = (kc + 1) / 2, full = kc / 2;
+  const auto* b = static_cast<const uint16_t*>(p.b);
+  const __m512i lo_idx = _mm512_setr_epi64(0, 1, 8, 9, 2, 3, 10, 11);
+  const __m512i hi_idx = _mm512_setr_epi64(4, 5, 12, 13, 6, 7, 14, 15);
+  int64_t t = 0;
+  for (; t + kNr <= cols; t += kNr, out += kNr * kp) {
+    for (int64_t l2 = 0; l2 < full; ++l2) {
+      const uint16_t* r0 = b + (k0 + 2 * l2) * p.ldb + j0 + t;
+      const __m512i a = _mm512_loadu_si512(r0), c = _mm512_loadu_si512(r0 + p.ldb);
+      const __m512i lo = _mm512_unpacklo_epi16(a, c), hi = _mm512_unpackhi_epi16(a, c);
+      _mm512_storeu_si512(out + l2 * kNr, _mm512_permutex2var_epi64(lo, lo_idx, hi));
+      _mm512_storeu_si512(out + l2 * kNr + 16, _mm512_permutex2var_epi64(lo, hi_idx, hi));
+    }
+    if (kp > full) gemm_detail::pack_b_pairs<kNr>(p, j0 + t, kNr, k0 + 2 * full, kc - 2 * full, out + full * kNr);
+  }
+  if (t < cols) gemm_detail::pack_b_pairs<kNr>(p, j0 + t, cols - t, k0, kc, out);
+}
+
 GemmTargetKernels make_kernels() {
   using namespace gemm_detail;
   GemmTargetKernels k;
-  k.f32 = {"avx512 14x32 micro-kernel", 14, 32, 1, &pack_a_f32<14>, &pack_b_f32<32>,
+  k.f32 = {"avx512 14x32 micro-kernel", 14, 32, 1, &pack_a_avx512_14<false>, &pack_b_f32<32>,
            &micro_kernel_f32<V512, 14, 2>};
   if (cpu_features().avx512_bf16) {
     k.bf16 = {"avx512_bf16 dpbf16ps 14x32 micro-kernel (pairs-of-k packing)", 14, 32, 2,
-              &pack_a_pairs<14>, &pack_b_pairs<32>, &micro_kernel_bf16_14x32};
+              &pack_a_avx512_14<true>, &pack_b_pairs_avx512_32, &micro_kernel_bf16_14x32};
   } else {
     k.bf16 = k.f32;
     k.bf16.name = "avx512 14x32 micro-kernel, bf16 widened to f32 in packing";

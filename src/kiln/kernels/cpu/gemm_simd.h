@@ -8,10 +8,6 @@
 #include <algorithm>
 #include <cstdint>
 #include <cstring>
-#include <cstdlib>
-#ifndef PFH
-#define PFH 0
-#endif
 #include <type_traits>
 
 #include "kiln/kernels/cpu/gemm_kernels.h"
@@ -329,13 +325,12 @@ template <class T>
   if constexpr (!std::is_same_v<T, float>) asm("" : "+v"(x));
 }
 
-// B stored (n, k) (trans_b, PyTorch weights): J rows of B at a time, M x J dot products over
-// k in [0, k) of the block (a and b point at the block's first k). The sums are stored into out
-// (first K block) or added to it. `pf` (rows of B, ldb apart) is prefetched alongside: the same
-// K block of a later row group, so each short row segment is already on its way from DRAM.
+// B stored (n, k) (trans_b, PyTorch weights): J rows of B at a time, M x J dot products stored
+// into out. `pf` (J rows, ldb apart; may be null) is prefetched into L2 alongside, one line per
+// row per line of B consumed.
 template <class V, int M, int J, class BT>
 void small_m_tb_group(const float* a, int64_t lda, int64_t k, const BT* b, int64_t ldb, float* out,
-                      int64_t ldo, bool first, const BT* pf) {
+                      int64_t ldo, const BT* pf) {
   constexpr int L = V::kLanes;
   constexpr int64_t kLineElems = 64 / sizeof(BT);
   typename V::T acc[M][J];
@@ -347,7 +342,7 @@ void small_m_tb_group(const float* a, int64_t lda, int64_t k, const BT* b, int64
   for (; l + L <= k; l += L) {
     if (pf && l % kLineElems == 0) {
 #pragma GCC unroll 8
-      for (int j = 0; j < J; ++j) __builtin_prefetch(pf + j * ldb + l, 0, PFH);
+      for (int j = 0; j < J; ++j) __builtin_prefetch(pf + j * ldb + l, 0, 2);
     }
     typename V::T bv[J];
 #pragma GCC unroll 8
@@ -371,25 +366,26 @@ void small_m_tb_group(const float* a, int64_t lda, int64_t k, const BT* b, int64
   }
   for (int i = 0; i < M; ++i)
     for (int j = 0; j < J; ++j) {
-      const float v = V::reduce_add(acc[i][j]);
-      out[i * ldo + j] = first ? v : out[i * ldo + j] + v;
+      out[i * ldo + j] = V::reduce_add(acc[i][j]);
     }
 }
 
+// Row groups in order; while one group streams, the next group's rows (the following J x K
+// elements) are prefetched line by line into L2 with prefetcht1. The hardware prefetcher alone
+// kept too few misses in flight once the kernel does M x J FMAs per line (M >= 4): measured on
+// Zen 4, 1 thread, K = N = 4096, M = 4 went from 18 to 21 GB/s, M = 8 from 11 to 12.5 GB/s.
 template <class V, int M, class BT>
 void small_m_tb(const SmallMArgs& s, int64_t j0, int64_t j1, float* out) {
   constexpr int J = M <= 3 ? 8 : M == 4 ? 6 : M <= 6 ? 4 : 3;  // M*J <= 24 accumulators
-  static const int64_t env_pf = [] { const char* e = std::getenv("KPF"); return e ? std::atoll(e) : 1; }();
   const BT* b = static_cast<const BT*>(s.b);
   const int64_t ldo = j1 - j0;
   int64_t j = j0;
   for (; j + J <= j1; j += J) {
-    const int64_t jp = j + env_pf * J;
-    const BT* pf = env_pf > 0 && jp + J <= j1 ? b + jp * s.ldb : nullptr;
-    small_m_tb_group<V, M, J, BT>(s.a, s.lda, s.k, b + j * s.ldb, s.ldb, out + (j - j0), ldo, true, pf);
+    const BT* pf = j + 2 * J <= j1 ? b + (j + J) * s.ldb : nullptr;
+    small_m_tb_group<V, M, J, BT>(s.a, s.lda, s.k, b + j * s.ldb, s.ldb, out + (j - j0), ldo, pf);
   }
   for (; j < j1; ++j)
-    small_m_tb_group<V, M, 1, BT>(s.a, s.lda, s.k, b + j * s.ldb, s.ldb, out + (j - j0), ldo, true,
+    small_m_tb_group<V, M, 1, BT>(s.a, s.lda, s.k, b + j * s.ldb, s.ldb, out + (j - j0), ldo,
                                   nullptr);
 }
 

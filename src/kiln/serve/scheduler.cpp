@@ -1,0 +1,273 @@
+// Scheduler: one schedule() per step walks the running sequences oldest first (a decode takes
+// 1 token; a prefill takes a chunk of what is left of the budget after the decodes still to
+// come), preempting the newest running sequence whenever the KV cache has no block, then admits
+// waiting requests FCFS while budget, max_running and blocks allow.
+#include "kiln/serve/scheduler.h"
+
+#include <algorithm>
+
+namespace kiln {
+
+std::optional<BatchingMode> parse_batching_mode(std::string_view name) {
+  if (name == "continuous") return BatchingMode::kContinuous;
+  if (name == "static") return BatchingMode::kStatic;
+  return std::nullopt;
+}
+
+const char* finish_reason_name(FinishReason r) {
+  switch (r) {
+    case FinishReason::kNone: return "none";
+    case FinishReason::kLength: return "length";
+    case FinishReason::kStop: return "stop";
+    case FinishReason::kAborted: return "abort";
+  }
+  return "?";
+}
+
+Status check_scheduler_config(const SchedulerConfig& c, const KvCacheConfig& kv) {
+  if (c.max_batched_tokens < 1) return invalid_argument("[scheduler] --max-batched-tokens {} must be >= 1", c.max_batched_tokens);
+  if (c.prefill_chunk < 1) return invalid_argument("[scheduler] --prefill-chunk {} must be >= 1", c.prefill_chunk);
+  if (c.max_running < 1) return invalid_argument("[scheduler] --max-running {} must be >= 1", c.max_running);
+  if (kv.block_size < 1) return invalid_argument("[scheduler] KV block size {} must be >= 1", kv.block_size);
+  if (kv.num_blocks < 1) return invalid_argument("[scheduler] the KV cache needs at least one block, has {}", kv.num_blocks);
+  return {};
+}
+
+Expected<std::unique_ptr<Scheduler>> Scheduler::create(const SchedulerConfig& config,
+                                                       const KvCacheConfig& kv) {
+  KILN_RETURN_IF_ERROR(check_scheduler_config(config, kv));
+  return std::unique_ptr<Scheduler>(new Scheduler(config, kv));
+}
+
+Scheduler::Scheduler(const SchedulerConfig& config, const KvCacheConfig& kv)
+    : config_(config), kv_(kv) {}
+
+Expected<int64_t> Scheduler::add_request(Request request) {
+  const auto prompt_len = static_cast<int64_t>(request.prompt.size());
+  if (prompt_len == 0) return invalid_argument("[scheduler] add_request: the prompt is empty");
+  if (request.max_tokens < 1) {
+    return invalid_argument("[scheduler] add_request: max_tokens {} must be >= 1", request.max_tokens);
+  }
+  if (request.n < 1) return invalid_argument("[scheduler] add_request: n {} must be >= 1", request.n);
+  // The last sampled token is never fed back, so a sequence holds at most
+  // prompt + max_tokens - 1 tokens of K/V; it must fit when it runs alone.
+  const int64_t max_kv_tokens = prompt_len + request.max_tokens - 1;
+  const int64_t blocks = kv_.blocks_for(max_kv_tokens);
+  if (blocks > kv_.pool().num_blocks()) {
+    return resource_exhausted(
+        "[scheduler] add_request: a {}-token prompt with max_tokens {} needs {} KV blocks of {} "
+        "tokens, the whole cache has {} (raise --kv-cache-mem or lower max_tokens)",
+        prompt_len, request.max_tokens, blocks, kv_.config().block_size, kv_.pool().num_blocks());
+  }
+  const int64_t id = next_id_++;
+  auto seq = std::make_unique<Sequence>(id, id, kv_.config().block_size);
+  seq->tokens = std::move(request.prompt);
+  seq->prompt_len = prompt_len;
+  seq->max_tokens = request.max_tokens;
+  seq->stop_token_ids = std::move(request.stop_token_ids);
+  seq->forks_pending = request.n - 1;
+  waiting_.push_back(seq.get());
+  seqs_.emplace(id, std::move(seq));
+  return id;
+}
+
+const Sequence* Scheduler::find_sequence(int64_t seq_id) const {
+  auto it = seqs_.find(seq_id);
+  return it == seqs_.end() ? nullptr : it->second.get();
+}
+
+void Scheduler::schedule_seq(Sequence& s, int64_t num_new, SchedulerOutput& out) {
+  ScheduledSeq e;
+  e.seq_id = s.id;
+  e.request_id = s.request_id;
+  e.num_computed_tokens = s.num_computed;
+  e.num_new_tokens = num_new;
+  e.num_cached_tokens = s.just_admitted ? s.num_cached_tokens : 0;
+  s.just_admitted = false;
+  s.num_computed += num_new;
+  KILN_CHECK(s.num_computed <= s.num_tokens() && s.table.num_tokens() == s.num_computed);
+  e.num_samples = s.num_computed == s.num_tokens() ? 1 + s.forks_pending : 0;
+  e.tokens = s.tokens;
+  e.block_ids = s.table.block_ids();
+  out.num_batched_tokens += num_new;
+  out.num_sampled_tokens += e.num_samples;
+  out.seqs.push_back(e);
+}
+
+void Scheduler::preempt(Sequence& s, SchedulerOutput& out) {
+  kv_.free(s.table);
+  s.num_computed = 0;
+  s.status = SeqStatus::kWaiting;
+  ++s.num_preemptions;
+  ++num_preemptions_;
+  waiting_.push_front(&s);
+  out.preempted_seq_ids.push_back(s.id);
+}
+
+std::optional<int64_t> Scheduler::admit(Sequence& s, int64_t max_new, SchedulerOutput& out) {
+  KILN_CHECK(s.num_computed == 0 && s.table.num_blocks() == 0);
+  const std::vector<BlockId> hit = kv_.find_cached_prefix(s.tokens, s.block_hashes);
+  const int64_t num_cached = static_cast<int64_t>(hit.size()) * kv_.config().block_size;
+  const int64_t take = std::min(s.num_tokens() - num_cached, max_new);
+  if (!kv_.allocate_slots(s.table, hit, take, out.block_copies)) return std::nullopt;
+  kv_.record_prefix_query(s.num_tokens(), num_cached);
+  s.num_computed = num_cached;
+  s.num_cached_tokens = num_cached;
+  s.just_admitted = true;
+  s.status = SeqStatus::kRunning;
+  waiting_.pop_front();
+  running_.push_back(&s);
+  return take;
+}
+
+SchedulerOutput Scheduler::schedule() {
+  KILN_CHECK_MSG(!awaiting_update_, "schedule() twice without update()");
+  SchedulerOutput out;
+  out.step = step_++;
+  out.finished_seq_ids.swap(finished_since_step_);
+  awaiting_update_ = true;
+
+  // Static batching: a new batch only when the previous one is gone; it is admitted whole
+  // (as many as max_running and the blocks of their cached prefixes allow) and prefilled by
+  // the running loop below.
+  if (config_.batching == BatchingMode::kStatic && running_.empty()) {
+    while (!waiting_.empty() && num_running() < config_.max_running) {
+      if (!admit(*waiting_.front(), 0, out)) break;
+    }
+  }
+
+  int64_t budget = config_.max_batched_tokens;
+  auto needs_one = [](const Sequence* s) { return s->num_tokens() - s->num_computed == 1; };
+  // Decodes not yet visited: a prefill chunk leaves one token of budget for each.
+  auto pending_decodes = static_cast<int64_t>(std::count_if(running_.begin(), running_.end(), needs_one));
+  bool preempted = false;
+  for (size_t i = 0; i < running_.size() && budget > 0; ++i) {
+    Sequence& s = *running_[i];
+    const int64_t remaining = s.num_tokens() - s.num_computed;
+    KILN_CHECK(remaining >= 1);
+    const bool decode = remaining == 1;
+    if (decode) --pending_decodes;
+    const int64_t take =
+        decode ? 1 : std::min({remaining, config_.prefill_chunk, budget - pending_decodes});
+    if (take <= 0) continue;
+    bool self_preempted = false;
+    while (!kv_.allocate_slots(s.table, {}, take, out.block_copies)) {
+      // Recompute-mode preemption of the newest running sequence (never one already
+      // scheduled in this step: those are older than s).
+      Sequence* victim = running_.back();
+      running_.pop_back();
+      if (victim != &s && needs_one(victim)) --pending_decodes;
+      preempt(*victim, out);
+      preempted = true;
+      if (victim == &s) {
+        self_preempted = true;
+        break;
+      }
+    }
+    if (self_preempted) break;  // s was the last running sequence
+    schedule_seq(s, take, out);
+    budget -= take;
+  }
+
+  // Continuous batching: admit FCFS while there is budget, room and memory; not in a step
+  // that had to preempt (the memory is not there).
+  if (config_.batching == BatchingMode::kContinuous && !preempted) {
+    while (!waiting_.empty() && budget > 0 && num_running() < config_.max_running) {
+      Sequence& s = *waiting_.front();
+      auto take = admit(s, std::min(config_.prefill_chunk, budget), out);
+      if (!take) break;
+      schedule_seq(s, *take, out);
+      budget -= *take;
+    }
+  }
+  KILN_CHECK(out.num_batched_tokens <= config_.max_batched_tokens);
+  return out;
+}
+
+void Scheduler::finish(Sequence& s, FinishReason reason, UpdateResult* result) {
+  kv_.free(s.table);
+  s.status = SeqStatus::kFinished;
+  s.finish = reason;
+  if (result) {
+    FinishedSeq f;
+    f.seq_id = s.id;
+    f.request_id = s.request_id;
+    f.reason = reason;
+    f.output_tokens.assign(s.tokens.begin() + s.prompt_len, s.tokens.end());
+    f.num_cached_tokens = s.num_cached_tokens;
+    f.num_preemptions = s.num_preemptions;
+    result->finished.push_back(std::move(f));
+  }
+  finished_since_step_.push_back(s.id);
+}
+
+void Scheduler::append_token(Sequence& s, int32_t token, UpdateResult& result) {
+  s.tokens.push_back(token);
+  const bool stop = std::find(s.stop_token_ids.begin(), s.stop_token_ids.end(), token) !=
+                    s.stop_token_ids.end();
+  if (stop) finish(s, FinishReason::kStop, &result);
+  else if (s.num_outputs() >= s.max_tokens) finish(s, FinishReason::kLength, &result);
+}
+
+UpdateResult Scheduler::update(const SchedulerOutput& output, std::span<const int32_t> sampled) {
+  KILN_CHECK_MSG(awaiting_update_ && output.step == step_ - 1, "update() of step {} after step {}",
+                 output.step, step_ - 1);
+  KILN_CHECK_MSG(static_cast<int64_t>(sampled.size()) == output.num_sampled_tokens,
+                 "update() got {} sampled tokens, the step expects {}", sampled.size(),
+                 output.num_sampled_tokens);
+  awaiting_update_ = false;
+  UpdateResult result;
+  size_t k = 0;
+  for (const ScheduledSeq& e : output.seqs) {
+    const std::span<const int32_t> toks = sampled.subspan(k, static_cast<size_t>(e.num_samples));
+    k += toks.size();
+    auto it = seqs_.find(e.seq_id);
+    KILN_CHECK_MSG(it != seqs_.end() && it->second->status == SeqStatus::kRunning,
+                   "update() of sequence {} that is not running", e.seq_id);
+    Sequence& s = *it->second;
+    kv_.cache_full_blocks(s.table, s.tokens, s.block_hashes);  // their K/V now exists
+    if (toks.empty()) continue;
+    // Parallel sampling: the other n - 1 sequences share every block of the prompt.
+    for (size_t j = 1; j < toks.size(); ++j) {
+      const int64_t id = next_id_++;
+      auto child = std::make_unique<Sequence>(id, s.request_id, kv_.config().block_size);
+      child->tokens = s.tokens;
+      child->prompt_len = s.prompt_len;
+      child->max_tokens = s.max_tokens;
+      child->stop_token_ids = s.stop_token_ids;
+      child->num_computed = s.num_computed;
+      child->num_cached_tokens = s.num_cached_tokens;
+      child->status = SeqStatus::kRunning;
+      child->block_hashes = s.block_hashes;
+      kv_.fork(s.table, child->table);
+      Sequence& c = *child;
+      seqs_.emplace(id, std::move(child));
+      running_.push_back(&c);
+      result.forked.emplace_back(s.id, id);
+      append_token(c, toks[j], result);
+    }
+    s.forks_pending = 0;
+    append_token(s, toks[0], result);
+  }
+  // Retire what finished.
+  std::erase_if(running_, [](const Sequence* s) { return s->status == SeqStatus::kFinished; });
+  for (const FinishedSeq& f : result.finished) seqs_.erase(f.seq_id);
+  return result;
+}
+
+void Scheduler::abort_request(int64_t request_id) {
+  KILN_CHECK_MSG(!awaiting_update_, "abort_request() between schedule() and update()");
+  std::vector<int64_t> ids;
+  for (const auto& [id, s] : seqs_) {
+    if (s->request_id == request_id) ids.push_back(id);
+  }
+  if (ids.empty()) return;
+  std::sort(ids.begin(), ids.end());
+  for (int64_t id : ids) finish(*seqs_.at(id), FinishReason::kAborted, nullptr);
+  auto gone = [](const Sequence* s) { return s->status == SeqStatus::kFinished; };
+  std::erase_if(running_, gone);
+  std::erase_if(waiting_, gone);
+  for (int64_t id : ids) seqs_.erase(id);
+}
+
+}  // namespace kiln

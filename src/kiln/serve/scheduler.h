@@ -1,0 +1,165 @@
+// The serving scheduler: continuous batching under a per-step token budget (running decodes
+// first, then prefill chunks), chunked prefill, an FCFS waiting queue, max-running, and
+// preemption by recompute when the KV cache has no free block; static batching for comparison.
+// Bookkeeping only: SchedulerOutput is the whole interface to the executor, which computes the
+// scheduled tokens, samples, and hands the sampled tokens back to update().
+#pragma once
+
+#include <cstdint>
+#include <deque>
+#include <memory>
+#include <optional>
+#include <span>
+#include <string_view>
+#include <unordered_map>
+#include <vector>
+
+#include "kiln/core/status.h"
+#include "kiln/serve/block_table.h"
+#include "kiln/serve/kv_cache_manager.h"
+
+namespace kiln {
+
+enum class BatchingMode {
+  kContinuous,  // admit and retire requests before every step
+  kStatic,      // admit a batch only when the previous one has completely finished
+};
+std::optional<BatchingMode> parse_batching_mode(std::string_view name);  // "continuous" | "static"
+
+struct SchedulerConfig {
+  int64_t max_batched_tokens = 2048;  // token budget of one step (--max-batched-tokens)
+  int64_t prefill_chunk = 512;        // most prompt tokens one sequence computes in a step
+  int64_t max_running = 64;           // sequences admitted at once (--max-running)
+  BatchingMode batching = BatchingMode::kContinuous;
+};
+// InvalidArgument naming the flag when a limit is not positive.
+Status check_scheduler_config(const SchedulerConfig& config, const KvCacheConfig& kv);
+
+struct Request {
+  std::vector<int32_t> prompt;
+  int64_t max_tokens = 16;
+  int64_t n = 1;                        // parallel samples sharing the prompt's blocks
+  std::vector<int32_t> stop_token_ids;  // finish after sampling one of these
+};
+
+enum class SeqStatus { kWaiting, kRunning, kFinished };
+enum class FinishReason { kNone, kLength, kStop, kAborted };
+const char* finish_reason_name(FinishReason r);
+
+struct Sequence {
+  Sequence(int64_t seq_id, int64_t req_id, int64_t block_size) : id(seq_id), request_id(req_id), table(block_size) {}
+
+  int64_t id;
+  int64_t request_id;
+  std::vector<int32_t> tokens;  // prompt, then the sampled tokens
+  int64_t prompt_len = 0;
+  int64_t max_tokens = 0;
+  std::vector<int32_t> stop_token_ids;
+  int64_t num_computed = 0;       // tokens whose K/V is in the cache (or being computed now)
+  int64_t num_cached_tokens = 0;  // prefix-cache hit at its last admission
+  int64_t num_preemptions = 0;
+  int64_t forks_pending = 0;      // n - 1 until the first token is sampled
+  bool just_admitted = false;     // not scheduled since its last admission
+  SeqStatus status = SeqStatus::kWaiting;
+  FinishReason finish = FinishReason::kNone;
+  BlockTable table;
+  std::vector<uint64_t> block_hashes;  // chained hash of each full block of tokens
+
+  int64_t num_tokens() const { return static_cast<int64_t>(tokens.size()); }
+  int64_t num_outputs() const { return num_tokens() - prompt_len; }
+};
+
+// One sequence's share of a step. New tokens are tokens[num_computed_tokens,
+// num_computed_tokens + num_new_tokens), at those positions, written to
+// block_ids[p / block_size] * block_size + p % block_size.
+struct ScheduledSeq {
+  int64_t seq_id = 0;
+  int64_t request_id = 0;
+  int64_t num_computed_tokens = 0;  // K/V already cached for positions [0, this)
+  int64_t num_new_tokens = 0;       // a prefill chunk, or 1 to decode
+  // Tokens to sample from the logits of the last new token: 0 for a prefill chunk that does
+  // not reach the end, 1 normally, n for the first sample of a request with n > 1.
+  int64_t num_samples = 0;
+  int64_t num_cached_tokens = 0;  // prefix-cache hit when admitted in this step, else 0
+  // Valid until update(): the sequence's tokens and block table.
+  std::span<const int32_t> tokens;
+  std::span<const BlockId> block_ids;
+};
+
+struct SchedulerOutput {
+  int64_t step = 0;
+  std::vector<ScheduledSeq> seqs;
+  std::vector<BlockCopy> block_copies;     // do these first (copy-on-write)
+  std::vector<int64_t> preempted_seq_ids;  // blocks freed; recomputed later
+  std::vector<int64_t> finished_seq_ids;   // finished or aborted since the last step
+  int64_t num_batched_tokens = 0;          // sum of num_new_tokens <= max_batched_tokens
+  int64_t num_sampled_tokens = 0;          // sum of num_samples: what update() expects
+  bool empty() const { return seqs.empty(); }
+};
+
+struct FinishedSeq {
+  int64_t seq_id = 0;
+  int64_t request_id = 0;
+  FinishReason reason = FinishReason::kNone;
+  std::vector<int32_t> output_tokens;
+  int64_t num_cached_tokens = 0;
+  int64_t num_preemptions = 0;
+};
+
+struct UpdateResult {
+  std::vector<FinishedSeq> finished;
+  std::vector<std::pair<int64_t, int64_t>> forked;  // (parent seq id, new seq id)
+};
+
+class Scheduler {
+ public:
+  static Expected<std::unique_ptr<Scheduler>> create(const SchedulerConfig& config,
+                                                     const KvCacheConfig& kv);
+
+  // Queues a request (FCFS) and returns its id (also the id of its first sequence).
+  // InvalidArgument for an empty prompt, max_tokens < 1 or n < 1; ResourceExhausted when one
+  // sequence of it could never fit in the whole KV cache.
+  Expected<int64_t> add_request(Request request);
+  // Frees every sequence of the request (e.g. the client went away). Between steps only
+  // (not between schedule() and update(), while the executor reads the sequences).
+  void abort_request(int64_t request_id);
+
+  // The next step. Must be followed by update() before the next schedule().
+  SchedulerOutput schedule();
+  // sampled: output.num_sampled_tokens tokens, in the order of output.seqs, num_samples each.
+  UpdateResult update(const SchedulerOutput& output, std::span<const int32_t> sampled);
+
+  bool has_unfinished() const { return !running_.empty() || !waiting_.empty(); }
+  int64_t num_running() const { return static_cast<int64_t>(running_.size()); }
+  int64_t num_waiting() const { return static_cast<int64_t>(waiting_.size()); }
+  int64_t num_steps() const { return step_; }
+  int64_t num_preemptions() const { return num_preemptions_; }
+  const Sequence* find_sequence(int64_t seq_id) const;
+  const SchedulerConfig& config() const { return config_; }
+  const KvCacheManager& kv() const { return kv_; }
+  KvCacheStats kv_stats() const { return kv_.stats(); }
+
+ private:
+  Scheduler(const SchedulerConfig& config, const KvCacheConfig& kv);
+  void schedule_seq(Sequence& s, int64_t num_new, SchedulerOutput& out);
+  void preempt(Sequence& s, SchedulerOutput& out);
+  // Moves the head of the waiting queue to running: takes its longest cached prefix and
+  // reserves up to max_new more tokens (0: only the prefix). Returns the tokens reserved, or
+  // nullopt (nothing changed) when the pool has too few blocks.
+  std::optional<int64_t> admit(Sequence& s, int64_t max_new, SchedulerOutput& out);
+  void append_token(Sequence& s, int32_t token, UpdateResult& result);
+  void finish(Sequence& s, FinishReason reason, UpdateResult* result);
+
+  SchedulerConfig config_;
+  KvCacheManager kv_;
+  std::unordered_map<int64_t, std::unique_ptr<Sequence>> seqs_;  // unfinished sequences
+  std::deque<Sequence*> waiting_;   // FCFS; preempted sequences go back to the front
+  std::vector<Sequence*> running_;  // admission order: the back is the newest
+  std::vector<int64_t> finished_since_step_;
+  int64_t next_id_ = 0;
+  int64_t step_ = 0;
+  int64_t num_preemptions_ = 0;
+  bool awaiting_update_ = false;
+};
+
+}  // namespace kiln
