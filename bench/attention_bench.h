@@ -5,6 +5,7 @@
 #pragma once
 
 #include <cstdint>
+#include <string>
 #include <vector>
 
 namespace kiln::bench {
@@ -15,6 +16,7 @@ struct AttentionBenchOptions {
   int reps = 3;        // timed repetitions after one warm-up (median)
   std::vector<int64_t> seq_lens;  // T values (default 256..8192)
   std::vector<int64_t> contexts;  // decode contexts (default 512..32768)
+  std::string part = "all";       // "train" (fwd / fwd+bwd), "decode" or "all"
   // Naive stops where its score blocks would need more than this (it materializes T×S per
   // thread, twice in backward).
   int64_t naive_max_bytes = int64_t{3} << 30;

@@ -131,7 +131,7 @@ double max_over_ranks(Communicator& c, double v) {
 }
 
 // Seconds per call of each algorithm in `algos`: `reps` rounds, each running every algorithm
-// in turn (so the machine's noise hits all of them alike) for the slowest rank's mean over
+// in turn, rotated (so the machine's noise hits all of them alike) for the slowest rank's mean over
 // enough calls to last ~10 ms (the same count on every rank), after two warm-up calls.
 std::vector<Summary> time_collectives(Communicator& c, CollOp op, const std::vector<Algo>& algos,
                                       const std::byte* send, std::byte* recv, int64_t count,
@@ -148,9 +148,14 @@ std::vector<Summary> time_collectives(Communicator& c, CollOp op, const std::vec
     const double one = run(a, 1);
     iters.push_back(static_cast<int>(std::clamp(0.01 / std::max(one, 1e-7), 1.0, 4000.0)));
   }
+  // Each round starts one algorithm later, so none always runs right after another's
+  // (MPI's temporary buffer, say, evicting the caches): position effects average out.
   std::vector<std::vector<double>> v(algos.size());
   for (int rep = 0; rep < reps; ++rep)
-    for (size_t k = 0; k < algos.size(); ++k) v[k].push_back(run(algos[k], iters[k]));
+    for (size_t j = 0; j < algos.size(); ++j) {
+      const size_t k = (j + rep) % algos.size();
+      v[k].push_back(run(algos[k], iters[k]));
+    }
   std::vector<Summary> out;
   for (auto& x : v) out.push_back(summarize(x));
   return out;
@@ -212,8 +217,10 @@ std::vector<int64_t> bench_sizes(int64_t min_bytes, int64_t max_bytes) {
 }
 
 // Calibration: for each op, every kiln algorithm at every bench size, interleaved in one
-// timing loop per size (the noise hits them alike), median of at least 7 repetitions; then a
-// piecewise alpha-beta fit per algorithm (cost_model.h) through the medians.
+// timing loop per size (the noise hits them alike), median of at least 5 repetitions, in
+// kCalibrationPasses sweeps; then a piecewise alpha-beta fit per algorithm (cost_model.h)
+// through the medians.
+constexpr int kCalibrationPasses = 3;
 int calibrate(Communicator& c, const CommBenchOptions& opt, std::byte* send, std::byte* recv) {
   const int p = c.size();
   dist::AlphaBetaTable table;
@@ -222,19 +229,19 @@ int calibrate(Communicator& c, const CommBenchOptions& opt, std::byte* send, std
   table.gamma_s_per_byte = max_over_ranks(c, table.gamma_s_per_byte);
   table.fitted_p = p;
   table.hier_ranks_per_node = c.hierarchical_node_size();
-  const int reps = std::max(opt.reps, 7);
+  const int reps = std::max(opt.reps, 5);
   std::vector<int64_t> sizes = bench_sizes(8, opt.max_bytes);
   if (static_cast<int>(sizes.size()) > dist::PiecewiseAlphaBeta::kMaxKnots)
     sizes.resize(dist::PiecewiseAlphaBeta::kMaxKnots);
   if (c.rank() == 0)
     fmt::print("# calibrate, p = {}: ping-pong alpha = {:.2f} us, beta = {:.4f} ns/B ({:.2f} GB/s); "
                "reduction gamma = {:.4f} ns/B ({:.2f} GB/s); hierarchical node size {}; "
-               "median of {} reps per size\n"
+               "median of {} passes of {} reps per size\n"
                "# per algorithm: alpha (us/step), then beta (ns/B of the bandwidth term) at "
                "32 KiB, 512 KiB, 8 MiB and the largest size\n",
                p, table.link.alpha_s * 1e6, table.link.beta_s_per_byte * 1e9,
                1e-9 / table.link.beta_s_per_byte, table.gamma_s_per_byte * 1e9,
-               1e-9 / table.gamma_s_per_byte, table.hier_ranks_per_node, reps);
+               1e-9 / table.gamma_s_per_byte, table.hier_ranks_per_node, kCalibrationPasses, reps);
   for (int o = 0; o < dist::kNumCollOps && p >= 2; ++o) {
     const auto op = static_cast<CollOp>(o);
     std::vector<Algo> algos;
@@ -251,19 +258,30 @@ int calibrate(Communicator& c, const CommBenchOptions& opt, std::byte* send, std
     // Per algorithm: the knots' sizes, terms and measured seconds.
     std::vector<std::vector<double>> ks(algos.size()), steps(algos.size()), bw(algos.size()),
         secs(algos.size());
-    for (int64_t size : sizes) {
-      const int64_t count = count_arg(op, size, p, 4);
-      if (count == 0) continue;
-      fill_inputs(op, p, c.rank(), send, recv, count, DType::kF32);
-      const std::vector<Summary> t =
-          time_collectives(c, op, timed, send, recv, count, DType::kF32, ReduceOp::kSum, reps);
+    // kPasses sweeps over the sizes, a median per pass, then the median over the passes: the
+    // machine's state drifts over minutes (other jobs, page cache, frequency), and one sweep
+    // caught in a slow minute would rank algorithms by the noise.
+    std::vector<std::vector<std::vector<double>>> per_pass(
+        sizes.size(), std::vector<std::vector<double>>(algos.size()));
+    for (int pass = 0; pass < kCalibrationPasses; ++pass)
+      for (size_t si = 0; si < sizes.size(); ++si) {
+        const int64_t count = count_arg(op, sizes[si], p, 4);
+        if (count == 0) continue;
+        fill_inputs(op, p, c.rank(), send, recv, count, DType::kF32);
+        const std::vector<Summary> t =
+            time_collectives(c, op, timed, send, recv, count, DType::kF32, ReduceOp::kSum, reps);
+        for (size_t k = 0; k < algos.size(); ++k) per_pass[si][k].push_back(t[k].median);
+      }
+    for (size_t si = 0; si < sizes.size(); ++si) {
+      const int64_t size = sizes[si];
+      if (per_pass[si][0].empty()) continue;
       for (size_t k = 0; k < algos.size(); ++k) {
         const dist::AlgoCost terms = dist::algo_cost(op, algos[k], p, static_cast<double>(size),
                                                      table.hier_ranks_per_node);
         ks[k].push_back(static_cast<double>(size));
         steps[k].push_back(terms.steps);
         bw[k].push_back(terms.bw_bytes);
-        secs[k].push_back(t[k].median);
+        secs[k].push_back(summarize(per_pass[si][k]).median);
       }
     }
     for (size_t k = 0; k < algos.size(); ++k) {

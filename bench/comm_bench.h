@@ -16,7 +16,7 @@ struct CommBenchOptions {
   int64_t min_bytes = 8;
   int64_t max_bytes = int64_t{256} << 20;
   int reps = 5;                  // timed repetitions after warm-up; median, min-max
-  int ranks_per_node = 0;        // hierarchical: 0 = MPI_Comm_split_type, n = forced
+  int ranks_per_node = 0;        // hierarchical: 0 = automatic (communicator.h), n = forced
   bool json = false;             // one JSON object per line instead of the table
   bool calibrate = false;        // measure alpha, beta (+ per-algorithm fits) and cache them
   int64_t chunk_bytes = 0;       // pipeline chunk override for sweeps (0 = per-size defaults)

@@ -18,6 +18,8 @@ void register_bench_attention(CLI::App& app) {
   cmd->add_option("--reps", opt->reps, "Timed repetitions after warm-up (median)")->check(CLI::Range(1, 1000));
   cmd->add_option("--seq", opt->seq_lens, "Sequence lengths T, e.g. 1024,4096")->delimiter(',')->check(CLI::Range(1, 1 << 20));
   cmd->add_option("--context", opt->contexts, "Decode contexts, e.g. 4096,32768")->delimiter(',')->check(CLI::Range(1, 1 << 24));
+  cmd->add_option("--part", opt->part, "Which tables: train (fwd, fwd+bwd), decode, or all")
+      ->check(CLI::IsMember({"all", "train", "decode"}));
   cmd->callback([opt] {
     const int rc = bench::run_attention_bench(*opt);
     if (rc != 0) std::exit(rc);

@@ -37,7 +37,7 @@ void register_bench_comm(CLI::App& bench) {
       ->check(CLI::Range(int64_t{8}, int64_t{1} << 30));
   cmd->add_option("--reps", opt->reps, "Timed repetitions after warm-up")->check(CLI::Range(1, 1000));
   cmd->add_option("--ranks-per-node", opt->ranks_per_node,
-                  "Hierarchical: ranks per node (0 = from MPI_Comm_split_type)")
+                  "Hierarchical: ranks per node (0 = the real node, or virtual nodes on one machine)")
       ->check(CLI::Range(0, 1 << 20));
   cmd->add_option("--chunk-bytes", opt->chunk_bytes,
                   "Pipeline chunk of ring, double_binary_tree and chain for a sweep (0 = per-size defaults)")

@@ -157,6 +157,10 @@ KILN_KERNEL_CASES(split_kv) {
       {1, 1, 1000, 4, 4, 64, true, 0, false},  {2, 1, 777, 8, 2, 32, true, 0, false},
       {1, 1, 513, 12, 1, 80, true, 0, false},  {1, 2, 300, 4, 2, 128, true, 64, false},
       {1, 5, 260, 2, 1, 64, false, 0, false},  {3, 3, 17, 2, 2, 32, true, 0, false},
+      // The row kernel's key groups: head dims with a masked tail on every target (20, 100),
+      // 80, GQA groups, contexts that are no multiple of the group, the block or the chunk.
+      {1, 1, 1234, 12, 4, 80, true, 0, false}, {1, 4, 333, 6, 3, 20, true, 0, false},
+      {2, 1, 70, 3, 1, 100, true, 0, false},   {1, 8, 201, 4, 2, 64, true, 37, false},
   };
   std::vector<KernelCase> cases;
   for (const AttnShape& a : shapes) {

@@ -39,15 +39,18 @@ class FakeExecutor {
     std::set<int64_t> written;
     for (const ScheduledSeq& e : out.seqs) {
       const auto fps = prefix_fps(e);
-      EXPECT_GE(static_cast<int64_t>(e.block_ids.size()) * bs_, e.num_computed_tokens + e.num_new_tokens);
+      EXPECT_GE(static_cast<int64_t>(e.block_ids.size()) * bs_,
+                e.num_computed_tokens + e.num_new_tokens);
       for (int64_t p = 0; p < e.num_computed_tokens; ++p) {
         if (kv_[slot(e, p)] != fps[p]) {
-          ADD_FAILURE() << "step " << out.step << " seq " << e.seq_id << " reads a wrong K/V at position " << p;
+          ADD_FAILURE() << "step " << out.step << " seq " << e.seq_id
+                        << " reads a wrong K/V at position " << p;
           return {};
         }
       }
       for (int64_t p = e.num_computed_tokens; p < e.num_computed_tokens + e.num_new_tokens; ++p) {
-        EXPECT_TRUE(written.insert(slot(e, p)).second) << "two writes to one slot in step " << out.step;
+        EXPECT_TRUE(written.insert(slot(e, p)).second)
+            << "two writes to one slot in step " << out.step;
       }
     }
     std::vector<int32_t> sampled;
@@ -63,7 +66,8 @@ class FakeExecutor {
 
   // The token sampled (sample j) after a prefix with fingerprint fp.
   int32_t token_after(uint64_t fp, int64_t j) const {
-    return static_cast<int32_t>(fp_mix(fp, static_cast<int32_t>(j)) % static_cast<uint64_t>(vocab_));
+    return static_cast<int32_t>(fp_mix(fp, static_cast<int32_t>(j)) %
+                                static_cast<uint64_t>(vocab_));
   }
   int64_t tokens_computed() const { return tokens_computed_; }
 
@@ -87,8 +91,9 @@ class FakeExecutor {
 struct RunResult {
   int64_t steps = 0;
   int64_t tokens_computed = 0;
-  std::map<int64_t, std::vector<std::vector<int32_t>>> outputs;  // request -> its sequences' outputs
-  std::map<int64_t, FinishReason> reasons;                       // seq -> why it finished
+  std::map<int64_t, std::vector<std::vector<int32_t>>>
+      outputs;                              // request -> its sequences' outputs
+  std::map<int64_t, FinishReason> reasons;  // seq -> why it finished
 };
 
 // Runs the scheduler until every request finished, checking the step invariants.

@@ -57,17 +57,19 @@ TEST(BlockPool, RandomOperationsMatchModel) {
     std::map<BlockId, int> ref;                      // model ref counts (owned blocks)
     std::map<BlockId, std::vector<int32_t>> tokens;  // model cache: block -> tokens
     std::map<BlockId, uint64_t> hash_of;
-    std::list<BlockId> lru;                          // model: cached blocks with ref 0
+    std::list<BlockId> lru;  // model: cached blocks with ref 0
     auto owned = [&] {
       std::vector<BlockId> v;
-      for (auto& [b, r] : ref) if (r > 0) v.push_back(b);
+      for (auto& [b, r] : ref)
+        if (r > 0) v.push_back(b);
       return v;
     };
     for (int op = 0; op < 600; ++op) {
       const uint64_t kind = rng.below(6);
       std::vector<BlockId> own = owned();
       if (kind <= 1) {  // allocate
-        const bool any_free = static_cast<int64_t>(own.size()) + static_cast<int64_t>(lru.size()) < kBlocks;
+        const bool any_free =
+            static_cast<int64_t>(own.size()) + static_cast<int64_t>(lru.size()) < kBlocks;
         auto b = pool.allocate();
         if (any_free) {
           ASSERT_TRUE(b.has_value());
@@ -126,7 +128,8 @@ TEST(BlockPool, RandomOperationsMatchModel) {
       ASSERT_EQ(pool.stats().num_cached, static_cast<int64_t>(tokens.size()));
     }
     // Everyone lets go: no leaks, every block free or evictable.
-    for (auto& [b, r] : ref) while (r-- > 0) pool.free(b);
+    for (auto& [b, r] : ref)
+      while (r-- > 0) pool.free(b);
     const BlockPoolStats s = pool.stats();
     EXPECT_EQ(s.num_used, 0);
     EXPECT_EQ(s.num_free + s.num_evictable, kBlocks);
@@ -272,7 +275,8 @@ TEST(PrefixCache, EvictsLeastRecentlyUsedTailFirst) {
   const std::vector<BlockId> bb = {b.block(0), b.block(1), b.block(2)};
   kv.free(a);  // tail first: a2 a1 a0 become evictable in that order
   kv.free(b);
-  EXPECT_EQ(kv.pool().lru_order(), (std::vector<BlockId>{ab[2], ab[1], ab[0], bb[2], bb[1], bb[0]}));
+  EXPECT_EQ(kv.pool().lru_order(),
+            (std::vector<BlockId>{ab[2], ab[1], ab[0], bb[2], bb[1], bb[0]}));
 
   // A prefix hit on a's head refreshes it (it leaves the LRU list while owned).
   BlockTable a2 = compute(kv, iota_tokens(5, 0));  // hits a0, computes 1 token in a new block

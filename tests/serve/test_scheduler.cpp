@@ -15,8 +15,8 @@ namespace kiln {
 namespace {
 
 using test::FakeExecutor;
-using test::RunResult;
 using test::run_to_completion;
+using test::RunResult;
 
 std::unique_ptr<Scheduler> make(const SchedulerConfig& sc, const KvCacheConfig& kv) {
   auto s = Scheduler::create(sc, kv);
@@ -46,9 +46,11 @@ TEST(Scheduler, ChunkedPrefillSplitsALongPrompt) {
   std::vector<StepShape> shapes;
   RunResult r = run_to_completion(*sched, exec, [&](const SchedulerOutput& out) {
     ASSERT_EQ(out.seqs.size(), 1u);
-    shapes.push_back({out.seqs[0].num_computed_tokens, out.seqs[0].num_new_tokens, out.seqs[0].num_samples});
+    shapes.push_back(
+        {out.seqs[0].num_computed_tokens, out.seqs[0].num_new_tokens, out.seqs[0].num_samples});
   });
-  const std::vector<StepShape> want = {{0, 32, 0}, {32, 32, 0}, {64, 32, 0}, {96, 4, 1}, {100, 1, 1}, {101, 1, 1}};
+  const std::vector<StepShape> want = {{0, 32, 0}, {32, 32, 0}, {64, 32, 0},
+                                       {96, 4, 1}, {100, 1, 1}, {101, 1, 1}};
   EXPECT_EQ(shapes, want);
   ASSERT_EQ(r.outputs[0].size(), 1u);
   EXPECT_EQ(r.outputs[0][0].size(), 3u);
@@ -62,11 +64,13 @@ struct NoStarvation {
   void check(const SchedulerOutput& out) {
     std::set<int64_t> seen(out.preempted_seq_ids.begin(), out.preempted_seq_ids.end());
     for (const ScheduledSeq& e : out.seqs) seen.insert(e.seq_id);
-    for (int64_t id : ready) EXPECT_TRUE(seen.count(id)) << "seq " << id << " starved at step " << out.step;
+    for (int64_t id : ready)
+      EXPECT_TRUE(seen.count(id)) << "seq " << id << " starved at step " << out.step;
   }
   void after(const SchedulerOutput& out, const UpdateResult& u) {
     ready.clear();
-    for (const ScheduledSeq& e : out.seqs) if (e.num_samples > 0) ready.insert(e.seq_id);
+    for (const ScheduledSeq& e : out.seqs)
+      if (e.num_samples > 0) ready.insert(e.seq_id);
     for (auto [parent, child] : u.forked) ready.insert(child);
     for (const FinishedSeq& f : u.finished) ready.erase(f.seq_id);
   }
@@ -95,6 +99,7 @@ std::vector<std::pair<int64_t, int64_t>> run_long_prompt_scenario(
     }
     if (chunk > 0 && decodes > 0) mixed.emplace_back(decodes, chunk);
     auto sampled = exec.run(out);
+    if (::testing::Test::HasFailure()) break;
     ns.after(out, sched.update(out, sampled));
     if (step > 2000) {
       ADD_FAILURE() << "no completion";
@@ -160,7 +165,8 @@ RunResult reference_run(const std::vector<Request>& reqs) {
 
 TEST(Scheduler, PreemptionUnderATinyPoolCompletesEveryRequest) {
   std::vector<Request> reqs;
-  for (int i = 0; i < 8; ++i) reqs.push_back(request(10, 10, i % 3 == 0 ? 7 : i));  // some share a prompt
+  for (int i = 0; i < 8; ++i)
+    reqs.push_back(request(10, 10, i % 3 == 0 ? 7 : i));  // some share a prompt
   const RunResult want = reference_run(reqs);
   for (bool prefix_caching : {false, true}) {
     SCOPED_TRACE(prefix_caching ? "prefix caching" : "no prefix caching");
@@ -194,7 +200,8 @@ TEST(Scheduler, ImpossibleRequestIsAClearError) {
   auto too_big = sched->add_request(request(60, 6, 1));
   ASSERT_FALSE(too_big.ok());
   EXPECT_EQ(too_big.status().code(), StatusCode::kResourceExhausted);
-  EXPECT_NE(too_big.status().message().find("needs 5 KV blocks"), std::string::npos) << too_big.status().message();
+  EXPECT_NE(too_big.status().message().find("needs 5 KV blocks"), std::string::npos)
+      << too_big.status().message();
   EXPECT_EQ(sched->add_request(request(0, 6, 1)).status().code(), StatusCode::kInvalidArgument);
   EXPECT_EQ(sched->add_request(request(4, 0, 1)).status().code(), StatusCode::kInvalidArgument);
   EXPECT_EQ(sched->add_request(request(4, 4, 1, 0)).status().code(), StatusCode::kInvalidArgument);
@@ -247,7 +254,9 @@ TEST(Scheduler, ParallelSamplingForksShareThePromptBlocks) {
   SchedulerOutput out = sched->schedule();
   ASSERT_EQ(out.seqs.size(), 1u);
   EXPECT_EQ(out.seqs[0].num_samples, 3);
-  UpdateResult u = sched->update(out, exec.run(out));
+  std::vector<int32_t> sampled = exec.run(out);
+  ASSERT_FALSE(HasFailure());
+  UpdateResult u = sched->update(out, sampled);
   ASSERT_EQ(u.forked.size(), 2u);
   EXPECT_EQ(sched->num_running(), 3);
   EXPECT_EQ(sched->kv_stats().pool.num_used, 2);  // the prompt's 2 blocks, shared by 3
@@ -260,7 +269,9 @@ TEST(Scheduler, ParallelSamplingForksShareThePromptBlocks) {
   EXPECT_EQ(out.block_copies[0].src, out.block_copies[1].src);
   EXPECT_EQ(sched->kv_stats().pool.num_used, 4);  // 1 shared full block + 3 tails (not 6)
   EXPECT_EQ(out.seqs[0].block_ids[0], out.seqs[2].block_ids[0]);
-  sched->update(out, exec.run(out));
+  sampled = exec.run(out);
+  ASSERT_FALSE(HasFailure()) << "copy-on-write left a wrong K/V";
+  sched->update(out, sampled);
   RunResult r = run_to_completion(*sched, exec);
   ASSERT_EQ(r.outputs[id].size(), 3u);
   std::set<int32_t> first_tokens;
@@ -296,7 +307,9 @@ TEST(Scheduler, AbortFreesTheRequestsBlocks) {
   const int64_t b = sched->add_request(request(8, 5, 2)).value();
   for (int i = 0; i < 3; ++i) {
     SchedulerOutput out = sched->schedule();
-    sched->update(out, exec.run(out));
+    std::vector<int32_t> sampled = exec.run(out);
+    ASSERT_FALSE(HasFailure());
+    sched->update(out, sampled);
   }
   EXPECT_EQ(sched->num_running(), 3);
   const int64_t used = sched->kv_stats().pool.num_used;
@@ -305,7 +318,9 @@ TEST(Scheduler, AbortFreesTheRequestsBlocks) {
   EXPECT_LT(sched->kv_stats().pool.num_used, used);
   SchedulerOutput out = sched->schedule();
   EXPECT_EQ(out.finished_seq_ids.size(), 2u);  // the request's two sequences
-  sched->update(out, exec.run(out));
+  std::vector<int32_t> sampled = exec.run(out);
+  ASSERT_FALSE(HasFailure());
+  sched->update(out, sampled);
   RunResult r = run_to_completion(*sched, exec);
   EXPECT_EQ(r.outputs[b][0].size(), 5u);
   EXPECT_FALSE(r.outputs.count(a));
@@ -320,8 +335,9 @@ TEST(Scheduler, StaticBatchingTakesMoreStepsThanContinuous) {
   const RunResult want = reference_run(reqs);
   int64_t steps[2] = {0, 0};
   for (BatchingMode mode : {BatchingMode::kContinuous, BatchingMode::kStatic}) {
-    auto sched = make({.max_batched_tokens = 64, .prefill_chunk = 64, .max_running = 4, .batching = mode},
-                      {.num_blocks = 128, .block_size = 16});
+    auto sched =
+        make({.max_batched_tokens = 64, .prefill_chunk = 64, .max_running = 4, .batching = mode},
+             {.num_blocks = 128, .block_size = 16});
     FakeExecutor exec(128, 16);
     for (const Request& r : reqs) ASSERT_TRUE(sched->add_request(r).ok());
     int64_t max_running = 0;
@@ -350,18 +366,24 @@ TEST(Scheduler, RandomWorkloadKeepsInvariants) {
     const int64_t bs = 1 + static_cast<int64_t>(rng.below(8));
     std::vector<Request> reqs;
     for (int i = 0; i < 24; ++i) {
-      Request r = request(1 + static_cast<int64_t>(rng.below(40)), 1 + static_cast<int64_t>(rng.below(20)),
-                          static_cast<int32_t>(rng.below(3)), 1 + static_cast<int64_t>(rng.below(3)));
-      for (uint64_t k = rng.below(10); k > 0; --k) r.prompt.push_back(static_cast<int32_t>(rng.below(50)));
+      Request r =
+          request(1 + static_cast<int64_t>(rng.below(40)), 1 + static_cast<int64_t>(rng.below(20)),
+                  static_cast<int32_t>(rng.below(3)), 1 + static_cast<int64_t>(rng.below(3)));
+      for (uint64_t k = rng.below(10); k > 0; --k)
+        r.prompt.push_back(static_cast<int32_t>(rng.below(50)));
       reqs.push_back(r);
     }
     const RunResult want = reference_run(reqs);
-    SchedulerConfig sc{.max_batched_tokens = 4 + static_cast<int64_t>(rng.below(60)),
-                       .prefill_chunk = 1 + static_cast<int64_t>(rng.below(40)),
-                       .max_running = 1 + static_cast<int64_t>(rng.below(8)),
-                       .batching = rng.below(4) == 0 ? BatchingMode::kStatic : BatchingMode::kContinuous};
-    const int64_t num_blocks = (70 + bs - 1) / bs + static_cast<int64_t>(rng.below(12));  // fits any one sequence
-    auto sched = make(sc, {.num_blocks = num_blocks, .block_size = bs, .enable_prefix_caching = rng.below(2) == 0});
+    SchedulerConfig sc{
+        .max_batched_tokens = 4 + static_cast<int64_t>(rng.below(60)),
+        .prefill_chunk = 1 + static_cast<int64_t>(rng.below(40)),
+        .max_running = 1 + static_cast<int64_t>(rng.below(8)),
+        .batching = rng.below(4) == 0 ? BatchingMode::kStatic : BatchingMode::kContinuous};
+    const int64_t num_blocks =
+        (70 + bs - 1) / bs + static_cast<int64_t>(rng.below(12));  // fits any one sequence
+    auto sched = make(
+        sc,
+        {.num_blocks = num_blocks, .block_size = bs, .enable_prefix_caching = rng.below(2) == 0});
     FakeExecutor exec(num_blocks, bs);
     NoStarvation ns;
     std::set<int64_t> aborted;
@@ -384,7 +406,8 @@ TEST(Scheduler, RandomWorkloadKeepsInvariants) {
       }
       SchedulerOutput out = sched->schedule();
       ASSERT_LE(out.num_batched_tokens, sc.max_batched_tokens);
-      if (sc.batching == BatchingMode::kContinuous && sc.max_batched_tokens >= 3 * sc.max_running) ns.check(out);
+      if (sc.batching == BatchingMode::kContinuous && sc.max_batched_tokens >= 3 * sc.max_running)
+        ns.check(out);
       auto sampled = exec.run(out);
       ASSERT_FALSE(HasFailure());
       UpdateResult u = sched->update(out, sampled);

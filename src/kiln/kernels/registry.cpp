@@ -14,6 +14,9 @@ std::vector<KernelPath> kernel_paths() {
   out.push_back({"gemm bf16", cpu::gemm_path_name(cpu::GemmPath::kBF16)});
   out.push_back({"gemm m<=8 (decode)", cpu::gemm_small_m_name()});
   cpu::append_op_kernel_paths(out);  // norms, softmax, activations, rope, embedding, CE, adamw
+  out.push_back({"attention", std::string(simd_target_name(active_simd_target())) +
+                                  " flash tile 64x64 (fwd/bwd); split-KV decode (<=8 queries, key-group row "
+                                  "kernel); naive TxT scores (--attention naive)"});
   return out;
 }
 

@@ -28,18 +28,28 @@ double fma_loop_avx2(int64_t iters) {
 }
 
 double read_loop_avx2(const float* p, int64_t n) {
+  // Same pattern as read_loop_avx512: 8 neighbouring 16 KiB rows read together.
   constexpr int kStreams = 8;
-  const int64_t per = n / kStreams & ~int64_t{7};
+  constexpr int64_t kRow = 4096;  // floats
   __m256 acc[kStreams];
   for (int s = 0; s < kStreams; ++s) acc[s] = _mm256_setzero_ps();
-  for (int64_t i = 0; i < per; i += 8) {
+  int64_t base = 0;
+  for (; base + kStreams * kRow <= n; base += kStreams * kRow) {
+    const float* q = p + base;
+    const float* next = base + 2 * kStreams * kRow <= n ? q + kStreams * kRow : q;
+    for (int64_t i = 0; i < kRow; i += 8) {
+      if (i % 16 == 0) {  // the next 8 rows, one line per row per line read, into L2
 #pragma GCC unroll 8
-    for (int s = 0; s < kStreams; ++s) acc[s] = _mm256_add_ps(acc[s], _mm256_loadu_ps(p + s * per + i));
+        for (int s = 0; s < kStreams; ++s) __builtin_prefetch(next + s * kRow + i, 0, 2);
+      }
+#pragma GCC unroll 8
+      for (int s = 0; s < kStreams; ++s) acc[s] = _mm256_add_ps(acc[s], _mm256_loadu_ps(q + s * kRow + i));
+    }
   }
   __m256 t = acc[0];
   for (int s = 1; s < kStreams; ++s) t = _mm256_add_ps(t, acc[s]);
   sink_value(hsum(t));
-  return static_cast<double>(per) * kStreams * 4;
+  return static_cast<double>(base) * 4;
 }
 
 }  // namespace kiln::perf::detail

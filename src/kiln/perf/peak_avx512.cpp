@@ -39,20 +39,31 @@ double bf16_dot_loop_avx512(int64_t iters) {
 }
 
 double read_loop_avx512(const float* p, int64_t n) {
-  // Eight streams advance together (like a GEMV over eight weight rows), so enough misses are
-  // in flight to reach the memory bandwidth rather than one stream's latency bound.
+  // Eight streams advance together over 8 neighbouring 16 KiB rows, then the next 8 rows (the
+  // access pattern of a GEMV over (out, in) weights with in = 4096), the next 8 rows prefetched
+  // into L2 meanwhile: enough misses in flight, and neighbouring rows so DRAM pages are reused. Streams spread far apart
+  // over the buffer measured ~15% less than such a GEMV reads on Zen 4.
   constexpr int kStreams = 8;
-  const int64_t per = n / kStreams & ~int64_t{15};
+  constexpr int64_t kRow = 4096;  // floats
   __m512 acc[kStreams];
   for (int s = 0; s < kStreams; ++s) acc[s] = _mm512_setzero_ps();
-  for (int64_t i = 0; i < per; i += 16) {
+  int64_t base = 0;
+  for (; base + kStreams * kRow <= n; base += kStreams * kRow) {
+    const float* q = p + base;
+    const float* next = base + 2 * kStreams * kRow <= n ? q + kStreams * kRow : q;
+    for (int64_t i = 0; i < kRow; i += 16) {
+      if (i % 16 == 0) {  // the next 8 rows, one line per row per line read, into L2
 #pragma GCC unroll 8
-    for (int s = 0; s < kStreams; ++s) acc[s] = _mm512_add_ps(acc[s], _mm512_loadu_ps(p + s * per + i));
+        for (int s = 0; s < kStreams; ++s) __builtin_prefetch(next + s * kRow + i, 0, 2);
+      }
+#pragma GCC unroll 8
+      for (int s = 0; s < kStreams; ++s) acc[s] = _mm512_add_ps(acc[s], _mm512_loadu_ps(q + s * kRow + i));
+    }
   }
   __m512 t = acc[0];
   for (int s = 1; s < kStreams; ++s) t = _mm512_add_ps(t, acc[s]);
   sink_value(_mm512_reduce_add_ps(t));
-  return static_cast<double>(per) * kStreams * 4;
+  return static_cast<double>(base) * 4;
 }
 
 }  // namespace kiln::perf::detail

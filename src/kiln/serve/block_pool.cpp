@@ -50,7 +50,10 @@ void BlockPool::lru_push_back(BlockId id) {
   KILN_CHECK(!in_lru_[i]);
   prev_[i] = lru_tail_;
   next_[i] = -1;
-  if (lru_tail_ >= 0) next_[static_cast<size_t>(lru_tail_)] = id; else lru_head_ = id;
+  if (lru_tail_ >= 0)
+    next_[static_cast<size_t>(lru_tail_)] = id;
+  else
+    lru_head_ = id;
   lru_tail_ = id;
   in_lru_[i] = 1;
   ++num_evictable_;
@@ -59,8 +62,14 @@ void BlockPool::lru_push_back(BlockId id) {
 void BlockPool::lru_remove(BlockId id) {
   const auto i = static_cast<size_t>(id);
   KILN_CHECK(in_lru_[i]);
-  if (prev_[i] >= 0) next_[static_cast<size_t>(prev_[i])] = next_[i]; else lru_head_ = next_[i];
-  if (next_[i] >= 0) prev_[static_cast<size_t>(next_[i])] = prev_[i]; else lru_tail_ = prev_[i];
+  if (prev_[i] >= 0)
+    next_[static_cast<size_t>(prev_[i])] = next_[i];
+  else
+    lru_head_ = next_[i];
+  if (next_[i] >= 0)
+    prev_[static_cast<size_t>(next_[i])] = prev_[i];
+  else
+    lru_tail_ = prev_[i];
   prev_[i] = next_[i] = -1;
   in_lru_[i] = 0;
   --num_evictable_;
@@ -91,7 +100,10 @@ void BlockPool::free(BlockId id) {
   int32_t& r = ref_[static_cast<size_t>(id)];
   KILN_CHECK_MSG(r > 0, "free of block {} with ref count {}", id, r);
   if (--r > 0) return;
-  if (cached_[static_cast<size_t>(id)]) lru_push_back(id); else free_.push_back(id);
+  if (cached_[static_cast<size_t>(id)])
+    lru_push_back(id);
+  else
+    free_.push_back(id);
 }
 
 void BlockPool::share(BlockId id) {
@@ -131,7 +143,8 @@ bool BlockPool::cache(BlockId id, uint64_t hash, uint64_t parent_hash,
   cached_[i] = 1;
   hash_[i] = hash;
   parent_hash_[i] = parent_hash;
-  std::copy(tokens.begin(), tokens.end(), tokens_.begin() + static_cast<ptrdiff_t>(i) * block_size_);
+  std::copy(tokens.begin(), tokens.end(),
+            tokens_.begin() + static_cast<ptrdiff_t>(i) * block_size_);
   return true;
 }
 

@@ -72,16 +72,16 @@ class BlockPool {
   void lru_remove(BlockId id);
 
   int64_t block_size_;
-  std::vector<int32_t> ref_;               // (num_blocks,)
-  std::vector<uint8_t> cached_;            // (num_blocks,) 1: hash_[id] is registered
-  std::vector<uint64_t> hash_;             // (num_blocks,)
-  std::vector<uint64_t> parent_hash_;      // (num_blocks,)
-  std::vector<int32_t> tokens_;            // (num_blocks, block_size) tokens of cached blocks
-  std::vector<BlockId> free_;              // stack of ref-0 uncached blocks
+  std::vector<int32_t> ref_;           // (num_blocks,)
+  std::vector<uint8_t> cached_;        // (num_blocks,) 1: hash_[id] is registered
+  std::vector<uint64_t> hash_;         // (num_blocks,)
+  std::vector<uint64_t> parent_hash_;  // (num_blocks,)
+  std::vector<int32_t> tokens_;        // (num_blocks, block_size) tokens of cached blocks
+  std::vector<BlockId> free_;          // stack of ref-0 uncached blocks
   std::unordered_map<uint64_t, BlockId> by_hash_;
   // Intrusive doubly linked LRU list over ref-0 cached blocks: head = least recently used.
-  std::vector<BlockId> prev_, next_;       // (num_blocks,) -1: none
-  std::vector<uint8_t> in_lru_;            // (num_blocks,)
+  std::vector<BlockId> prev_, next_;  // (num_blocks,) -1: none
+  std::vector<uint8_t> in_lru_;       // (num_blocks,)
   BlockId lru_head_ = -1, lru_tail_ = -1;
   int64_t num_evictable_ = 0;
   int64_t num_evictions_ = 0;

@@ -14,9 +14,7 @@ namespace kiln {
 
 class BlockTable {
  public:
-  explicit BlockTable(int64_t block_size) : block_size_(block_size) {
-    KILN_CHECK(block_size >= 1);
-  }
+  explicit BlockTable(int64_t block_size) : block_size_(block_size) { KILN_CHECK(block_size >= 1); }
 
   int64_t block_size() const { return block_size_; }
   int64_t num_blocks() const { return static_cast<int64_t>(blocks_.size()); }

@@ -35,8 +35,8 @@ void KvCacheManager::extend_hashes(std::span<const int32_t> tokens, int64_t num_
   KILN_CHECK(num_blocks * bs <= static_cast<int64_t>(tokens.size()));
   for (auto i = static_cast<int64_t>(hashes.size()); i < num_blocks; ++i) {
     const uint64_t parent = i == 0 ? kRootBlockHash : hashes[static_cast<size_t>(i - 1)];
-    hashes.push_back(hash_block_tokens(parent, tokens.subspan(static_cast<size_t>(i * bs),
-                                                              static_cast<size_t>(bs))));
+    hashes.push_back(hash_block_tokens(
+        parent, tokens.subspan(static_cast<size_t>(i * bs), static_cast<size_t>(bs))));
   }
 }
 
@@ -71,8 +71,8 @@ bool KvCacheManager::allocate_slots(BlockTable& table, std::span<const BlockId> 
   KILN_CHECK(table.num_blocks() == blocks_for(table.num_tokens()));
   const auto num_cached = static_cast<int64_t>(cached_prefix.size());
   const int64_t tokens_before = table.num_tokens() + num_cached * bs;
-  const int64_t num_new_blocks =
-      std::max<int64_t>(0, blocks_for(tokens_before + num_new_tokens) - table.num_blocks() - num_cached);
+  const int64_t num_new_blocks = std::max<int64_t>(
+      0, blocks_for(tokens_before + num_new_tokens) - table.num_blocks() - num_cached);
   // Writing into a partially filled block that another sequence also owns: copy it first.
   const bool cow = num_new_tokens > 0 && table.num_tokens() % bs != 0 &&
                    pool_.ref_count(table.block(table.num_blocks() - 1)) > 1;

@@ -16,20 +16,31 @@ std::optional<BatchingMode> parse_batching_mode(std::string_view name) {
 
 const char* finish_reason_name(FinishReason r) {
   switch (r) {
-    case FinishReason::kNone: return "none";
-    case FinishReason::kLength: return "length";
-    case FinishReason::kStop: return "stop";
-    case FinishReason::kAborted: return "abort";
+    case FinishReason::kNone:
+      return "none";
+    case FinishReason::kLength:
+      return "length";
+    case FinishReason::kStop:
+      return "stop";
+    case FinishReason::kAborted:
+      return "abort";
   }
   return "?";
 }
 
 Status check_scheduler_config(const SchedulerConfig& c, const KvCacheConfig& kv) {
-  if (c.max_batched_tokens < 1) return invalid_argument("[scheduler] --max-batched-tokens {} must be >= 1", c.max_batched_tokens);
-  if (c.prefill_chunk < 1) return invalid_argument("[scheduler] --prefill-chunk {} must be >= 1", c.prefill_chunk);
-  if (c.max_running < 1) return invalid_argument("[scheduler] --max-running {} must be >= 1", c.max_running);
-  if (kv.block_size < 1) return invalid_argument("[scheduler] KV block size {} must be >= 1", kv.block_size);
-  if (kv.num_blocks < 1) return invalid_argument("[scheduler] the KV cache needs at least one block, has {}", kv.num_blocks);
+  if (c.max_batched_tokens < 1)
+    return invalid_argument("[scheduler] --max-batched-tokens {} must be >= 1",
+                            c.max_batched_tokens);
+  if (c.prefill_chunk < 1)
+    return invalid_argument("[scheduler] --prefill-chunk {} must be >= 1", c.prefill_chunk);
+  if (c.max_running < 1)
+    return invalid_argument("[scheduler] --max-running {} must be >= 1", c.max_running);
+  if (kv.block_size < 1)
+    return invalid_argument("[scheduler] KV block size {} must be >= 1", kv.block_size);
+  if (kv.num_blocks < 1)
+    return invalid_argument("[scheduler] the KV cache needs at least one block, has {}",
+                            kv.num_blocks);
   return {};
 }
 
@@ -46,9 +57,11 @@ Expected<int64_t> Scheduler::add_request(Request request) {
   const auto prompt_len = static_cast<int64_t>(request.prompt.size());
   if (prompt_len == 0) return invalid_argument("[scheduler] add_request: the prompt is empty");
   if (request.max_tokens < 1) {
-    return invalid_argument("[scheduler] add_request: max_tokens {} must be >= 1", request.max_tokens);
+    return invalid_argument("[scheduler] add_request: max_tokens {} must be >= 1",
+                            request.max_tokens);
   }
-  if (request.n < 1) return invalid_argument("[scheduler] add_request: n {} must be >= 1", request.n);
+  if (request.n < 1)
+    return invalid_argument("[scheduler] add_request: n {} must be >= 1", request.n);
   // The last sampled token is never fed back, so a sequence holds at most
   // prompt + max_tokens - 1 tokens of K/V; it must fit when it runs alone.
   const int64_t max_kv_tokens = prompt_len + request.max_tokens - 1;
@@ -139,7 +152,8 @@ SchedulerOutput Scheduler::schedule() {
   int64_t budget = config_.max_batched_tokens;
   auto needs_one = [](const Sequence* s) { return s->num_tokens() - s->num_computed == 1; };
   // Decodes not yet visited: a prefill chunk leaves one token of budget for each.
-  auto pending_decodes = static_cast<int64_t>(std::count_if(running_.begin(), running_.end(), needs_one));
+  auto pending_decodes =
+      static_cast<int64_t>(std::count_if(running_.begin(), running_.end(), needs_one));
   bool preempted = false;
   for (size_t i = 0; i < running_.size() && budget > 0; ++i) {
     Sequence& s = *running_[i];
@@ -203,10 +217,12 @@ void Scheduler::finish(Sequence& s, FinishReason reason, UpdateResult* result) {
 
 void Scheduler::append_token(Sequence& s, int32_t token, UpdateResult& result) {
   s.tokens.push_back(token);
-  const bool stop = std::find(s.stop_token_ids.begin(), s.stop_token_ids.end(), token) !=
-                    s.stop_token_ids.end();
-  if (stop) finish(s, FinishReason::kStop, &result);
-  else if (s.num_outputs() >= s.max_tokens) finish(s, FinishReason::kLength, &result);
+  const bool stop =
+      std::find(s.stop_token_ids.begin(), s.stop_token_ids.end(), token) != s.stop_token_ids.end();
+  if (stop)
+    finish(s, FinishReason::kStop, &result);
+  else if (s.num_outputs() >= s.max_tokens)
+    finish(s, FinishReason::kLength, &result);
 }
 
 UpdateResult Scheduler::update(const SchedulerOutput& output, std::span<const int32_t> sampled) {

@@ -47,7 +47,8 @@ enum class FinishReason { kNone, kLength, kStop, kAborted };
 const char* finish_reason_name(FinishReason r);
 
 struct Sequence {
-  Sequence(int64_t seq_id, int64_t req_id, int64_t block_size) : id(seq_id), request_id(req_id), table(block_size) {}
+  Sequence(int64_t seq_id, int64_t req_id, int64_t block_size)
+      : id(seq_id), request_id(req_id), table(block_size) {}
 
   int64_t id;
   int64_t request_id;
@@ -58,8 +59,8 @@ struct Sequence {
   int64_t num_computed = 0;       // tokens whose K/V is in the cache (or being computed now)
   int64_t num_cached_tokens = 0;  // prefix-cache hit at its last admission
   int64_t num_preemptions = 0;
-  int64_t forks_pending = 0;      // n - 1 until the first token is sampled
-  bool just_admitted = false;     // not scheduled since its last admission
+  int64_t forks_pending = 0;   // n - 1 until the first token is sampled
+  bool just_admitted = false;  // not scheduled since its last admission
   SeqStatus status = SeqStatus::kWaiting;
   FinishReason finish = FinishReason::kNone;
   BlockTable table;

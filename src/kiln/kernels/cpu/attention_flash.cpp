@@ -5,8 +5,6 @@
 // head[, key chunk]) owning its dK, dV rows; dQ goes straight to the output when a task owns
 // all keys, else to per-chunk buffers summed in a fixed order (no races, no atomics).
 // Regular batches, packed variable-length batches and the paged KV cache share these drivers.
-#include <immintrin.h>
-
 #include <algorithm>
 #include <cmath>
 #include <cstring>
@@ -148,42 +146,44 @@ int64_t auto_chunks(int64_t kv_len, int64_t num_seqs) {
 // Keys [c0, c1) of one sequence through the row kernel, every KV head per block of keys: the
 // cache streams through once in address order (a (block, Hkv, D) slab stays in L2 while each
 // head reads its columns). Paged caches are cut at block boundaries. State rows are h·nq + t.
+// Each head's call prefetches its columns of the next block, spread over its own work.
 void scan_keys(const FlashShape& sh, const FlashSeq& sq, const PagedKv* paged, size_t seq_index, int64_t c0,
                int64_t c1, float* m, float* l, float* o) {
   const auto update = KILN_FLASH_DISPATCH(attention_rows_update).pick();
   const int64_t D = sh.head_dim, rep = sh.n_heads / sh.n_kv_heads, nq = sq.q_len, q_pos0 = sq.kv_len - sq.q_len;
   const int32_t* table = paged ? paged->block_table + static_cast<int64_t>(seq_index) * paged->max_blocks_per_seq : nullptr;
-  for (int64_t j = c0; j < c1;) {
-    int64_t n = std::min(c1 - j, kRowsBlock);
-    const float* kr;
-    const float* vr;
+  // The run of keys starting at j (at most kRowsBlock, never across a paged block): rows, count.
+  struct Run {
+    const float* k;
+    const float* v;
+    int64_t n;
+  };
+  const auto run_at = [&](int64_t j) {
+    Run r{nullptr, nullptr, 0};
+    if (j >= c1) return r;
+    r.n = std::min(c1 - j, kRowsBlock);
     if (paged) {
       const int64_t bs = paged->block_size, row = j % bs;
-      n = std::min(n, bs - row);
+      r.n = std::min(r.n, bs - row);
       const int64_t r0 = table[j / bs] * bs + row;
-      kr = paged->k_pool + r0 * sh.k_rs;
-      vr = paged->v_pool + r0 * sh.v_rs;
+      r.k = paged->k_pool + r0 * sh.k_rs;
+      r.v = paged->v_pool + r0 * sh.v_rs;
     } else {
-      kr = sq.k + j * sh.k_rs;
-      vr = sq.v + j * sh.v_rs;
+      r.k = sq.k + j * sh.k_rs;
+      r.v = sq.v + j * sh.v_rs;
     }
-    // The next block's rows, prefetched into L2 a slice per head while this block is used:
-    // each head reads only its columns of a row, a stride the hardware prefetcher misses.
-    const int64_t nn = paged ? 0 : std::min(c1 - j - n, kRowsBlock);
-    const int64_t k_bytes = sh.n_kv_heads * D * 4;
+    return r;
+  };
+  Run cur = run_at(c0);
+  for (int64_t j = c0; j < c1;) {
+    const Run next = run_at(j + cur.n);
     for (int64_t g = 0; g < sh.n_kv_heads; ++g) {
-      for (int64_t row = g * nn / sh.n_kv_heads; row < (g + 1) * nn / sh.n_kv_heads; ++row) {
-        const char* kp = reinterpret_cast<const char*>(kr + (n + row) * sh.k_rs);
-        const char* vp = reinterpret_cast<const char*>(vr + (n + row) * sh.v_rs);
-        for (int64_t b = 0; b < k_bytes; b += 64) {
-          _mm_prefetch(kp + b, _MM_HINT_T1);
-          _mm_prefetch(vp + b, _MM_HINT_T1);
-        }
-      }
       const int64_t r = g * rep * nq;
-      update(sh, sq.q + g * rep * D, nq, q_pos0, kr + g * D, vr + g * D, n, j, m + r, l + r, o + r * D);
+      update(sh, sq.q + g * rep * D, nq, q_pos0, cur.k + g * D, cur.v + g * D, cur.n, j, m + r, l + r, o + r * D,
+             next.k ? next.k + g * D : nullptr, next.v ? next.v + g * D : nullptr, next.n);
     }
-    j += n;
+    j += cur.n;
+    cur = next;
   }
 }
 

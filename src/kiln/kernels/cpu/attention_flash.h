@@ -68,10 +68,12 @@ int64_t flash_backward_scratch_floats(int64_t head_dim);
   /* Few-query row kernel, one contiguous run of keys: queries rows [0, nq) of the group's rep \
      heads (q at row t0 head g·rep, q_rs apart, heads head_dim apart) at positions q_pos0 + t, \
      keys n_keys rows of k/v (strides k_rs, v_rs) at positions key_pos0 + j. Updates the      \
-     online-softmax state m, l (rep·nq, index hh·nq + t) and unnormalized o (rep·nq, D). */    \
+     online-softmax state m, l (rep·nq, index hh·nq + t) and unnormalized o (rep·nq, D).      \
+     Prefetches n_next rows (D floats each) of k_next / v_next, the run the caller does next. */ \
   void attention_rows_update(const ::kiln::cpu::FlashShape& sh, const float* q, int64_t nq,     \
                              int64_t q_pos0, const float* k, const float* v, int64_t n_keys,    \
-                             int64_t key_pos0, float* m, float* l, float* o);                   \
+                             int64_t key_pos0, float* m, float* l, float* o,                    \
+                             const float* k_next, const float* v_next, int64_t n_next);         \
   /* out = Σ_c exp(lse_c − lse) · part_c over D values, weights already computed. */           \
   void weighted_sum_rows(float* out, const float* parts, int64_t part_stride,                   \
                          const float* weights, int64_t num_parts, int64_t d);

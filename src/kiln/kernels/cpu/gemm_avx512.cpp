@@ -1,6 +1,8 @@
 // AVX-512 GEMM kernels: the 14x32 f32 micro-kernel (28 zmm accumulators, two B vectors per k,
 // A broadcast from memory into the FMAs), the AVX512_BF16 14x32 micro-kernel on pairs-of-k
-// packing (vdpbf16ps: two bf16 products per f32 lane per instruction), and the small-M kernels.
+// packing (vdpbf16ps: two bf16 products per f32 lane per instruction), SIMD packing (A rows
+// transposed 16 x 16 for f32 and bf16 pairs, bf16 B rows interleaved into pairs), and the
+// small-M kernels.
 #include <immintrin.h>
 
 #include "kiln/core/cpu_features.h"
