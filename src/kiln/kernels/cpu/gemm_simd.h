@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <cstdlib>
 #include <cstring>
 #include <type_traits>
 
@@ -317,6 +318,13 @@ void micro_kernel_f32(int64_t steps, const void* a_packed, const void* b_packed,
 }
 
 // ---- small-M (decode-like) kernels: stream B once, A stays in L1/L2 --------------------------
+// Bytes of A (f32) kept in L1 per K block of the trans_b small-M kernel: half of a 32 KiB L1d,
+// leaving the rest for the B lines in flight.
+inline constexpr int64_t kSmallMKBlockBytes = 16384;
+inline int64_t small_m_kb_override() {  // TEMP experiment knob
+  static const int64_t v = std::getenv("KILN_SMALLM_KB") ? std::atoll(std::getenv("KILN_SMALLM_KB")) : 0;
+  return v;
+}
 // Keeps a loaded vector in a register: without this GCC folds the same A load into each of the
 // J FMAs that use it (J memory operands instead of one load), which made the M = 8 kernel
 // load-bound at ~30% of the FMA peak.
@@ -330,7 +338,7 @@ template <class T>
 // row per line of B consumed.
 template <class V, int M, int J, class BT>
 void small_m_tb_group(const float* a, int64_t lda, int64_t k, const BT* b, int64_t ldb, float* out,
-                      int64_t ldo, const BT* pf) {
+                      int64_t ldo, const BT* pf, bool accumulate) {
   constexpr int L = V::kLanes;
   constexpr int64_t kLineElems = 64 / sizeof(BT);
   typename V::T acc[M][J];
@@ -366,7 +374,7 @@ void small_m_tb_group(const float* a, int64_t lda, int64_t k, const BT* b, int64
   }
   for (int i = 0; i < M; ++i)
     for (int j = 0; j < J; ++j) {
-      out[i * ldo + j] = V::reduce_add(acc[i][j]);
+      out[i * ldo + j] = (accumulate ? out[i * ldo + j] : 0.0f) + V::reduce_add(acc[i][j]);
     }
 }
 
@@ -374,19 +382,38 @@ void small_m_tb_group(const float* a, int64_t lda, int64_t k, const BT* b, int64
 // elements) are prefetched line by line into L2 with prefetcht1. The hardware prefetcher alone
 // kept too few misses in flight once the kernel does M x J FMAs per line (M >= 4): measured on
 // Zen 4, 1 thread, K = N = 4096, M = 4 went from 18 to 21 GB/s, M = 8 from 11 to 12.5 GB/s.
+// For M >= 4, K is cut into blocks of small_m_tb_kblock() so the M x kb block of A stays in L1
+// (otherwise every B line costs M / J more L1 misses for A, served from L2, which crowd B's
+// misses out of the core's miss buffers); all of N is swept per K block, each B row read as
+// one kb-long segment, and the partial dot products are added into out.
+template <int M, class BT>
+constexpr int64_t small_m_tb_kblock() {
+  return M >= 4 ? kSmallMKBlockBytes / (4 * M) : int64_t{1} << 62;
+}
+
 template <class V, int M, class BT>
 void small_m_tb(const SmallMArgs& s, int64_t j0, int64_t j1, float* out) {
   constexpr int J = M <= 3 ? 8 : M == 4 ? 6 : M <= 6 ? 4 : 3;  // M*J <= 24 accumulators
   const BT* b = static_cast<const BT*>(s.b);
   const int64_t ldo = j1 - j0;
-  int64_t j = j0;
-  for (; j + J <= j1; j += J) {
-    const BT* pf = j + 2 * J <= j1 ? b + (j + J) * s.ldb : nullptr;
-    small_m_tb_group<V, M, J, BT>(s.a, s.lda, s.k, b + j * s.ldb, s.ldb, out + (j - j0), ldo, pf);
+  const int64_t kb = small_m_kb_override() > 0 ? small_m_kb_override() : small_m_tb_kblock<M, BT>();
+  for (int64_t l0 = 0; l0 < s.k; l0 += kb) {
+    const int64_t kl = std::min(kb, s.k - l0);
+    const bool accumulate = l0 > 0;
+    const float* a = s.a + l0;
+    const BT* bl = b + l0;
+    // After the last group of this block, prefetch the first group of the next one.
+    const BT* next_block = l0 + kb < s.k ? b + j0 * s.ldb + l0 + kb : nullptr;
+    int64_t j = j0;
+    for (; j + J <= j1; j += J) {
+      const BT* pf = j + 2 * J <= j1 ? bl + (j + J) * s.ldb : (j + J < j1 ? nullptr : next_block);
+      small_m_tb_group<V, M, J, BT>(a, s.lda, kl, bl + j * s.ldb, s.ldb, out + (j - j0), ldo, pf,
+                                    accumulate);
+    }
+    for (; j < j1; ++j)
+      small_m_tb_group<V, M, 1, BT>(a, s.lda, kl, bl + j * s.ldb, s.ldb, out + (j - j0), ldo,
+                                    nullptr, accumulate);
   }
-  for (; j < j1; ++j)
-    small_m_tb_group<V, M, 1, BT>(s.a, s.lda, s.k, b + j * s.ldb, s.ldb, out + (j - j0), ldo,
-                                  nullptr);
 }
 
 // B stored (k, n): a chunk of NV vectors of columns for kKb rows at a time, accumulated in out;
