@@ -177,7 +177,8 @@ KILN_KERNEL_CASES(gemm) {
     cases.push_back(make_case(g, seed++));
   }
   // Decode-like small M with K, N large enough to stream B in several chunks per thread.
-  for (int64_t m : {int64_t{1}, int64_t{4}, int64_t{8}}) {
+  // (m = 5: f32 with the small-M kernel's L1 prefetch of its own B rows)
+  for (int64_t m : {int64_t{1}, int64_t{4}, int64_t{5}, int64_t{8}}) {
     for (bool tb : {true, false}) {
       GemmCase g{m, 1000, 515, false, tb};
       g.b_dtype = m == 4 ? DType::kBF16 : DType::kF32;

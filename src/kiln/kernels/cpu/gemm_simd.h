@@ -7,7 +7,6 @@
 
 #include <algorithm>
 #include <cstdint>
-#include <cstdlib>
 #include <cstring>
 #include <type_traits>
 
@@ -318,13 +317,6 @@ void micro_kernel_f32(int64_t steps, const void* a_packed, const void* b_packed,
 }
 
 // ---- small-M (decode-like) kernels: stream B once, A stays in L1/L2 --------------------------
-// Bytes of A (f32) kept in L1 per K block of the trans_b small-M kernel: half of a 32 KiB L1d,
-// leaving the rest for the B lines in flight.
-inline constexpr int64_t kSmallMKBlockBytes = 16384;
-inline int64_t small_m_kb_override() {  // TEMP experiment knob
-  static const int64_t v = std::getenv("KILN_SMALLM_KB") ? std::atoll(std::getenv("KILN_SMALLM_KB")) : 0;
-  return v;
-}
 // Keeps a loaded vector in a register: without this GCC folds the same A load into each of the
 // J FMAs that use it (J memory operands instead of one load), which made the M = 8 kernel
 // load-bound at ~30% of the FMA peak.
@@ -334,13 +326,19 @@ template <class T>
 }
 
 // B stored (n, k) (trans_b, PyTorch weights): J rows of B at a time, M x J dot products stored
-// into out. `pf` (J rows, ldb apart; may be null) is prefetched into L2 alongside, one line per
-// row per line of B consumed.
-template <class V, int M, int J, class BT>
+// into out. `pf` (pf_rows rows, ldb apart; may be null) is prefetched into L2 alongside, one
+// line per row per line of B consumed; with kNearLines > 0 the group's own rows are also
+// prefetched into L1 that many lines ahead.
+template <class V, int M, int J, class BT, int kNearLines = 0>
 void small_m_tb_group(const float* a, int64_t lda, int64_t k, const BT* b, int64_t ldb, float* out,
-                      int64_t ldo, const BT* pf, bool accumulate) {
+                      int64_t ldo, const BT* pf, int pf_rows) {
   constexpr int L = V::kLanes;
   constexpr int64_t kLineElems = 64 / sizeof(BT);
+  // Hidden from the optimizer so the prefetches stay a separate branch at the end of the loop
+  // body (where GCC puts the test) even for f32, where one step is one line and the test would
+  // fold away: with them inline, f32 M = 8 streamed at 15 instead of 19 GB/s (Zen 4, GCC 12).
+  int64_t line_mask = kLineElems - 1;
+  asm("" : "+r"(line_mask));
   typename V::T acc[M][J];
 #pragma GCC unroll 8
   for (int i = 0; i < M; ++i)
@@ -348,9 +346,14 @@ void small_m_tb_group(const float* a, int64_t lda, int64_t k, const BT* b, int64
     for (int j = 0; j < J; ++j) acc[i][j] = V::zero();
   int64_t l = 0;
   for (; l + L <= k; l += L) {
-    if (pf && l % kLineElems == 0) {
+    if (pf && (l & line_mask) == 0) {
 #pragma GCC unroll 8
-      for (int j = 0; j < J; ++j) __builtin_prefetch(pf + j * ldb + l, 0, 2);
+      for (int j = 0; j < pf_rows; ++j) __builtin_prefetch(pf + j * ldb + l, 0, 2);
+    }
+    if (kNearLines > 0 && (l & line_mask) == 0) {
+#pragma GCC unroll 8
+      for (int j = 0; j < J; ++j)
+        __builtin_prefetch(b + j * ldb + l + kNearLines * kLineElems, 0, 3);
     }
     typename V::T bv[J];
 #pragma GCC unroll 8
@@ -374,46 +377,39 @@ void small_m_tb_group(const float* a, int64_t lda, int64_t k, const BT* b, int64
   }
   for (int i = 0; i < M; ++i)
     for (int j = 0; j < J; ++j) {
-      out[i * ldo + j] = (accumulate ? out[i * ldo + j] : 0.0f) + V::reduce_add(acc[i][j]);
+      out[i * ldo + j] = V::reduce_add(acc[i][j]);
     }
 }
 
-// Row groups in order; while one group streams, the next group's rows (the following J x K
-// elements) are prefetched line by line into L2 with prefetcht1. The hardware prefetcher alone
-// kept too few misses in flight once the kernel does M x J FMAs per line (M >= 4): measured on
-// Zen 4, 1 thread, K = N = 4096, M = 4 went from 18 to 21 GB/s, M = 8 from 11 to 12.5 GB/s.
-// For M >= 4, K is cut into blocks of small_m_tb_kblock() so the M x kb block of A stays in L1
-// (otherwise every B line costs M / J more L1 misses for A, served from L2, which crowd B's
-// misses out of the core's miss buffers); all of N is swept per K block, each B row read as
-// one kb-long segment, and the partial dot products are added into out.
-template <int M, class BT>
-constexpr int64_t small_m_tb_kblock() {
-  return M >= 4 ? kSmallMKBlockBytes / (4 * M) : int64_t{1} << 62;
-}
-
+// Row groups in order; while one group streams, the rows that follow it are prefetched line by
+// line into L2 with prefetcht1 (one line per row per line consumed). Each prefetched row is one
+// more sequential stream for the L2 hardware prefetcher, and with few rows per group (J = 3 at
+// M = 8) too few streams kept too few DRAM reads in flight, so when a group does >= 8 FMA per
+// 16 k per B row (f32 M >= 8 - bf16 lines hold twice the k, so bf16 M >= 4), the next two
+// groups' rows are prefetched instead of one. Measured on Zen 4 (1 thread, K = N = 4096, cold):
+// no prefetch -> next group: M = 4 f32 19 -> 22-25 GB/s; next group -> next two: f32 M = 8
+// 16.5 -> 19.5-20 GB/s, bf16 M = 4 22 -> 25 GB/s; three or four groups ahead, prefetching every
+// other line, prefetcht0/nta, or K blocks that keep A in L1 were no better or worse. In between
+// (f32 M = 4..7, bf16 M = 2, 3) a prefetcht0 of the group's own rows 4 lines ahead moved f32
+// M = 4 from 22.5 to 24.5 GB/s; it cost f32 M = 8 ~3% and did nothing at M <= 2.
 template <class V, int M, class BT>
 void small_m_tb(const SmallMArgs& s, int64_t j0, int64_t j1, float* out) {
   constexpr int J = M <= 3 ? 8 : M == 4 ? 6 : M <= 6 ? 4 : 3;  // M*J <= 24 accumulators
+  constexpr int kLineWork = M * static_cast<int>(sizeof(float) / sizeof(BT));  // f32 M equivalent
+  constexpr int kPfRows = (kLineWork >= 8 ? 2 : 1) * J;
+  constexpr int kNearLines = kLineWork >= 4 && kLineWork < 8 ? 4 : 0;
   const BT* b = static_cast<const BT*>(s.b);
   const int64_t ldo = j1 - j0;
-  const int64_t kb = small_m_kb_override() > 0 ? small_m_kb_override() : small_m_tb_kblock<M, BT>();
-  for (int64_t l0 = 0; l0 < s.k; l0 += kb) {
-    const int64_t kl = std::min(kb, s.k - l0);
-    const bool accumulate = l0 > 0;
-    const float* a = s.a + l0;
-    const BT* bl = b + l0;
-    // After the last group of this block, prefetch the first group of the next one.
-    const BT* next_block = l0 + kb < s.k ? b + j0 * s.ldb + l0 + kb : nullptr;
-    int64_t j = j0;
-    for (; j + J <= j1; j += J) {
-      const BT* pf = j + 2 * J <= j1 ? bl + (j + J) * s.ldb : (j + J < j1 ? nullptr : next_block);
-      small_m_tb_group<V, M, J, BT>(a, s.lda, kl, bl + j * s.ldb, s.ldb, out + (j - j0), ldo, pf,
-                                    accumulate);
-    }
-    for (; j < j1; ++j)
-      small_m_tb_group<V, M, 1, BT>(a, s.lda, kl, bl + j * s.ldb, s.ldb, out + (j - j0), ldo,
-                                    nullptr, accumulate);
+  int64_t j = j0;
+  for (; j + J <= j1; j += J) {
+    const int pf_rows = static_cast<int>(std::min<int64_t>(kPfRows, j1 - (j + J)));
+    small_m_tb_group<V, M, J, BT, kNearLines>(s.a, s.lda, s.k, b + j * s.ldb, s.ldb,
+                                              out + (j - j0), ldo,
+                                              pf_rows > 0 ? b + (j + J) * s.ldb : nullptr, pf_rows);
   }
+  for (; j < j1; ++j)
+    small_m_tb_group<V, M, 1, BT>(s.a, s.lda, s.k, b + j * s.ldb, s.ldb, out + (j - j0), ldo,
+                                  nullptr, 0);
 }
 
 // B stored (k, n): a chunk of NV vectors of columns for kKb rows at a time, accumulated in out;
