@@ -4,10 +4,9 @@
 
 #include <algorithm>
 #include <chrono>
-#include <fstream>
-#include <sstream>
 
 #include "apps/kiln/commands.h"
+#include "kiln/core/file_io.h"
 #include "kiln/tokenizer/bpe.h"
 
 namespace kiln::app {
@@ -31,14 +30,12 @@ void register_bench_tokenizer(CLI::App& app) {
       fmt::print(stderr, "kiln bench tokenizer: {} (run `kiln data prepare` first?)\n", tk.status().message());
       throw CLI::RuntimeError(kUserError);
     }
-    std::ifstream in(a->text, std::ios::binary);
-    if (!in) {
-      fmt::print(stderr, "kiln bench tokenizer: cannot open {}\n", a->text);
+    auto file = read_file(a->text);
+    if (!file.ok()) {
+      fmt::print(stderr, "kiln bench tokenizer: {}\n", file.status().message());
       throw CLI::RuntimeError(kUserError);
     }
-    std::stringstream ss;
-    ss << in.rdbuf();
-    const std::string text = ss.str();
+    const std::string& text = *file;
     std::vector<double> secs;
     size_t n = tk->encode(text).size();  // warm-up
     for (int r = 0; r < a->reps; ++r) {

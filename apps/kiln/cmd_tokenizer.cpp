@@ -2,22 +2,14 @@
 #include <fmt/format.h>
 
 #include <chrono>
-#include <fstream>
 #include <sstream>
 
 #include "apps/kiln/commands.h"
+#include "kiln/core/file_io.h"
 #include "kiln/tokenizer/bpe.h"
 
 namespace kiln::app {
 namespace {
-
-Expected<std::string> read_text(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) return not_found("cannot open {}", path);
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
-}
 
 [[noreturn]] void fail(const Status& s) {
   fmt::print(stderr, "kiln tokenizer: {}\n", s.message());
@@ -45,7 +37,7 @@ void register_tokenizer(CLI::App& app) {
       ->check(CLI::Range(257, 1 << 20));
   t->add_option("--out", train->out, "Where to write the Hugging Face tokenizer.json");
   t->callback([train] {
-    auto text = read_text(train->text);
+    auto text = read_file(train->text);
     if (!text.ok()) fail(text.status());
     tok::TrainOptions opt;
     opt.vocab_size = train->vocab_size;
@@ -73,7 +65,7 @@ void register_tokenizer(CLI::App& app) {
     if (!tk.ok()) fail(tk.status());
     std::string text = enc->text;
     if (!enc->file.empty()) {
-      auto f = read_text(enc->file);
+      auto f = read_file(enc->file);
       if (!f.ok()) fail(f.status());
       text = *f;
     }

@@ -7,6 +7,8 @@
 
 #include <nlohmann/json.hpp>
 
+#include "kiln/core/file_io.h"
+
 namespace kiln {
 namespace {
 
@@ -20,20 +22,6 @@ bool hf_transposed(const ModelConfig& c, const std::string& name) {
          name.ends_with("mlp.c_fc.weight") || name.ends_with("mlp.c_proj.weight");
 }
 
-Status write_atomic(const fs::path& path, const std::string& a, const char* b, size_t b_bytes) {
-  const fs::path tmp = path.string() + ".tmp";
-  {
-    std::ofstream out(tmp, std::ios::binary);
-    if (!out) return not_found("cannot write {}", tmp.string());
-    out.write(a.data(), static_cast<std::streamsize>(a.size()));
-    if (b_bytes) out.write(b, static_cast<std::streamsize>(b_bytes));
-    if (!out) return data_loss("write to {} failed", tmp.string());
-  }
-  std::error_code ec;
-  fs::rename(tmp, path, ec);
-  if (ec) return internal_error("rename {} -> {}: {}", tmp.string(), path.string(), ec.message());
-  return {};
-}
 
 }  // namespace
 
@@ -111,7 +99,7 @@ Status save_model(const std::string& dir, Transformer& model) {
   fs::create_directories(dir, ec);
   if (ec) return not_found("cannot create {}: {}", dir, ec.message());
   const ModelConfig& c = model.config();
-  KILN_RETURN_IF_ERROR(write_atomic(fs::path(dir) / "config.json", config_to_hf_json(c), nullptr, 0));
+  KILN_RETURN_IF_ERROR(write_file_atomic((fs::path(dir) / "config.json").string(), {config_to_hf_json(c)}));
   // Data: each tensor in HF layout, in entry order.
   nlohmann::ordered_json header;
   header["__metadata__"] = {{"format", "pt"}, {"writer", "kiln"}};
@@ -136,16 +124,17 @@ Status save_model(const std::string& dir, Transformer& model) {
   std::string prefix(8, '\0');
   const uint64_t hlen = h.size();
   std::memcpy(prefix.data(), &hlen, 8);
-  return write_atomic(fs::path(dir) / "model.safetensors", prefix + h, reinterpret_cast<const char*>(data.data()),
-                      data.size() * 4);
+  return write_file_atomic((fs::path(dir) / "model.safetensors").string(),
+                           {prefix, h, as_bytes(data.data(), data.size())});
 }
 
 Expected<std::unique_ptr<Transformer>> load_model(const std::string& dir) {
   const fs::path cfg_path = fs::path(dir) / "config.json", st_path = fs::path(dir) / "model.safetensors";
-  std::ifstream cfg_in(cfg_path);
-  if (!cfg_in) return not_found("{} not found (a model directory holds config.json and model.safetensors)", cfg_path.string());
-  std::string cfg_text((std::istreambuf_iterator<char>(cfg_in)), std::istreambuf_iterator<char>());
-  auto cfg = config_from_hf_json(cfg_text);
+  auto cfg_text = read_file(cfg_path.string(), int64_t{1} << 20);
+  if (!cfg_text.ok())
+    return Status(cfg_text.status().code(),
+                  fmt::format("{} (a model directory holds config.json and model.safetensors)", cfg_text.status().message()));
+  auto cfg = config_from_hf_json(*cfg_text);
   if (!cfg.ok()) return Status(cfg.status().code(), fmt::format("{}: {}", cfg_path.string(), cfg.status().message()));
   KILN_ASSIGN_OR_RETURN(auto model, Transformer::create(*cfg, 0));
 

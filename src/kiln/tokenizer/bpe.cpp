@@ -5,12 +5,12 @@
 #include <algorithm>
 #include <cstdio>
 #include <filesystem>
-#include <fstream>
 #include <queue>
 #include <sstream>
 
 #include <nlohmann/json.hpp>
 
+#include "kiln/core/file_io.h"
 #include "kiln/tokenizer/pretokenize.h"
 #include "kiln/tokenizer/unicode.h"
 
@@ -44,19 +44,6 @@ void append_utf8(std::string& out, uint32_t cp) {
 constexpr int64_t kMaxFileBytes = int64_t{1} << 30;
 constexpr size_t kMaxVocab = size_t{1} << 22;
 
-Expected<std::string> read_file(const std::string& path) {
-  std::error_code ec;
-  const auto size = std::filesystem::file_size(path, ec);
-  if (ec) return not_found("cannot read {}: {}", path, ec.message());
-  if (static_cast<int64_t>(size) > kMaxFileBytes)
-    return invalid_argument("{} is {} bytes, more than the {} a tokenizer file may have", path, size, kMaxFileBytes);
-  std::ifstream in(path, std::ios::binary);
-  if (!in) return not_found("cannot open {}", path);
-  std::string data(size, '\0');
-  in.read(data.data(), static_cast<std::streamsize>(size));
-  if (!in) return data_loss("short read from {}", path);
-  return data;
-}
 
 }  // namespace
 
@@ -352,17 +339,7 @@ std::string Tokenizer::to_hf_json() const {
 }
 
 Status Tokenizer::save_hf_json(const std::string& path) const {
-  const std::string tmp = path + ".tmp";
-  {
-    std::ofstream out(tmp, std::ios::binary);
-    if (!out) return not_found("cannot write {}", tmp);
-    out << to_hf_json();
-    if (!out) return data_loss("write to {} failed", tmp);
-  }
-  std::error_code ec;
-  std::filesystem::rename(tmp, path, ec);
-  if (ec) return internal_error("rename {} -> {}: {}", tmp, path, ec.message());
-  return {};
+  return write_file_atomic(path, {to_hf_json()});
 }
 
 Expected<Tokenizer> Tokenizer::parse_hf_json(std::string_view text) {
@@ -461,15 +438,15 @@ Expected<Tokenizer> Tokenizer::from_vocab_file(const VocabFile& file, bool add_p
 }
 
 Expected<Tokenizer> Tokenizer::load_hf_json(const std::string& path) {
-  KILN_ASSIGN_OR_RETURN(std::string text, read_file(path));
+  KILN_ASSIGN_OR_RETURN(std::string text, read_file(path, kMaxFileBytes));
   auto t = parse_hf_json(text);
   if (!t.ok()) return Status(t.status().code(), fmt::format("{}: {}", path, t.status().message()));
   return t;
 }
 
 Expected<Tokenizer> Tokenizer::load_gpt2(const std::string& encoder_json, const std::string& vocab_bpe) {
-  KILN_ASSIGN_OR_RETURN(std::string enc_text, read_file(encoder_json));
-  KILN_ASSIGN_OR_RETURN(std::string bpe_text, read_file(vocab_bpe));
+  KILN_ASSIGN_OR_RETURN(std::string enc_text, read_file(encoder_json, kMaxFileBytes));
+  KILN_ASSIGN_OR_RETURN(std::string bpe_text, read_file(vocab_bpe, kMaxFileBytes));
   nlohmann::json j = nlohmann::json::parse(enc_text, nullptr, false);
   if (j.is_discarded() || !j.is_object()) return data_loss("{} is not a JSON object", encoder_json);
   VocabFile raw;

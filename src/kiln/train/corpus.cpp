@@ -3,9 +3,9 @@
 
 #include <cstdio>
 #include <filesystem>
-#include <fstream>
 #include <sstream>
 
+#include "kiln/core/file_io.h"
 #include "kiln/tokenizer/bpe.h"
 #include "kiln/train/data.h"
 
@@ -55,17 +55,10 @@ Expected<CorpusPaths> prepare_corpus(const PrepareOptions& o, std::string* log) 
   if (o.text_file.empty()) {
     KILN_ASSIGN_OR_RETURN(text, kjv_text());
   } else {
-    std::ifstream in(o.text_file, std::ios::binary);
-    if (!in) return not_found("cannot open --text {}", o.text_file);
-    std::stringstream ss;
-    ss << in.rdbuf();
-    text = ss.str();
+    KILN_ASSIGN_OR_RETURN(text, read_file(o.text_file));
     if (text.size() < 1000) return invalid_argument("--text {} has only {} bytes; a corpus needs more", o.text_file, text.size());
   }
-  {
-    std::ofstream out(p.text, std::ios::binary);
-    out << text;
-  }
+  KILN_RETURN_IF_ERROR(write_file_atomic(p.text, {text}));
   // Split at a line boundary near (1 - val_fraction) of the bytes.
   size_t cut = static_cast<size_t>(static_cast<double>(text.size()) * (1.0 - o.val_fraction));
   cut = text.find('\n', cut);

@@ -1,6 +1,8 @@
 // Shard I/O (temporary file + rename; every header field checked on read) and batch sampling.
 #include "kiln/train/data.h"
 
+#include "kiln/core/file_io.h"
+
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -21,23 +23,11 @@ Status write_shard(const std::string& path, const std::vector<int32_t>& tokens, 
   std::memcpy(header + 12, &width, 4);
   std::memcpy(header + 16, &n, 8);
   std::memcpy(header + 24, &vocab, 4);
-  const std::string tmp = path + ".tmp";
-  {
-    std::ofstream out(tmp, std::ios::binary);
-    if (!out) return not_found("cannot write {}", tmp);
-    out.write(header, kHeaderBytes);
-    if (width == 2) {
-      std::vector<uint16_t> t(tokens.begin(), tokens.end());
-      out.write(reinterpret_cast<const char*>(t.data()), static_cast<std::streamsize>(t.size() * 2));
-    } else {
-      out.write(reinterpret_cast<const char*>(tokens.data()), static_cast<std::streamsize>(tokens.size() * 4));
-    }
-    if (!out) return data_loss("write to {} failed", tmp);
+  if (width == 2) {
+    const std::vector<uint16_t> narrow(tokens.begin(), tokens.end());
+    return write_file_atomic(path, {std::string_view(header, kHeaderBytes), as_bytes(narrow.data(), narrow.size())});
   }
-  std::error_code ec;
-  std::filesystem::rename(tmp, path, ec);
-  if (ec) return internal_error("rename {} -> {}: {}", tmp, path, ec.message());
-  return {};
+  return write_file_atomic(path, {std::string_view(header, kHeaderBytes), as_bytes(tokens.data(), tokens.size())});
 }
 
 Expected<TokenShard> read_shard(const std::string& path) {

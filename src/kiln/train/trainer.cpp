@@ -9,6 +9,8 @@
 
 #include <nlohmann/json.hpp>
 
+#include "kiln/core/file_io.h"
+
 namespace kiln {
 
 double learning_rate(const TrainOptions& o, int64_t step, int64_t total) {
@@ -105,23 +107,10 @@ Status Trainer::save_checkpoint(const std::string& path) const {
   if (o_.max_seconds > 0) header["time_budget_steps"] = total_steps_;
   const std::string h = header.dump();
   const uint64_t hlen = h.size();
-  const std::string tmp = path + ".tmp";
-  {
-    std::ofstream out(tmp, std::ios::binary);
-    if (!out) return not_found("cannot write {}", tmp);
-    out.write(kCkptMagic, 8);
-    out.write(reinterpret_cast<const char*>(&hlen), 8);
-    out.write(h.data(), static_cast<std::streamsize>(h.size()));
-    const auto bytes = static_cast<std::streamsize>(m_.size() * sizeof(float));
-    out.write(reinterpret_cast<const char*>(model_.params().data()), bytes);
-    out.write(reinterpret_cast<const char*>(m_.data()), bytes);
-    out.write(reinterpret_cast<const char*>(v_.data()), bytes);
-    if (!out) return data_loss("write to {} failed", tmp);
-  }
-  std::error_code ec;
-  std::filesystem::rename(tmp, path, ec);
-  if (ec) return internal_error("rename {} -> {}: {}", tmp, path, ec.message());
-  return {};
+  const float* params = model_.params().data();
+  return write_file_atomic(path, {std::string_view(kCkptMagic, 8), as_bytes(&hlen, 1), h,
+                                  as_bytes(params, m_.size()), as_bytes(m_.data(), m_.size()),
+                                  as_bytes(v_.data(), v_.size())});
 }
 
 Status Trainer::load_checkpoint(const std::string& path) {
