@@ -315,6 +315,14 @@ void Transformer::build_params(uint64_t seed) {
     }
     layers_.push_back(std::move(layer));
   }
+  const std::string final_norm = gpt2 ? "transformer.ln_f." : "model.norm.";
+  final_norm_w_ = P(final_norm + "weight");
+  dfinal_norm_w_ = G(final_norm + "weight");
+  if (gpt2) {
+    final_norm_b_ = P(final_norm + "bias");
+    dfinal_norm_b_ = G(final_norm + "bias");
+  }
+  head_ = lin(c.tied_embeddings ? entries_[0].name : "lm_head.weight", "", C, V);
 }
 
 float* Transformer::param(std::string_view name) {
@@ -416,15 +424,12 @@ Expected<float> Transformer::forward_impl(const int32_t* tokens, const int32_t* 
   }
   const float* x = a.resid.back().p;
   if (gpt2) {
-    cpu::layernorm_forward(a.final_norm.p, a.final_mean.p, a.final_rstd.p, x, param("transformer.ln_f.weight"),
-                           param("transformer.ln_f.bias"), N, C, c.norm_eps);
+    cpu::layernorm_forward(a.final_norm.p, a.final_mean.p, a.final_rstd.p, x, final_norm_w_, final_norm_b_, N, C,
+                           c.norm_eps);
   } else {
-    cpu::rmsnorm_forward(a.final_norm.p, a.final_rstd.p, x, param("model.norm.weight"), N, C, c.norm_eps);
+    cpu::rmsnorm_forward(a.final_norm.p, a.final_rstd.p, x, final_norm_w_, N, C, c.norm_eps);
   }
-  const float* lm = c.tied_embeddings ? wte : param("lm_head.weight");
-  Linear head;
-  head.in = C; head.out = V; head.w = lm;
-  head.forward(a.logits.p, a.final_norm.p, N);
+  head_.forward(a.logits.p, a.final_norm.p, N);
   if (!targets) {
     a.num_valid = 0;
     return 0.0f;
@@ -454,18 +459,13 @@ void Transformer::backward() {
   for (int64_t i = 0; i < N; ++i) a.losses.p[i] = 1.0f / static_cast<float>(a.num_valid);
   cpu::cross_entropy_backward(a.logits.p, a.logits.p, a.targets.data(), a.losses.p, N, V);
   const int64_t wte_off = entries_[0].offset;
-  Linear head;
-  head.in = C; head.out = V;
-  head.w = c.tied_embeddings ? params_.data<float>() + wte_off : param("lm_head.weight");
-  head.dw = c.tied_embeddings ? grads_.data<float>() + wte_off : grad("lm_head.weight");
-  head.backward(a.dnorm.p, a.logits.p, a.final_norm.p, N, false);
+  head_.backward(a.dnorm.p, a.logits.p, a.final_norm.p, N, false);
   const float* x = a.resid.back().p;
   if (gpt2) {
-    cpu::layernorm_backward(a.dresid.p, grad("transformer.ln_f.weight"), grad("transformer.ln_f.bias"), a.dnorm.p, x,
-                            param("transformer.ln_f.weight"), a.final_mean.p, a.final_rstd.p, N, C);
+    cpu::layernorm_backward(a.dresid.p, dfinal_norm_w_, dfinal_norm_b_, a.dnorm.p, x, final_norm_w_, a.final_mean.p,
+                            a.final_rstd.p, N, C);
   } else {
-    cpu::rmsnorm_backward(a.dresid.p, grad("model.norm.weight"), a.dnorm.p, x, param("model.norm.weight"),
-                          a.final_rstd.p, N, C);
+    cpu::rmsnorm_backward(a.dresid.p, dfinal_norm_w_, a.dnorm.p, x, final_norm_w_, a.final_rstd.p, N, C);
   }
   for (size_t l = layers_.size(); l-- > 0;) layers_[l]->backward(a.dresid.p, a.resid[l].p, B, T, a);
   cpu::embedding_backward(grads_.data<float>() + wte_off, a.dresid.p, a.tokens.data(), N, V, C);

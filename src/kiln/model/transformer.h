@@ -90,6 +90,9 @@ class Transformer {
   Tensor params_, grads_;
   std::vector<ParamEntry> entries_;
   std::vector<std::unique_ptr<Layer>> layers_;
+  // The final norm and the LM head (its weight is the token embedding when tied), wired once.
+  float *final_norm_w_ = nullptr, *final_norm_b_ = nullptr, *dfinal_norm_w_ = nullptr, *dfinal_norm_b_ = nullptr;
+  Linear head_;
   RopeTable rope_;
   struct Acts;
   std::unique_ptr<Acts> acts_;
