@@ -44,6 +44,24 @@ TEST(GemmTune, CorruptFileFallsBackToDefaultsWithAWarning) {
   }
 }
 
+TEST(GemmTune, SavedFileIsReadBackByTheNextProcess) {
+  GTEST_FLAG_SET(death_test_style, "threadsafe");
+  // Each child re-runs this body up to its own statement, so the directory is cleared inside the
+  // saving child only.
+  const auto dir = std::filesystem::temp_directory_path() / "kiln_tune_save";
+  const std::string path = (dir / "nested" / "gemm_tune.json").string();  // directories are created
+  EXPECT_EXIT(
+      {
+        std::filesystem::remove_all(dir);
+        setenv("KILN_TUNE_FILE", path.c_str(), 1);
+        cpu::set_gemm_blocking(cpu::GemmPath::kF32, {96, 320, 768});
+        std::exit(cpu::save_gemm_tuning().ok() ? 0 : 1);
+      },
+      ::testing::ExitedWithCode(0), "");
+  EXPECT_EXIT(check_blocking_in_child(path, {96, 320, 768}), ::testing::ExitedWithCode(0), "");
+  std::filesystem::remove_all(dir);
+}
+
 TEST(GemmTune, AbsentFileMeansDefaults) {
   GTEST_FLAG_SET(death_test_style, "threadsafe");
   EXPECT_EXIT(check_blocking_in_child("/nonexistent/kiln_tune.json", cpu::default_gemm_blocking(cpu::GemmPath::kF32)),

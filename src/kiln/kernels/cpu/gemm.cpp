@@ -7,6 +7,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <filesystem>
 #include <fstream>
 #include <memory>
 #include <mutex>
@@ -15,6 +16,7 @@
 
 #include "kiln/core/cpu_features.h"
 #include "kiln/core/thread_pool.h"
+#include "kiln/core/file_io.h"
 #include "kiln/kernels/cpu/gemm_cpu.h"
 #include "kiln/kernels/cpu/gemm_simd.h"
 #include "kiln/kernels/dispatch.h"
@@ -315,27 +317,11 @@ Status save_gemm_tuning() {
     const GemmBlocking b = gemm_blocking(gp);
     j[gp == GemmPath::kF32 ? "f32" : "bf16"] = {{"mc", b.mc}, {"kc", b.kc}, {"nc", b.nc}};
   }
-  const size_t slash = path.find_last_of('/');
-  if (slash != std::string::npos && slash > 0) {
-    const std::string dir = path.substr(0, slash);
-    for (size_t pos = 1; pos <= dir.size(); ++pos) {
-      if (pos == dir.size() || dir[pos] == '/') {
-        const std::string part = dir.substr(0, pos);
-        if (::mkdir(part.c_str(), 0755) != 0 && errno != EEXIST)
-          return not_found("[gemm tune] cannot create directory {}", part);
-      }
-    }
-  }
-  const std::string tmp = path + ".tmp";
-  {
-    std::ofstream out(tmp);
-    if (!out) return not_found("[gemm tune] cannot write {}", tmp);
-    out << j.dump(2) << "\n";
-    if (!out) return data_loss("[gemm tune] short write to {}", tmp);
-  }
-  if (std::rename(tmp.c_str(), path.c_str()) != 0)
-    return not_found("[gemm tune] cannot rename {} to {}", tmp, path);
-  return Status::ok_status();
+  std::error_code ec;
+  const std::filesystem::path dir = std::filesystem::path(path).parent_path();
+  if (!dir.empty()) std::filesystem::create_directories(dir, ec);
+  if (ec) return not_found("[gemm tune] cannot create directory {}: {}", dir.string(), ec.message());
+  return write_file_atomic(path, {j.dump(2), "\n"});
 }
 
 std::string gemm_path_name(GemmPath path) {
