@@ -156,3 +156,50 @@ TEST(Transformer, KvCacheMatchesFullRecompute) {
 
 }  // namespace
 }  // namespace kiln
+
+namespace kiln {
+namespace {
+
+// A backend that runs the fp32 path on a weight scaled by 2 and counts its calls: installing
+// it must change the logits of exactly the Linears it is on, and backward must route through it.
+class DoublingBackend : public LinearBackend {
+ public:
+  explicit DoublingBackend(const Linear& l) : w2_(l.w, l.w + l.in * l.out) {
+    for (float& w : w2_) w *= 2.0f;
+  }
+  void forward(const Linear& l, float* y, const float* x, int64_t n, const float* residual) const override {
+    Linear copy = l;
+    copy.w = w2_.data();
+    copy.backend = nullptr;
+    copy.forward_f32(y, x, n, residual);
+    ++forward_calls;
+  }
+  mutable int forward_calls = 0;
+
+ private:
+  std::vector<float> w2_;
+};
+
+TEST(Transformer, LinearBackendReplacesTheFp32Path) {
+  for (ModelFamily f : {ModelFamily::kGpt2, ModelFamily::kLlama}) {
+    auto model = Transformer::create(tiny(f), 3).value();
+    const std::vector<Linear*> linears = model->linears();
+    ASSERT_FALSE(linears.empty());
+    EXPECT_EQ(linears.back()->out, tiny(f).vocab_size);  // the LM head comes last
+    std::vector<int32_t> tokens = {1, 2, 3, 4};
+    ASSERT_TRUE(model->forward(tokens.data(), nullptr, 1, 4).ok());
+    std::vector<float> before(model->logits(), model->logits() + 4 * tiny(f).vocab_size);
+    // Doubling the head's weight doubles the logits exactly.
+    auto backend = std::make_shared<DoublingBackend>(*linears.back());
+    linears.back()->backend = backend;
+    ASSERT_TRUE(model->forward(tokens.data(), nullptr, 1, 4).ok());
+    EXPECT_EQ(backend->forward_calls, 1);
+    for (size_t i = 0; i < before.size(); ++i) EXPECT_FLOAT_EQ(model->logits()[i], 2.0f * before[i]) << i;
+    linears.back()->backend = nullptr;
+    ASSERT_TRUE(model->forward(tokens.data(), nullptr, 1, 4).ok());
+    for (size_t i = 0; i < before.size(); ++i) EXPECT_EQ(model->logits()[i], before[i]) << i;
+  }
+}
+
+}  // namespace
+}  // namespace kiln

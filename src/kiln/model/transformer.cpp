@@ -16,6 +16,27 @@ namespace kiln {
 
 // ---- Linear --------------------------------------------------------------------------------
 void Linear::forward(float* y, const float* x, int64_t n, const float* residual) const {
+  if (backend) {
+    backend->forward(*this, y, x, n, residual);
+  } else {
+    forward_f32(y, x, n, residual);
+  }
+}
+
+void Linear::backward(float* dx, const float* dy, const float* x, int64_t n, bool accumulate_dx) const {
+  if (backend) {
+    backend->backward(*this, dx, dy, x, n, accumulate_dx);
+  } else {
+    backward_f32(dx, dy, x, n, accumulate_dx);
+  }
+}
+
+void LinearBackend::backward(const Linear& l, float* dx, const float* dy, const float* x, int64_t n,
+                             bool accumulate_dx) const {
+  l.backward_f32(dx, dy, x, n, accumulate_dx);
+}
+
+void Linear::forward_f32(float* y, const float* x, int64_t n, const float* residual) const {
   GemmParams p;
   p.m = n; p.n = out; p.k = in;
   p.a = x; p.lda = in;
@@ -26,7 +47,7 @@ void Linear::forward(float* y, const float* x, int64_t n, const float* residual)
   cpu::gemm(p);
 }
 
-void Linear::backward(float* dx, const float* dy, const float* x, int64_t n, bool accumulate_dx) const {
+void Linear::backward_f32(float* dx, const float* dy, const float* x, int64_t n, bool accumulate_dx) const {
   GemmParams pd;  // dx (n, in) = dy (n, out) W (out, in)
   pd.m = n; pd.n = in; pd.k = out;
   pd.a = dy; pd.lda = out;
@@ -281,6 +302,7 @@ void Transformer::build_params(uint64_t seed) {
   auto G = [&](const std::string& name) { return grad(name); };
   auto lin = [&](const std::string& w, const std::string& b, int64_t in, int64_t out) {
     Linear l;
+    l.name = w;
     l.in = in; l.out = out;
     l.w = P(w); l.dw = G(w);
     if (!b.empty()) { l.b = P(b); l.db = G(b); }
@@ -329,6 +351,16 @@ float* Transformer::param(std::string_view name) {
   for (const ParamEntry& e : entries_)
     if (e.name == name) return params_.data<float>() + e.offset;
   return nullptr;
+}
+
+std::vector<Linear*> Transformer::linears() {
+  std::vector<Linear*> out;
+  for (auto& l : layers_) {
+    for (Linear* lin : {&l->qkv, &l->q, &l->k, &l->v, &l->o, &l->fc, &l->proj, &l->gate, &l->up, &l->down})
+      if (lin->w != nullptr) out.push_back(lin);
+  }
+  out.push_back(&head_);
+  return out;
 }
 
 float* Transformer::grad(std::string_view name) {

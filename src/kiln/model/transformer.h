@@ -23,17 +23,40 @@ struct ParamEntry {
   bool decay;        // AdamW weight decay applies (matrices yes; norms, biases no)
 };
 
+struct Linear;
+
+// How a Linear computes when its weight is used in another format than the fp32 master: a
+// bf16/fp16/fp8 copy for mixed-precision training, or a quantized weight (src/kiln/quant).
+// Installed per Linear (Transformer::linears()); the fp32 weight stays the master copy that
+// the optimizer updates. A backend that keeps a converted copy refreshes it in sync().
+class LinearBackend {
+ public:
+  virtual ~LinearBackend() = default;
+  // y (n, out) = x Wᵀ + b (+ residual); x (n, in).
+  virtual void forward(const Linear& l, float* y, const float* x, int64_t n, const float* residual) const = 0;
+  // dx (n, in) = dy W (or += when accumulate_dx); dW += dyᵀ x; db += Σ dy. Default: fp32 path.
+  virtual void backward(const Linear& l, float* dx, const float* dy, const float* x, int64_t n,
+                        bool accumulate_dx) const;
+  // Called after the master weight changed (an optimizer step, a load).
+  virtual void sync(const Linear& /*l*/) {}
+};
+
 // y = x Wᵀ + b over n rows; W (out, in), b (out,) or null.
 struct Linear {
+  std::string name;  // the weight's Hugging Face name
   int64_t in = 0, out = 0;
   const float* w = nullptr;
   const float* b = nullptr;
   float* dw = nullptr;
   float* db = nullptr;
+  std::shared_ptr<LinearBackend> backend;  // null: the fp32 GEMM
   // y (n, out) = act(x Wᵀ + b) + residual; x (n, in).
   void forward(float* y, const float* x, int64_t n, const float* residual = nullptr) const;
   // dx (n, in) = dy W (or += when accumulate_dx); dW += dyᵀ x; db += Σ dy.
   void backward(float* dx, const float* dy, const float* x, int64_t n, bool accumulate_dx) const;
+  // The fp32 paths, whatever the backend (backends fall back to them).
+  void forward_f32(float* y, const float* x, int64_t n, const float* residual) const;
+  void backward_f32(float* dx, const float* dy, const float* x, int64_t n, bool accumulate_dx) const;
 };
 
 // Keys and values of past tokens for incremental decoding (batch 1), one (max_len, Hkv·D)
@@ -61,6 +84,8 @@ class Transformer {
   // Null when the name is unknown.
   float* param(std::string_view name);
   float* grad(std::string_view name);
+  // Every Linear of the model (all layers, then the LM head), to install backends on.
+  std::vector<Linear*> linears();
 
   // tokens, targets (B, T); targets may be null (no loss: logits only). Returns the mean loss
   // over targets that are not -1. Errors name bad ids or shapes; nothing is computed then.
