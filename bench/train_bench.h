@@ -13,6 +13,10 @@ struct TrainBenchOptions {
   int steps = 5;               // timed steps after warm-up (median, min-max)
   int warmup = 2;
   bool json = false;           // one JSON object instead of the text lines
+  // fp32 | bf16 | fp16 | fp8 | all (every precision, interleaved step by step in one run,
+  // each reported against fp32). fp16 and fp8 are emulated (rounding around the f32 GEMM).
+  std::string precision = "fp32";
+  std::string checkpoint = "none";  // none | full | selective
 };
 
 int run_train_bench(const TrainBenchOptions& opt);

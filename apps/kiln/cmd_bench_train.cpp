@@ -17,6 +17,11 @@ void register_bench_train(CLI::App& app) {
   cmd->add_option("--steps", opt->steps, "Timed steps after warm-up (median; >= 5 recommended)")->check(CLI::Range(1, 10000));
   cmd->add_option("--warmup", opt->warmup, "Untimed warm-up steps")->check(CLI::Range(0, 1000));
   cmd->add_flag("--json", opt->json, "One JSON object instead of text");
+  cmd->add_option("--precision", opt->precision,
+                  "fp32 | bf16 | fp16 | fp8 (fp16, fp8 emulated) | all (each against fp32, interleaved in one run)")
+      ->check(CLI::IsMember({"fp32", "bf16", "fp16", "fp8", "all"}));
+  cmd->add_option("--checkpoint", opt->checkpoint, "Activation checkpointing: none | full | selective")
+      ->check(CLI::IsMember({"none", "full", "selective"}));
   cmd->callback([opt] {
     const int rc = bench::run_train_bench(*opt);
     if (rc != 0) std::exit(rc);

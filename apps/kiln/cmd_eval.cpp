@@ -2,6 +2,7 @@
 // as a .npy file, so reference implementations (tests/reference/hf_load_check.py) can compare.
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <memory>
@@ -11,13 +12,16 @@
 #include "apps/kiln/commands.h"
 #include "kiln/kernels/cross_entropy.h"
 #include "kiln/model/weights.h"
+#include "kiln/quant/qmodel.h"
+#include "kiln/train/trainer.h"
 
 namespace kiln::app {
 namespace {
 
 struct EvalArgs {
-  std::string model, dump_logits;
+  std::string model, dump_logits, data;
   std::vector<int32_t> tokens;
+  int64_t seq = 256, batches = 64;
 };
 
 [[noreturn]] void fail(const Status& s) {
@@ -44,9 +48,22 @@ Status write_npy(const std::string& path, const float* data, int64_t rows, int64
 }
 
 void run_eval(const EvalArgs& a) {
-  auto model = load_model(a.model);
+  auto model = quant::load_any_model(a.model);  // fp32/f16/bf16 or a kiln-quantized model
   if (!model.ok()) fail(model.status());
   Transformer& m = **model;
+  if (!a.data.empty()) {  // validation perplexity over sequential windows of DIR/val.bin
+    auto val = read_shard(a.data + "/val.bin");
+    if (!val.ok()) fail(val.status());
+    if (val->vocab_size != m.config().vocab_size)
+      fail(invalid_argument("{}/val.bin has vocabulary {}, the model {}", a.data, val->vocab_size, m.config().vocab_size));
+    const int64_t seq = std::min(a.seq, m.config().max_seq_len);
+    const int64_t batches = std::min<int64_t>(a.batches, static_cast<int64_t>(val->tokens.size() - 1) / seq);
+    const double loss = evaluate(m, *val, 1, seq, batches);
+    fmt::print("model: {}\n", m.config().describe());
+    fmt::print("validation: {} tokens: loss {:.4f} nats (perplexity {:.3f})\n", batches * seq, loss, std::exp(loss));
+    if (a.tokens.empty()) return;
+  }
+  if (a.tokens.empty()) fail(invalid_argument("give --tokens or --data"));
   const int64_t T = static_cast<int64_t>(a.tokens.size()), V = m.config().vocab_size;
   // Next-token targets; the last position has none.
   std::vector<int32_t> targets(a.tokens.begin() + 1, a.tokens.end());
@@ -67,7 +84,10 @@ void register_eval(CLI::App& app) {
   auto a = std::make_shared<EvalArgs>();
   CLI::App* e = app.add_subcommand("eval", "Run a saved model on token ids: loss, logits (.npy)");
   e->add_option("--model", a->model, "Model directory (config.json, model.safetensors)")->required();
-  e->add_option("--tokens", a->tokens, "Token ids, e.g. 1,2,3")->delimiter(',')->required();
+  e->add_option("--tokens", a->tokens, "Token ids, e.g. 1,2,3")->delimiter(',');
+  e->add_option("--data", a->data, "Prepared corpus dir: validation perplexity over DIR/val.bin");
+  e->add_option("--seq", a->seq, "--data: tokens per window")->check(CLI::Range(2, 1 << 20));
+  e->add_option("--batches", a->batches, "--data: windows (at most what val.bin holds)")->check(CLI::Range(1, 1 << 20));
   e->add_option("--dump-logits", a->dump_logits, "Write the logits (T, V) as float32 .npy");
   e->callback([a] { run_eval(*a); });
 }

@@ -10,6 +10,7 @@
 #include "kiln/core/float_formats.h"
 #include "kiln/core/thread_pool.h"
 #include "kiln/kernels/registry.h"
+#include "kiln/perf/memory_model.h"
 
 namespace kiln::app {
 namespace {
@@ -58,6 +59,31 @@ void run_formats() {
              "binades: log2(largest / min subnormal), the range in powers of two\n");
 }
 
+// `kiln info --memory`: the memory model of one training step (perf/memory_model.h).
+struct MemoryArgs {
+  bool enabled = false;
+  std::string preset = "llama-tiny", precision = "fp32", checkpoint = "none";
+  int64_t batch = 8, seq = 256;
+};
+
+void run_memory(const MemoryArgs& a) {
+  auto fail = [](const Status& s) {
+    fmt::print(stderr, "kiln info --memory: {}\n", s.message());
+    throw CLI::RuntimeError(kUserError);
+  };
+  auto cfg = preset(a.preset);
+  if (!cfg.ok()) fail(cfg.status());
+  if (a.seq > cfg->max_seq_len) fail(invalid_argument("--seq {} exceeds the preset's context {}", a.seq, cfg->max_seq_len));
+  auto p = parse_precision(a.precision);
+  if (!p.ok()) fail(p.status());
+  auto m = parse_checkpoint_mode(a.checkpoint);
+  if (!m.ok()) fail(m.status());
+  fmt::print("{}", perf::format_memory_prediction(perf::predict_memory(*cfg, a.batch, a.seq, *p, *m)));
+  fmt::print("  (under full checkpointing one set of layer buffers is shared by all layers, under selective the\n"
+             "   attention output O and lse are; kiln train --memory-report compares this with the caching\n"
+             "   allocator's measured peak)\n");
+}
+
 }  // namespace
 
 void register_info(CLI::App& app) {
@@ -65,7 +91,21 @@ void register_info(CLI::App& app) {
   auto formats = std::make_shared<bool>(false);
   cmd->add_flag("--formats", *formats,
                 "Print each float format's precision and range (f32, tf32, bf16, f16, fp8 e4m3/e5m2)");
-  cmd->callback([formats] { *formats ? run_formats() : run_info(); });
+  auto mem = std::make_shared<MemoryArgs>();
+  cmd->add_flag("--memory", mem->enabled, "Print the memory model of a training step (with --preset, --batch, --seq, "
+                                           "--precision, --checkpoint)");
+  cmd->add_option("--preset", mem->preset, "--memory: model preset");
+  cmd->add_option("--batch", mem->batch, "--memory: sequences per step")->check(CLI::Range(int64_t{1}, int64_t{1} << 20));
+  cmd->add_option("--seq", mem->seq, "--memory: tokens per sequence")->check(CLI::Range(int64_t{1}, int64_t{1} << 24));
+  cmd->add_option("--precision", mem->precision, "--memory: fp32 | bf16 | fp16 | fp8")
+      ->check(CLI::IsMember({"fp32", "bf16", "fp16", "fp8"}));
+  cmd->add_option("--checkpoint", mem->checkpoint, "--memory: none | full | selective")
+      ->check(CLI::IsMember({"none", "full", "selective"}));
+  cmd->callback([formats, mem] {
+    if (mem->enabled) run_memory(*mem);
+    else if (*formats) run_formats();
+    else run_info();
+  });
 }
 
 }  // namespace kiln::app

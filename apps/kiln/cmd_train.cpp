@@ -11,12 +11,16 @@
 #include "kiln/core/thread_pool.h"
 #include "kiln/kernels/attention.h"
 #include "kiln/model/weights.h"
+#include "kiln/core/allocator.h"
+#include "kiln/perf/memory_model.h"
 #include "kiln/perf/peak.h"
 #include "kiln/perf/svg.h"
 #include "kiln/serve/sampler.h"
+#include "kiln/serve/speculative.h"
 #include "kiln/tokenizer/bpe.h"
 #include "kiln/train/corpus.h"
 #include "kiln/train/trainer.h"
+#include "kiln/quant/qat.h"
 
 namespace kiln::app {
 namespace {
@@ -43,7 +47,75 @@ struct TrainArgs {
   double minutes = 0;
   bool resume = false;
   int64_t save_every = 0;
+  std::string qat;  // --qat: fake-quantization scheme (w4g128, w8a8)
+  // Mixed precision and memory (precision.h, checkpoint_mode.h).
+  std::string precision = "fp32", checkpoint = "none", loss_scale;  // loss_scale: "dynamic" or S
+  double loss_scale_init = 65536;
+  bool memory_report = false;
 };
+
+// The loss-scaling flags: fp16 defaults to dynamic from S0 = 2^16; other precisions to none.
+Status parse_loss_scale(const TrainArgs& a, TrainOptions& o) {
+  const std::string ls = a.loss_scale.empty() ? (o.precision == Precision::kF16 ? "dynamic" : "1") : a.loss_scale;
+  if (ls == "dynamic") {
+    o.dynamic_loss_scale = true;
+    o.loss_scale = a.loss_scale_init;
+    return {};
+  }
+  char* end = nullptr;
+  const double v = std::strtod(ls.c_str(), &end);
+  if (end == ls.c_str() || *end != '\0' || !(v > 0) || !std::isfinite(v))
+    return invalid_argument("--loss-scale '{}': expected 'dynamic' or a positive number", ls);
+  o.loss_scale = v;
+  o.dynamic_loss_scale = false;
+  return {};
+}
+
+// `--memory-report`: the memory model beside the caching allocator's numbers for the step just
+// run (peak since `reset_peak`, over `base`, what was live before the model existed), and an SVG
+// of the breakdown: predicted for each checkpointing mode, and measured.
+void memory_report(const std::string& preset_name, const ModelConfig& cfg, const TrainOptions& o, const AllocatorStats& base,
+                   const std::string& out) {
+  const AllocatorStats st = default_allocator().stats();
+  const perf::MemoryPrediction pred = perf::predict_memory(cfg, o.batch, o.seq_len, o.precision, o.checkpoint);
+  const auto mib = [](double b) { return b / 1048576.0; };
+  fmt::print("{}", perf::format_memory_prediction(pred));
+  const double measured = static_cast<double>(st.peak_bytes_in_use - base.bytes_in_use);
+  const double measured_req = static_cast<double>(st.peak_bytes_requested - base.bytes_requested);
+  fmt::print("measured (caching allocator, peak of step 2): {:.2f} MiB in blocks ({:+.2f}% vs predicted), {:.2f} MiB "
+             "requested ({:+.2f}%)\n",
+             mib(measured), 100 * (measured / static_cast<double>(pred.total_block_bytes()) - 1), mib(measured_req),
+             100 * (measured_req / static_cast<double>(pred.total_bytes()) - 1));
+  fmt::print("allocator now: allocated {:.2f} MiB, reserved {:.2f} MiB ({:.1f}% reserved but unused), cached {:.2f} MiB, "
+             "largest free block {:.2f} MiB, external fragmentation {:.3f}, internal fragmentation {:.3f}, "
+             "{} OS allocations of {} calls\n",
+             mib(static_cast<double>(st.bytes_in_use)), mib(static_cast<double>(st.bytes_reserved)),
+             100 * st.reserved_unused(), mib(static_cast<double>(st.bytes_cached)),
+             mib(static_cast<double>(st.largest_free_block)), st.external_fragmentation(), st.fragmentation(),
+             st.num_os_allocs, st.num_allocs);
+  std::vector<Bar> bars;
+  for (CheckpointMode m : {CheckpointMode::kNone, CheckpointMode::kSelective, CheckpointMode::kFull}) {
+    const perf::MemoryPrediction p = perf::predict_memory(cfg, o.batch, o.seq_len, o.precision, m);
+    Bar b{fmt::format("predicted {}", checkpoint_mode_name(m)), {}};
+    for (const char* g : {"model states", "layer activations", "other activations", "scratch"})
+      b.segments.push_back({g, mib(static_cast<double>(p.group_block_bytes(g))), ""});
+    bars.push_back(std::move(b));
+  }
+  Bar m{fmt::format("measured {}", checkpoint_mode_name(o.checkpoint)), {}};
+  const double states = static_cast<double>(pred.group_block_bytes("model states"));
+  m.segments.push_back({"model states", mib(states), ""});
+  m.segments.push_back({"measured: rest of peak", mib(measured - states), "#7f7f7f"});
+  bars.push_back(std::move(m));
+  ChartOptions chart;
+  chart.title = fmt::format("{}, B {} × T {}, {}: memory of a training step (MiB, allocator blocks)", preset_name, o.batch,
+                            o.seq_len, precision_name(o.precision));
+  chart.y_label = "MiB";
+  chart.width = 980;
+  chart.height = 460;
+  const std::string path = (std::filesystem::path(out) / "memory.svg").string();
+  std::ofstream(path) << stacked_bar_svg(bars, chart);
+  fmt::print("memory breakdown: {}\n", path);
+}
 
 void run_train(const TrainArgs& a) {
   std::string log;
@@ -58,20 +130,49 @@ void run_train(const TrainArgs& a) {
   if (!cfg.ok()) fail("train", cfg.status());
   cfg->vocab_size = train_data->vocab_size;
   if (a.opt.seq_len > cfg->max_seq_len) fail("train", invalid_argument("--seq {} exceeds the preset's context {}", a.opt.seq_len, cfg->max_seq_len));
+  const AllocatorStats mem_base = default_allocator().stats();
   auto model = Transformer::create(*cfg, a.opt.seed);
   if (!model.ok()) fail("train", model.status());
   TrainOptions opt = a.opt;
+  {
+    auto p = parse_precision(a.precision);
+    if (!p.ok()) fail("train", p.status());
+    opt.precision = *p;
+    auto m = parse_checkpoint_mode(a.checkpoint);
+    if (!m.ok()) fail("train", m.status());
+    opt.checkpoint = *m;
+    if (Status st = parse_loss_scale(a, opt); !st.ok()) fail("train", st);
+    if (!a.qat.empty() && opt.precision != Precision::kF32)
+      fail("train", invalid_argument("--qat needs --precision fp32 (both install Linear backends; got {})", a.precision));
+  }
   opt.max_seconds = a.minutes * 60.0;
   if (opt.max_seconds > 0 && opt.max_steps <= 0) opt.max_steps = 1'000'000;
   const double flops_per_token = cfg->train_flops_per_token(opt.seq_len);
   // Peak = threads × the one-core FMA peak: a register-only loop scales linearly over cores,
   // and one core is less often disturbed by other processes than both (no MFU above 100%).
-  const double peak = perf::fma_peak_gflops(1) * num_threads();
+  // bf16 runs on the bf16 dot-product peak (when the CPU has one); fp16 and fp8 are emulated in f32.
+  const double bf16_peak = opt.precision == Precision::kBF16 ? perf::fma_peak_gflops(1, DType::kBF16) : 0.0;
+  const double peak = (bf16_peak > 0 ? bf16_peak : perf::fma_peak_gflops(1)) * num_threads();
+  const double recompute_per_token = perf::recompute_flops_per_token(*cfg, opt.seq_len, opt.checkpoint);
+  fmt::print("precision {}{}, checkpoint {}; MFU and HFU against {:.0f} GFLOP/s ({} peak){}\n", precision_name(opt.precision),
+             opt.precision == Precision::kF16 || opt.precision == Precision::kFP8 ? " (emulated: rounded, f32 GEMM)" : "",
+             checkpoint_mode_name(opt.checkpoint), peak, bf16_peak > 0 ? "bf16" : "f32",
+             opt.checkpoint == CheckpointMode::kNone ? ""
+                                                     : fmt::format("; recomputation {:.1f} MFLOP/token", recompute_per_token / 1e6));
   fmt::print("model: {}\n", cfg->describe());
   fmt::print("train: {} tokens, val: {} tokens; batch {} × seq {} × accum {}; {} threads\n",
              train_data->tokens.size(), val_data->tokens.size(), opt.batch, opt.seq_len, opt.grad_accum, num_threads());
   const double unigram = unigram_entropy(*val_data);
   fmt::print("unigram entropy of the validation text: {:.3f} nats/token (loss of a context-free model)\n", unigram);
+  std::unique_ptr<quant::QatConfig> qat;
+  if (!a.qat.empty()) {  // fake quantization on every block Linear, refreshed after each step
+    auto q = quant::parse_qat(a.qat);
+    if (!q.ok()) fail("train", q.status());
+    if (Status st = quant::install_qat(**model, *q); !st.ok()) fail("train", st);
+    qat = std::make_unique<quant::QatConfig>(*q);
+    fmt::print("QAT: fake-quantized {} weights{}, straight-through estimator\n", q->weight.describe(),
+               q->act_int8 ? " and int8 per-token activations" : "");
+  }
   Trainer trainer(**model, *train_data, &*val_data, opt);
   {
     std::vector<int32_t> probe(static_cast<size_t>(opt.batch * opt.seq_len), 0);
@@ -91,7 +192,10 @@ void run_train(const TrainArgs& a) {
   double last_val = -1;
   Series train_curve{"train loss", {}, "", false}, val_curve{"validation loss", {}, "", true};
   while (!trainer.done()) {
+    if (a.memory_report && trainer.steps_done() == 1) default_allocator().reset_peak();
     const StepStats s = trainer.step();
+    if (a.memory_report && (trainer.steps_done() == 2 || (trainer.done() && trainer.steps_done() < 2)))
+      memory_report(a.preset, *cfg, opt, mem_base, a.out);
     train_curve.points.emplace_back(static_cast<double>(s.step), s.loss);
     if (s.val_loss >= 0) {
       last_val = s.val_loss;
@@ -99,10 +203,18 @@ void run_train(const TrainArgs& a) {
     }
     if (s.step % 10 == 0 || s.step == 1 || s.val_loss >= 0 || trainer.done()) {
       const double remaining = (trainer.total_steps() - s.step) * s.seconds;
-      const double achieved = s.tokens_per_second * flops_per_token;  // FLOP/s
-      fmt::print("step {:5d}/{} | loss {:.4f}{} | lr {:.2e} | gnorm {:.2f} | {:.0f} tok/s | {:.1f} GFLOP/s | MFU {:.1f}% | ETA {:.0f}s\n",
+      const double achieved = s.tokens_per_second * flops_per_token;  // FLOP/s of the model
+      const double hardware = s.tokens_per_second * (flops_per_token + recompute_per_token);  // recomputation too
+      std::string scaling = opt.dynamic_loss_scale || opt.loss_scale != 1.0
+                                ? fmt::format(" | S {:g}{}", s.loss_scale, s.skipped ? " SKIPPED (inf/NaN)" : "")
+                                : std::string();
+      if (opt.precision == Precision::kF16 && s.grads_rounded > 0)  // output gradients lost to f16 underflow
+        scaling += fmt::format(" | flushed {:.3f}%", 100.0 * static_cast<double>(s.grads_flushed) / s.grads_rounded);
+      fmt::print("step {:5d}/{} | loss {:.4f}{} | lr {:.2e} | gnorm {:.2f}{} | {:.0f} tok/s | {:.1f} GFLOP/s | MFU {:.1f}% | "
+                 "HFU {:.1f}% | ETA {:.0f}s\n",
                  s.step, trainer.total_steps(), s.loss, s.val_loss >= 0 ? fmt::format(" val {:.4f}", s.val_loss) : std::string(),
-                 s.lr, s.grad_norm, s.tokens_per_second, achieved / 1e9, 100.0 * achieved / (peak * 1e9), remaining);
+                 s.lr, s.grad_norm, scaling, s.tokens_per_second, achieved / 1e9, 100.0 * achieved / (peak * 1e9),
+                 100.0 * hardware / (peak * 1e9), remaining);
       std::fflush(stdout);
     }
     if (a.save_every > 0 && s.step % a.save_every == 0) {
@@ -111,6 +223,14 @@ void run_train(const TrainArgs& a) {
   }
   if (Status st = trainer.save_checkpoint(ckpt); !st.ok()) fail("train", st);
   if (Status st = save_model(a.out, **model); !st.ok()) fail("train", st);
+  if (qat) {  // the real quantized model on the grid QAT trained for
+    const std::string qdir = (std::filesystem::path(a.out) / "quantized").string();
+    const quant::QuantizedState qs = quant::export_qat(**model, *qat);
+    if (Status st = quant::save_quantized_model(qdir, **model, qs); !st.ok()) fail("train", st);
+    std::filesystem::copy_file(paths->tokenizer, std::filesystem::path(qdir) / "tokenizer.json",
+                               std::filesystem::copy_options::overwrite_existing);
+    fmt::print("QAT export: {} ({})\n", qdir, qs.scheme.describe());
+  }
   std::filesystem::copy_file(paths->tokenizer, std::filesystem::path(a.out) / "tokenizer.json",
                              std::filesystem::copy_options::overwrite_existing);
   ChartOptions chart;
@@ -130,14 +250,62 @@ struct GenArgs {
   SamplingParams sampling;
   uint64_t seed = 1;
   int samples = 1;
+  std::string draft_model;     // speculative decoding when set
+  int64_t num_speculative = 4;  // γ
 };
 
+// `generate --draft-model`: speculative decoding, then plain generation of the same prompt
+// (not printed) for the speed comparison.
+void run_speculative(const GenArgs& a, Transformer& m, const tok::Tokenizer& tk) {
+  auto draft = load_model(a.draft_model);
+  if (!draft.ok()) fail("generate", draft.status());
+  fmt::print("target: {}\ndraft:  {}\n", m.config().describe(), (*draft)->config().describe());
+  const std::vector<int32_t> ids = tk.encode(a.prompt);
+  // Warm both models up (first-touch page faults, packed weights) so neither timing pays it.
+  for (Transformer* model : {&m, draft->get()}) (void)autoregressive_generate(*model, ids, 8, a.sampling, a.seed);
+  for (int sample = 0; sample < a.samples; ++sample) {
+    const uint64_t seed = a.seed + static_cast<uint64_t>(sample);
+    std::string text;
+    auto stop_at = [&](bool print) {
+      return [&, print](int32_t t) {
+        if (t == tk.eot_id()) return false;
+        const std::string piece(tk.token_bytes(t));
+        text += piece;
+        if (print) {
+          fmt::print("{}", piece);
+          std::fflush(stdout);
+        }
+        return a.stop.empty() || text.find(a.stop) == std::string::npos;
+      };
+    };
+    fmt::print("{}", a.prompt);
+    auto spec = speculative_generate(m, **draft, ids, a.max_tokens, a.num_speculative, a.sampling, seed, stop_at(true));
+    if (!spec.ok()) fail("generate", spec.status());
+    text.clear();
+    auto plain = autoregressive_generate(m, ids, a.max_tokens, a.sampling, seed, stop_at(false));
+    if (!plain.ok()) fail("generate", plain.status());
+    const SpeculativeStats& s = spec->stats;
+    const double alpha = s.acceptance_rate();
+    const double spec_tps = s.num_generated / s.seconds, plain_tps = plain->stats.num_generated / plain->stats.seconds;
+    fmt::print("\n---\nspeculative γ {}: α {:.3f} ({} of {} proposed accepted), {:.2f} tokens/target pass "
+               "(predicted (1 − α^(γ+1))/(1 − α) = {:.2f}), {} tokens in {:.3f} s = {:.1f} tok/s\n",
+               a.num_speculative, alpha, s.num_accepted, s.num_proposed, s.tokens_per_pass(),
+               expected_tokens_per_pass(alpha, a.num_speculative), s.num_generated, s.seconds, spec_tps);
+    fmt::print("plain:            {} tokens in {:.3f} s = {:.1f} tok/s; speculative / plain = {:.2f}×{}\n",
+               plain->stats.num_generated, plain->stats.seconds, plain_tps, spec_tps / plain_tps,
+               a.sampling.temperature <= 0.0f
+                   ? (spec->tokens == plain->tokens ? "; greedy output identical" : "; greedy output DIFFERS")
+                   : "");
+  }
+}
+
 void run_generate(const GenArgs& a) {
-  auto model = load_model(a.model);
+  auto model = quant::load_any_model(a.model);  // fp32 or kiln-quantized
   if (!model.ok()) fail("generate", model.status());
   auto tk = tok::Tokenizer::load_hf_json((std::filesystem::path(a.model) / "tokenizer.json").string());
   if (!tk.ok()) fail("generate", tk.status());
   Transformer& m = **model;
+  if (!a.draft_model.empty()) return run_speculative(a, m, *tk);
   const int64_t ctx = m.config().max_seq_len, V = m.config().vocab_size;
   Rng rng(a.seed);
   for (int sample = 0; sample < a.samples; ++sample) {
@@ -211,6 +379,19 @@ void register_train(CLI::App& app) {
   t->add_flag("--resume", ta->resume, "Continue from OUT/checkpoint.bin (same options give the same losses)");
   t->add_option("--save-every", ta->save_every, "Write OUT/checkpoint.bin every N steps (and always at the end)")
       ->check(CLI::Range(0, 1 << 30));
+  t->add_option("--precision", ta->precision, "fp32 | bf16 (bf16 GEMM, fp32 master weights) | fp16, fp8 (emulated)")
+      ->check(CLI::IsMember({"fp32", "bf16", "fp16", "fp8"}));
+  t->add_option("--loss-scale", ta->loss_scale, "Loss scaling: 'dynamic' or a fixed S (default: dynamic for fp16, else none)");
+  t->add_option("--loss-scale-init", ta->loss_scale_init, "Initial S of dynamic loss scaling")->check(CLI::Range(1e-30, 1e30));
+  t->add_option("--loss-scale-window", ta->opt.loss_scale_window, "Dynamic loss scaling: good steps before S doubles")
+      ->check(CLI::Range(int64_t{1}, int64_t{1} << 40));
+  t->add_option("--amax-history", ta->opt.amax_history, "fp8 delayed scaling: amaxes remembered per tensor")
+      ->check(CLI::Range(1, 1 << 16));
+  t->add_option("--checkpoint", ta->checkpoint, "Activation checkpointing: none | full | selective")
+      ->check(CLI::IsMember({"none", "full", "selective"}));
+  t->add_flag("--memory-report", ta->memory_report,
+              "Print the memory model beside the allocator's measured peak of step 2; write OUT/memory.svg");
+  t->add_option("--qat", ta->qat, "Quantization-aware training: w4g128 | w8a8 (exports OUT/quantized)");
   t->callback([ta] { run_train(*ta); });
 
   auto ga = std::make_shared<GenArgs>();
@@ -227,6 +408,8 @@ void register_train(CLI::App& app) {
       ->check(CLI::IsMember({"naive", "flash"}))
       ->each([](const std::string& s) { set_attention_impl(parse_attention_impl(s).value()); });
   g->add_option("--samples", ga->samples, "Number of samples")->check(CLI::Range(1, 100));
+  g->add_option("--draft-model", ga->draft_model, "Speculative decoding with this draft model (same tokenizer)");
+  g->add_option("--num-speculative", ga->num_speculative, "Draft tokens per target pass (γ)")->check(CLI::Range(1, 64));
   g->callback([ga] { run_generate(*ga); });
 }
 

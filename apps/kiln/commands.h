@@ -15,6 +15,11 @@ void register_bench_attention(CLI::App& app);  // `bench attention` (cmd_bench_a
 void register_eval(CLI::App& app);         // `eval` (cmd_eval.cpp)
 void register_bench_train(CLI::App& app);  // `bench train`, after register_bench (cmd_bench_train.cpp)
 void register_bench_numerics(CLI::App& app);  // `bench numerics`, after register_bench (cmd_bench_numerics.cpp)
+void register_serve(CLI::App& app);  // `serve` (cmd_serve.cpp)
+void register_bench_serve(CLI::App& app);  // `bench serve`, after register_bench (cmd_bench_serve.cpp)
+void register_quantize(CLI::App& app);  // `quantize` and `bench quant-decode`, after register_bench (cmd_quantize.cpp)
+void register_convert(CLI::App& app);       // `convert` (cmd_convert.cpp)
+void register_bench_quant(CLI::App& app);   // `bench quant`, after register_bench (cmd_bench_quant.cpp)
 
 // Exit code for a subcommand that failed on user input (message already printed).
 inline constexpr int kUserError = 2;

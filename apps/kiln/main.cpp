@@ -39,6 +39,11 @@ int main(int argc, char** argv) {
   kiln::app::register_eval(app);
   kiln::app::register_bench_train(app);  // after bench: adds `bench train`
   kiln::app::register_bench_numerics(app);  // after bench: adds `bench numerics`
+  kiln::app::register_serve(app);
+  kiln::app::register_bench_serve(app);  // after bench: adds `bench serve`
+  kiln::app::register_quantize(app);  // after bench: adds `bench quant-decode`
+  kiln::app::register_convert(app);
+  kiln::app::register_bench_quant(app);  // after bench: adds `bench quant`
 
   try {
     app.parse(argc, argv);

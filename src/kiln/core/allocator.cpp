@@ -76,7 +76,9 @@ void CachingAllocator::empty_cache() {
 
 AllocatorStats CachingAllocator::stats() const {
   std::lock_guard<std::mutex> lock(mu_);
-  return stats_;
+  AllocatorStats s = stats_;
+  s.largest_free_block = free_.empty() ? 0 : static_cast<int64_t>(free_.rbegin()->first);
+  return s;
 }
 
 void CachingAllocator::reset_peak() {

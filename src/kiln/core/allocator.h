@@ -22,9 +22,19 @@ struct AllocatorStats {
   int64_t num_allocs = 0;            // calls to allocate
   int64_t num_os_allocs = 0;         // of which went to the OS
   int64_t num_live = 0;
+  int64_t largest_free_block = 0;    // biggest cached block (filled in by stats())
   // Internal fragmentation: 1 - requested / in_use (0 when nothing is live).
   double fragmentation() const {
     return bytes_in_use == 0 ? 0.0 : 1.0 - static_cast<double>(bytes_requested) / bytes_in_use;
+  }
+  // External fragmentation of the cache: 1 - largest free block / cached bytes (0: the cached
+  // memory is one block, or none; near 1: it is split into many small blocks).
+  double external_fragmentation() const {
+    return bytes_cached == 0 ? 0.0 : 1.0 - static_cast<double>(largest_free_block) / bytes_cached;
+  }
+  // Share of the reserved bytes that no live block uses: 1 - in_use / reserved.
+  double reserved_unused() const {
+    return bytes_reserved == 0 ? 0.0 : 1.0 - static_cast<double>(bytes_in_use) / bytes_reserved;
   }
 };
 

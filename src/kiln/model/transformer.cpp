@@ -84,11 +84,17 @@ struct Buf {
     p = t.data<float>();
     g_activation_bytes += t.nbytes();
   }
+  // Points at another layer's buffer (activation checkpointing: one set shared by layers).
+  void share(const Buf& other) {
+    t = Tensor();
+    p = other.p;
+  }
 };
 }  // namespace
 
 struct Transformer::Acts {
   int64_t B = 0, T = 0;
+  CheckpointMode mode = CheckpointMode::kNone;  // how the layer buffers were laid out
   // Saved for backward:
   std::vector<Buf> resid;   // (L+1) × (N, C): input of each layer, then the final stream
   Buf final_norm, final_mean, final_rstd;  // (N, C), (N,), (N,)
@@ -98,6 +104,23 @@ struct Transformer::Acts {
   int64_t num_valid = 0;
   // Backward scratch (shared by layers):
   Buf dresid, dtmp, dnorm, datt, dq, dk, dv, dff_a, dff_b, dff_c;
+};
+
+// What one layer's attention needs of a paged (serving) step: the batch, where each sequence's
+// rows start, its K/V length, this layer's pools and a gather buffer for long prefill chunks.
+struct PagedStep {
+  const PagedBatch* batch = nullptr;
+  const int32_t* row_begin = nullptr;  // (S + 1,) cumulative num_new
+  const int32_t* kv_lens = nullptr;    // (S,) num_cached + num_new
+  int64_t block_size = 0;
+  float* k_pool = nullptr;             // this layer's (num_blocks · block_size, Hkv·D)
+  float* v_pool = nullptr;
+  float* gather = nullptr;             // (2, max kv_len of a chunk > kSplitKvMaxQueries, Hkv·D)
+};
+
+struct Transformer::PagedScratch {
+  std::vector<int32_t> row_begin, kv_lens;
+  std::vector<float> gather, x;  // x: (M, C) rows that get logits
 };
 
 struct Transformer::Layer {
@@ -136,24 +159,89 @@ struct Transformer::Layer {
     }
   }
 
-  void alloc(int64_t B, int64_t T) {
+  // Attention of a paged step into att/lse: RoPE at each sequence's own positions (Llama), the
+  // new K/V rows into their pool slots, then per sequence: runs of decodes (1 query) in one
+  // paged split-KV call, short chunks in the same kernel, and longer prefill chunks through the
+  // flash kernel over the sequence's K/V gathered into a contiguous buffer.
+  // q rows of q_stride, k/v rows of kv_stride (GPT-2: inside the fused QKV rows).
+  void attend_paged(float* q, float* k, const float* v, int64_t q_stride, int64_t kv_stride, const PagedStep& ps) {
+    const PagedBatch& b = *ps.batch;
+    const int64_t H = cfg->n_heads, D = cfg->head_dim(), W = cfg->n_kv_heads * D, bs = ps.block_size;
+    const int64_t S = static_cast<int64_t>(b.num_new.size()), maxb = b.max_blocks_per_seq;
+    for (int64_t i = 0; i < S; ++i) {
+      const int64_t r0 = ps.row_begin[i], n = b.num_new[i], pos = b.num_cached[i];
+      if (cfg->is_llama()) {  // q, k packed here (q_stride = H·D, kv_stride = W)
+        cpu::rope_forward(q + r0 * q_stride, q + r0 * q_stride, *rope, 1, n, H, D, pos);
+        cpu::rope_forward(k + r0 * kv_stride, k + r0 * kv_stride, *rope, 1, n, cfg->n_kv_heads, D, pos);
+      }
+      const int32_t* table = b.block_table.data() + i * maxb;
+      for (int64_t t = 0; t < n; ++t) {
+        const int64_t p = pos + t, slot = int64_t{table[p / bs]} * bs + p % bs;
+        std::memcpy(ps.k_pool + slot * W, k + (r0 + t) * kv_stride, static_cast<size_t>(W) * sizeof(float));
+        std::memcpy(ps.v_pool + slot * W, v + (r0 + t) * kv_stride, static_cast<size_t>(W) * sizeof(float));
+      }
+    }
+    AttentionParams base;
+    base.n_heads = H; base.n_kv_heads = cfg->n_kv_heads; base.head_dim = D; base.causal = true;
+    base.q_row_stride = q_stride; base.k_row_stride = base.v_row_stride = W;
+    for (int64_t i = 0; i < S;) {
+      const int64_t r0 = ps.row_begin[i], n = b.num_new[i];
+      if (n <= kSplitKvMaxQueries) {  // a run of sequences with n queries each: one paged call
+        int64_t j = i + 1;
+        while (j < S && b.num_new[j] == n) ++j;
+        AttentionParams p = base;
+        p.batch = j - i; p.q_len = n; p.kv_len = n;
+        p = check_attention(p).value();
+        const PagedKv kv{ps.k_pool, ps.v_pool, b.block_table.data() + i * maxb, ps.kv_lens + i, bs, maxb, j - i};
+        cpu::attention_decode_paged(att.p + r0 * H * D, lse.p + r0 * H, q + r0 * q_stride, kv, p);
+        i = j;
+        continue;
+      }
+      const int64_t S_kv = ps.kv_lens[i];
+      const int32_t* table = b.block_table.data() + i * maxb;
+      float* gk = ps.gather;
+      float* gv = ps.gather + S_kv * W;
+      for (int64_t blk = 0; blk * bs < S_kv; ++blk) {
+        const int64_t rows = std::min(bs, S_kv - blk * bs), src = int64_t{table[blk]} * bs;
+        std::memcpy(gk + blk * bs * W, ps.k_pool + src * W, static_cast<size_t>(rows * W) * sizeof(float));
+        std::memcpy(gv + blk * bs * W, ps.v_pool + src * W, static_cast<size_t>(rows * W) * sizeof(float));
+      }
+      AttentionParams p = base;
+      p.batch = 1; p.q_len = n; p.kv_len = S_kv;
+      p = check_attention(p).value();
+      cpu::attention_forward(att.p + r0 * H * D, lse.p + r0 * H, q + r0 * q_stride, gk, gv, p);
+      ++i;
+    }
+  }
+
+  // With `src` (layer 0) and checkpointing, the buffers this layer recomputes in backward are
+  // src's: all of them under kFull, the attention core's output and lse under kSelective.
+  void alloc(int64_t B, int64_t T, const Layer* src = nullptr, CheckpointMode mode = CheckpointMode::kNone) {
     const int64_t N = B * T, C = cfg->d_model, F = cfg->d_ff, D = cfg->head_dim();
-    n1.alloc(N * C); mean1.alloc(N); rstd1.alloc(N);
-    att.alloc(N * C); lse.alloc(B * cfg->n_heads * T); x1.alloc(N * C);
-    n2.alloc(N * C); mean2.alloc(N); rstd2.alloc(N);
-    ff1.alloc(N * F); ffa.alloc(N * F);
+    const bool share_all = src != nullptr && mode == CheckpointMode::kFull;
+    const bool share_core = src != nullptr && mode != CheckpointMode::kNone;
+    auto get = [&](Buf Layer::*m, int64_t n, bool core = false) {
+      if (share_all || (core && share_core)) (this->*m).share(src->*m);
+      else (this->*m).alloc(n);
+    };
+    get(&Layer::n1, N * C); get(&Layer::mean1, N); get(&Layer::rstd1, N);
+    get(&Layer::att, N * C, true); get(&Layer::lse, B * cfg->n_heads * T, true); get(&Layer::x1, N * C);
+    get(&Layer::n2, N * C); get(&Layer::mean2, N); get(&Layer::rstd2, N);
+    get(&Layer::ff1, N * F); get(&Layer::ffa, N * F);
     if (cfg->is_llama()) {
-      qb.alloc(N * cfg->n_heads * D); kb.alloc(N * cfg->n_kv_heads * D); vb.alloc(N * cfg->n_kv_heads * D);
-      ff2.alloc(N * F);
+      get(&Layer::qb, N * cfg->n_heads * D); get(&Layer::kb, N * cfg->n_kv_heads * D);
+      get(&Layer::vb, N * cfg->n_kv_heads * D); get(&Layer::ff2, N * F);
     } else {
-      qkv_out.alloc(N * 3 * C);
+      get(&Layer::qkv_out, N * 3 * C);
     }
   }
 
   // x (N, C) -> y (N, C); saves what backward needs. With a cache (batch 1), the tokens sit
   // at positions [pos, pos + T) and K/V are appended to ck/cv (max_len, Hkv·D).
+  // With `paged` (serving, B = 1, T = all new tokens of a ragged batch) the attention lines
+  // are attend_paged().
   void forward(float* y, const float* x, int64_t B, int64_t T, float* ck = nullptr, float* cv = nullptr,
-               int64_t pos = 0) {
+               int64_t pos = 0, const PagedStep* paged = nullptr) {
     const int64_t N = B * T, C = cfg->d_model, kv_width = cfg->n_kv_heads * cfg->head_dim();
     const bool cached = ck != nullptr;
     const AttentionParams ap = attn_params(B, T, pos + T, cached);
@@ -162,10 +250,14 @@ struct Transformer::Layer {
       q.forward(qb.p, n1.p, N);
       k.forward(kb.p, n1.p, N);
       v.forward(vb.p, n1.p, N);
-      cpu::rope_forward(qb.p, qb.p, *rope, B, T, cfg->n_heads, cfg->head_dim(), pos);
-      cpu::rope_forward(kb.p, kb.p, *rope, B, T, cfg->n_kv_heads, cfg->head_dim(), pos);
-      if (cached) append_kv(ck, cv, kb.p, vb.p, kv_width, kv_width, T, pos, kv_width);
-      cpu::attention_forward(att.p, lse.p, qb.p, cached ? ck : kb.p, cached ? cv : vb.p, ap);
+      if (paged) {
+        attend_paged(qb.p, kb.p, vb.p, cfg->n_heads * cfg->head_dim(), kv_width, *paged);
+      } else {
+        cpu::rope_forward(qb.p, qb.p, *rope, B, T, cfg->n_heads, cfg->head_dim(), pos);
+        cpu::rope_forward(kb.p, kb.p, *rope, B, T, cfg->n_kv_heads, cfg->head_dim(), pos);
+        if (cached) append_kv(ck, cv, kb.p, vb.p, kv_width, kv_width, T, pos, kv_width);
+        cpu::attention_forward(att.p, lse.p, qb.p, cached ? ck : kb.p, cached ? cv : vb.p, ap);
+      }
       o.forward(x1.p, att.p, N, x);
       cpu::rmsnorm_forward(n2.p, rstd2.p, x1.p, norm2_w, N, C, cfg->norm_eps);
       gate.forward(ff1.p, n2.p, N);
@@ -175,9 +267,13 @@ struct Transformer::Layer {
     } else {
       cpu::layernorm_forward(n1.p, mean1.p, rstd1.p, x, norm1_w, norm1_b, N, C, cfg->norm_eps);
       qkv.forward(qkv_out.p, n1.p, N);
-      if (cached) append_kv(ck, cv, qkv_out.p + C, qkv_out.p + 2 * C, 3 * C, 3 * C, T, pos, kv_width);
-      cpu::attention_forward(att.p, lse.p, qkv_out.p, cached ? ck : qkv_out.p + C, cached ? cv : qkv_out.p + 2 * C,
-                             ap);
+      if (paged) {
+        attend_paged(qkv_out.p, qkv_out.p + C, qkv_out.p + 2 * C, 3 * C, 3 * C, *paged);
+      } else {
+        if (cached) append_kv(ck, cv, qkv_out.p + C, qkv_out.p + 2 * C, 3 * C, 3 * C, T, pos, kv_width);
+        cpu::attention_forward(att.p, lse.p, qkv_out.p, cached ? ck : qkv_out.p + C,
+                               cached ? cv : qkv_out.p + 2 * C, ap);
+      }
       o.forward(x1.p, att.p, N, x);
       cpu::layernorm_forward(n2.p, mean2.p, rstd2.p, x1.p, norm2_w, norm2_b, N, C, cfg->norm_eps);
       fc.forward(ff1.p, n2.p, N);
@@ -186,10 +282,16 @@ struct Transformer::Layer {
     }
   }
 
-  // dy (N, C) in, overwritten with dx (N, C). x is this block's saved input.
-  void backward(float* dy, const float* x, int64_t B, int64_t T, Acts& s) {
+  // dy (N, C) in, overwritten with dx (N, C). x is this block's saved input. With
+  // recompute_attention (selective checkpointing) the attention core's output and lse are
+  // first recomputed from the saved Q, K, V.
+  void backward(float* dy, const float* x, int64_t B, int64_t T, Acts& s, bool recompute_attention = false) {
     const int64_t N = B * T, C = cfg->d_model, F = cfg->d_ff;
     const AttentionParams ap = attn_params(B, T, T, false);
+    if (recompute_attention) {
+      if (cfg->is_llama()) cpu::attention_forward(att.p, lse.p, qb.p, kb.p, vb.p, ap);
+      else cpu::attention_forward(att.p, lse.p, qkv_out.p, qkv_out.p + C, qkv_out.p + 2 * C, ap);
+    }
     float* dx1 = dy;  // the residual carries dy straight through; norm branches add to it
     if (cfg->is_llama()) {
       down.backward(s.dff_a.p, dy, ffa.p, N, false);                       // d swiglu out
@@ -380,12 +482,14 @@ Expected<std::unique_ptr<Transformer>> Transformer::create(const ModelConfig& co
 }
 
 void Transformer::ensure_activations(int64_t B, int64_t T) {
-  if (acts_ && acts_->B == B && acts_->T == T) return;
+  if (acts_ && acts_->B == B && acts_->T == T && acts_->mode == ckpt_) return;
   g_activation_bytes = 0;
+  acts_.reset();  // free the old buffers before allocating the new ones
   acts_ = std::make_unique<Acts>();
   Acts& a = *acts_;
   a.B = B;
   a.T = T;
+  a.mode = ckpt_;
   const int64_t N = B * T, C = config_.d_model, V = config_.vocab_size, F = config_.d_ff;
   const int64_t D = config_.head_dim();
   a.resid.resize(static_cast<size_t>(config_.n_layers + 1));
@@ -396,7 +500,7 @@ void Transformer::ensure_activations(int64_t B, int64_t T) {
   a.dq.alloc(N * std::max(3 * C, config_.n_heads * D));
   a.dk.alloc(N * config_.n_kv_heads * D); a.dv.alloc(N * config_.n_kv_heads * D);
   a.dff_a.alloc(N * F); a.dff_b.alloc(N * F); a.dff_c.alloc(N * F);
-  for (auto& l : layers_) l->alloc(B, T);
+  for (size_t i = 0; i < layers_.size(); ++i) layers_[i]->alloc(B, T, i == 0 ? nullptr : layers_[0].get(), ckpt_);
   activation_bytes_ = g_activation_bytes;
 }
 
@@ -481,14 +585,14 @@ const float* Transformer::logits() const { return acts_ ? acts_->logits.p : null
 
 void Transformer::zero_grad() { std::memset(grads_.raw_data(), 0, static_cast<size_t>(grads_.nbytes())); }
 
-void Transformer::backward() {
+void Transformer::backward(float loss_scale) {
   KILN_CHECK_MSG(acts_ && acts_->num_valid > 0, "backward() needs a forward() with targets first");
   const ModelConfig& c = config_;
   Acts& a = *acts_;
   const int64_t B = a.B, T = a.T, N = B * T, C = c.d_model, V = c.vocab_size;
   const bool gpt2 = c.family == ModelFamily::kGpt2;
   // dlosses = 1/num_valid for the mean; dlogits overwrite the logits.
-  for (int64_t i = 0; i < N; ++i) a.losses.p[i] = 1.0f / static_cast<float>(a.num_valid);
+  for (int64_t i = 0; i < N; ++i) a.losses.p[i] = loss_scale / static_cast<float>(a.num_valid);
   cpu::cross_entropy_backward(a.logits.p, a.logits.p, a.targets.data(), a.losses.p, N, V);
   const int64_t wte_off = entries_[0].offset;
   head_.backward(a.dnorm.p, a.logits.p, a.final_norm.p, N, false);
@@ -499,9 +603,125 @@ void Transformer::backward() {
   } else {
     cpu::rmsnorm_backward(a.dresid.p, dfinal_norm_w_, a.dnorm.p, x, final_norm_w_, a.final_rstd.p, N, C);
   }
-  for (size_t l = layers_.size(); l-- > 0;) layers_[l]->backward(a.dresid.p, a.resid[l].p, B, T, a);
+  KILN_CHECK_MSG(a.mode == ckpt_, "set_checkpointing() between forward() and backward()");
+  for (size_t l = layers_.size(); l-- > 0;) {
+    // The last layer's buffers still hold its forward (the shared ones were written by it last):
+    // only the layers below it recompute.
+    const bool recompute = l + 1 < layers_.size();
+    // Full checkpointing: re-run the layer from its saved input (its output, rewritten with the
+    // same values, is no longer read), filling the shared buffers its backward reads.
+    if (recompute && ckpt_ == CheckpointMode::kFull) layers_[l]->forward(a.resid[l + 1].p, a.resid[l].p, B, T);
+    layers_[l]->backward(a.dresid.p, a.resid[l].p, B, T, a, recompute && ckpt_ == CheckpointMode::kSelective);
+  }
   cpu::embedding_backward(grads_.data<float>() + wte_off, a.dresid.p, a.tokens.data(), N, V, C);
   if (gpt2) cpu::positional_backward(grads_.data<float>() + entries_[1].offset, a.dresid.p, B, T, C);
+}
+
+
+// ---- serving: the paged KV cache ------------------------------------------------------------
+int64_t PagedKvCache::bytes() const {
+  return 2 * static_cast<int64_t>(k.size()) * num_blocks * block_size * row_width * static_cast<int64_t>(sizeof(float));
+}
+
+void PagedKvCache::copy_block(int32_t src, int32_t dst, int64_t num_tokens) {
+  KILN_CHECK(src >= 0 && src < num_blocks && dst >= 0 && dst < num_blocks && num_tokens >= 0 &&
+             num_tokens <= block_size);
+  const size_t n = static_cast<size_t>(num_tokens * row_width) * sizeof(float);
+  for (size_t l = 0; l < k.size(); ++l) {
+    std::memcpy(k[l].data<float>() + dst * block_size * row_width, k[l].data<float>() + src * block_size * row_width, n);
+    std::memcpy(v[l].data<float>() + dst * block_size * row_width, v[l].data<float>() + src * block_size * row_width, n);
+  }
+}
+
+PagedKvCache Transformer::make_paged_kv_cache(int64_t num_blocks, int64_t block_size) const {
+  PagedKvCache c;
+  c.num_blocks = num_blocks;
+  c.block_size = block_size;
+  c.row_width = config_.n_kv_heads * config_.head_dim();
+  for (int64_t l = 0; l < config_.n_layers; ++l) {
+    c.k.push_back(Tensor::zeros({num_blocks * block_size, c.row_width}));
+    c.v.push_back(Tensor::zeros({num_blocks * block_size, c.row_width}));
+  }
+  return c;
+}
+
+Expected<const float*> Transformer::forward_paged(const PagedBatch& b, PagedKvCache& cache) {
+  const ModelConfig& c = config_;
+  const int64_t S = static_cast<int64_t>(b.num_new.size()), N = static_cast<int64_t>(b.tokens.size());
+  const int64_t C = c.d_model, V = c.vocab_size, M = static_cast<int64_t>(b.logit_rows.size());
+  const int64_t bs = cache.block_size, maxb = b.max_blocks_per_seq;
+  if (S == 0 || static_cast<int64_t>(b.num_cached.size()) != S || maxb < 1 ||
+      static_cast<int64_t>(b.block_table.size()) != S * maxb)
+    return invalid_argument("[forward_paged] {} sequences need num_cached ({}) of the same size and a block table of "
+                            "{} × max_blocks_per_seq ({}), got {}", S, b.num_cached.size(), S, maxb, b.block_table.size());
+  if (static_cast<int64_t>(cache.k.size()) != c.n_layers || cache.row_width != c.n_kv_heads * c.head_dim() || bs < 1)
+    return invalid_argument("[forward_paged] the cache has {} layers of rows {}, the model {} of {}", cache.k.size(),
+                            cache.row_width, c.n_layers, c.n_kv_heads * c.head_dim());
+  if (!paged_) paged_ = std::make_unique<PagedScratch>();
+  PagedScratch& ps = *paged_;
+  ps.row_begin.assign(1, 0);
+  ps.kv_lens.clear();
+  int64_t gather_rows = 0;
+  for (int64_t i = 0; i < S; ++i) {
+    const int64_t n = b.num_new[i], end = int64_t{b.num_cached[i]} + n;
+    if (n < 1 || b.num_cached[i] < 0 || end > c.max_seq_len || (end + bs - 1) / bs > maxb)
+      return invalid_argument("[forward_paged] sequence {}: {} cached + {} new tokens must be positive, within the "
+                              "context {} and the {} blocks of {} tokens of its table", i, b.num_cached[i], n,
+                              c.max_seq_len, maxb, bs);
+    for (int64_t j = 0; j < (end + bs - 1) / bs; ++j) {
+      const int32_t id = b.block_table[i * maxb + j];
+      if (id < 0 || id >= cache.num_blocks)
+        return invalid_argument("[forward_paged] sequence {} block {} is {}, the cache has {}", i, j, id, cache.num_blocks);
+    }
+    ps.row_begin.push_back(static_cast<int32_t>(ps.row_begin.back() + n));
+    ps.kv_lens.push_back(static_cast<int32_t>(end));
+    if (n > kSplitKvMaxQueries) gather_rows = std::max(gather_rows, end);
+  }
+  if (ps.row_begin.back() != N)
+    return invalid_argument("[forward_paged] num_new sums to {}, tokens has {}", ps.row_begin.back(), N);
+  for (int32_t r : b.logit_rows)
+    if (r < 0 || r >= N) return invalid_argument("[forward_paged] logit row {} of {} tokens", r, N);
+  KILN_RETURN_IF_ERROR(check_token_ids(b.tokens, V));
+
+  // Activation buffers for at least N rows, grown in steps of 64 so a varying batch rarely
+  // reallocates.
+  if (!acts_ || acts_->B != 1 || acts_->T < N) ensure_activations(1, (N + 63) / 64 * 64);
+  Acts& a = *acts_;
+  a.num_valid = 0;
+  const size_t gather_floats = static_cast<size_t>(2 * gather_rows * cache.row_width);
+  if (ps.gather.size() < gather_floats) ps.gather.resize(gather_floats);
+  const float* wte = params_.data<float>() + entries_[0].offset;
+  cpu::embedding_forward(a.resid[0].p, b.tokens.data(), wte, N, V, C);
+  if (c.family == ModelFamily::kGpt2) {
+    for (int64_t i = 0; i < S; ++i)
+      cpu::positional_forward(a.resid[0].p + int64_t{ps.row_begin[i]} * C,
+                              params_.data<float>() + entries_[1].offset + int64_t{b.num_cached[i]} * C, 1,
+                              b.num_new[i], C);
+  }
+  PagedStep step;
+  step.batch = &b;
+  step.row_begin = ps.row_begin.data();
+  step.kv_lens = ps.kv_lens.data();
+  step.block_size = bs;
+  step.gather = ps.gather.data();
+  for (size_t l = 0; l < layers_.size(); ++l) {
+    step.k_pool = cache.k[l].data<float>();
+    step.v_pool = cache.v[l].data<float>();
+    layers_[l]->forward(a.resid[l + 1].p, a.resid[l].p, 1, N, nullptr, nullptr, 0, &step);
+  }
+  if (M == 0) return a.logits.p;
+  // Final norm and LM head only for the rows that get logits: x (M, C) -> logits (M, V).
+  ps.x.resize(static_cast<size_t>(M * C));
+  for (int64_t r = 0; r < M; ++r)
+    std::memcpy(ps.x.data() + r * C, a.resid.back().p + int64_t{b.logit_rows[r]} * C, static_cast<size_t>(C) * sizeof(float));
+  if (c.family == ModelFamily::kGpt2) {
+    cpu::layernorm_forward(a.final_norm.p, a.final_mean.p, a.final_rstd.p, ps.x.data(), final_norm_w_, final_norm_b_, M,
+                           C, c.norm_eps);
+  } else {
+    cpu::rmsnorm_forward(a.final_norm.p, a.final_rstd.p, ps.x.data(), final_norm_w_, M, C, c.norm_eps);
+  }
+  head_.forward(a.logits.p, a.final_norm.p, M);
+  return a.logits.p;
 }
 
 }  // namespace kiln

@@ -12,6 +12,7 @@
 #include "kiln/kernels/attention.h"
 #include "kiln/kernels/gemm.h"
 #include "kiln/kernels/rope.h"
+#include "kiln/model/checkpoint_mode.h"
 #include "kiln/model/config.h"
 
 namespace kiln {
@@ -70,6 +71,32 @@ struct KVCache {
   int64_t bytes_per_token() const;
 };
 
+// The serving KV cache (src/kiln/serve): per layer one K and one V pool of num_blocks blocks
+// of block_size token rows of Hkv·D floats, the PagedKv layout of kernels/attention.h. Which
+// blocks a sequence owns is the serving layer's bookkeeping; this holds only the data.
+struct PagedKvCache {
+  int64_t num_blocks = 0;
+  int64_t block_size = 0;
+  int64_t row_width = 0;     // Hkv·D floats per token row
+  std::vector<Tensor> k, v;  // per layer (num_blocks · block_size, Hkv·D)
+  int64_t bytes() const;
+  // Copies the first num_tokens rows of block src into block dst, in every layer
+  // (copy-on-write of a shared, partially filled block).
+  void copy_block(int32_t src, int32_t dst, int64_t num_tokens);
+};
+
+// A ragged batch for forward_paged: sequence i runs num_new[i] new tokens (a prefill chunk or
+// one decode token) at positions [num_cached[i], num_cached[i] + num_new[i]), whose K/V go to
+// the slots of block_table row i; the new tokens of all sequences are packed in order.
+struct PagedBatch {
+  std::span<const int32_t> tokens;       // (N,) new tokens, sequence after sequence
+  std::span<const int32_t> num_cached;   // (S,) positions already in the cache
+  std::span<const int32_t> num_new;      // (S,) >= 1 each, summing to N
+  std::span<const int32_t> block_table;  // (S, max_blocks_per_seq) block ids
+  int64_t max_blocks_per_seq = 0;
+  std::span<const int32_t> logit_rows;   // rows of `tokens` whose logits to compute
+};
+
 class Transformer {
  public:
   static Expected<std::unique_ptr<Transformer>> create(const ModelConfig& config, uint64_t seed);
@@ -94,13 +121,23 @@ class Transformer {
   // through the same layers, appending their K/V to the cache; returns logits (n, V).
   KVCache make_kv_cache(int64_t max_len) const;
   Expected<const float*> forward_cached(const int32_t* tokens, int64_t n, KVCache& cache);
+  // Serving over the paged cache: one ragged batch (PagedBatch) through the same layers, K/V
+  // written to and read through each sequence's blocks (paged attention, split over blocks for
+  // decode). Returns logits (logit_rows.size(), V); errors name bad shapes, ids or positions.
+  PagedKvCache make_paged_kv_cache(int64_t num_blocks, int64_t block_size) const;
+  Expected<const float*> forward_paged(const PagedBatch& batch, PagedKvCache& cache);
   // Bytes of the activation and backward-scratch buffers for the last forward's (B, T).
   int64_t activation_bytes() const { return activation_bytes_; }
   // Logits (B, T, V) of the last forward (valid until backward()).
   const float* logits() const;
   void zero_grad();
-  // Gradients of the last forward's mean loss, accumulated (+=) into grads().
-  void backward();
+  // Gradients of the last forward's mean loss, accumulated (+=) into grads(). loss_scale
+  // multiplies the loss gradient (loss scaling for fp16); the caller divides it back out.
+  void backward(float loss_scale = 1.0f);
+  // Activation checkpointing (checkpoint_mode.h); takes effect at the next forward. The
+  // gradients are bitwise those of kNone; activation_bytes() shrinks.
+  void set_checkpointing(CheckpointMode mode) { ckpt_ = mode; }
+  CheckpointMode checkpointing() const { return ckpt_; }
 
   struct Layer;  // one transformer block (defined in transformer.cpp)
 
@@ -121,7 +158,10 @@ class Transformer {
   RopeTable rope_;
   struct Acts;
   std::unique_ptr<Acts> acts_;
+  struct PagedScratch;  // forward_paged's reused buffers (transformer.cpp)
+  std::unique_ptr<PagedScratch> paged_;
   int64_t activation_bytes_ = 0;
+  CheckpointMode ckpt_ = CheckpointMode::kNone;
 };
 
 }  // namespace kiln

@@ -8,6 +8,7 @@
 #include <nlohmann/json.hpp>
 
 #include "kiln/core/file_io.h"
+#include "kiln/model/gguf.h"
 
 namespace kiln {
 namespace {
@@ -129,6 +130,10 @@ Status save_model(const std::string& dir, Transformer& model) {
 }
 
 Expected<std::unique_ptr<Transformer>> load_model(const std::string& dir) {
+  if (dir.ends_with(".gguf")) {  // a llama.cpp file: dequantized to fp32 (gguf.h)
+    KILN_ASSIGN_OR_RETURN(gguf::LoadedModel m, gguf::load_llama(dir));
+    return std::move(m.model);
+  }
   const fs::path cfg_path = fs::path(dir) / "config.json", st_path = fs::path(dir) / "model.safetensors";
   auto cfg_text = read_file(cfg_path.string(), int64_t{1} << 20);
   if (!cfg_text.ok())

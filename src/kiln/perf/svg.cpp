@@ -109,4 +109,69 @@ std::string line_chart_svg(const std::vector<Series>& series, const ChartOptions
   return svg + "</svg>\n";
 }
 
+std::string stacked_bar_svg(const std::vector<Bar>& bars, const ChartOptions& o) {
+  const double left = 70, right = 240, top = 40, bottom = 70;
+  const double pw = o.width - left - right, ph = o.height - top - bottom;
+  std::vector<std::string> names, colors;  // legend order: first appearance
+  auto color_of = [&](const BarSegment& seg) {
+    for (size_t i = 0; i < names.size(); ++i)
+      if (names[i] == seg.name) return colors[i];
+    names.push_back(seg.name);
+    colors.push_back(seg.color.empty() ? kPalette[(names.size() - 1) % std::size(kPalette)] : seg.color);
+    return colors.back();
+  };
+  double ymax = 0;
+  for (const Bar& b : bars) {
+    double sum = 0;
+    for (const BarSegment& seg : b.segments) sum += std::max(0.0, seg.value);
+    ymax = std::max(ymax, sum);
+  }
+  if (ymax <= 0) ymax = 1;
+  const std::vector<double> yt = ticks(0, ymax * 1.05, false);
+  const double ytop = std::max(ymax * 1.05, yt.empty() ? ymax : yt.back());
+  auto py = [&](double y) { return top + ph - y / ytop * ph; };
+  std::string svg = fmt::format(
+      "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"{}\" height=\"{}\" font-family=\"sans-serif\" "
+      "font-size=\"12\">\n<rect width=\"100%\" height=\"100%\" fill=\"white\"/>\n",
+      o.width, o.height);
+  svg += fmt::format("<text x=\"{}\" y=\"22\" text-anchor=\"middle\" font-size=\"15\">{}</text>\n",
+                     o.width / 2, escape(o.title));
+  for (double t : yt) {
+    svg += fmt::format("<line x1=\"{0}\" y1=\"{1:.1f}\" x2=\"{2}\" y2=\"{1:.1f}\" stroke=\"#ddd\"/>"
+                       "<text x=\"{3}\" y=\"{4:.1f}\" text-anchor=\"end\">{5}</text>\n",
+                       left, py(t), left + pw, left - 6, py(t) + 4, label(t, false));
+  }
+  const double slot = bars.empty() ? pw : pw / static_cast<double>(bars.size());
+  const double bw = std::min(60.0, slot * 0.6);
+  for (size_t i = 0; i < bars.size(); ++i) {
+    const double x = left + slot * (static_cast<double>(i) + 0.5) - bw / 2;
+    double y = 0;
+    for (const BarSegment& seg : bars[i].segments) {
+      const double v = std::max(0.0, seg.value);
+      const std::string color = color_of(seg);
+      svg += fmt::format("<rect x=\"{:.1f}\" y=\"{:.1f}\" width=\"{:.1f}\" height=\"{:.1f}\" fill=\"{}\">"
+                         "<title>{}: {:g}</title></rect>\n",
+                         x, py(y + v), bw, py(y) - py(y + v), color, escape(seg.name), v);
+      y += v;
+    }
+    svg += fmt::format("<text x=\"{:.1f}\" y=\"{:.1f}\" text-anchor=\"middle\">{:g}</text>\n", x + bw / 2,
+                       py(y) - 4, std::round(y * 10) / 10);
+    svg += fmt::format("<text x=\"{:.1f}\" y=\"{}\" text-anchor=\"middle\">{}</text>\n", x + bw / 2,
+                       top + ph + 16, escape(bars[i].label));
+  }
+  svg += fmt::format("<rect x=\"{}\" y=\"{}\" width=\"{}\" height=\"{}\" fill=\"none\" stroke=\"#444\"/>\n", left,
+                     top, pw, ph);
+  svg += fmt::format("<text x=\"{}\" y=\"{}\" text-anchor=\"middle\">{}</text>\n", left + pw / 2, o.height - 12,
+                     escape(o.x_label));
+  svg += fmt::format("<text transform=\"translate(16 {}) rotate(-90)\" text-anchor=\"middle\">{}</text>\n",
+                     top + ph / 2, escape(o.y_label));
+  for (size_t i = names.size(); i-- > 0;) {  // top of the stack first, as drawn
+    const double ly = top + 12 + 16 * static_cast<double>(names.size() - 1 - i);
+    svg += fmt::format("<rect x=\"{}\" y=\"{:.1f}\" width=\"12\" height=\"12\" fill=\"{}\"/>"
+                       "<text x=\"{}\" y=\"{:.1f}\">{}</text>\n",
+                       left + pw + 14, ly - 10, colors[i], left + pw + 32, ly, escape(names[i]));
+  }
+  return svg + "</svg>\n";
+}
+
 }  // namespace kiln

@@ -23,4 +23,17 @@ struct ChartOptions {
 
 std::string line_chart_svg(const std::vector<Series>& series, const ChartOptions& options);
 
+// Stacked bars: one bar per entry, its segments stacked bottom-up in order; segments with the
+// same name share a color and one legend entry (e.g. a memory breakdown per configuration).
+struct BarSegment {
+  std::string name;
+  double value = 0;
+  std::string color;  // empty: from the palette, by the name's first appearance
+};
+struct Bar {
+  std::string label;
+  std::vector<BarSegment> segments;
+};
+std::string stacked_bar_svg(const std::vector<Bar>& bars, const ChartOptions& options);
+
 }  // namespace kiln

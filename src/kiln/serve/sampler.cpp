@@ -33,4 +33,49 @@ int32_t sample_token(const float* logits, int64_t vocab, const SamplingParams& p
   return idx[k - 1];
 }
 
+void sampling_distribution(const float* logits, int64_t vocab, const SamplingParams& p, float* probs) {
+  std::fill(probs, probs + vocab, 0.0f);
+  if (p.temperature <= 0.0f) {
+    probs[std::max_element(logits, logits + vocab) - logits] = 1.0f;
+    return;
+  }
+  const double mx = *std::max_element(logits, logits + vocab);
+  if ((p.top_k <= 0 || p.top_k >= vocab) && p.top_p >= 1.0f) {  // plain temperature: no sort
+    double sum = 0;
+    for (int64_t i = 0; i < vocab; ++i) sum += probs[i] = static_cast<float>(std::exp((logits[i] - mx) / p.temperature));
+    for (int64_t i = 0; i < vocab; ++i) probs[i] = static_cast<float>(probs[i] / sum);
+    return;
+  }
+  // The same candidate set as sample_token: sorted by logit, cut by top-k, then by top-p.
+  std::vector<int32_t> idx(static_cast<size_t>(vocab));
+  std::iota(idx.begin(), idx.end(), 0);
+  int64_t k = (p.top_k > 0 && p.top_k < vocab) ? p.top_k : vocab;
+  std::partial_sort(idx.begin(), idx.begin() + k, idx.end(), [&](int32_t a, int32_t b) { return logits[a] > logits[b]; });
+  std::vector<double> w(static_cast<size_t>(k));
+  double sum = 0;
+  for (int64_t i = 0; i < k; ++i) sum += w[i] = std::exp((logits[idx[i]] - mx) / p.temperature);
+  if (p.top_p < 1.0f) {
+    double mass = 0;
+    int64_t keep = 0;
+    while (keep < k && mass < p.top_p * sum) mass += w[keep++];
+    k = std::max<int64_t>(keep, 1);
+    sum = mass;
+  }
+  for (int64_t i = 0; i < k; ++i) probs[idx[i]] = static_cast<float>(w[i] / sum);
+}
+
+int32_t sample_from_probs(const float* probs, int64_t vocab, Rng& rng) {
+  double sum = 0;
+  for (int64_t i = 0; i < vocab; ++i) sum += probs[i];
+  double r = rng.uniform() * sum;
+  int32_t last = 0;
+  for (int64_t i = 0; i < vocab; ++i) {
+    if (probs[i] <= 0.0f) continue;
+    last = static_cast<int32_t>(i);
+    r -= probs[i];
+    if (r < 0) return last;
+  }
+  return last;  // rounding left r >= 0: the last index with weight
+}
+
 }  // namespace kiln

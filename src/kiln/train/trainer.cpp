@@ -35,46 +35,65 @@ double evaluate(Transformer& model, const TokenShard& data, int64_t batch, int64
 
 Trainer::Trainer(Transformer& model, const TokenShard& train_data, const TokenShard* val_data, const TrainOptions& o)
     : model_(model), val_(val_data), o_(o), loader_(&train_data, o.batch, o.seq_len, o.seed),
-      m_(model.params().size(), 0.0f), v_(model.params().size(), 0.0f), total_steps_(o.max_steps) {}
+      m_(Tensor::zeros({static_cast<int64_t>(model.params().size())})),
+      v_(Tensor::zeros({static_cast<int64_t>(model.params().size())})),
+      scaler_(o.loss_scale, o.dynamic_loss_scale, o.loss_scale_window), total_steps_(o.max_steps) {
+  model_.set_checkpointing(o.checkpoint);
+  auto ctx = install_precision(model_, o.precision, o.amax_history);
+  KILN_CHECK_MSG(ctx.ok(), "{}", ctx.status().message());
+  precision_ = *ctx;
+}
 
 StepStats Trainer::step() {
   using clock = std::chrono::steady_clock;
   const auto t0 = clock::now();
   ++step_;
   model_.zero_grad();
+  const int64_t flushed0 = precision_->grads_flushed, rounded0 = precision_->values_rounded;
+  const double loss_scale = scaler_.scale();
   double loss = 0;
   for (int64_t micro = 0; micro < o_.grad_accum; ++micro) {
     loader_.batch_at((step_ - 1) * o_.grad_accum + micro, x_, y_);
     loss += model_.forward(x_.data(), y_.data(), o_.batch, o_.seq_len).value();
-    model_.backward();
+    model_.backward(static_cast<float>(loss_scale));
   }
   loss /= static_cast<double>(o_.grad_accum);
   std::span<float> g = model_.grads();
-  const float inv_accum = 1.0f / static_cast<float>(o_.grad_accum);
+  // Unscale (1/S) and average over micro-batches in one multiply; S is a power of two in the
+  // dynamic scaler, so unscaling is exact.
+  const float inv = static_cast<float>(1.0 / (static_cast<double>(o_.grad_accum) * loss_scale));
   double sq = 0;
   for (float& gi : g) {
-    gi *= inv_accum;
+    gi *= inv;
     sq += static_cast<double>(gi) * gi;
   }
   const double norm = std::sqrt(sq);
-  if (o_.clip_norm > 0 && norm > o_.clip_norm) {
-    const float s = static_cast<float>(o_.clip_norm / (norm + 1e-6));
-    for (float& gi : g) gi *= s;
-  }
+  const bool apply = scaler_.update(!std::isfinite(sq));  // an inf or NaN anywhere makes sq non-finite
   AdamWConfig cfg;
   cfg.lr = learning_rate(o_, step_, total_steps_);
   cfg.beta1 = o_.beta1;
   cfg.beta2 = o_.beta2;
-  for (const ParamEntry& e : model_.param_entries()) {
-    cfg.weight_decay = e.decay ? o_.weight_decay : 0.0;
-    cpu::adamw_step(model_.params().data() + e.offset, g.data() + e.offset, m_.data() + e.offset,
-                    v_.data() + e.offset, e.shape.numel(), cfg, step_);
+  if (apply) {
+    if (o_.clip_norm > 0 && norm > o_.clip_norm) {
+      const float s = static_cast<float>(o_.clip_norm / (norm + 1e-6));
+      for (float& gi : g) gi *= s;
+    }
+    for (const ParamEntry& e : model_.param_entries()) {
+      cfg.weight_decay = e.decay ? o_.weight_decay : 0.0;
+      cpu::adamw_step(model_.params().data() + e.offset, g.data() + e.offset, m_.data<float>() + e.offset,
+                      v_.data<float>() + e.offset, e.shape.numel(), cfg, step_);
+    }
+    sync_backends(model_);  // low-precision copies (and any other backend's state) follow the master
   }
   StepStats s;
   s.step = step_;
   s.loss = static_cast<float>(loss);
   s.lr = cfg.lr;
   s.grad_norm = norm;
+  s.loss_scale = loss_scale;
+  s.skipped = !apply;
+  s.grads_flushed = precision_->grads_flushed - flushed0;
+  s.grads_rounded = precision_->values_rounded - rounded0;
   s.seconds = std::chrono::duration<double>(clock::now() - t0).count();
   elapsed_ += s.seconds;
   s.elapsed = elapsed_;
@@ -98,19 +117,27 @@ nlohmann::json options_json(const TrainOptions& o) {
           {"weight_decay", o.weight_decay}, {"beta1", o.beta1}, {"beta2", o.beta2}, {"clip_norm", o.clip_norm},
           {"seed", o.seed}};
 }
+
+// Only non-default precisions are recorded, so checkpoints from before mixed precision load.
+nlohmann::json options_json_with_precision(const TrainOptions& o) {
+  nlohmann::json j = options_json(o);
+  if (o.precision != Precision::kF32) j["precision"] = std::string(precision_name(o.precision));
+  return j;
+}
 }  // namespace
 
 Status Trainer::save_checkpoint(const std::string& path) const {
-  nlohmann::json header = {{"format", "kiln-checkpoint-1"}, {"step", step_}, {"num_params", m_.size()},
-                           {"model", model_.config().describe()}, {"options", options_json(o_)}};
+  nlohmann::json header = {{"format", "kiln-checkpoint-1"}, {"step", step_}, {"num_params", m_.numel()},
+                           {"model", model_.config().describe()}, {"options", options_json_with_precision(o_)},
+                           {"loss_scale", scaler_.scale()}, {"loss_scale_good_steps", scaler_.good_steps()}};
   // A step count derived from a time budget is part of the schedule; --steps comes from the flags.
   if (o_.max_seconds > 0) header["time_budget_steps"] = total_steps_;
   const std::string h = header.dump();
   const uint64_t hlen = h.size();
   const float* params = model_.params().data();
-  return write_file_atomic(path, {std::string_view(kCkptMagic, 8), as_bytes(&hlen, 1), h,
-                                  as_bytes(params, m_.size()), as_bytes(m_.data(), m_.size()),
-                                  as_bytes(v_.data(), v_.size())});
+  const auto n = static_cast<size_t>(m_.numel());
+  return write_file_atomic(path, {std::string_view(kCkptMagic, 8), as_bytes(&hlen, 1), h, as_bytes(params, n),
+                                  as_bytes(m_.data<float>(), n), as_bytes(v_.data<float>(), n)});
 }
 
 Status Trainer::load_checkpoint(const std::string& path) {
@@ -130,19 +157,22 @@ Status Trainer::load_checkpoint(const std::string& path) {
   if (header.is_discarded() || !header.contains("step") || !header.contains("num_params") || !header.contains("options"))
     return data_loss("{}: malformed header", path);
   const uint64_t n = header["num_params"].get<uint64_t>();
-  if (n != m_.size())
-    return invalid_argument("{} holds {} parameters; this model has {} ({})", path, n, m_.size(),
+  if (n != static_cast<uint64_t>(m_.numel()))
+    return invalid_argument("{} holds {} parameters; this model has {} ({})", path, n, m_.numel(),
                             header.value("model", std::string("?")));
   if (16 + hlen + 3 * n * sizeof(float) != size) return data_loss("{}: size does not match its header (truncated?)", path);
-  if (header["options"] != options_json(o_))
+  if (header["options"] != options_json_with_precision(o_))
     return invalid_argument("{} was written with options {}; resume with the same ones (now {})", path,
-                            header["options"].dump(), options_json(o_).dump());
+                            header["options"].dump(), options_json_with_precision(o_).dump());
   const auto bytes = static_cast<std::streamsize>(n * sizeof(float));
   in.read(reinterpret_cast<char*>(model_.params().data()), bytes);
-  in.read(reinterpret_cast<char*>(m_.data()), bytes);
-  in.read(reinterpret_cast<char*>(v_.data()), bytes);
+  in.read(reinterpret_cast<char*>(m_.data<float>()), bytes);
+  in.read(reinterpret_cast<char*>(v_.data<float>()), bytes);
   if (!in) return data_loss("{}: short read", path);
   step_ = header["step"].get<int64_t>();
+  if (header.contains("loss_scale"))
+    scaler_.restore(header["loss_scale"].get<double>(), header.value("loss_scale_good_steps", int64_t{0}));
+  sync_backends(model_);
   if (o_.max_seconds > 0 && header.contains("time_budget_steps")) total_steps_ = header["time_budget_steps"].get<int64_t>();
   return {};
 }

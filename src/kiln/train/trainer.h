@@ -1,6 +1,8 @@
 // The training loop: AdamW (fused kernel, decoupled weight decay on matrices only), cosine
 // learning rate with linear warm-up, clipping by global gradient norm, gradient accumulation,
-// periodic validation loss, deterministic given the seed.
+// periodic validation loss, deterministic given the seed. Mixed precision (precision.h): the
+// precision's backends on every Linear, loss scaling, and sync() of every installed backend
+// after each optimizer step; activation checkpointing (checkpoint_mode.h).
 #pragma once
 
 #include <functional>
@@ -10,6 +12,7 @@
 #include "kiln/kernels/adamw.h"
 #include "kiln/model/transformer.h"
 #include "kiln/train/data.h"
+#include "kiln/train/precision.h"
 
 namespace kiln {
 
@@ -24,6 +27,13 @@ struct TrainOptions {
   double clip_norm = 1.0;   // 0: no clipping
   int64_t eval_every = 100, eval_batches = 8;
   uint64_t seed = 1;
+  // Mixed precision and memory.
+  Precision precision = Precision::kF32;
+  double loss_scale = 1.0;           // static S, or the initial S when dynamic
+  bool dynamic_loss_scale = false;   // halve S and skip the step on inf/NaN; double after a window
+  int64_t loss_scale_window = 1000;  // good steps before S doubles
+  int amax_history = 16;             // fp8 delayed scaling: amaxes remembered per tensor
+  CheckpointMode checkpoint = CheckpointMode::kNone;
 };
 
 struct StepStats {
@@ -34,6 +44,10 @@ struct StepStats {
   double seconds = 0;          // wall time of this step
   double elapsed = 0;          // since the start
   double val_loss = -1;        // >= 0 on evaluation steps
+  double loss_scale = 1;       // S used for this step's backward
+  bool skipped = false;        // inf/NaN gradients: no optimizer step
+  int64_t grads_flushed = 0;   // fp16: output-gradient values rounded to zero in this step
+  int64_t grads_rounded = 0;   // fp16: output-gradient values rounded in this step
 };
 
 // Learning rate at `step` (1-based): linear warm-up, then cosine decay to min_lr_fraction·lr.
@@ -51,6 +65,8 @@ class Trainer {
   bool done() const { return step_ >= total_steps_ || stop_; }
   int64_t steps_done() const { return step_; }
   int64_t total_steps() const { return total_steps_; }
+  const LossScaler& loss_scaler() const { return scaler_; }
+  const PrecisionContext& precision_context() const { return *precision_; }
 
   // params, AdamW m and v, the step and the options that decide the losses; written to a
   // temporary file and renamed. Loading checks that the model and those options match.
@@ -62,7 +78,9 @@ class Trainer {
   const TokenShard* val_;
   TrainOptions o_;
   BatchLoader loader_;
-  std::vector<float> m_, v_;
+  Tensor m_, v_;  // AdamW moments (num_params,), from the caching allocator
+  std::shared_ptr<PrecisionContext> precision_;
+  LossScaler scaler_;
   int64_t step_ = 0;
   int64_t total_steps_;
   bool stop_ = false;

@@ -1,0 +1,121 @@
+// `kiln serve --model DIR`: the OpenAI-compatible server (src/kiln/serve/server.h) over the
+// serving engine, with the KV-cache and scheduler flags. Binds loopback unless --host says
+// otherwise; SIGINT/SIGTERM stop it cleanly.
+#include <fmt/format.h>
+#include <pthread.h>
+
+#include <csignal>
+#include <filesystem>
+#include <thread>
+
+#include "apps/kiln/commands.h"
+#include "kiln/serve/server.h"
+
+namespace kiln::app {
+namespace {
+
+[[noreturn]] void fail(const Status& s) {
+  fmt::print(stderr, "kiln serve: {}\n", s.message());
+  throw CLI::RuntimeError(kUserError);
+}
+
+// "512M", "2G", "1.5GiB", "1048576": bytes (K/M/G are binary multiples).
+Expected<int64_t> parse_bytes(const std::string& text) {
+  size_t used = 0;
+  double v = 0;
+  try {
+    v = std::stod(text, &used);
+  } catch (...) {
+    return invalid_argument("--kv-cache-mem '{}' is not a size (e.g. 512M, 2G)", text);
+  }
+  std::string unit = text.substr(used);
+  if (!unit.empty() && (unit.back() == 'B' || unit.back() == 'b')) unit.pop_back();
+  if (unit.size() == 2 && (unit[1] == 'i' || unit[1] == 'I')) unit.pop_back();
+  double mul = 1;
+  if (unit == "K" || unit == "k") mul = 1024.0;
+  else if (unit == "M" || unit == "m") mul = 1024.0 * 1024;
+  else if (unit == "G" || unit == "g") mul = 1024.0 * 1024 * 1024;
+  else if (!unit.empty()) return invalid_argument("--kv-cache-mem '{}': unknown unit '{}'", text, unit);
+  if (!(v > 0) || v * mul > 1e15) return invalid_argument("--kv-cache-mem '{}' must be positive", text);
+  return static_cast<int64_t>(v * mul);
+}
+
+struct ServeArgs {
+  std::string model, kv_mem = "1G", batching = "continuous", served_name;
+  ServerConfig server;
+  EngineConfig engine;
+  bool no_prefix_caching = false;
+};
+
+void run_serve(ServeArgs a) {
+  // Block the stop signals in every thread; one thread waits for them.
+  sigset_t stop_signals;
+  sigemptyset(&stop_signals);
+  sigaddset(&stop_signals, SIGINT);
+  sigaddset(&stop_signals, SIGTERM);
+  pthread_sigmask(SIG_BLOCK, &stop_signals, nullptr);
+
+  auto bytes = parse_bytes(a.kv_mem);
+  if (!bytes.ok()) fail(bytes.status());
+  a.engine.kv_cache_mem_bytes = *bytes;
+  a.engine.enable_prefix_caching = !a.no_prefix_caching;
+  a.engine.scheduler.batching = *parse_batching_mode(a.batching);
+  auto served = load_served_model(a.model);
+  if (!served.ok()) fail(served.status());
+  const ModelConfig cfg = served->model->config();
+  auto engine = Engine::create(std::move(served->model), a.engine);
+  if (!engine.ok()) fail(engine.status());
+  a.server.model_name = !a.served_name.empty() ? a.served_name
+                                                : std::filesystem::path(a.model).lexically_normal().filename().string();
+  if (a.server.model_name.empty()) a.server.model_name = "kiln";
+  auto server = Server::create(**engine, std::move(served->tokenizer), std::move(served->chat), a.server);
+  if (!server.ok()) fail(server.status());
+  if (Status st = (*server)->bind(); !st.ok()) fail(st);
+  const EngineMetrics m = (*engine)->metrics();
+  fmt::print("kiln serve: model '{}' ({}), KV cache {} blocks x {} tokens ({:.1f} MiB, {} bytes/token), {} batching, "
+             "max {} tokens/step, prefill chunk {}, max {} running\n",
+             a.server.model_name, cfg.describe(), (*engine)->num_kv_blocks(), a.engine.block_size,
+             double(m.kv_cache_bytes) / (1 << 20), m.kv_bytes_per_token, a.batching,
+             a.engine.scheduler.max_batched_tokens, a.engine.scheduler.prefill_chunk, a.engine.scheduler.max_running);
+  fmt::print("kiln serve: listening on http://{}:{}\n", a.server.host, (*server)->port());
+  std::fflush(stdout);
+  Server* srv = server->get();
+  std::thread waiter([srv, stop_signals] {
+    int sig = 0;
+    sigwait(&stop_signals, &sig);
+    srv->stop();
+  });
+  srv->listen();
+  (*engine)->stop();
+  fmt::print("kiln serve: stopped\n");
+  pthread_kill(waiter.native_handle(), SIGTERM);  // wake the waiter if the server stopped on its own
+  waiter.join();
+}
+
+}  // namespace
+
+void register_serve(CLI::App& app) {
+  auto a = std::make_shared<ServeArgs>();
+  CLI::App* s = app.add_subcommand("serve", "OpenAI-compatible HTTP server (completions, chat, SSE, /metrics)");
+  s->add_option("--model", a->model, "Model directory (config.json, model.safetensors, tokenizer.json)")->required();
+  s->add_option("--host", a->server.host, "Address to bind (default loopback)");
+  s->add_option("--port", a->server.port, "Port (0: any free port)")->check(CLI::Range(0, 65535));
+  s->add_option("--api-key", a->server.api_key, "Require 'Authorization: Bearer KEY' on /v1/*");
+  s->add_option("--served-model-name", a->served_name, "Model id in the API (default: the directory name)");
+  s->add_option("--kv-cache-mem", a->kv_mem, "KV-cache memory (e.g. 512M, 2G); sets the number of blocks");
+  s->add_option("--block-size", a->engine.block_size, "Tokens per KV-cache block")->check(CLI::Range(1, 4096));
+  s->add_option("--max-batched-tokens", a->engine.scheduler.max_batched_tokens, "Token budget of one engine step")
+      ->check(CLI::Range(1, 1 << 20));
+  s->add_option("--prefill-chunk", a->engine.scheduler.prefill_chunk, "Most prompt tokens one sequence runs per step")
+      ->check(CLI::Range(1, 1 << 20));
+  s->add_option("--max-running", a->engine.scheduler.max_running, "Sequences running at once")
+      ->check(CLI::Range(1, 1 << 16));
+  s->add_option("--batching", a->batching, "continuous (default) or static")
+      ->check(CLI::IsMember({"continuous", "static"}));
+  s->add_flag("--no-prefix-caching", a->no_prefix_caching, "Do not reuse cached prompt blocks");
+  s->add_option("--http-threads", a->server.num_http_threads, "Connections served at once")
+      ->check(CLI::Range(1, 4096));
+  s->callback([a] { run_serve(*a); });
+}
+
+}  // namespace kiln::app

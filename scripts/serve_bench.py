@@ -1,0 +1,155 @@
+#!/usr/bin/env python3
+"""Serving measurements for docs/results/serving-*.md: `kiln serve` under `kiln bench serve`.
+
+Each scenario starts a server with its flags, runs the load client (--json), samples /metrics
+every 50 ms (max KV blocks used, preemptions), stops the server; all of it while holding the
+machine's CPU lock (/tmp/kiln-cpu.lock), so timings are comparable. Prints one JSON line per
+scenario and a markdown table at the end.
+
+Run:  /usr/bin/python3 scripts/serve_bench.py --models /tmp/kiln-serve-models [--only llama-tiny-1k]
+"""
+import argparse
+import fcntl
+import json
+import os
+import socket
+import subprocess
+import threading
+import time
+import urllib.request
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+KILN = os.path.join(ROOT, "build", "kiln")
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def metrics(base):
+    out = {}
+    with urllib.request.urlopen(base + "/metrics", timeout=5) as r:
+        for line in r.read().decode().splitlines():
+            if line and not line.startswith("#") and "{" not in line:
+                k, v = line.rsplit(" ", 1)
+                out[k] = float(v)
+    return out
+
+
+def scenario(model_dir, name, serve_flags, bench_flags):
+    port = free_port()
+    base = f"http://127.0.0.1:{port}"
+    with open("/tmp/kiln-cpu.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        srv = subprocess.Popen([KILN, "serve", "--model", model_dir, "--port", str(port), "--served-model-name", "m"]
+                               + serve_flags, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        try:
+            for _ in range(600):
+                try:
+                    urllib.request.urlopen(base + "/health", timeout=1)
+                    break
+                except OSError:
+                    if srv.poll() is not None:
+                        raise SystemExit(srv.stdout.read())
+                    time.sleep(0.05)
+            peak = {"used": 0}
+            stop = threading.Event()
+
+            def sample():
+                while not stop.is_set():
+                    try:
+                        peak["used"] = max(peak["used"], metrics(base)["kiln_kv_blocks_used"])
+                    except OSError:
+                        pass
+                    time.sleep(0.05)
+
+            th = threading.Thread(target=sample)
+            th.start()
+            p = subprocess.run([KILN, "bench", "serve", "--url", base, "--json"] + bench_flags,
+                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+            stop.set()
+            th.join()
+            m = metrics(base)
+        finally:
+            srv.terminate()
+            srv.wait(timeout=30)
+    try:
+        r = json.loads(p.stdout.strip().splitlines()[-1])
+    except (ValueError, IndexError):
+        raise SystemExit(f"bench serve failed: {p.stdout}")
+    r.update({"scenario": name, "model": os.path.basename(model_dir), "serve_flags": " ".join(serve_flags),
+              "kv_blocks_total": m["kiln_kv_blocks_total"], "kv_blocks_used_peak": peak["used"],
+              "kv_cache_bytes": m["kiln_kv_cache_bytes"], "preemptions": m["kiln_num_preemptions_total"],
+              "prefix_hit_rate": m["kiln_prefix_cache_hit_rate"]})
+    print(json.dumps(r), flush=True)
+    return r
+
+
+SCENARIOS = {
+    # (name, serve flags, bench flags) per model
+    "llama-tiny-1k": [
+        ("continuous", ["--max-running", "16"],
+         ["--num", "64", "--rate", "inf", "--prompt-len", "32:128", "--output-len", "16:256", "--ignore-eos", "--seed", "1"]),
+        ("static", ["--max-running", "16", "--batching", "static"],
+         ["--num", "64", "--rate", "inf", "--prompt-len", "32:128", "--output-len", "16:256", "--ignore-eos", "--seed", "1"]),
+        ("prefix-cache", [],
+         ["--num", "24", "--rate", "4", "--prompt-len", "512:512", "--shared-prefix", "460", "--output-len", "16:16",
+          "--ignore-eos", "--seed", "2"]),
+        ("no-prefix-cache", ["--no-prefix-caching"],
+         ["--num", "24", "--rate", "4", "--prompt-len", "512:512", "--shared-prefix", "460", "--output-len", "16:16",
+          "--ignore-eos", "--seed", "2"]),
+        ("overload", ["--kv-cache-mem", "4M"],
+         ["--num", "96", "--rate", "60", "--prompt-len", "64:256", "--output-len", "64:128", "--ignore-eos",
+          "--seed", "3"]),
+    ],
+    "w2-s": [
+        ("continuous", ["--max-running", "16"],
+         ["--num", "32", "--rate", "inf", "--prompt-len", "32:128", "--output-len", "16:256", "--ignore-eos", "--seed", "1"]),
+        ("static", ["--max-running", "16", "--batching", "static"],
+         ["--num", "32", "--rate", "inf", "--prompt-len", "32:128", "--output-len", "16:256", "--ignore-eos", "--seed", "1"]),
+        ("prefix-cache", [],
+         ["--num", "12", "--rate", "1", "--prompt-len", "512:512", "--shared-prefix", "460", "--output-len", "16:16",
+          "--ignore-eos", "--seed", "2"]),
+        ("no-prefix-cache", ["--no-prefix-caching"],
+         ["--num", "12", "--rate", "1", "--prompt-len", "512:512", "--shared-prefix", "460", "--output-len", "16:16",
+          "--ignore-eos", "--seed", "2"]),
+        ("overload", ["--kv-cache-mem", "16M"],
+         ["--num", "32", "--rate", "10", "--prompt-len", "64:128", "--output-len", "32:64", "--ignore-eos",
+          "--seed", "3"]),
+    ],
+}
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--models", default="/tmp/kiln-serve-models")
+    ap.add_argument("--only", default="")
+    ap.add_argument("--scenarios", default="")
+    ap.add_argument("--out", default="")
+    a = ap.parse_args()
+    rows = []
+    for model, scens in SCENARIOS.items():
+        if a.only and model != a.only:
+            continue
+        for name, sf, bf in scens:
+            if a.scenarios and name not in a.scenarios.split(","):
+                continue
+            rows.append(scenario(os.path.join(a.models, model), name, sf, bf))
+    if a.out:
+        with open(a.out, "a") as f:
+            for r in rows:
+                f.write(json.dumps(r) + "\n")
+    print("| model | scenario | done/failed | out tok/s | req/s | TTFT p50 ms | TTFT p99 ms | TPOT p50 ms | "
+          "peak KV blocks / total | preemptions | prefix hit rate |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|")
+    for r in rows:
+        print(f"| {r['model']} | {r['scenario']} | {r['completed']}/{r['failed']} | {r['output_throughput']:.0f} | "
+              f"{r['request_throughput']:.2f} | {r['ttft_ms']['p50']:.1f} | {r['ttft_ms']['p99']:.1f} | "
+              f"{r['tpot_ms']['p50']:.2f} | {r['kv_blocks_used_peak']:.0f} / {r['kv_blocks_total']:.0f} | "
+              f"{r['preemptions']:.0f} | {r['prefix_hit_rate']:.2f} |")
+
+
+if __name__ == "__main__":
+    main()

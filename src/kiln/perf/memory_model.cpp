@@ -1,0 +1,177 @@
+// Memory model of a training step; see memory_model.h. Every term names the buffer that
+// kiln allocates for it (transformer.cpp Acts/Layer, trainer.cpp, precision.cpp).
+#include "kiln/perf/memory_model.h"
+
+#include <algorithm>
+
+#include <fmt/format.h>
+
+#include "kiln/core/allocator.h"
+
+namespace kiln::perf {
+namespace {
+int64_t block(int64_t bytes) { return static_cast<int64_t>(CachingAllocator::round_size(static_cast<size_t>(std::max<int64_t>(bytes, 1)))); }
+}  // namespace
+
+int64_t MemoryPrediction::total_bytes() const {
+  int64_t s = 0;
+  for (const MemoryItem& i : items) s += i.total();
+  return s;
+}
+int64_t MemoryPrediction::total_block_bytes() const {
+  int64_t s = 0;
+  for (const MemoryItem& i : items) s += i.total_blocks();
+  return s;
+}
+int64_t MemoryPrediction::group_bytes(const std::string& group) const {
+  int64_t s = 0;
+  for (const MemoryItem& i : items)
+    if (i.group == group) s += i.total();
+  return s;
+}
+
+int64_t MemoryPrediction::group_block_bytes(const std::string& group) const {
+  int64_t s = 0;
+  for (const MemoryItem& i : items)
+    if (i.group == group) s += i.total_blocks();
+  return s;
+}
+
+MemoryPrediction predict_memory(const ModelConfig& c, int64_t B, int64_t T, Precision prec, CheckpointMode mode) {
+  MemoryPrediction r;
+  r.config = c;
+  r.batch = B;
+  r.seq_len = T;
+  r.precision = prec;
+  r.checkpoint = mode;
+  const int64_t P = c.num_params(), N = B * T, C = c.d_model, F = c.d_ff, V = c.vocab_size, L = c.n_layers;
+  const int64_t D = c.head_dim(), H = c.n_heads, Hkv = c.n_kv_heads;
+  auto add = [&](const std::string& group, const std::string& name, const std::string& formula, int64_t count,
+                 int64_t bytes) {
+    if (count > 0 && bytes > 0) r.items.push_back({group, name, formula, count, bytes, block(bytes)});
+  };
+  // ---- model states ----
+  const std::string ms = "model states";
+  if (prec == Precision::kF32) {
+    add(ms, "weights (fp32, updated in place)", "4·P", 1, 4 * P);
+  } else {
+    add(ms, "master weights (fp32)", "4·P", 1, 4 * P);
+  }
+  add(ms, "gradients (fp32)", "4·P", 1, 4 * P);
+  add(ms, "AdamW m (fp32)", "4·P", 1, 4 * P);
+  add(ms, "AdamW v (fp32)", "4·P", 1, 4 * P);
+  if (prec != Precision::kF32) {
+    // One copy per Linear, the LM head (tied: the embedding) included.
+    const int64_t e = prec == Precision::kBF16 ? 2 : 4;
+    const std::string what = prec == Precision::kBF16 ? "bf16" : prec == Precision::kF16 ? "f16 values as f32, emulated"
+                                                                                         : "e4m3 values as f32, emulated";
+    const std::string f = fmt::format("{}·out·in", e);
+    auto lin = [&](const std::string& n, int64_t count, int64_t in, int64_t out) {
+      add(ms, fmt::format("working weights {} ({})", n, what), f, count, e * in * out);
+    };
+    if (c.is_llama()) {
+      lin("q_proj", L, C, H * D); lin("k_proj", L, C, Hkv * D); lin("v_proj", L, C, Hkv * D);
+      lin("o_proj", L, H * D, C); lin("gate_proj", L, C, F); lin("up_proj", L, C, F); lin("down_proj", L, F, C);
+    } else {
+      lin("c_attn", L, C, 3 * C); lin("attn.c_proj", L, C, C); lin("c_fc", L, C, F); lin("mlp.c_proj", L, F, C);
+    }
+    lin("lm_head", 1, C, V);
+  }
+  // ---- per-layer activations ----
+  const std::string la = "layer activations";
+  const int64_t keep_all = mode == CheckpointMode::kFull ? 1 : L;   // layers with their own buffers
+  const int64_t keep_core = mode == CheckpointMode::kNone ? L : 1;  // attention O and lse
+  auto layer = [&](const std::string& name, const std::string& formula, int64_t bytes, bool core = false) {
+    add(la, name, formula, core ? keep_core : keep_all, bytes);
+    r.layer_activation_bytes += bytes;
+  };
+  layer(c.is_llama() ? "n1 (rmsnorm 1 out)" : "n1 (layernorm 1 out)", "4·N·C", 4 * N * C);
+  layer(c.is_llama() ? "mean1 (unused by RMSNorm), rstd1" : "mean1, rstd1", "4·N", 4 * N);
+  r.items.back().count *= 2;
+  r.layer_activation_bytes += 4 * N;
+  if (c.is_llama()) {
+    layer("q (after RoPE)", "4·N·H·D", 4 * N * H * D);
+    layer("k (after RoPE)", "4·N·Hkv·D", 4 * N * Hkv * D);
+    layer("v", "4·N·Hkv·D", 4 * N * Hkv * D);
+  } else {
+    layer("qkv", "4·N·3C", 4 * N * 3 * C);
+  }
+  layer("attention out O", "4·N·H·D", 4 * N * C, true);
+  layer("attention lse", "4·B·H·T", 4 * B * H * T, true);
+  layer("x1 (residual after attention)", "4·N·C", 4 * N * C);
+  layer("n2 (norm 2 out)", "4·N·C", 4 * N * C);
+  layer(c.is_llama() ? "mean2 (unused by RMSNorm), rstd2" : "mean2, rstd2", "4·N", 4 * N);
+  r.items.back().count *= 2;
+  r.layer_activation_bytes += 4 * N;
+  if (c.is_llama()) {
+    layer("ff1 (gate), ff2 (up)", "4·N·F", 4 * N * F);
+    r.items.back().count *= 2;
+    r.layer_activation_bytes += 4 * N * F;
+    layer("ffa (swiglu out)", "4·N·F", 4 * N * F);
+  } else {
+    layer("ff1 (c_fc out)", "4·N·F", 4 * N * F);
+    layer("ffa (gelu out)", "4·N·F", 4 * N * F);
+  }
+  // ---- other activations and backward scratch ----
+  const std::string oa = "other activations";
+  add(oa, "residual stream (layer inputs + final)", "4·N·C, L+1 of them", L + 1, 4 * N * C);
+  add(oa, "final norm out", "4·N·C", 1, 4 * N * C);
+  add(oa, "final mean, rstd", "4·N", 2, 4 * N);
+  add(oa, "logits / dlogits", "4·N·V", 1, 4 * N * V);
+  add(oa, "losses", "4·N", 1, 4 * N);
+  const std::string sc = "scratch";
+  add(sc, "backward: dresid, dtmp, dnorm, datt", "4·N·C", 4, 4 * N * C);
+  add(sc, "backward: dq (or dqkv)", "4·N·max(3C, H·D)", 1, 4 * N * std::max(3 * C, H * D));
+  add(sc, "backward: dk, dv", "4·N·Hkv·D", 2, 4 * N * Hkv * D);
+  add(sc, "backward: dff a, b, c", "4·N·F", 3, 4 * N * F);
+  if (prec != Precision::kF32) {
+    const int64_t e = prec == Precision::kBF16 ? 2 : 4;
+    const int64_t in = std::max({C, F, H * D});
+    const int64_t out = std::max({c.is_llama() ? H * D : 3 * C, C, F, V});
+    add(sc, "matmul input conversion: activations", fmt::format("{}·N·max(in)", e), 1, e * N * in);
+    add(sc, "matmul input conversion: output gradients", fmt::format("{}·N·max(out)", e), 1, e * N * out);
+  }
+  r.bytes_per_param = P > 0 ? r.group_bytes(ms) / P : 0;
+  return r;
+}
+
+double recompute_flops_per_token(const ModelConfig& c, int64_t T, CheckpointMode m) {
+  const double attn = 4.0 * static_cast<double>(T) * c.d_model;  // QKᵀ and PV, forward
+  const double layer_params = static_cast<double>(c.num_non_embedding_params() - (c.is_llama() ? c.d_model : 2 * c.d_model)) /
+                              static_cast<double>(c.n_layers);  // per-layer parameters (norms: negligible)
+  switch (m) {
+    case CheckpointMode::kNone: return 0;
+    // The last layer is not recomputed: its buffers still hold its forward when backward starts.
+    case CheckpointMode::kSelective: return static_cast<double>(c.n_layers - 1) * attn;
+    case CheckpointMode::kFull: return static_cast<double>(c.n_layers - 1) * (2.0 * layer_params + attn);
+  }
+  return 0;
+}
+
+std::string format_memory_prediction(const MemoryPrediction& p) {
+  const ModelConfig& c = p.config;
+  auto mib = [](int64_t b) { return static_cast<double>(b) / 1048576.0; };
+  std::string s = fmt::format(
+      "memory model: {}\n  batch B {} × seq T {} (N = B·T = {}), precision {}, checkpoint {}\n"
+      "  P = {} params, L = {}, C = {}, F = {}, V = {}, H = {}, Hkv = {}, D = {}\n",
+      c.describe(), p.batch, p.seq_len, p.batch * p.seq_len, precision_name(p.precision),
+      checkpoint_mode_name(p.checkpoint), c.num_params(), c.n_layers, c.d_model, c.d_ff, c.vocab_size, c.n_heads,
+      c.n_kv_heads, c.head_dim());
+  std::string group;
+  for (const MemoryItem& i : p.items) {
+    if (i.group != group) {
+      group = i.group;
+      s += fmt::format("  {} ({:.2f} MiB):\n", group, mib(p.group_bytes(group)));
+    }
+    s += fmt::format("    {:<52} {:>20} × {:<3} = {:>9.2f} MiB\n", i.name, i.formula, i.count, mib(i.total()));
+  }
+  s += fmt::format("  model states: {:.2f} bytes/param ({:.2f} MiB); one layer's activations (none): {:.2f} MiB = {:.1f} bytes/token\n",
+                   static_cast<double>(p.group_bytes("model states")) / static_cast<double>(c.num_params()), mib(p.group_bytes("model states")), mib(p.layer_activation_bytes),
+                   static_cast<double>(p.layer_activation_bytes) / static_cast<double>(p.batch * p.seq_len));
+  s += "  (× count: buffers of that size, e.g. one per layer)\n";
+  s += fmt::format("  total: {:.2f} MiB as requested, {:.2f} MiB in allocator blocks\n", mib(p.total_bytes()),
+                   mib(p.total_block_bytes()));
+  return s;
+}
+
+}  // namespace kiln::perf

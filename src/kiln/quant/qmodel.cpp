@@ -1,0 +1,403 @@
+// Whole-model quantization drivers and the quantized safetensors format.
+#include "kiln/quant/qmodel.h"
+
+#include <cmath>
+#include <cstring>
+#include <filesystem>
+#include <regex>
+
+#include <nlohmann/json.hpp>
+
+#include "kiln/core/file_io.h"
+#include "kiln/model/weights.h"
+#include "kiln/quant/smooth.h"
+
+namespace kiln::quant {
+
+namespace {
+namespace fs = std::filesystem;
+
+Linear* find_linear(Transformer& m, const std::string& name) {
+  for (Linear* l : m.linears())
+    if (l->name == name) return l;
+  return nullptr;
+}
+
+// Block index of a layer weight name ("model.layers.3." / "transformer.h.3."), -1 otherwise.
+int64_t layer_index(const std::string& name) {
+  static const std::regex re(R"((?:layers|h)\.(\d+)\.)");
+  std::smatch m;
+  if (std::regex_search(name, m, re)) return std::stoll(m[1].str());
+  return -1;
+}
+
+// HF GPT-2 stores its Conv1D weights (in, out), transposed from kiln's (out, in).
+bool hf_transposed(const ModelConfig& c, const std::string& name) {
+  if (c.family != ModelFamily::kGpt2) return false;
+  return name.ends_with("attn.c_attn.weight") || name.ends_with("attn.c_proj.weight") ||
+         name.ends_with("mlp.c_fc.weight") || name.ends_with("mlp.c_proj.weight");
+}
+
+// The Linears a method quantizes: every block Linear; the head only on request and untied.
+std::vector<Linear*> targets(Transformer& model, bool quantize_head) {
+  std::vector<Linear*> all = model.linears(), out;
+  for (size_t i = 0; i + 1 < all.size(); ++i) out.push_back(all[i]);
+  if (quantize_head && !model.config().tied_embeddings) out.push_back(all.back());
+  return out;
+}
+
+std::string base_name(const std::string& weight_name) {
+  return weight_name.ends_with(".weight") ? weight_name.substr(0, weight_name.size() - 7) : weight_name;
+}
+
+constexpr const char* kMetaMethod = "kiln.quant.method";
+}  // namespace
+
+Expected<Method> parse_method(const std::string& name) {
+  if (name == "rtn") return Method::kRtn;
+  if (name == "gptq") return Method::kGptq;
+  if (name == "awq") return Method::kAwq;
+  if (name == "smoothquant") return Method::kSmoothQuant;
+  if (name == "fp8") return Method::kFp8;
+  if (name == "qat") return Method::kQat;
+  return invalid_argument("[quantize] method '{}' (rtn, gptq, awq, smoothquant or fp8)", name);
+}
+
+std::string_view method_name(Method m) {
+  switch (m) {
+    case Method::kRtn: return "rtn";
+    case Method::kGptq: return "gptq";
+    case Method::kAwq: return "awq";
+    case Method::kSmoothQuant: return "smoothquant";
+    case Method::kFp8: return "fp8";
+    case Method::kQat: return "qat";
+  }
+  return "?";
+}
+
+void install_backends(Transformer& model, const QuantizedState& state) {
+  const bool tied = model.config().tied_embeddings;
+  for (Linear* l : model.linears()) {
+    auto it = state.weights.find(l->name);
+    if (it == state.weights.end()) continue;
+    const bool is_tied_head = tied && l == model.linears().back();
+    if (!is_tied_head) it->second.dequantize(model.param(l->name));
+    l->backend = std::make_shared<QuantizedLinear>(it->second, state.act);
+  }
+}
+
+Expected<QuantizedState> quantize_model(Transformer& model, const TokenShard* calib, const QuantizeOptions& o,
+                                        std::string* log) {
+  QuantizedState st;
+  st.method = o.method;
+  st.scheme = o.scheme;
+  if (o.method == Method::kSmoothQuant) {
+    st.scheme = QuantScheme{};
+    st.scheme.bits = 8;
+    st.scheme.symmetric = true;
+    st.scheme.group = QuantScheme::kPerChannel;
+    st.act = ActQuant::kInt8;
+  } else if (o.method == Method::kFp8) {
+    st.scheme.format = QFormat::kFp8E4M3;
+    st.scheme.bits = 8;
+    st.scheme.symmetric = true;
+    if (st.scheme.group > 0) st.scheme.group = QuantScheme::kPerChannel;
+    st.act = ActQuant::kFp8;
+  }
+  std::vector<Linear*> todo = targets(model, o.quantize_head);
+  for (Linear* l : todo) KILN_RETURN_IF_ERROR(check_scheme(st.scheme, l->in));
+  const bool needs_calib = o.method == Method::kGptq || o.method == Method::kAwq ||
+                           o.method == Method::kSmoothQuant || o.report;
+  if (needs_calib && calib == nullptr)
+    return invalid_argument("[quantize] {} needs calibration data (--data)", method_name(o.method));
+  std::vector<int32_t> tokens;
+  if (needs_calib) tokens = calibration_tokens(*calib, o.calib);
+  auto say = [&](const std::string& s) {
+    if (log) *log += s;
+  };
+  std::map<std::string, LinearStats> stats;
+  if (o.method == Method::kAwq || o.method == Method::kSmoothQuant || o.report) {
+    KILN_ASSIGN_OR_RETURN(stats, capture_stats(model, tokens, o.calib, false));
+    say(fmt::format("calibration: {} sequences × {} tokens from the corpus\n", o.calib.samples, o.calib.seq_len));
+  }
+  if (o.report) say(range_report(model, stats, st.scheme));
+
+  if (o.method == Method::kAwq || o.method == Method::kSmoothQuant) {
+    KILN_ASSIGN_OR_RETURN(auto groups, smooth_groups(model));
+    std::vector<std::vector<float>> scales;
+    for (const SmoothGroup& g : groups) {
+      const LinearStats& x = stats.at(g.consumers[0]);
+      if (o.method == Method::kAwq) {
+        AwqChoice c = awq_search(model, g, x, st.scheme, o.alpha);
+        say(fmt::format("awq {:<40} alpha {:.2f}  output error {:.4e} (RTN {:.4e}, {:+.1f}%)\n", g.consumers[0],
+                        c.alpha, c.error, c.error_rtn,
+                        c.error_rtn > 0 ? 100.0 * (c.error - c.error_rtn) / c.error_rtn : 0.0));
+        scales.push_back(std::move(c.s));
+      } else {
+        scales.push_back(smoothquant_scales(model, g, x, o.alpha >= 0 ? o.alpha : 0.5));
+      }
+    }
+    for (size_t i = 0; i < groups.size(); ++i) KILN_RETURN_IF_ERROR(apply_smoothing(model, groups[i], scales[i]));
+  }
+
+  if (o.method == Method::kGptq) {
+    // Sequential: block b's inputs are captured through blocks < b already quantized (their
+    // QuantizedLinear backends installed), all Linears of block b from one pass.
+    std::map<int64_t, std::vector<Linear*>> blocks;
+    for (Linear* l : todo) blocks[layer_index(l->name)].push_back(l);
+    // The head (index -1) goes last.
+    std::vector<int64_t> order;
+    for (auto& [b, ls] : blocks)
+      if (b >= 0) order.push_back(b);
+    if (blocks.count(-1)) order.push_back(-1);
+    for (int64_t b : order) {
+      std::vector<std::string> names;
+      for (Linear* l : blocks[b]) names.push_back(l->name);
+      KILN_ASSIGN_OR_RETURN(auto bstats, capture_stats(model, tokens, o.calib, true, names));
+      for (Linear* l : blocks[b]) {
+        const std::vector<float> h = bstats.at(l->name).hessian();
+        KILN_ASSIGN_OR_RETURN(GptqResult r, gptq_quantize(l->w, l->out, l->in, h.data(), st.scheme, o.gptq));
+        say(fmt::format("gptq {:<40} loss {:.4e} (damping λ {:.3e})\n", l->name, r.loss, r.damp_used));
+        l->backend = std::make_shared<QuantizedLinear>(r.q, st.act);
+        st.weights.emplace(l->name, std::move(r.q));
+      }
+    }
+  } else {
+    for (Linear* l : todo) st.weights.emplace(l->name, quantize_rtn(l->w, l->out, l->in, st.scheme));
+  }
+  install_backends(model, st);
+  say(fmt::format("quantized {} Linears: {} weights, activations {}\n", st.weights.size(), st.scheme.describe(),
+                  act_quant_name(st.act)));
+  return st;
+}
+
+// ---- format --------------------------------------------------------------------------------
+Status save_quantized_model(const std::string& dir, Transformer& model, const QuantizedState& st) {
+  std::error_code ec;
+  fs::create_directories(dir, ec);
+  if (ec) return not_found("cannot create {}: {}", dir, ec.message());
+  const ModelConfig& c = model.config();
+  KILN_RETURN_IF_ERROR(write_file_atomic((fs::path(dir) / "config.json").string(), {config_to_hf_json(c)}));
+  nlohmann::ordered_json header;
+  const QuantScheme& s = st.scheme;
+  header["__metadata__"] = {{"format", "pt"},
+                            {"writer", "kiln"},
+                            {kMetaMethod, std::string(method_name(st.method))},
+                            {"kiln.quant.format", s.format == QFormat::kFp8E4M3 ? "fp8e4m3" : "int"},
+                            {"kiln.quant.bits", std::to_string(s.bits)},
+                            {"kiln.quant.group", std::to_string(s.group)},
+                            {"kiln.quant.symmetric", s.symmetric ? "true" : "false"},
+                            {"kiln.quant.act", std::string(act_quant_name(st.act))},
+                            {"kiln.quant.scheme", s.describe()}};
+  std::string data;
+  auto add = [&](const std::string& name, const char* dtype, std::vector<int64_t> shape, std::string_view bytes) {
+    const uint64_t begin = data.size();
+    data.append(bytes);
+    while (data.size() % 8) data.push_back('\0');  // keep every tensor 8-byte aligned
+    header[name] = {{"dtype", dtype}, {"shape", shape}, {"data_offsets", {begin, begin + bytes.size()}}};
+  };
+  for (const ParamEntry& e : model.param_entries()) {
+    auto it = st.weights.find(e.name);
+    if (it != st.weights.end() && !(c.tied_embeddings && e.name == model.param_entries()[0].name)) {
+      const QTensor& q = it->second;
+      const std::string b = base_name(e.name);
+      if (q.scheme.format == QFormat::kFp8E4M3) {
+        add(b + ".qweight", "F8_E4M3", {q.rows, q.cols}, as_bytes(q.codes.data(), q.codes.size()));
+      } else {
+        const std::vector<uint8_t> packed = pack_codes(q.codes.data(), q.rows, q.cols, q.scheme.bits);
+        add(b + ".qweight", "U8", {q.rows, packed_row_bytes(q.cols, q.scheme.bits)},
+            as_bytes(packed.data(), packed.size()));
+      }
+      const std::vector<int64_t> pshape = q.scheme.group == QuantScheme::kPerTensor
+                                              ? std::vector<int64_t>{1}
+                                              : std::vector<int64_t>{q.rows, q.groups_per_row()};
+      add(b + ".scales", "F32", pshape, as_bytes(q.scales.data(), q.scales.size()));
+      if (q.scheme.format == QFormat::kInt && !q.scheme.symmetric)
+        add(b + ".zeros", "F32", pshape, as_bytes(q.zeros.data(), q.zeros.size()));
+      continue;
+    }
+    const float* w = model.params().data() + e.offset;
+    std::vector<int64_t> shape(e.shape.begin(), e.shape.end());
+    if (hf_transposed(c, e.name)) {
+      const int64_t rows = e.shape[0], cols = e.shape[1];
+      std::vector<float> t(static_cast<size_t>(rows * cols));
+      for (int64_t j = 0; j < cols; ++j)
+        for (int64_t i = 0; i < rows; ++i) t[j * rows + i] = w[i * cols + j];
+      std::swap(shape[0], shape[1]);
+      add(e.name, "F32", shape, as_bytes(t.data(), t.size()));
+    } else {
+      add(e.name, "F32", shape, as_bytes(w, static_cast<size_t>(e.shape.numel())));
+    }
+  }
+  std::string h = header.dump();
+  while ((h.size() + 8) % 8 != 0) h += ' ';
+  std::string prefix(8, '\0');
+  const uint64_t hlen = h.size();
+  std::memcpy(prefix.data(), &hlen, 8);
+  return write_file_atomic((fs::path(dir) / "model.safetensors").string(), {prefix, h, data});
+}
+
+namespace {
+// One tensor of a parsed safetensors file: its bytes (checked against dtype × shape).
+struct StFile {
+  std::string path, bytes;
+  nlohmann::json header;
+  uint64_t data_start = 0;
+
+  Expected<std::string_view> tensor(const std::string& name, const std::string& dtype, int elem_bytes,
+                                    const std::vector<int64_t>& shape) const {
+    if (!header.contains(name)) return data_loss("{}: tensor {} is missing", path, name);
+    const auto& t = header[name];
+    if (!t.is_object() || !t.contains("dtype") || !t.contains("shape") || !t.contains("data_offsets"))
+      return data_loss("{}: tensor {} has a malformed entry", path, name);
+    const std::string dt = t["dtype"].is_string() ? t["dtype"].get<std::string>() : "";
+    if (dt != dtype) return invalid_argument("{}: tensor {} has dtype '{}', expected {}", path, name, dt, dtype);
+    std::vector<int64_t> got;
+    if (!t["shape"].is_array()) return data_loss("{}: tensor {} shape is not a list", path, name);
+    for (const auto& d : t["shape"]) {
+      if (!d.is_number_integer()) return data_loss("{}: tensor {} shape is not integers", path, name);
+      got.push_back(d.get<int64_t>());
+    }
+    if (got != shape)
+      return invalid_argument("{}: tensor {} has shape [{}], the config and scheme need [{}]", path, name,
+                              fmt::join(got, ", "), fmt::join(shape, ", "));
+    const auto& off = t["data_offsets"];
+    if (!off.is_array() || off.size() != 2 || !off[0].is_number_unsigned() || !off[1].is_number_unsigned())
+      return data_loss("{}: tensor {} has malformed data_offsets", path, name);
+    const uint64_t b = off[0].get<uint64_t>(), e = off[1].get<uint64_t>();
+    uint64_t need = static_cast<uint64_t>(elem_bytes);
+    for (int64_t d : shape) need *= static_cast<uint64_t>(d);
+    if (b > e || e > bytes.size() - data_start || e - b != need)
+      return data_loss("{}: tensor {} data [{}, {}) is outside the file or not {} bytes (file truncated?)", path, name,
+                       b, e, need);
+    return std::string_view(bytes).substr(data_start + b, need);
+  }
+};
+
+Expected<StFile> read_st(const std::string& path) {
+  StFile f;
+  f.path = path;
+  KILN_ASSIGN_OR_RETURN(f.bytes, read_file(path, int64_t{64} << 30));
+  uint64_t hlen = 0;
+  if (f.bytes.size() < 8) return data_loss("{}: too short for a safetensors file", path);
+  std::memcpy(&hlen, f.bytes.data(), 8);
+  if (hlen > (100ull << 20) || hlen > f.bytes.size() - 8)
+    return data_loss("{}: header length {} does not fit the file of {} bytes", path, hlen, f.bytes.size());
+  f.header = nlohmann::json::parse(f.bytes.substr(8, hlen), nullptr, false);
+  if (f.header.is_discarded() || !f.header.is_object()) return data_loss("{}: header is not JSON", path);
+  f.data_start = 8 + hlen;
+  return f;
+}
+
+std::string meta(const nlohmann::json& h, const char* key) {
+  if (!h.contains("__metadata__") || !h["__metadata__"].is_object()) return "";
+  const auto& m = h["__metadata__"];
+  return m.contains(key) && m[key].is_string() ? m[key].get<std::string>() : "";
+}
+}  // namespace
+
+Expected<std::unique_ptr<Transformer>> load_any_model(const std::string& dir, QuantizedState* state) {
+  const fs::path st_path = fs::path(dir) / "model.safetensors";
+  // Plain (or unreadable) files go to load_model, whose errors name the file and the tensor.
+  auto parsed = read_st(st_path.string());
+  if (!parsed.ok() || meta(parsed->header, kMetaMethod).empty()) {
+    if (state) *state = QuantizedState{};
+    return load_model(dir);
+  }
+  StFile f = std::move(*parsed);
+  const fs::path cfg_path = fs::path(dir) / "config.json";
+  KILN_ASSIGN_OR_RETURN(std::string cfg_text, read_file(cfg_path.string(), int64_t{1} << 20));
+  auto cfg = config_from_hf_json(cfg_text);
+  if (!cfg.ok()) return Status(cfg.status().code(), fmt::format("{}: {}", cfg_path.string(), cfg.status().message()));
+  KILN_ASSIGN_OR_RETURN(auto model, Transformer::create(*cfg, 0));
+
+  QuantizedState st;
+  KILN_ASSIGN_OR_RETURN(st.method, parse_method(meta(f.header, kMetaMethod)));
+  const std::string fmt_name = meta(f.header, "kiln.quant.format"), act = meta(f.header, "kiln.quant.act");
+  try {
+    st.scheme.bits = std::stoi(meta(f.header, "kiln.quant.bits"));
+    st.scheme.group = std::stoll(meta(f.header, "kiln.quant.group"));
+  } catch (const std::exception&) {
+    return data_loss("{}: kiln.quant.bits / kiln.quant.group metadata are not integers", st_path.string());
+  }
+  st.scheme.symmetric = meta(f.header, "kiln.quant.symmetric") == "true";
+  if (fmt_name == "fp8e4m3") st.scheme.format = QFormat::kFp8E4M3;
+  else if (fmt_name != "int") return unimplemented("{}: quantized format '{}' (int, fp8e4m3)", st_path.string(), fmt_name);
+  if (act == "none") st.act = ActQuant::kNone;
+  else if (act == act_quant_name(ActQuant::kInt8)) st.act = ActQuant::kInt8;
+  else if (act == act_quant_name(ActQuant::kFp8)) st.act = ActQuant::kFp8;
+  else return unimplemented("{}: activation quantization '{}'", st_path.string(), act);
+
+  const ModelConfig& c = model->config();
+  for (const ParamEntry& e : model->param_entries()) {
+    float* w = model->params().data() + e.offset;
+    const std::string b = base_name(e.name);
+    if (!f.header.contains(e.name) && f.header.contains(b + ".qweight") && e.shape.rank() == 2) {
+      const int64_t rows = e.shape[0], cols = e.shape[1];
+      KILN_RETURN_IF_ERROR(check_scheme(st.scheme, cols));
+      QTensor q;
+      q.scheme = st.scheme;
+      q.rows = rows;
+      q.cols = cols;
+      if (st.scheme.format == QFormat::kFp8E4M3) {
+        KILN_ASSIGN_OR_RETURN(auto raw, f.tensor(b + ".qweight", "F8_E4M3", 1, {rows, cols}));
+        q.codes.assign(raw.begin(), raw.end());
+      } else {
+        const int64_t rb = packed_row_bytes(cols, st.scheme.bits);
+        KILN_ASSIGN_OR_RETURN(auto raw, f.tensor(b + ".qweight", "U8", 1, {rows, rb}));
+        q.codes = unpack_codes(reinterpret_cast<const uint8_t*>(raw.data()), rows, cols, st.scheme.bits);
+      }
+      const std::vector<int64_t> pshape = st.scheme.group == QuantScheme::kPerTensor
+                                              ? std::vector<int64_t>{1}
+                                              : std::vector<int64_t>{rows, q.groups_per_row()};
+      KILN_ASSIGN_OR_RETURN(auto sc, f.tensor(b + ".scales", "F32", 4, pshape));
+      q.scales.resize(sc.size() / 4);
+      std::memcpy(q.scales.data(), sc.data(), sc.size());
+      if (st.scheme.format == QFormat::kInt && !st.scheme.symmetric) {
+        KILN_ASSIGN_OR_RETURN(auto z, f.tensor(b + ".zeros", "F32", 4, pshape));
+        q.zeros.resize(z.size() / 4);
+        std::memcpy(q.zeros.data(), z.data(), z.size());
+      } else {
+        const float z = st.scheme.format == QFormat::kInt ? static_cast<float>(1 << (st.scheme.bits - 1)) : 0.0f;
+        q.zeros.assign(q.scales.size(), z);
+      }
+      for (float v : q.scales)
+        if (!std::isfinite(v)) return data_loss("{}: {}.scales holds a non-finite value", st_path.string(), b);
+      for (float v : q.zeros)
+        if (!(v >= 0 && v <= static_cast<float>(st.scheme.qmax())) && st.scheme.format == QFormat::kInt)
+          return data_loss("{}: {}.zeros holds {} outside [0, {}]", st_path.string(), b, v, st.scheme.qmax());
+      st.weights.emplace(e.name, std::move(q));
+      continue;
+    }
+    std::vector<int64_t> want(e.shape.begin(), e.shape.end());
+    if (hf_transposed(c, e.name)) std::swap(want[0], want[1]);
+    KILN_ASSIGN_OR_RETURN(auto raw, f.tensor(e.name, "F32", 4, want));
+    if (hf_transposed(c, e.name)) {
+      const int64_t rows = e.shape[0], cols = e.shape[1];
+      const float* src = reinterpret_cast<const float*>(raw.data());
+      for (int64_t j = 0; j < cols; ++j)
+        for (int64_t i = 0; i < rows; ++i) std::memcpy(&w[i * cols + j], &src[j * rows + i], 4);
+    } else {
+      std::memcpy(w, raw.data(), raw.size());
+    }
+  }
+  // Every quantized tensor must be a Linear's weight (an embedding is read as a table).
+  for (const auto& [name, q] : st.weights)
+    if (find_linear(*model, name) == nullptr || (c.tied_embeddings && name == model->param_entries()[0].name))
+      return unimplemented("{}: {} is stored quantized; kiln quantizes only Linear weights", st_path.string(), name);
+  install_backends(*model, st);
+  if (state) *state = std::move(st);
+  return model;
+}
+
+int64_t weight_bytes_per_token(Transformer& model) {
+  int64_t bytes = model.config().d_model * 4;  // the embedding row
+  for (Linear* l : model.linears()) {
+    if (auto* q = dynamic_cast<QuantizedLinear*>(l->backend.get())) bytes += q->weight_bytes();
+    else if (dynamic_cast<Bf16Linear*>(l->backend.get())) bytes += 2 * l->in * l->out;
+    else bytes += 4 * l->in * l->out;
+  }
+  return bytes;
+}
+
+}  // namespace kiln::quant

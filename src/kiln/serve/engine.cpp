@@ -1,0 +1,424 @@
+// Engine: commands from request threads are queued and applied between steps by the one
+// thread that owns the scheduler; each step schedules, runs the model, samples each sequence
+// with its own seeded generator, updates the scheduler and pushes tokens to the streams.
+#include "kiln/serve/engine.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+
+#include "kiln/core/dtype.h"
+
+namespace kiln {
+
+using Clock = std::chrono::steady_clock;
+
+// ---- RequestStream, Histogram ------------------------------------------------------------------
+bool RequestStream::wait(std::vector<TokenEvent>& out, std::chrono::milliseconds timeout) {
+  std::unique_lock lk(mu_);
+  cv_.wait_for(lk, timeout, [&] { return !events_.empty() || num_finished_ >= n_; });
+  const bool had = !events_.empty();
+  while (!events_.empty()) {
+    out.push_back(events_.front());
+    events_.pop_front();
+  }
+  return had || num_finished_ < n_;
+}
+
+bool RequestStream::finished() const {
+  std::lock_guard lk(mu_);
+  return num_finished_ >= n_;
+}
+
+void RequestStream::push(const TokenEvent& e) {
+  {
+    std::lock_guard lk(mu_);
+    events_.push_back(e);
+    if (e.finish != FinishReason::kNone) ++num_finished_;
+  }
+  cv_.notify_all();
+}
+
+void Histogram::observe(double v) {
+  const size_t i = static_cast<size_t>(std::lower_bound(bounds.begin(), bounds.end(), v) - bounds.begin());
+  ++counts[i];
+  sum += v;
+  ++count;
+}
+
+// ---- engine state ----------------------------------------------------------------------------
+struct Engine::Command {
+  enum Kind { kAdd, kAbort, kFinishSample } kind = kAdd;
+  int64_t request_id = 0;
+  std::vector<int32_t> prompt;
+  GenerationParams params;
+  std::shared_ptr<RequestStream> stream;
+  int64_t index = 0;
+  FinishReason reason = FinishReason::kNone;
+  Clock::time_point arrival;
+};
+
+struct Engine::RequestState {
+  std::shared_ptr<RequestStream> stream;
+  GenerationParams params;
+  int64_t sched_id = -1;
+  std::vector<Rng> rngs;           // (n,) one generator per sample
+  std::vector<uint8_t> done;       // (n,)
+  std::vector<int64_t> num_tokens; // (n,) tokens emitted
+  std::vector<Clock::time_point> first_token;  // (n,)
+  int64_t num_done = 0;
+  bool got_first = false;
+  Clock::time_point arrival;
+};
+
+Expected<std::unique_ptr<Engine>> Engine::create(std::unique_ptr<Transformer> model, const EngineConfig& config) {
+  if (!model) return invalid_argument("[engine] no model");
+  KvCacheConfig kv;
+  kv.block_size = config.block_size;
+  kv.enable_prefix_caching = config.enable_prefix_caching;
+  if (config.block_size < 1) return invalid_argument("[engine] --block-size {} must be >= 1", config.block_size);
+  KILN_ASSIGN_OR_RETURN(kv.num_blocks, num_kv_blocks_for_memory(config.kv_cache_mem_bytes,
+                                                                kv_bytes_per_token(model->config(), DType::kF32),
+                                                                config.block_size));
+  KILN_ASSIGN_OR_RETURN(auto sched, Scheduler::create(config.scheduler, kv));
+  const int64_t num_blocks = kv.num_blocks;
+  return std::unique_ptr<Engine>(new Engine(std::move(model), config, num_blocks, std::move(sched)));
+}
+
+Engine::Engine(std::unique_ptr<Transformer> model, const EngineConfig& config, int64_t num_blocks,
+               std::unique_ptr<Scheduler> scheduler)
+    : model_(std::move(model)),
+      config_(config),
+      num_blocks_(num_blocks),
+      scheduler_(std::move(scheduler)),
+      executor_(*model_, num_blocks, config.block_size) {
+  metrics_.block_size = config.block_size;
+  metrics_.kv_bytes_per_token = kv_bytes_per_token(model_->config(), DType::kF32);
+  metrics_.kv_cache_bytes = executor_.cache().bytes();
+  metrics_.kv_blocks = scheduler_->kv_stats().pool;
+}
+
+Engine::~Engine() { stop(); }
+
+void Engine::start() {
+  std::lock_guard lk(mu_);
+  if (thread_.joinable()) return;
+  stopping_ = false;
+  thread_ = std::thread([this] { loop(); });
+}
+
+void Engine::stop() {
+  {
+    std::lock_guard lk(mu_);
+    if (!thread_.joinable()) return;
+    stopping_ = true;
+  }
+  cv_.notify_all();
+  thread_.join();
+  // Nobody will step any more: end every open stream so no reader waits forever.
+  apply_commands();
+  for (auto& [id, r] : requests_) {
+    for (int64_t i = 0; i < r->params.n; ++i)
+      if (!r->done[static_cast<size_t>(i)]) r->stream->push({i, -1, FinishReason::kAborted});
+  }
+  requests_.clear();
+}
+
+void Engine::loop() {
+  bool busy = false;
+  for (;;) {
+    {
+      std::unique_lock lk(mu_);
+      cv_.wait(lk, [&] { return stopping_ || busy || !commands_.empty(); });
+      if (stopping_) return;
+    }
+    busy = step_locked_out();
+  }
+}
+
+bool Engine::step() {
+  KILN_CHECK_MSG(!thread_.joinable(), "Engine::step() while the background loop runs");
+  return step_locked_out();
+}
+
+void Engine::run_until_idle() {
+  while (step()) {
+  }
+}
+
+Expected<std::shared_ptr<RequestStream>> Engine::add_request(std::vector<int32_t> prompt, const GenerationParams& p) {
+  const ModelConfig& c = model_->config();
+  const auto len = static_cast<int64_t>(prompt.size());
+  if (len == 0) return invalid_argument("[engine] the prompt is empty");
+  for (int32_t t : prompt)
+    if (t < 0 || t >= c.vocab_size) return invalid_argument("[engine] token id {} outside the vocabulary of {}", t, c.vocab_size);
+  if (p.n < 1 || p.n > kMaxParallelSamples) return invalid_argument("[engine] n {} must be in [1, {}]", p.n, kMaxParallelSamples);
+  if (p.max_tokens < 1) return invalid_argument("[engine] max_tokens {} must be >= 1", p.max_tokens);
+  if (len > c.max_seq_len)
+    return out_of_range("[engine] the prompt has {} tokens; the context is {}", len, c.max_seq_len);
+  if (len + p.max_tokens > c.max_seq_len)
+    return out_of_range("[engine] {} prompt tokens + max_tokens {} exceed the context of {}", len, p.max_tokens,
+                        c.max_seq_len);
+  if (!(p.sampling.temperature >= 0) || !(p.sampling.top_p > 0 && p.sampling.top_p <= 1) || p.sampling.top_k < 0)
+    return invalid_argument("[engine] temperature {} must be >= 0, top_p {} in (0, 1], top_k {} >= 0",
+                            p.sampling.temperature, p.sampling.top_p, p.sampling.top_k);
+  const int64_t blocks = (len + p.max_tokens - 1 + config_.block_size - 1) / config_.block_size;
+  if (blocks > num_blocks_)
+    return resource_exhausted("[engine] {} prompt tokens + max_tokens {} need {} KV blocks, the cache has {} "
+                              "(raise --kv-cache-mem)", len, p.max_tokens, blocks, num_blocks_);
+  Command cmd;
+  cmd.kind = Command::kAdd;
+  cmd.prompt = std::move(prompt);
+  cmd.params = p;
+  cmd.arrival = Clock::now();
+  std::shared_ptr<RequestStream> stream;
+  {
+    std::lock_guard lk(mu_);
+    cmd.request_id = next_request_id_++;
+    if (!cmd.params.seed) cmd.params.seed = seed_counter_++ * 0x9e3779b97f4a7c15ull;
+    stream = std::make_shared<RequestStream>(cmd.request_id, p.n, len);
+    cmd.stream = stream;
+    commands_.push_back(std::move(cmd));
+  }
+  cv_.notify_all();
+  return stream;
+}
+
+void Engine::abort(int64_t request_id) {
+  {
+    std::lock_guard lk(mu_);
+    Command cmd;
+    cmd.kind = Command::kAbort;
+    cmd.request_id = request_id;
+    commands_.push_back(std::move(cmd));
+  }
+  cv_.notify_all();
+}
+
+void Engine::finish_sample(int64_t request_id, int64_t index, FinishReason reason) {
+  {
+    std::lock_guard lk(mu_);
+    Command cmd;
+    cmd.kind = Command::kFinishSample;
+    cmd.request_id = request_id;
+    cmd.index = index;
+    cmd.reason = reason;
+    commands_.push_back(std::move(cmd));
+  }
+  cv_.notify_all();
+}
+
+// Ends every open sample of a request with `reason` and forgets it (its sequences must be
+// gone from the scheduler already).
+void Engine::end_request(int64_t id, RequestState& r, FinishReason reason) {
+  for (int64_t i = 0; i < r.params.n; ++i) {
+    if (r.done[static_cast<size_t>(i)]) continue;
+    r.done[static_cast<size_t>(i)] = 1;
+    r.stream->push({i, -1, reason});
+  }
+  sched_to_request_.erase(r.sched_id);
+  std::lock_guard lk(metrics_mu_);
+  ++(reason == FinishReason::kAborted ? metrics_.requests_aborted : metrics_.requests_finished);
+  (void)id;
+}
+
+void Engine::apply_commands() {
+  std::vector<Command> cmds;
+  {
+    std::lock_guard lk(mu_);
+    cmds.swap(commands_);
+  }
+  for (Command& cmd : cmds) {
+    if (cmd.kind == Command::kAdd) {
+      auto r = std::make_unique<RequestState>();
+      r->stream = cmd.stream;
+      r->params = cmd.params;
+      r->arrival = cmd.arrival;
+      const auto n = static_cast<size_t>(cmd.params.n);
+      for (size_t j = 0; j < n; ++j) r->rngs.emplace_back(*cmd.params.seed + j);
+      r->done.assign(n, 0);
+      r->num_tokens.assign(n, 0);
+      r->first_token.resize(n);
+      Request req;
+      req.prompt = std::move(cmd.prompt);
+      req.max_tokens = cmd.params.max_tokens;
+      req.n = cmd.params.n;
+      req.stop_token_ids = cmd.params.stop_token_ids;
+      {
+        std::lock_guard lk(metrics_mu_);
+        ++metrics_.requests_added;
+      }
+      auto sid = scheduler_->add_request(std::move(req));
+      if (!sid.ok()) {  // checked in add_request already; end the stream rather than hang it
+        end_request(cmd.request_id, *r, FinishReason::kAborted);
+        continue;
+      }
+      r->sched_id = *sid;
+      sched_to_request_[*sid] = cmd.request_id;
+      seq_index_[*sid] = 0;
+      requests_[cmd.request_id] = std::move(r);
+      continue;
+    }
+    auto it = requests_.find(cmd.request_id);
+    if (it == requests_.end()) continue;  // finished already
+    RequestState& r = *it->second;
+    if (cmd.kind == Command::kFinishSample) {
+      if (cmd.index < 0 || cmd.index >= r.params.n || r.done[static_cast<size_t>(cmd.index)]) continue;
+      r.done[static_cast<size_t>(cmd.index)] = 1;
+      ++r.num_done;
+      r.stream->push({cmd.index, -1, cmd.reason});
+      if (r.num_done < r.params.n) continue;
+    }
+    scheduler_->abort_request(r.sched_id);
+    end_request(cmd.request_id, r, cmd.kind == Command::kAbort ? FinishReason::kAborted : cmd.reason);
+    requests_.erase(it);
+  }
+}
+
+void Engine::refresh_gauges() {
+  const KvCacheStats kv = scheduler_->kv_stats();
+  std::lock_guard lk(metrics_mu_);
+  EngineMetrics& m = metrics_;
+  m.num_running = scheduler_->num_running();
+  m.num_waiting = scheduler_->num_waiting();
+  m.kv_blocks = kv.pool;
+  m.prefix_cache_hit_rate = kv.hit_rate();
+  m.prefix_query_tokens = kv.prefix_query_tokens;
+  m.prefix_hit_tokens = kv.prefix_hit_tokens;
+  m.num_preemptions = scheduler_->num_preemptions();
+  m.num_steps = scheduler_->num_steps();
+}
+
+bool Engine::step_locked_out() {
+  apply_commands();
+  if (!scheduler_->has_unfinished()) {
+    refresh_gauges();  // aborts may have freed blocks
+    return false;
+  }
+  SchedulerOutput out = scheduler_->schedule();
+  auto logits = executor_.execute(out);
+  KILN_CHECK_MSG(logits.ok(), "[engine] step {}: {}", out.step, logits.status().to_string());
+  const int64_t V = model_->config().vocab_size;
+  // Sample: sample j of a first multi-sample draw is sample index j; otherwise the sequence's.
+  sampled_.clear();
+  for (size_t k = 0; k < out.seqs.size(); ++k) {
+    const ScheduledSeq& e = out.seqs[k];
+    if (e.num_samples == 0) continue;
+    RequestState& r = *requests_.at(sched_to_request_.at(e.request_id));
+    for (int64_t j = 0; j < e.num_samples; ++j) {
+      const int64_t index = e.num_samples > 1 ? j : seq_index_.at(e.seq_id);
+      sampled_.push_back(sample_token((*logits)[k], V, r.params.sampling, r.rngs[static_cast<size_t>(index)]));
+    }
+  }
+  UpdateResult u = scheduler_->update(out, sampled_);
+  std::unordered_map<int64_t, FinishReason> reasons;
+  for (const FinishedSeq& f : u.finished) reasons[f.seq_id] = f.reason;
+  std::unordered_map<int64_t, std::vector<int64_t>> children;  // parent seq -> forked seqs in order
+  for (const auto& [parent, child] : u.forked) {
+    auto& c = children[parent];
+    c.push_back(child);
+    seq_index_[child] = static_cast<int64_t>(c.size());
+  }
+  const auto now = Clock::now();
+  std::vector<double> ttfts, tpots;
+  std::vector<int64_t> completed;
+  size_t pos = 0;
+  for (const ScheduledSeq& e : out.seqs) {
+    if (e.num_samples == 0) continue;
+    const int64_t req_id = sched_to_request_.at(e.request_id);
+    RequestState& r = *requests_.at(req_id);
+    for (int64_t j = 0; j < e.num_samples; ++j) {
+      const int32_t token = sampled_[pos++];
+      const int64_t seq = j == 0 ? e.seq_id : children.at(e.seq_id).at(static_cast<size_t>(j - 1));
+      const int64_t index = seq_index_.at(seq);
+      auto rit = reasons.find(seq);
+      const FinishReason finish = rit == reasons.end() ? FinishReason::kNone : rit->second;
+      if (finish != FinishReason::kNone) seq_index_.erase(seq);
+      const auto i = static_cast<size_t>(index);
+      if (r.done[i]) continue;  // ended early (stop string); its tokens are dropped
+      if (!r.got_first) {
+        r.got_first = true;
+        ttfts.push_back(std::chrono::duration<double>(now - r.arrival).count());
+      }
+      if (r.num_tokens[i]++ == 0) r.first_token[i] = now;
+      r.stream->push({index, token, finish});
+      if (finish == FinishReason::kNone) continue;
+      r.done[i] = 1;
+      if (r.num_tokens[i] > 1)
+        tpots.push_back(std::chrono::duration<double>(now - r.first_token[i]).count() / double(r.num_tokens[i] - 1));
+      if (++r.num_done == r.params.n) completed.push_back(req_id);
+    }
+  }
+  for (int64_t id : completed) {
+    auto it = requests_.find(id);
+    end_request(id, *it->second, FinishReason::kStop);
+    requests_.erase(it);
+  }
+  refresh_gauges();
+  std::lock_guard lk(metrics_mu_);
+  EngineMetrics& m = metrics_;
+  m.prompt_tokens += out.num_batched_tokens;
+  m.generation_tokens += static_cast<int64_t>(sampled_.size());
+  for (double t : ttfts) m.ttft.observe(t);
+  for (double t : tpots) m.tpot.observe(t);
+  return true;
+}
+
+EngineMetrics Engine::metrics() const {
+  std::lock_guard lk(metrics_mu_);
+  return metrics_;
+}
+
+namespace {
+void put_metric(std::string& s, const char* name, const char* type, const char* help, double v) {
+  s += fmt::format("# HELP {} {}\n# TYPE {} {}\n{} {}\n", name, help, name, type, name, v);
+}
+void put_histogram(std::string& s, const char* name, const char* help, const Histogram& h) {
+  s += fmt::format("# HELP {} {}\n# TYPE {} histogram\n", name, help, name);
+  int64_t cum = 0;
+  for (size_t i = 0; i < h.bounds.size(); ++i) {
+    cum += h.counts[i];
+    s += fmt::format("{}_bucket{{le=\"{}\"}} {}\n", name, h.bounds[i], cum);
+  }
+  s += fmt::format("{}_bucket{{le=\"+Inf\"}} {}\n{}_sum {}\n{}_count {}\n", name, h.count, name, h.sum, name, h.count);
+}
+}  // namespace
+
+std::string Engine::metrics_text() const {
+  const EngineMetrics m = metrics();
+  std::string s;
+  put_metric(s, "kiln_num_requests_running", "gauge", "Sequences running (a request with n > 1 has n).", double(m.num_running));
+  put_metric(s, "kiln_num_requests_waiting", "gauge", "Sequences waiting for admission.", double(m.num_waiting));
+  put_metric(s, "kiln_kv_blocks_total", "gauge", "KV-cache blocks in the pool.", double(m.kv_blocks.num_blocks));
+  put_metric(s, "kiln_kv_blocks_used", "gauge", "KV-cache blocks owned by a sequence.", double(m.kv_blocks.num_used));
+  put_metric(s, "kiln_kv_blocks_free", "gauge", "KV-cache blocks allocatable (free or evictable cached).",
+             double(m.kv_blocks.num_free + m.kv_blocks.num_evictable));
+  put_metric(s, "kiln_kv_blocks_cached", "gauge", "KV-cache blocks in the prefix cache.", double(m.kv_blocks.num_cached));
+  put_metric(s, "kiln_kv_block_size_tokens", "gauge", "Tokens per KV-cache block.", double(m.block_size));
+  put_metric(s, "kiln_kv_cache_bytes_per_token", "gauge", "KV bytes per token: 2 * layers * kv_heads * head_dim * 4.",
+             double(m.kv_bytes_per_token));
+  put_metric(s, "kiln_kv_cache_bytes", "gauge", "Bytes of the KV-cache pool.", double(m.kv_cache_bytes));
+  put_metric(s, "kiln_kv_cache_usage_ratio", "gauge", "Fraction of KV blocks owned by a sequence.",
+             m.kv_blocks.num_blocks ? double(m.kv_blocks.num_used) / double(m.kv_blocks.num_blocks) : 0.0);
+  put_metric(s, "kiln_prefix_cache_hit_rate", "gauge", "Prompt tokens found in the prefix cache / tokens looked up.",
+             m.prefix_cache_hit_rate);
+  put_metric(s, "kiln_prefix_cache_queries_total", "counter", "Prompt tokens looked up in the prefix cache.",
+             double(m.prefix_query_tokens));
+  put_metric(s, "kiln_prefix_cache_hits_total", "counter", "Prompt tokens found in the prefix cache.",
+             double(m.prefix_hit_tokens));
+  put_metric(s, "kiln_requests_added_total", "counter", "Requests accepted.", double(m.requests_added));
+  put_metric(s, "kiln_requests_finished_total", "counter", "Requests finished (length or stop).",
+             double(m.requests_finished));
+  put_metric(s, "kiln_requests_aborted_total", "counter", "Requests aborted (client gone).", double(m.requests_aborted));
+  put_metric(s, "kiln_computed_tokens_total", "counter", "Tokens run through the model (prefill and decode).",
+             double(m.prompt_tokens));
+  put_metric(s, "kiln_generation_tokens_total", "counter", "Tokens generated (sampled).", double(m.generation_tokens));
+  put_metric(s, "kiln_num_preemptions_total", "counter", "Sequences preempted (recompute).", double(m.num_preemptions));
+  put_metric(s, "kiln_engine_steps_total", "counter", "Engine steps run.", double(m.num_steps));
+  put_histogram(s, "kiln_time_to_first_token_seconds", "Time from arrival to the first token.", m.ttft);
+  put_histogram(s, "kiln_time_per_output_token_seconds", "Mean time between output tokens of a finished sample.",
+                m.tpot);
+  return s;
+}
+
+}  // namespace kiln

@@ -1,0 +1,173 @@
+// The serving engine: owns the model, the paged KV cache (bookkeeping and data), the scheduler
+// and the sampler, and runs steps in a background loop. Requests come in as token ids with
+// sampling parameters and go out as a stream of sampled tokens; metrics for /metrics.
+#pragma once
+
+#include <chrono>
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <thread>
+#include <unordered_map>
+#include <vector>
+
+#include "kiln/core/rng.h"
+#include "kiln/core/status.h"
+#include "kiln/model/transformer.h"
+#include "kiln/serve/model_executor.h"
+#include "kiln/serve/sampler.h"
+#include "kiln/serve/scheduler.h"
+
+namespace kiln {
+
+struct EngineConfig {
+  int64_t kv_cache_mem_bytes = int64_t{256} << 20;  // --kv-cache-mem
+  int64_t block_size = kDefaultKvBlockSize;          // --block-size
+  bool enable_prefix_caching = true;
+  SchedulerConfig scheduler;  // --max-batched-tokens, --prefill-chunk, --max-running, --batching
+};
+
+inline constexpr int64_t kMaxParallelSamples = 64;  // the largest n one request may ask for
+
+struct GenerationParams {
+  int64_t n = 1;
+  int64_t max_tokens = 16;
+  SamplingParams sampling;              // temperature (0: greedy), top_k, top_p
+  std::optional<uint64_t> seed;         // none: a fresh seed per request
+  std::vector<int32_t> stop_token_ids;  // finish after sampling one of these (it is emitted)
+};
+
+// One event of a request's stream: sample `index` got `token` (-1: none) and, when finish is
+// not kNone, that sample is done.
+struct TokenEvent {
+  int64_t index = 0;
+  int32_t token = -1;
+  FinishReason finish = FinishReason::kNone;
+};
+
+// The consumer side of a request: thread-safe; the engine pushes, one reader waits.
+class RequestStream {
+ public:
+  RequestStream(int64_t id, int64_t n, int64_t prompt_len) : id_(id), n_(n), prompt_len_(prompt_len) {}
+  int64_t id() const { return id_; }
+  int64_t n() const { return n_; }
+  int64_t prompt_len() const { return prompt_len_; }
+  // Waits up to `timeout` for events and moves them to `out`. Returns false when the stream
+  // has ended (every sample finished) and nothing is left to read.
+  bool wait(std::vector<TokenEvent>& out, std::chrono::milliseconds timeout);
+  // Every sample has finished (its last events may still be unread).
+  bool finished() const;
+
+  void push(const TokenEvent& e);  // engine side
+
+ private:
+  const int64_t id_, n_, prompt_len_;
+  mutable std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<TokenEvent> events_;
+  int64_t num_finished_ = 0;
+};
+
+// Prometheus-style histogram with fixed upper bounds (seconds).
+struct Histogram {
+  std::vector<double> bounds;
+  std::vector<int64_t> counts;  // per bound, not cumulative; the last is +Inf
+  double sum = 0;
+  int64_t count = 0;
+  explicit Histogram(std::vector<double> b) : bounds(std::move(b)), counts(bounds.size() + 1, 0) {}
+  void observe(double v);
+};
+
+struct EngineMetrics {
+  int64_t num_running = 0, num_waiting = 0;
+  BlockPoolStats kv_blocks;
+  int64_t block_size = 0;
+  int64_t kv_bytes_per_token = 0;  // 2 · layers · kv_heads · head_dim · 4 (f32)
+  int64_t kv_cache_bytes = 0;      // the whole pool
+  double prefix_cache_hit_rate = 0;
+  int64_t prefix_query_tokens = 0, prefix_hit_tokens = 0;
+  int64_t requests_added = 0, requests_finished = 0, requests_aborted = 0;
+  int64_t prompt_tokens = 0;      // tokens computed by prefill (prefix hits excluded)
+  int64_t generation_tokens = 0;  // tokens sampled
+  int64_t num_preemptions = 0;
+  int64_t num_steps = 0;
+  Histogram ttft{{0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1, 2.5, 5, 7.5, 10, 20, 40, 80}};
+  Histogram tpot{{0.001, 0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1, 2.5, 5}};
+};
+
+class Engine {
+ public:
+  // Sizes the KV pool from config.kv_cache_mem_bytes; errors name the bad flag.
+  static Expected<std::unique_ptr<Engine>> create(std::unique_ptr<Transformer> model, const EngineConfig& config);
+  ~Engine();
+  Engine(const Engine&) = delete;
+  Engine& operator=(const Engine&) = delete;
+
+  // The background loop (steps whenever there is work). Without it, call step() yourself.
+  void start();
+  void stop();
+
+  // Queues a request. InvalidArgument for an empty prompt, ids outside the vocabulary, n or
+  // max_tokens out of range, prompt + max_tokens beyond the context, bad sampling values;
+  // ResourceExhausted when one sequence could never fit in the whole KV cache.
+  Expected<std::shared_ptr<RequestStream>> add_request(std::vector<int32_t> prompt, const GenerationParams& params);
+  // Frees every sequence of the request (the client went away); its stream ends (kAborted).
+  void abort(int64_t request_id);
+  // Ends one sample early (a stop string matched): its stream gets a last event with `reason`;
+  // the request's sequences are freed once all its samples ended.
+  void finish_sample(int64_t request_id, int64_t index, FinishReason reason = FinishReason::kStop);
+
+  // One step on the calling thread (only when the loop is not running). False when idle.
+  bool step();
+  // Steps until every request finished (tests; loop not running).
+  void run_until_idle();
+
+  EngineMetrics metrics() const;
+  // Prometheus text exposition of metrics(), names prefixed kiln_.
+  std::string metrics_text() const;
+  const ModelConfig& model_config() const { return model_->config(); }
+  const EngineConfig& config() const { return config_; }
+  int64_t num_kv_blocks() const { return num_blocks_; }
+  Transformer& model() { return *model_; }
+
+ private:
+  Engine(std::unique_ptr<Transformer> model, const EngineConfig& config, int64_t num_blocks,
+         std::unique_ptr<Scheduler> scheduler);
+  struct Command;
+  struct RequestState;
+  void loop();
+  void apply_commands();
+  bool step_locked_out();  // one step; scheduler state touched by one thread only
+  void end_request(int64_t id, RequestState& r, FinishReason reason);
+  void refresh_gauges();  // running/waiting, KV blocks, prefix cache, preemptions
+
+  std::unique_ptr<Transformer> model_;
+  EngineConfig config_;
+  int64_t num_blocks_ = 0;
+  std::unique_ptr<Scheduler> scheduler_;
+  ModelExecutor executor_;
+
+  // Commands from other threads, applied between steps.
+  mutable std::mutex mu_;
+  std::condition_variable cv_;
+  std::vector<Command> commands_;
+  int64_t next_request_id_ = 0;
+  uint64_t seed_counter_ = 0x5eed;
+  bool stopping_ = false;
+  std::thread thread_;
+
+  // Loop-thread state.
+  std::unordered_map<int64_t, std::unique_ptr<RequestState>> requests_;  // engine id -> state
+  std::unordered_map<int64_t, int64_t> sched_to_request_;                // scheduler request id -> engine id
+  std::unordered_map<int64_t, int64_t> seq_index_;                       // seq id -> sample index
+  std::vector<int32_t> sampled_;
+
+  mutable std::mutex metrics_mu_;
+  EngineMetrics metrics_;
+};
+
+}  // namespace kiln

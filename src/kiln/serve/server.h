@@ -1,0 +1,66 @@
+// The OpenAI-compatible HTTP server (cpp-httplib) in front of the Engine: /v1/completions and
+// /v1/chat/completions (JSON or SSE streaming), /v1/models, /health and /metrics (Prometheus).
+// Malformed requests get 4xx with an OpenAI-style error object; a client that goes away
+// mid-stream has its sequences freed; the server keeps serving everyone else.
+#pragma once
+
+#include <memory>
+#include <string>
+#include <thread>
+
+#include "kiln/core/status.h"
+#include "kiln/serve/chat_template.h"
+#include "kiln/serve/engine.h"
+#include "kiln/tokenizer/bpe.h"
+
+namespace httplib {
+class Server;
+}
+
+namespace kiln {
+
+struct ServerConfig {
+  std::string host = "127.0.0.1";  // loopback unless asked otherwise
+  int port = 8000;                 // 0: any free port (see Server::port())
+  std::string api_key;             // non-empty: /v1/* needs "Authorization: Bearer <key>"
+  std::string model_name = "kiln";
+  int num_http_threads = 128;      // connections served at once (a stream holds one)
+};
+
+class Server {
+ public:
+  // The engine must outlive the server; its background loop is started here if needed.
+  static Expected<std::unique_ptr<Server>> create(Engine& engine, tok::Tokenizer tokenizer, ChatTemplate chat,
+                                                  const ServerConfig& config);
+  ~Server();
+  Server(const Server&) = delete;
+  Server& operator=(const Server&) = delete;
+
+  // Binds host:port; Unavailable when it cannot.
+  Status bind();
+  int port() const { return port_; }
+  // Serves until stop() (blocks). start(): the same on a background thread.
+  void listen();
+  void start();
+  void stop();
+
+  struct Impl;  // handlers (server.cpp)
+
+ private:
+  Server() = default;
+  std::unique_ptr<Impl> impl_;
+  std::unique_ptr<httplib::Server> http_;
+  std::thread thread_;
+  int port_ = 0;
+};
+
+// Loads a model directory the way `kiln train` writes it (config.json, model.safetensors,
+// tokenizer.json) plus its chat template (the default when there is none).
+struct ServedModel {
+  std::unique_ptr<Transformer> model;
+  tok::Tokenizer tokenizer;
+  ChatTemplate chat;
+};
+Expected<ServedModel> load_served_model(const std::string& dir);
+
+}  // namespace kiln

@@ -1,0 +1,378 @@
+// The HTTP server end to end on loopback: a tiny random model saved to a temporary directory the
+// way `kiln train` writes it, served in-process on a free port. Concurrent streamed requests
+// give the text of batch-1 greedy generation; every bad request gets its 4xx error object and
+// the server keeps serving; a client that disconnects mid-stream has its blocks freed;
+// /metrics parses as Prometheus text.
+#include <gtest/gtest.h>
+#include <httplib.h>
+
+#include <filesystem>
+#include <map>
+#include <nlohmann/json.hpp>
+#include <sstream>
+#include <thread>
+
+#include "kiln/model/weights.h"
+#include "kiln/serve/server.h"
+#include "tests/serve/serve_test_util.h"
+
+namespace kiln {
+namespace {
+
+using json = nlohmann::json;
+namespace fs = std::filesystem;
+
+constexpr const char* kCorpus =
+    "In the beginning God created the heaven and the earth. And the earth was without form, and void; and "
+    "darkness was upon the face of the deep. And the Spirit of God moved upon the face of the waters. And God "
+    "said, Let there be light: and there was light. And God saw the light, that it was good: and God divided "
+    "the light from the darkness. Caf\xc3\xa9 na\xc3\xafve \xe2\x80\x94 \xf0\x9f\x99\x82.";
+
+class ServerTest : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    dir_ = new fs::path(fs::temp_directory_path() / fmt::format("kiln_serve_test_{}", ::getpid()));
+    fs::create_directories(*dir_);
+    tok::TrainOptions to;
+    to.vocab_size = 300;
+    auto tk = tok::Tokenizer::train(kCorpus, to).value();
+    ModelConfig cfg = test::tiny_config(ModelFamily::kLlama, tk.vocab_size(), 128);
+    cfg.tied_embeddings = false;
+    auto model = test::tiny_model(cfg);
+    // Greedy text stays ASCII (so it is valid UTF-8 token by token): tokens holding a byte
+    // >= 0x80 get a zero LM-head row, which never wins the argmax against the other tokens.
+    float* head = model->param("lm_head.weight");
+    for (int32_t t = 0; t < tk.vocab_size(); ++t) {
+      const std::string_view b = tk.token_bytes(t);
+      if (std::any_of(b.begin(), b.end(), [](char ch) { return static_cast<unsigned char>(ch) >= 0x80; }))
+        std::fill_n(head + int64_t{t} * cfg.d_model, cfg.d_model, 0.0f);
+    }
+    ASSERT_TRUE(save_model(dir_->string(), *model).ok());
+    ASSERT_TRUE(tk.save_hf_json((*dir_ / "tokenizer.json").string()).ok());
+    ASSERT_TRUE(save_chat_template(dir_->string(), ChatTemplate{}).ok());
+    // Serve what was saved, as `kiln serve --model DIR` does.
+    auto served = load_served_model(dir_->string()).value();
+    EngineConfig ec;
+    ec.kv_cache_mem_bytes = 64 * 16 * kv_bytes_per_token(cfg, DType::kF32);
+    ec.scheduler.max_batched_tokens = 64;
+    ec.scheduler.prefill_chunk = 32;
+    engine_ = Engine::create(std::move(served.model), ec).value().release();
+    tokenizer_ = new tok::Tokenizer(served.tokenizer);
+    ServerConfig sc;
+    sc.port = 0;
+    sc.model_name = "tiny";
+    sc.num_http_threads = 16;
+    server_ = Server::create(*engine_, std::move(served.tokenizer), served.chat, sc).value().release();
+    ASSERT_TRUE(server_->bind().ok());
+    server_->start();
+    ref_model_ = load_model(dir_->string()).value().release();
+  }
+  static void TearDownTestSuite() {
+    delete server_;  // stops listening
+    delete engine_;
+    delete ref_model_;
+    delete tokenizer_;
+    fs::remove_all(*dir_);
+    delete dir_;
+  }
+
+  static httplib::Client client() {
+    httplib::Client c("127.0.0.1", server_->port());
+    c.set_read_timeout(30, 0);
+    return c;
+  }
+  static httplib::Result post(const std::string& path, const std::string& body, const httplib::Headers& h = {}) {
+    return client().Post(path.c_str(), h, body, "application/json");
+  }
+  // Batch-1 greedy text of a prompt (what `kiln generate --temperature 0` prints).
+  static std::string reference_text(const std::string& prompt, int64_t max_tokens) {
+    const int32_t eot = tokenizer_->eot_id();
+    auto ids = test::reference_generate(*ref_model_, tokenizer_->encode(prompt), max_tokens, {0.0f, 0, 1.0f}, 0, {eot});
+    std::string text;
+    for (int32_t t : ids)
+      if (t != eot) text += tokenizer_->token_bytes(t);
+    return text;
+  }
+  static int64_t metric(const std::string& name) {
+    auto r = client().Get("/metrics");
+    if (!r || r->status != 200) return -1;
+    std::istringstream in(r->body);
+    for (std::string line; std::getline(in, line);) {
+      if (line.rfind(name + " ", 0) == 0) return static_cast<int64_t>(std::stod(line.substr(name.size() + 1)));
+    }
+    return -1;
+  }
+
+  static fs::path* dir_;
+  static Engine* engine_;
+  static Server* server_;
+  static Transformer* ref_model_;
+  static tok::Tokenizer* tokenizer_;
+};
+
+fs::path* ServerTest::dir_ = nullptr;
+Engine* ServerTest::engine_ = nullptr;
+Server* ServerTest::server_ = nullptr;
+Transformer* ServerTest::ref_model_ = nullptr;
+tok::Tokenizer* ServerTest::tokenizer_ = nullptr;
+
+// Reads an SSE stream: the JSON of every `data:` line until [DONE]; false when it never came.
+struct SseResult {
+  std::vector<json> chunks;
+  bool done = false;
+  int status = 0;
+};
+SseResult post_stream(int port, const std::string& path, const json& body, int64_t stop_after_chunks = -1) {
+  httplib::Client c("127.0.0.1", port);
+  c.set_read_timeout(30, 0);
+  SseResult out;
+  std::string buf;
+  httplib::Request req;
+  req.method = "POST";
+  req.path = path;
+  req.body = body.dump();
+  req.set_header("Content-Type", "application/json");
+  req.content_receiver = [&](const char* data, size_t n, uint64_t, uint64_t) {
+    buf.append(data, n);
+    for (size_t at; (at = buf.find("\n\n")) != std::string::npos;) {
+      const std::string ev = buf.substr(0, at);
+      buf.erase(0, at + 2);
+      if (ev.rfind("data: ", 0) != 0) continue;  // comments (": ping")
+      if (ev == "data: [DONE]") {
+        out.done = true;
+        continue;
+      }
+      out.chunks.push_back(json::parse(ev.substr(6)));
+      if (stop_after_chunks >= 0 && static_cast<int64_t>(out.chunks.size()) >= stop_after_chunks) return false;
+    }
+    return true;
+  };
+  auto r = c.send(req);
+  if (r) out.status = r->status;
+  return out;
+}
+
+TEST_F(ServerTest, HealthModelsAndMetrics) {
+  auto h = client().Get("/health");
+  ASSERT_TRUE(h);
+  EXPECT_EQ(h->status, 200);
+  auto m = client().Get("/v1/models");
+  ASSERT_TRUE(m);
+  EXPECT_EQ(json::parse(m->body)["data"][0]["id"], "tiny");
+  // Every non-comment line of /metrics is `name[{labels}] number`, and the KV bytes per token
+  // are 2 · layers · kv_heads · head_dim · 4.
+  auto r = client().Get("/metrics");
+  ASSERT_TRUE(r);
+  std::istringstream in(r->body);
+  int samples = 0;
+  for (std::string line; std::getline(in, line);) {
+    if (line.empty() || line[0] == '#') continue;
+    const size_t sp = line.rfind(' ');
+    ASSERT_NE(sp, std::string::npos) << line;
+    size_t used = 0;
+    (void)std::stod(line.substr(sp + 1), &used);
+    EXPECT_EQ(used, line.size() - sp - 1) << line;
+    const std::string name = line.substr(0, line.find_first_of("{ "));
+    EXPECT_TRUE(std::all_of(name.begin(), name.end(), [](char ch) { return std::isalnum(ch) || ch == '_' || ch == ':'; }))
+        << line;
+    ++samples;
+  }
+  EXPECT_GT(samples, 20);
+  const ModelConfig& c = ref_model_->config();
+  EXPECT_EQ(metric("kiln_kv_cache_bytes_per_token"), 2 * c.n_layers * c.n_kv_heads * c.head_dim() * 4);
+  EXPECT_EQ(metric("kiln_kv_blocks_total"), 64);
+}
+
+// Four concurrent streamed completions (greedy, with seeds) and one non-streamed: each text
+// equals batch-1 greedy generation of its prompt; usage counts the tokens.
+TEST_F(ServerTest, ConcurrentStreamsMatchBatchOneGreedy) {
+  const std::vector<std::string> prompts = {"In the beginning", "And God said, Let there", "darkness was upon",
+                                            "Caf\xc3\xa9 na\xc3\xafve and the light"};
+  std::vector<SseResult> results(prompts.size());
+  std::vector<std::thread> threads;
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    threads.emplace_back([&, i] {
+      json body = {{"model", "tiny"}, {"prompt", prompts[i]}, {"max_tokens", 24}, {"temperature", 0},
+                   {"seed", 42 + static_cast<int>(i)}, {"stream", true}, {"stream_options", {{"include_usage", true}}}};
+      results[i] = post_stream(server_->port(), "/v1/completions", body);
+    });
+  }
+  auto whole = post("/v1/completions", json{{"model", "tiny"}, {"prompt", prompts[0]}, {"max_tokens", 24},
+                                            {"temperature", 0}}.dump());
+  for (auto& t : threads) t.join();
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    const SseResult& r = results[i];
+    EXPECT_EQ(r.status, 200);
+    EXPECT_TRUE(r.done) << "no [DONE] for prompt " << i;
+    std::string text;
+    std::string finish;
+    for (const json& ch : r.chunks) {
+      if (ch.contains("usage")) {
+        EXPECT_EQ(ch["usage"]["prompt_tokens"], tokenizer_->encode(prompts[i]).size());
+        continue;
+      }
+      EXPECT_EQ(ch["object"], "text_completion");
+      text += ch["choices"][0]["text"].get<std::string>();
+      if (!ch["choices"][0]["finish_reason"].is_null()) finish = ch["choices"][0]["finish_reason"];
+    }
+    EXPECT_EQ(text, reference_text(prompts[i], 24)) << "prompt " << i;
+    EXPECT_FALSE(finish.empty());
+  }
+  ASSERT_TRUE(whole);
+  ASSERT_EQ(whole->status, 200) << whole->body;
+  const json w = json::parse(whole->body);
+  EXPECT_EQ(w["choices"][0]["text"], reference_text(prompts[0], 24));
+  EXPECT_EQ(w["usage"]["total_tokens"].get<int64_t>(),
+            w["usage"]["prompt_tokens"].get<int64_t>() + w["usage"]["completion_tokens"].get<int64_t>());
+}
+
+// Chat: the template renders the messages; n = 2 greedy samples agree; stop strings cut text.
+TEST_F(ServerTest, ChatStopStringsAndParallelSamples) {
+  json body = {{"model", "tiny"},
+               {"messages", json::array({{{"role", "system"}, {"content", "Be brief."}},
+                                         {{"role", "user"}, {"content", "And God said"}}})},
+               {"max_tokens", 20}, {"temperature", 0}, {"n", 2}};
+  auto r = post("/v1/chat/completions", body.dump());
+  ASSERT_TRUE(r);
+  ASSERT_EQ(r->status, 200) << r->body;
+  json j = json::parse(r->body);
+  ASSERT_EQ(j["choices"].size(), 2u);
+  EXPECT_EQ(j["object"], "chat.completion");
+  EXPECT_EQ(j["choices"][0]["message"]["content"], j["choices"][1]["message"]["content"]);
+  const std::string prompt = ChatTemplate{}.render({{"system", "Be brief."}, {"user", "And God said"}}).value();
+  std::string want = reference_text(prompt, 20);
+  if (auto at = want.find("\nUser:"); at != std::string::npos) want.resize(at);
+  EXPECT_EQ(j["choices"][0]["message"]["content"], want);
+  // A stop string taken from the greedy continuation of a completion cuts it right there.
+  const std::string full = reference_text("the face of", 30);
+  ASSERT_GE(full.size(), 8u);
+  const std::string stop = full.substr(full.size() / 2, 3);
+  auto s = post("/v1/completions",
+                json{{"model", "tiny"}, {"prompt", "the face of"}, {"max_tokens", 30}, {"temperature", 0}, {"stop", stop}}
+                    .dump());
+  ASSERT_TRUE(s);
+  json sj = json::parse(s->body);
+  EXPECT_EQ(sj["choices"][0]["text"], full.substr(0, full.find(stop)));
+  EXPECT_EQ(sj["choices"][0]["finish_reason"], "stop");
+  // Streamed chat: a role delta first, then content deltas, then [DONE].
+  body["stream"] = true;
+  body["n"] = 1;
+  SseResult st = post_stream(server_->port(), "/v1/chat/completions", body);
+  ASSERT_TRUE(st.done);
+  EXPECT_EQ(st.chunks.front()["choices"][0]["delta"]["role"], "assistant");
+  std::string text;
+  for (const json& ch : st.chunks) text += ch["choices"][0]["delta"].value("content", "");
+  EXPECT_EQ(text, want);
+}
+
+// Each bad request gets its 4xx and an OpenAI-style error object; the server stays up.
+TEST_F(ServerTest, BadRequestsGet4xxAndServerStaysUp) {
+  const int64_t ctx = ref_model_->config().max_seq_len;
+  std::string long_prompt;
+  for (int i = 0; i < 200; ++i) long_prompt += "light ";
+  const std::vector<std::pair<std::string, int>> cases = {
+      {"{not json", 400},
+      {"[1, 2]", 400},
+      {json{{"model", "gpt-9"}, {"prompt", "x"}}.dump(), 404},
+      {json{{"prompt", "x"}}.dump(), 400},
+      {json{{"model", "tiny"}, {"prompt", "In"}, {"max_tokens", -5}}.dump(), 400},
+      {json{{"model", "tiny"}, {"prompt", "In"}, {"max_tokens", 0}}.dump(), 400},
+      {json{{"model", "tiny"}, {"prompt", "In"}, {"max_tokens", 1000000000}}.dump(), 400},
+      {json{{"model", "tiny"}, {"prompt", "In"}, {"max_tokens", "ten"}}.dump(), 400},
+      {json{{"model", "tiny"}, {"prompt", long_prompt}}.dump(), 400},
+      {json{{"model", "tiny"}, {"prompt", "In"}, {"temperature", -1}}.dump(), 400},
+      {json{{"model", "tiny"}, {"prompt", "In"}, {"top_p", 0}}.dump(), 400},
+      {json{{"model", "tiny"}, {"prompt", "In"}, {"n", 0}}.dump(), 400},
+      {json{{"model", "tiny"}, {"prompt", ""}}.dump(), 400},
+      {json{{"model", "tiny"}, {"prompt", json::array({1, 2, 100000})}}.dump(), 400},
+      {json{{"model", "tiny"}, {"prompt", "In"}, {"stop", 5}}.dump(), 400},
+  };
+  for (const auto& [body, status] : cases) {
+    auto r = post("/v1/completions", body);
+    ASSERT_TRUE(r) << body;
+    EXPECT_EQ(r->status, status) << body << " -> " << r->body;
+    const json e = json::parse(r->body, nullptr, false);
+    ASSERT_TRUE(e.contains("error")) << r->body;
+    for (const char* k : {"message", "type", "param", "code"}) EXPECT_TRUE(e["error"].contains(k)) << k;
+    EXPECT_TRUE(e["error"]["message"].is_string());
+  }
+  auto chat = post("/v1/chat/completions", json{{"model", "tiny"}, {"messages", json::array({{{"role", "wizard"}, {"content", "x"}}})}}.dump());
+  ASSERT_TRUE(chat);
+  EXPECT_EQ(chat->status, 400);
+  auto missing = client().Get("/v1/nothing");
+  ASSERT_TRUE(missing);
+  EXPECT_EQ(missing->status, 404);
+  EXPECT_TRUE(json::parse(missing->body).contains("error"));
+  (void)ctx;
+  auto ok = post("/v1/completions", json{{"model", "tiny"}, {"prompt", "In"}, {"max_tokens", 3}}.dump());
+  ASSERT_TRUE(ok);
+  EXPECT_EQ(ok->status, 200);
+  EXPECT_EQ(metric("kiln_kv_blocks_used"), 0);
+}
+
+// A client that reads two chunks and hangs up: its sequence is freed long before max_tokens.
+// The engine is stepped by hand here so the request is certainly still running when the
+// client leaves; then the background loop serves the next request as usual.
+TEST_F(ServerTest, DisconnectMidStreamFreesBlocks) {
+  engine_->stop();
+  const int64_t tokens_before = engine_->metrics().generation_tokens;
+  const int64_t aborted_before = engine_->metrics().requests_aborted;
+  json body = {{"model", "tiny"}, {"prompt", "And the earth"}, {"max_tokens", 100}, {"temperature", 0},
+               {"stream", true}, {"ignore_eos", true}};
+  std::atomic<bool> client_done{false};
+  SseResult cut;
+  std::thread t([&] {
+    cut = post_stream(server_->port(), "/v1/completions", body, 2);
+    client_done = true;
+  });
+  int64_t max_used = 0;
+  int steps = 0;
+  for (; steps < 400 && engine_->metrics().requests_aborted == aborted_before; ++steps) {
+    engine_->step();
+    max_used = std::max(max_used, engine_->metrics().kv_blocks.num_used);
+    std::this_thread::sleep_for(std::chrono::milliseconds(client_done ? 10 : 2));
+  }
+  t.join();
+  EXPECT_FALSE(cut.done);
+  EXPECT_EQ(cut.chunks.size(), 2u);
+  EXPECT_GT(max_used, 0);
+  EXPECT_EQ(engine_->metrics().requests_aborted, aborted_before + 1);
+  EXPECT_LT(engine_->metrics().generation_tokens - tokens_before, 50);  // cut long before its 100 tokens
+  EXPECT_EQ(engine_->metrics().kv_blocks.num_used, 0);
+  EXPECT_EQ(engine_->metrics().num_running, 0);
+  engine_->start();
+  auto ok = post("/v1/completions", json{{"model", "tiny"}, {"prompt", "In"}, {"max_tokens", 3}}.dump());
+  ASSERT_TRUE(ok);
+  EXPECT_EQ(ok->status, 200);
+  EXPECT_EQ(metric("kiln_kv_blocks_used"), 0);
+}
+
+TEST(ServerAuth, WrongApiKeyIs401) {
+  const ModelConfig cfg = test::tiny_config(ModelFamily::kLlama, 300, 64);
+  tok::TrainOptions to;
+  to.vocab_size = 300;
+  auto tk = tok::Tokenizer::train(kCorpus, to).value();
+  auto engine = Engine::create(test::tiny_model(cfg), EngineConfig{}).value();
+  ServerConfig sc;
+  sc.port = 0;
+  sc.api_key = "sekrit";
+  sc.model_name = "tiny";
+  auto server = Server::create(*engine, tk, ChatTemplate{}, sc).value();
+  ASSERT_TRUE(server->bind().ok());
+  server->start();
+  httplib::Client c("127.0.0.1", server->port());
+  const std::string body = json{{"model", "tiny"}, {"prompt", "In"}, {"max_tokens", 2}}.dump();
+  auto none = c.Post("/v1/completions", body, "application/json");
+  ASSERT_TRUE(none);
+  EXPECT_EQ(none->status, 401);
+  EXPECT_EQ(json::parse(none->body)["error"]["code"], "invalid_api_key");
+  auto wrong = c.Post("/v1/completions", {{"Authorization", "Bearer nope"}}, body, "application/json");
+  EXPECT_EQ(wrong->status, 401);
+  auto right = c.Post("/v1/completions", {{"Authorization", "Bearer sekrit"}}, body, "application/json");
+  EXPECT_EQ(right->status, 200);
+  EXPECT_EQ(c.Get("/health")->status, 200);  // probes need no key
+  server->stop();
+}
+
+}  // namespace
+}  // namespace kiln
