@@ -94,6 +94,11 @@ SCENARIOS = {
          ["--num", "64", "--rate", "inf", "--prompt-len", "32:128", "--output-len", "16:256", "--ignore-eos", "--seed", "1"]),
         ("static", ["--max-running", "16", "--batching", "static"],
          ["--num", "64", "--rate", "inf", "--prompt-len", "32:128", "--output-len", "16:256", "--ignore-eos", "--seed", "1"]),
+        # At most 8 running: every decode GEMM stays on the small-M path (m <= 8) in both modes.
+        ("continuous-8", ["--max-running", "8"],
+         ["--num", "64", "--rate", "inf", "--prompt-len", "32:128", "--output-len", "16:256", "--ignore-eos", "--seed", "1"]),
+        ("static-8", ["--max-running", "8", "--batching", "static"],
+         ["--num", "64", "--rate", "inf", "--prompt-len", "32:128", "--output-len", "16:256", "--ignore-eos", "--seed", "1"]),
         ("prefix-cache", [],
          ["--num", "24", "--rate", "4", "--prompt-len", "512:512", "--shared-prefix", "460", "--output-len", "16:16",
           "--ignore-eos", "--seed", "2"]),
@@ -105,6 +110,10 @@ SCENARIOS = {
           "--seed", "3"]),
     ],
     "w2-s": [
+        ("continuous-8", ["--max-running", "8"],
+         ["--num", "32", "--rate", "inf", "--prompt-len", "32:128", "--output-len", "16:256", "--ignore-eos", "--seed", "1"]),
+        ("static-8", ["--max-running", "8", "--batching", "static"],
+         ["--num", "32", "--rate", "inf", "--prompt-len", "32:128", "--output-len", "16:256", "--ignore-eos", "--seed", "1"]),
         ("continuous", ["--max-running", "16"],
          ["--num", "32", "--rate", "inf", "--prompt-len", "32:128", "--output-len", "16:256", "--ignore-eos", "--seed", "1"]),
         ("static", ["--max-running", "16", "--batching", "static"],

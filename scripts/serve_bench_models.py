@@ -4,7 +4,8 @@
 llama-tiny-1k: the trained runs/llama-tiny (kiln train) with its context raised to 1024 so a
 512-token prompt fits (Llama has no learned positions: RoPE extends; speed is what is measured).
 w2-s: BENCH.md's W2-S Llama shape (d 768, 12 layers, 12/4 heads, FFN 2048, vocab 32000) with
-random N(0, 0.02) weights (seeded) and the llama-tiny tokenizer; speed does not depend on values.
+random N(0, 0.02) weights (seeded) and the llama-tiny tokenizer (4096 ids; the LM head is set so
+only those are sampled); speed does not depend on values.
 
 Run:  /usr/bin/python3 scripts/serve_bench_models.py OUT_DIR
 """
@@ -49,6 +50,13 @@ def main(out):
                   p + "mlp.down_proj.weight": (d, ffn)})
     tensors = {k: (np.ones(s, np.float32) if len(s) == 1 else (rng.standard_normal(s, np.float32) * 0.02))
                for k, s in t.items()}
+    # The tokenizer has 4096 ids: LM-head rows past it are zero and the others N(0, 1), so sampled
+    # ids stay inside the tokenizer (logits of std ~28 against 0) and every token has text.
+    # Same shape and GEMM work as W2-S.
+    tok_vocab = 4096
+    head = tensors["lm_head.weight"]
+    head[tok_vocab:] = 0.0
+    head[:tok_vocab] = rng.standard_normal((tok_vocab, d), np.float32)
     save_file(tensors, os.path.join(w2s, "model.safetensors"), metadata={"format": "pt"})
     shutil.copy(os.path.join(src, "tokenizer.json"), os.path.join(w2s, "tokenizer.json"))
     print(f"wrote {tiny} and {w2s}")

@@ -184,8 +184,8 @@ int run_quant_bench(const QuantBenchOptions& o) {
                      t.hi * 1e6, bytes / t.median * 1e-9, f32_s / t.median);
         }
       }
-      fmt::print("per decoded token, all linears (weights {} per token):\n", rows == 1 ? "read once" : "shared by the rows");
-      fmt::print("{:>6} {:>12} {:>12} {:>10} {:>12} {:>9}\n", "format", "MiB/token", "ms/token", "GB/s", "tokens/s",
+      fmt::print("one decode step, all linears ({} row{} sharing one read of the weights):\n", rows, rows == 1 ? "" : "s");
+      fmt::print("{:>6} {:>12} {:>12} {:>10} {:>12} {:>9}\n", "format", "MiB/step", "ms/step", "GB/s", "tokens/s",
                  "vs f32");
       for (int fi = 0; fi < kF; ++fi)
         fmt::print("{:>6} {:>12.1f} {:>12.3f} {:>10.1f} {:>12.1f} {:>8.2f}x\n", kFmtNames[fi], total_b[fi] / 1048576.0,

@@ -437,6 +437,42 @@ TEST(QuantModel, SaveLoadGivesIdenticalLogits) {
   std::filesystem::remove_all(dir);
 }
 
+TEST(QuantModel, Gpt2RtnAndGptqRoundTrip) {
+  // GPT-2 blocks (fused c_attn, biases, tied head): RTN and GPTQ quantize and reload; AWQ and
+  // SmoothQuant say clearly that their folding is Llama-only.
+  const auto dir = std::filesystem::temp_directory_path() / ("kiln_quant_gpt2_" + std::to_string(::getpid()));
+  ModelConfig c;
+  c.family = ModelFamily::kGpt2;
+  c.vocab_size = 64; c.d_model = 64; c.n_layers = 2; c.n_heads = 4; c.n_kv_heads = 4; c.d_ff = 256;
+  c.max_seq_len = 32; c.tied_embeddings = true;
+  TokenShard shard;
+  shard.vocab_size = 64;
+  for (Method method : {Method::kRtn, Method::kGptq, Method::kAwq}) {
+    auto m = Transformer::create(c, 80);
+    ASSERT_TRUE(m.ok());
+    shard.tokens = tokens_for(**m, 4000, 81);
+    const auto tokens = tokens_for(**m, 32, 82);
+    QuantizeOptions o;
+    o.method = method;
+    o.scheme = scheme(4, 64, false);
+    o.calib.samples = 8; o.calib.seq_len = 16; o.calib.batch = 4;
+    auto st = quantize_model(**m, &shard, o, nullptr);
+    if (method == Method::kAwq) {
+      ASSERT_FALSE(st.ok());
+      EXPECT_EQ(st.status().code(), StatusCode::kUnimplemented);
+      continue;
+    }
+    ASSERT_TRUE(st.ok()) << st.status().message();
+    EXPECT_EQ(st->weights.size(), 2u * 4u);  // c_attn, c_proj, c_fc, mlp.c_proj per block; head tied
+    const auto ql = logits_of(**m, tokens, 2, 16);
+    ASSERT_TRUE(save_quantized_model(dir.string(), **m, *st).ok());
+    auto loaded = load_any_model(dir.string());
+    ASSERT_TRUE(loaded.ok()) << loaded.status().message();
+    EXPECT_EQ(logits_of(**loaded, tokens, 2, 16), ql);
+  }
+  std::filesystem::remove_all(dir);
+}
+
 TEST(QuantModel, BadFilesGiveErrors) {
   const auto dir = std::filesystem::temp_directory_path() / ("kiln_quant_bad_" + std::to_string(::getpid()));
   auto m = tiny_llama(70);

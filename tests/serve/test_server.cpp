@@ -347,8 +347,9 @@ TEST_F(ServerTest, DisconnectMidStreamFreesBlocks) {
   EXPECT_EQ(metric("kiln_kv_blocks_used"), 0);
 }
 
+// Also: a model vocabulary larger than the tokenizer's (ids past it render as no text).
 TEST(ServerAuth, WrongApiKeyIs401) {
-  const ModelConfig cfg = test::tiny_config(ModelFamily::kLlama, 300, 64);
+  const ModelConfig cfg = test::tiny_config(ModelFamily::kLlama, 400, 64);
   tok::TrainOptions to;
   to.vocab_size = 300;
   auto tk = tok::Tokenizer::train(kCorpus, to).value();
@@ -361,7 +362,7 @@ TEST(ServerAuth, WrongApiKeyIs401) {
   ASSERT_TRUE(server->bind().ok());
   server->start();
   httplib::Client c("127.0.0.1", server->port());
-  const std::string body = json{{"model", "tiny"}, {"prompt", "In"}, {"max_tokens", 2}}.dump();
+  const std::string body = json{{"model", "tiny"}, {"prompt", "In"}, {"max_tokens", 40}, {"ignore_eos", true}}.dump();
   auto none = c.Post("/v1/completions", body, "application/json");
   ASSERT_TRUE(none);
   EXPECT_EQ(none->status, 401);
@@ -370,6 +371,7 @@ TEST(ServerAuth, WrongApiKeyIs401) {
   EXPECT_EQ(wrong->status, 401);
   auto right = c.Post("/v1/completions", {{"Authorization", "Bearer sekrit"}}, body, "application/json");
   EXPECT_EQ(right->status, 200);
+  EXPECT_EQ(json::parse(right->body)["usage"]["completion_tokens"], 40);
   EXPECT_EQ(c.Get("/health")->status, 200);  // probes need no key
   server->stop();
 }

@@ -72,6 +72,27 @@ bool inverse_upper_cholesky(const std::vector<double>& h, int64_t n, std::vector
   return true;
 }
 
+double layer_output_error(const float* w, const float* wq, int64_t rows, int64_t cols, const float* h) {
+  std::vector<double> per_row(static_cast<size_t>(rows), 0.0);
+  parallel_for(rows, 4, [&](int64_t r0, int64_t r1) {
+    std::vector<double> d(static_cast<size_t>(cols));
+    for (int64_t r = r0; r < r1; ++r) {
+      for (int64_t c = 0; c < cols; ++c) d[c] = static_cast<double>(w[r * cols + c]) - wq[r * cols + c];
+      double e = 0;
+      for (int64_t i = 0; i < cols; ++i) {
+        if (d[i] == 0) continue;
+        double s = 0;
+        for (int64_t j = 0; j < cols; ++j) s += static_cast<double>(h[i * cols + j]) * d[j];
+        e += d[i] * s;
+      }
+      per_row[r] = 0.5 * e;
+    }
+  });
+  double e = 0;
+  for (double v : per_row) e += v;
+  return e;
+}
+
 Expected<GptqResult> gptq_quantize(const float* w, int64_t rows, int64_t cols, const float* h, const QuantScheme& s,
                                    const GptqOptions& o) {
   KILN_RETURN_IF_ERROR(check_scheme(s, cols));

@@ -28,6 +28,10 @@ struct GptqResult {
 Expected<GptqResult> gptq_quantize(const float* w, int64_t rows, int64_t cols, const float* h,
                                    const QuantScheme& s, const GptqOptions& o);
 
+// Mean squared output error per calibration token of replacing w by wq, from H = 2XᵀX/n:
+// (1/n) Σ_t ‖(W − Ŵ) x_t‖² = Σ_r Δw_r (H/2) Δw_rᵀ.
+double layer_output_error(const float* w, const float* wq, int64_t rows, int64_t cols, const float* h);
+
 // Cholesky of a symmetric positive definite (n, n) matrix in place: lower L with A = L Lᵀ
 // (upper triangle zeroed). False when A is not positive definite.
 bool cholesky_lower(std::vector<double>& a, int64_t n);

@@ -150,6 +150,7 @@ Expected<QuantizedState> quantize_model(Transformer& model, const TokenShard* ca
     for (auto& [b, ls] : blocks)
       if (b >= 0) order.push_back(b);
     if (blocks.count(-1)) order.push_back(-1);
+    double total_gptq = 0, total_rtn = 0;
     for (int64_t b : order) {
       std::vector<std::string> names;
       for (Linear* l : blocks[b]) names.push_back(l->name);
@@ -157,11 +158,21 @@ Expected<QuantizedState> quantize_model(Transformer& model, const TokenShard* ca
       for (Linear* l : blocks[b]) {
         const std::vector<float> h = bstats.at(l->name).hessian();
         KILN_ASSIGN_OR_RETURN(GptqResult r, gptq_quantize(l->w, l->out, l->in, h.data(), st.scheme, o.gptq));
-        say(fmt::format("gptq {:<40} loss {:.4e} (damping λ {:.3e})\n", l->name, r.loss, r.damp_used));
+        // The layer's output error against RTN's under the same H (what GPTQ minimizes).
+        const std::vector<float> wg = r.q.dequantize();
+        const std::vector<float> wr = quantize_rtn(l->w, l->out, l->in, st.scheme).dequantize();
+        const double eg = layer_output_error(l->w, wg.data(), l->out, l->in, h.data());
+        const double er = layer_output_error(l->w, wr.data(), l->out, l->in, h.data());
+        say(fmt::format("gptq {:<40} output MSE/token {:.4e} (RTN {:.4e}, {:+.1f}%), damping λ {:.3e}\n", l->name, eg,
+                        er, er > 0 ? 100.0 * (eg - er) / er : 0.0, r.damp_used));
+        total_gptq += eg;
+        total_rtn += er;
         l->backend = std::make_shared<QuantizedLinear>(r.q, st.act);
         st.weights.emplace(l->name, std::move(r.q));
       }
     }
+    say(fmt::format("gptq: summed layer output MSE/token {:.4e}, RTN {:.4e} ({:+.1f}%)\n", total_gptq, total_rtn,
+                    total_rtn > 0 ? 100.0 * (total_gptq - total_rtn) / total_rtn : 0.0));
   } else {
     for (Linear* l : todo) st.weights.emplace(l->name, quantize_rtn(l->w, l->out, l->in, st.scheme));
   }

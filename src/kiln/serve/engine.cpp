@@ -8,6 +8,7 @@
 #include <algorithm>
 
 #include "kiln/core/dtype.h"
+#include "kiln/core/thread_pool.h"
 
 namespace kiln {
 
@@ -66,6 +67,7 @@ struct Engine::RequestState {
   std::vector<uint8_t> done;       // (n,)
   std::vector<int64_t> num_tokens; // (n,) tokens emitted
   std::vector<Clock::time_point> first_token;  // (n,)
+  std::vector<int64_t> seq_ids;    // its scheduler sequences (the first, then forks)
   int64_t num_done = 0;
   bool got_first = false;
   Clock::time_point arrival;
@@ -118,10 +120,11 @@ void Engine::stop() {
   // Nobody will step any more: end every open stream so no reader waits forever.
   apply_commands();
   for (auto& [id, r] : requests_) {
-    for (int64_t i = 0; i < r->params.n; ++i)
-      if (!r->done[static_cast<size_t>(i)]) r->stream->push({i, -1, FinishReason::kAborted});
+    scheduler_->abort_request(r->sched_id);
+    end_request(id, *r, FinishReason::kAborted);
   }
   requests_.clear();
+  refresh_gauges();
 }
 
 void Engine::loop() {
@@ -217,6 +220,7 @@ void Engine::end_request(int64_t id, RequestState& r, FinishReason reason) {
     r.stream->push({i, -1, reason});
   }
   sched_to_request_.erase(r.sched_id);
+  for (int64_t seq : r.seq_ids) seq_index_.erase(seq);
   std::lock_guard lk(metrics_mu_);
   ++(reason == FinishReason::kAborted ? metrics_.requests_aborted : metrics_.requests_finished);
   (void)id;
@@ -256,6 +260,7 @@ void Engine::apply_commands() {
       r->sched_id = *sid;
       sched_to_request_[*sid] = cmd.request_id;
       seq_index_[*sid] = 0;
+      r->seq_ids.push_back(*sid);
       requests_[cmd.request_id] = std::move(r);
       continue;
     }
@@ -300,16 +305,29 @@ bool Engine::step_locked_out() {
   KILN_CHECK_MSG(logits.ok(), "[engine] step {}: {}", out.step, logits.status().to_string());
   const int64_t V = model_->config().vocab_size;
   // Sample: sample j of a first multi-sample draw is sample index j; otherwise the sequence's.
-  sampled_.clear();
+  // Each draw uses only its own generator, so the draws run in parallel with the same result.
+  struct Draw {
+    const float* logits;
+    const SamplingParams* params;
+    Rng* rng;
+  };
+  std::vector<Draw> draws;
   for (size_t k = 0; k < out.seqs.size(); ++k) {
     const ScheduledSeq& e = out.seqs[k];
     if (e.num_samples == 0) continue;
     RequestState& r = *requests_.at(sched_to_request_.at(e.request_id));
     for (int64_t j = 0; j < e.num_samples; ++j) {
       const int64_t index = e.num_samples > 1 ? j : seq_index_.at(e.seq_id);
-      sampled_.push_back(sample_token((*logits)[k], V, r.params.sampling, r.rngs[static_cast<size_t>(index)]));
+      draws.push_back({(*logits)[k], &r.params.sampling, &r.rngs[static_cast<size_t>(index)]});
     }
   }
+  sampled_.assign(draws.size(), 0);
+  parallel_for(static_cast<int64_t>(draws.size()), 1, [&](int64_t i0, int64_t i1) {
+    for (int64_t i = i0; i < i1; ++i) {
+      const Draw& d = draws[static_cast<size_t>(i)];
+      sampled_[static_cast<size_t>(i)] = sample_token(d.logits, V, *d.params, *d.rng);
+    }
+  });
   UpdateResult u = scheduler_->update(out, sampled_);
   std::unordered_map<int64_t, FinishReason> reasons;
   for (const FinishedSeq& f : u.finished) reasons[f.seq_id] = f.reason;
@@ -330,6 +348,7 @@ bool Engine::step_locked_out() {
     for (int64_t j = 0; j < e.num_samples; ++j) {
       const int32_t token = sampled_[pos++];
       const int64_t seq = j == 0 ? e.seq_id : children.at(e.seq_id).at(static_cast<size_t>(j - 1));
+      if (j > 0) r.seq_ids.push_back(seq);
       const int64_t index = seq_index_.at(seq);
       auto rit = reasons.find(seq);
       const FinishReason finish = rit == reasons.end() ? FinishReason::kNone : rit->second;

@@ -257,7 +257,9 @@ struct Server::Impl {
       if (s.done) continue;
       if (e.token >= 0) {
         ++s.num_tokens;
-        if (std::find(special_ids.begin(), special_ids.end(), e.token) == special_ids.end())
+        // Special tokens, and ids past the tokenizer (a model vocabulary padded beyond it), have no text.
+        if (e.token < tokenizer.vocab_size() &&
+            std::find(special_ids.begin(), special_ids.end(), e.token) == special_ids.end())
           s.bytes += tokenizer.token_bytes(e.token);
       }
       std::string finish = e.finish != FinishReason::kNone ? reason_name(e.finish) : "";

@@ -85,6 +85,7 @@ ScratchBuffer& a_pack_buffer() { thread_local ScratchBuffer b; return b; }
 ScratchBuffer& b_pack_buffer() { thread_local ScratchBuffer b; return b; }
 ScratchBuffer& small_a_buffer() { thread_local ScratchBuffer b; return b; }
 ScratchBuffer& small_acc_buffer() { thread_local ScratchBuffer b; return b; }
+ScratchBuffer& small_a16_buffer() { thread_local ScratchBuffer b; return b; }
 
 const GemmTargetKernels& target_kernels() {
   using KernelsFn = const GemmTargetKernels& (*)();
@@ -246,7 +247,27 @@ void gemm_small_m(const GemmParams& p, const GemmTargetKernels& kernels) {
                              : static_cast<const float*>(p.a)[idx];
     }
   }
-  SmallMArgs s{a32, p.m, p.k, lda, p.b, p.ldb, p.b_dtype, p.trans_b};
+  SmallMArgs s{a32, p.m, p.k, lda};
+  s.b = p.b;
+  s.ldb = p.ldb;
+  s.b_dtype = p.b_dtype;
+  s.trans_b = p.trans_b;
+  if (p.b_dtype == DType::kBF16) {
+    // bf16 copy of A for the vdpbf16ps kernels (same L1-set padding, in 64-byte steps).
+    int64_t lda16 = (p.k + 31) & ~int64_t{31};
+    while ((lda16 * 2) % 4096 < 64 || (lda16 * 2) % 4096 > 448) lda16 += 32;
+    auto* a16 = static_cast<uint16_t*>(small_a16_buffer().get(2 * (p.m * lda16 + 32)));  // (m, k)
+    for (int64_t i = 0; i < p.m; ++i) {
+      for (int64_t l = 0; l < p.k; ++l) {
+        const int64_t idx = p.trans_a ? l * p.lda + i : i * p.lda + l;
+        a16[i * lda16 + l] = p.a_dtype == DType::kBF16 ? static_cast<const uint16_t*>(p.a)[idx]
+                                                       : gemm_detail::f32_to_bf16_bits(a32[i * lda + l]);
+      }
+      for (int64_t l = p.k; l < lda16; ++l) a16[i * lda16 + l] = 0;
+    }
+    s.a16 = a16;
+    s.lda16 = lda16;
+  }
   // Column chunks of >= 64 (multiples of 16), about four per thread for balance.
   const int threads = num_threads();
   const int64_t num_chunks = threads == 1 ? 1 : std::max<int64_t>(1, std::min(ceil_div(p.n, 64), int64_t{4} * threads));

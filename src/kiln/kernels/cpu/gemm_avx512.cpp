@@ -5,6 +5,8 @@
 // small-M kernels.
 #include <immintrin.h>
 
+#include <cstdlib>
+
 #include "kiln/core/cpu_features.h"
 #include "kiln/kernels/cpu/gemm_simd.h"
 
@@ -192,6 +194,152 @@ void pack_b_pairs_avx512_32(const GemmParams& p, int64_t j0, int64_t cols, int64
   if (t < cols) gemm_detail::pack_b_pairs<kNr>(p, j0 + t, cols - t, k0, kc, out);
 }
 
+// ---- decode-like small M with B stored (n, k) (Linear weights): dot products ---------------
+// One step = one 64-byte line of each B row: 16 f32 (FMA) or 32 bf16 (vdpbf16ps, A in bf16 too).
+struct DotF32 {
+  using E = float;
+  using Op = __m512;
+  static constexpr int kElems = 16;
+  static Op load(const E* p) { return _mm512_loadu_ps(p); }
+  static Op load_n(const E* p, int n) { return _mm512_maskz_loadu_ps(static_cast<__mmask16>((1u << n) - 1u), p); }
+  static __m512 dot(__m512 acc, Op a, Op b) { return _mm512_fmadd_ps(a, b, acc); }
+};
+struct DotBf16 {
+  using E = uint16_t;
+  using Op = __m512i;
+  static constexpr int kElems = 32;
+  static Op load(const E* p) { return _mm512_loadu_si512(p); }
+  static Op load_n(const E* p, int n) { return _mm512_maskz_loadu_epi16(static_cast<__mmask32>((1ull << n) - 1u), p); }
+  static __m512 dot(__m512 acc, Op a, Op b) { return _mm512_dpbf16_ps(acc, (__m512bh)a, (__m512bh)b); }
+};
+
+// The 16 lane sums of v[0..15] as one vector (lane q = sum of v[q]): three add stages over
+// unpack/shuffle pairs, 45 instructions instead of 16 separate horizontal reductions. The loops
+// are unrolled so the temporaries stay in registers: left as stack arrays, GCC 12 gave them the
+// stack slot of the caller's `sums` and the second call overwrote the first's result.
+[[gnu::always_inline]] inline __m512 reduce_16(const __m512* v) {
+  __m512 x[8];
+#pragma GCC unroll 8
+  for (int i = 0; i < 8; ++i)  // per 128-bit block: [v2i, v2i+1, v2i, v2i+1] partials
+    x[i] = _mm512_add_ps(_mm512_unpacklo_ps(v[2 * i], v[2 * i + 1]), _mm512_unpackhi_ps(v[2 * i], v[2 * i + 1]));
+  __m512 z[4];
+#pragma GCC unroll 4
+  for (int i = 0; i < 4; ++i) {  // per 128-bit block: [v4i, v4i+1, v4i+2, v4i+3] partials
+    const __m512d a = _mm512_castps_pd(x[2 * i]), b = _mm512_castps_pd(x[2 * i + 1]);
+    z[i] = _mm512_add_ps(_mm512_castpd_ps(_mm512_unpacklo_pd(a, b)), _mm512_castpd_ps(_mm512_unpackhi_pd(a, b)));
+  }
+  __m512 w[2];
+#pragma GCC unroll 2
+  for (int i = 0; i < 2; ++i)  // blocks: [z2i 0+1, z2i 2+3, z2i+1 0+1, z2i+1 2+3]
+    w[i] = _mm512_add_ps(_mm512_shuffle_f32x4(z[2 * i], z[2 * i + 1], 0x88), _mm512_shuffle_f32x4(z[2 * i], z[2 * i + 1], 0xdd));
+  return _mm512_add_ps(_mm512_shuffle_f32x4(w[0], w[1], 0x88), _mm512_shuffle_f32x4(w[0], w[1], 0xdd));
+}
+
+// out(M, J) = A(M, k) . B(J rows from b, k). While it streams, one line of each of the pf_rows
+// rows at pf (ldb apart) is prefetched into L2 per line consumed, and with kNear > 0 its own
+// rows kNear lines ahead into L1.
+template <class D, int M, int J, int kNear>
+void tb_group(const typename D::E* a, int64_t lda, int64_t k, const typename D::E* b, int64_t ldb,
+              float* out, int64_t ldo, const typename D::E* pf, int pf_rows) {
+  constexpr int L = D::kElems;
+  __m512 acc[M * J];
+#pragma GCC unroll 32
+  for (int q = 0; q < M * J; ++q) acc[q] = _mm512_setzero_ps();
+  int64_t l = 0;
+  for (; l + L <= k; l += L) {
+    if (pf) {
+#pragma GCC unroll 16
+      for (int r = 0; r < 2 * J; ++r) {
+        if (r >= pf_rows) break;
+        __builtin_prefetch(pf + r * ldb + l, 0, 2);
+      }
+    }
+    if constexpr (kNear > 0) {
+#pragma GCC unroll 8
+      for (int j = 0; j < J; ++j) __builtin_prefetch(b + j * ldb + l + kNear * L, 0, 3);
+    }
+    typename D::Op bv[J];
+#pragma GCC unroll 8
+    for (int j = 0; j < J; ++j) bv[j] = D::load(b + j * ldb + l);
+#pragma GCC unroll 8
+    for (int i = 0; i < M; ++i) {
+      typename D::Op av = D::load(a + i * lda + l);
+      asm("" : "+v"(av));  // one load per A vector, not one folded into each of the J dots
+#pragma GCC unroll 8
+      for (int j = 0; j < J; ++j) acc[i * J + j] = D::dot(acc[i * J + j], av, bv[j]);
+    }
+  }
+  if (l < k) {
+    const int n = static_cast<int>(k - l);
+    typename D::Op bv[J];
+    for (int j = 0; j < J; ++j) bv[j] = D::load_n(b + j * ldb + l, n);
+    for (int i = 0; i < M; ++i) {
+      const typename D::Op av = D::load_n(a + i * lda + l, n);
+      for (int j = 0; j < J; ++j) acc[i * J + j] = D::dot(acc[i * J + j], av, bv[j]);
+    }
+  }
+  constexpr int kGroups = (M * J + 15) / 16;
+  __m512 v[16 * kGroups];
+#pragma GCC unroll 32
+  for (int q = 0; q < 16 * kGroups; ++q) v[q] = q < M * J ? acc[q] : _mm512_setzero_ps();
+  alignas(64) float sums[16 * kGroups];
+#pragma GCC unroll 2
+  for (int g = 0; g < kGroups; ++g) _mm512_store_ps(sums + 16 * g, reduce_16(v + 16 * g));
+  for (int i = 0; i < M; ++i)
+    for (int j = 0; j < J; ++j) out[i * ldo + j] = sums[i * J + j];
+}
+
+int env_int(const char* name, int def) {
+  const char* e = std::getenv(name);
+  return e ? std::atoi(e) : def;
+}
+
+// B rows j0..j1 in groups of J; as a group streams, rows further on are prefetched into L2.
+template <class D, int M>
+void small_m_tb_avx512(const typename D::E* a, int64_t lda, const SmallMArgs& s, int64_t j0, int64_t j1, float* out) {
+  using E = typename D::E;
+  constexpr int J = M <= 3 ? 8 : M == 4 ? 6 : M <= 6 ? 4 : 3;  // M*J <= 24 accumulators
+  constexpr int kLineWork = M * static_cast<int>(sizeof(float) / sizeof(E));
+  constexpr int kNear = kLineWork >= 4 && kLineWork < 8 ? 4 : 0;
+  static const int pf_start = env_int("KILN_PF_START", kLineWork >= 8 ? 1 : 1);  // groups ahead
+  static const int pf_count = env_int("KILN_PF_COUNT", kLineWork >= 8 ? 2 : 1);  // groups prefetched
+  const E* b = static_cast<const E*>(s.b);
+  const int64_t ldo = j1 - j0;
+  int64_t j = j0;
+  for (; j + J <= j1; j += J) {
+    const int64_t p0 = j + pf_start * J;
+    const int pf_rows = static_cast<int>(std::clamp<int64_t>(j1 - p0, 0, pf_count * J));
+    tb_group<D, M, J, kNear>(a, lda, s.k, b + j * s.ldb, s.ldb, out + (j - j0), ldo,
+                             pf_rows > 0 ? b + p0 * s.ldb : nullptr, pf_rows);
+  }
+  for (; j < j1; ++j) tb_group<D, M, 1, 0>(a, lda, s.k, b + j * s.ldb, s.ldb, out + (j - j0), ldo, nullptr, 0);
+}
+
+template <class D>
+void small_m_tb_dispatch(const typename D::E* a, int64_t lda, const SmallMArgs& s, int64_t j0, int64_t j1, float* out) {
+  switch (s.m) {
+    case 1: return small_m_tb_avx512<D, 1>(a, lda, s, j0, j1, out);
+    case 2: return small_m_tb_avx512<D, 2>(a, lda, s, j0, j1, out);
+    case 3: return small_m_tb_avx512<D, 3>(a, lda, s, j0, j1, out);
+    case 4: return small_m_tb_avx512<D, 4>(a, lda, s, j0, j1, out);
+    case 5: return small_m_tb_avx512<D, 5>(a, lda, s, j0, j1, out);
+    case 6: return small_m_tb_avx512<D, 6>(a, lda, s, j0, j1, out);
+    case 7: return small_m_tb_avx512<D, 7>(a, lda, s, j0, j1, out);
+    case 8: return small_m_tb_avx512<D, 8>(a, lda, s, j0, j1, out);
+    default: KILN_CHECK(s.m >= 1 && s.m <= 8);
+  }
+}
+
+// B (n, k): the kernels above (bf16 B with AVX512_BF16: vdpbf16ps on a bf16 copy of A);
+// B (k, n), or bf16 without AVX512_BF16: the shared templates (bf16 widened to f32).
+void small_m_avx512(const SmallMArgs& s, int64_t j0, int64_t j1, float* out) {
+  if (s.trans_b && s.k > 0) {
+    if (s.b_dtype == DType::kF32) return small_m_tb_dispatch<DotF32>(s.a, s.lda, s, j0, j1, out);
+    if (s.a16 && cpu_features().avx512_bf16) return small_m_tb_dispatch<DotBf16>(s.a16, s.lda16, s, j0, j1, out);
+  }
+  gemm_detail::small_m<V512>(s, j0, j1, out);
+}
+
 GemmTargetKernels make_kernels() {
   using namespace gemm_detail;
   GemmTargetKernels k;
@@ -205,7 +353,7 @@ GemmTargetKernels make_kernels() {
     k.bf16.name = "avx512 14x32 micro-kernel, bf16 widened to f32 in packing";
   }
   k.small_m_name = "avx512 small-M (m<=8) streaming kernel, B unpacked";
-  k.small_m = &small_m<V512>;
+  k.small_m = &small_m_avx512;
   k.epilogue_rows = &epilogue_rows<V512>;
   return k;
 }

@@ -41,6 +41,10 @@ struct PackedPath {
 struct SmallMArgs {
   const float* a = nullptr;  // (m, k), rows lda apart (padded so rows fall in different L1 sets)
   int64_t m = 0, k = 0, lda = 0;
+  // When B is bf16: A rounded to bf16, (m, k) rows lda16 apart, zero-padded to a multiple of 32
+  // k (for the vdpbf16ps kernel, which multiplies bf16 by bf16 like the packed bf16 path).
+  const uint16_t* a16 = nullptr;
+  int64_t lda16 = 0;
   const void* b = nullptr;
   int64_t ldb = 0;
   DType b_dtype = DType::kF32;

@@ -87,7 +87,8 @@ std::atomic<bool> g_vnni_allowed{true};
 // Rows from which the panel path (dequantize 64 channels, then the packed f32 GEMM) beats the
 // decode tile: the tile spends ~1 decode per C FMAs and re-reads x per channel block, the
 // packed GEMM runs near FMA peak once the one-off dequantization is amortized over the rows.
-// Chosen from `kiln bench quant` on the 2-core Zen 5 machine (prefill rows 16-128).
+// On the 2-core dev machine (`kiln bench quant --rows 4,8`), the panel path at 4-8 rows ran at
+// 0.6-0.7x f32 against the tile's 0.9-1.2x, so it starts at 16 rows (not swept further).
 constexpr int64_t kPanelMinRows = 16;
 // Channels per panel: 64 x in f32 (256 KiB at in = 1024, 1.4 MiB at 5632) per thread.
 constexpr int64_t kPanelChannels = 64;

@@ -50,9 +50,12 @@ void wo_tile(const QuantGemmParams& p, const float* xsums, int64_t i0, int rows,
 #pragma GCC unroll 8
     for (int c = 0; c < C; ++c) acc[r][c] = V::zero();
   for (int64_t g = 0; g < ng; ++g) {
-    T s[C];
+    T s[C], part[C];
 #pragma GCC unroll 8
-    for (int c = 0; c < C; ++c) s[c] = V::set1(group_scale(w, jc[c], g) * factor);
+    for (int c = 0; c < C; ++c) {
+      s[c] = V::set1(group_scale(w, jc[c], g) * factor);
+      part[c] = V::zero();
+    }
     const int64_t k1 = (g + 1) * gsize;
     for (int64_t k = g * gsize; k < k1; k += kStep) {
       // Stream the next tile's rows into L2 while this one computes: one line per row per line
@@ -63,7 +66,17 @@ void wo_tile(const QuantGemmParams& p, const float* xsums, int64_t i0, int rows,
 #pragma GCC unroll 8
         for (int c = 0; c < C; ++c) __builtin_prefetch(wr[c] + next + (off & ~int64_t{63}), 0, 2);
       }
-      if constexpr (V::kPairs) {
+      if constexpr (V::kPairs && R == 1) {
+        // One row (GEMV): unscaled codes into per-group partial sums, scaled once per group
+        // below — the decode stays the only work per code besides its FMA.
+        const T x0 = V::loadu(xr[0] + k), x1 = V::loadu(xr[0] + k + L);
+#pragma GCC unroll 8
+        for (int c = 0; c < C; ++c) {
+          T lo, hi;
+          V::template decode2<F>(wr[c], k, lo, hi);
+          part[c] = V::fmadd(hi, x1, V::fmadd(lo, x0, part[c]));
+        }
+      } else if constexpr (V::kPairs) {
         T x0[R], x1[R];
 #pragma GCC unroll 8
         for (int r = 0; r < R; ++r) {
@@ -90,6 +103,10 @@ void wo_tile(const QuantGemmParams& p, const float* xsums, int64_t i0, int rows,
           for (int c = 0; c < C; ++c) acc[r][c] = V::fmadd(wv[c], xv, acc[r][c]);
         }
       }
+    }
+    if constexpr (V::kPairs && R == 1) {
+#pragma GCC unroll 8
+      for (int c = 0; c < C; ++c) acc[0][c] = V::fmadd(part[c], s[c], acc[0][c]);
     }
   }
   for (int r = 0; r < rows; ++r) {
