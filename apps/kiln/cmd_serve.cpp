@@ -2,11 +2,10 @@
 // serving engine, with the KV-cache and scheduler flags. Binds loopback unless --host says
 // otherwise; SIGINT/SIGTERM stop it cleanly.
 #include <fmt/format.h>
-#include <pthread.h>
 
+#include <atomic>
 #include <csignal>
 #include <filesystem>
-#include <thread>
 
 #include "apps/kiln/commands.h"
 #include "kiln/serve/server.h"
@@ -47,14 +46,14 @@ struct ServeArgs {
   bool no_prefix_caching = false;
 };
 
-void run_serve(ServeArgs a) {
-  // Block the stop signals in every thread; one thread waits for them.
-  sigset_t stop_signals;
-  sigemptyset(&stop_signals);
-  sigaddset(&stop_signals, SIGINT);
-  sigaddset(&stop_signals, SIGTERM);
-  pthread_sigmask(SIG_BLOCK, &stop_signals, nullptr);
+// SIGINT/SIGTERM stop the server: httplib's stop() only swaps and shuts down the listening
+// socket (atomic exchange, shutdown, close), which is safe in a signal handler.
+std::atomic<Server*> g_server{nullptr};
+extern "C" void on_stop_signal(int) {
+  if (Server* s = g_server.load()) s->stop();
+}
 
+void run_serve(ServeArgs a) {
   auto bytes = parse_bytes(a.kv_mem);
   if (!bytes.ok()) fail(bytes.status());
   a.engine.kv_cache_mem_bytes = *bytes;
@@ -79,17 +78,15 @@ void run_serve(ServeArgs a) {
              a.engine.scheduler.max_batched_tokens, a.engine.scheduler.prefill_chunk, a.engine.scheduler.max_running);
   fmt::print("kiln serve: listening on http://{}:{}\n", a.server.host, (*server)->port());
   std::fflush(stdout);
-  Server* srv = server->get();
-  std::thread waiter([srv, stop_signals] {
-    int sig = 0;
-    sigwait(&stop_signals, &sig);
-    srv->stop();
-  });
-  srv->listen();
+  g_server = server->get();
+  std::signal(SIGINT, on_stop_signal);
+  std::signal(SIGTERM, on_stop_signal);
+  (*server)->listen();
+  std::signal(SIGINT, SIG_DFL);
+  std::signal(SIGTERM, SIG_DFL);
+  g_server = nullptr;
   (*engine)->stop();
   fmt::print("kiln serve: stopped\n");
-  pthread_kill(waiter.native_handle(), SIGTERM);  // wake the waiter if the server stopped on its own
-  waiter.join();
 }
 
 }  // namespace

@@ -186,6 +186,18 @@ KILN_KERNEL_CASES(gemm) {
       cases.push_back(make_case(g, seed++));
     }
   }
+  // Small-M kernels with B stored (n, k) at every M: group remainders (n % J != 0), k tails that
+  // are not a whole 64-byte line (f32 16, bf16 32 elements), k shorter than one line, bf16 B
+  // with bf16 or f32 A (rounded to bf16 for vdpbf16ps), transposed A, beta and bias.
+  for (int64_t m = 1; m <= 8; ++m) {
+    GemmCase g{m, 29 + 4 * m, m % 4 == 0 ? 7 : 45 + 16 * m, m % 3 == 0, true};
+    g.b_dtype = m % 2 == 1 ? DType::kBF16 : DType::kF32;
+    g.a_dtype = m == 3 || m == 7 ? DType::kBF16 : DType::kF32;
+    g.beta = m == 5 ? 0.5f : 0.0f;
+    g.bias = m == 6;
+    g.pad = m == 2 ? 3 : 0;
+    cases.push_back(make_case(g, seed++));
+  }
   return cases;
 }
 

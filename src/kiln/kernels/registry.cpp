@@ -4,6 +4,7 @@
 #include "kiln/core/cpu_features.h"
 #include "kiln/kernels/cpu/gemm_cpu.h"
 #include "kiln/kernels/cpu/ops_paths.h"
+#include "kiln/kernels/quant_gemm.h"
 
 namespace kiln {
 
@@ -13,6 +14,8 @@ std::vector<KernelPath> kernel_paths() {
   out.push_back({"gemm f32", cpu::gemm_path_name(cpu::GemmPath::kF32)});
   out.push_back({"gemm bf16", cpu::gemm_path_name(cpu::GemmPath::kBF16)});
   out.push_back({"gemm m<=8 (decode)", cpu::gemm_small_m_name()});
+  out.push_back({"gemm w8/w4/fp8 a32", cpu::quant_gemm_path_name()});
+  out.push_back({"gemm w8a8 int8", cpu::w8a8_path_name()});
   cpu::append_op_kernel_paths(out);  // norms, softmax, activations, rope, embedding, CE, adamw
   out.push_back({"attention", std::string(simd_target_name(active_simd_target())) +
                                   " flash tile 64x64 (fwd/bwd); split-KV decode (<=8 queries, key-group row "

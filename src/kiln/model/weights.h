@@ -19,6 +19,7 @@ Expected<ModelConfig> config_from_hf_json(const std::string& text);
 // Writes dir/config.json and dir/model.safetensors (f32), each via a temporary file + rename.
 Status save_model(const std::string& dir, Transformer& model);
 // Reads dir/config.json and dir/model.safetensors (F32, F16 or BF16 tensors).
+// A path ending in ".gguf" is read as a llama.cpp Llama GGUF instead (gguf.h; dequantized to fp32).
 Expected<std::unique_ptr<Transformer>> load_model(const std::string& dir);
 
 }  // namespace kiln

@@ -125,6 +125,7 @@ Expected<QuantizedState> quantize_model(Transformer& model, const TokenShard* ca
   if (o.method == Method::kAwq || o.method == Method::kSmoothQuant) {
     KILN_ASSIGN_OR_RETURN(auto groups, smooth_groups(model));
     std::vector<std::vector<float>> scales;
+    double total_awq = 0, total_rtn = 0;
     for (const SmoothGroup& g : groups) {
       const LinearStats& x = stats.at(g.consumers[0]);
       if (o.method == Method::kAwq) {
@@ -132,11 +133,16 @@ Expected<QuantizedState> quantize_model(Transformer& model, const TokenShard* ca
         say(fmt::format("awq {:<40} alpha {:.2f}  output error {:.4e} (RTN {:.4e}, {:+.1f}%)\n", g.consumers[0],
                         c.alpha, c.error, c.error_rtn,
                         c.error_rtn > 0 ? 100.0 * (c.error - c.error_rtn) / c.error_rtn : 0.0));
+        total_awq += c.error;
+        total_rtn += c.error_rtn;
         scales.push_back(std::move(c.s));
       } else {
         scales.push_back(smoothquant_scales(model, g, x, o.alpha >= 0 ? o.alpha : 0.5));
       }
     }
+    if (o.method == Method::kAwq)
+      say(fmt::format("awq: summed output error on the calibration sample {:.4e}, RTN {:.4e} ({:+.1f}%)\n", total_awq,
+                      total_rtn, total_rtn > 0 ? 100.0 * (total_awq - total_rtn) / total_rtn : 0.0));
     for (size_t i = 0; i < groups.size(); ++i) KILN_RETURN_IF_ERROR(apply_smoothing(model, groups[i], scales[i]));
   }
 
