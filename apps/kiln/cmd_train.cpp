@@ -15,6 +15,7 @@
 #include "kiln/perf/memory_model.h"
 #include "kiln/perf/peak.h"
 #include "kiln/perf/svg.h"
+#include "kiln/serve/chat_template.h"
 #include "kiln/serve/sampler.h"
 #include "kiln/serve/speculative.h"
 #include "kiln/tokenizer/bpe.h"
@@ -233,6 +234,8 @@ void run_train(const TrainArgs& a) {
   }
   std::filesystem::copy_file(paths->tokenizer, std::filesystem::path(a.out) / "tokenizer.json",
                              std::filesystem::copy_options::overwrite_existing);
+  // The chat template `kiln serve` uses for /v1/chat/completions, stored with the model.
+  if (Status st = save_chat_template(a.out, ChatTemplate{}); !st.ok()) fail("train", st);
   ChartOptions chart;
   chart.title = fmt::format("{} on {}", a.preset, paths->dir);
   chart.x_label = "step";

@@ -1,4 +1,5 @@
-// Sampling: sort candidates by logit, cut by top-k and top-p, draw from the renormalized rest.
+// Sampling: sort candidates by logit, cut by top-k and top-p, draw from the renormalized rest
+// (plain temperature sampling skips the sort).
 #include "kiln/serve/sampler.h"
 
 #include <algorithm>
@@ -10,6 +11,24 @@ namespace kiln {
 
 int32_t sample_token(const float* logits, int64_t vocab, const SamplingParams& p, Rng& rng) {
   if (p.temperature <= 0.0f) return static_cast<int32_t>(std::max_element(logits, logits + vocab) - logits);
+  if ((p.top_k <= 0 || p.top_k >= vocab) && p.top_p >= 1.0f) {
+    // Plain temperature: every token is a candidate, so no sort — one pass of exp, one scan in
+    // id order (the serving engine samples every running sequence every step).
+    thread_local std::vector<double> w;
+    w.resize(static_cast<size_t>(vocab));
+    const double mx = *std::max_element(logits, logits + vocab);
+    double sum = 0;
+    for (int64_t i = 0; i < vocab; ++i) sum += w[i] = std::exp((logits[i] - mx) / p.temperature);
+    double r = rng.uniform() * sum;
+    int64_t last = 0;
+    for (int64_t i = 0; i < vocab; ++i) {
+      if (w[i] <= 0) continue;
+      last = i;
+      r -= w[i];
+      if (r <= 0) return static_cast<int32_t>(i);
+    }
+    return static_cast<int32_t>(last);  // rounding left r > 0: the last token with weight
+  }
   std::vector<int32_t> idx(static_cast<size_t>(vocab));
   std::iota(idx.begin(), idx.end(), 0);
   int64_t k = (p.top_k > 0 && p.top_k < vocab) ? p.top_k : vocab;

@@ -4,6 +4,7 @@
 #include "kiln/serve/server.h"
 
 #include <httplib.h>
+#include <sys/socket.h>
 
 #include <atomic>
 #include <chrono>
@@ -482,14 +483,27 @@ Server::~Server() { stop(); }
 
 Status Server::bind() {
   const ServerConfig& c = impl_->config;
+  // Debian's cpp-httplib listens with a backlog of 5 (compiled in): a burst of clients
+  // overflows it and the kernel retries their handshakes after 1 s, or they fail. Calling
+  // listen() again on Linux raises the backlog of the socket that already listens.
+  int listen_fd = -1;
+  http_->set_socket_options([&listen_fd](socket_t sock) {
+    httplib::default_socket_options(sock);
+    listen_fd = sock;
+  });
+  bool bound = false;
   if (c.port == 0) {
     port_ = http_->bind_to_any_port(c.host);
-    if (port_ <= 0) return Status(StatusCode::kUnavailable, fmt::format("[serve] cannot bind {} to a free port", c.host));
+    bound = port_ > 0;
   } else {
-    if (!http_->bind_to_port(c.host, c.port))
-      return Status(StatusCode::kUnavailable, fmt::format("[serve] cannot bind {}:{} (in use?)", c.host, c.port));
-    port_ = c.port;
+    bound = http_->bind_to_port(c.host, c.port);
+    if (bound) port_ = c.port;
   }
+  http_->set_socket_options(httplib::default_socket_options);  // the lambda above dies here
+  if (!bound && c.port == 0)
+    return Status(StatusCode::kUnavailable, fmt::format("[serve] cannot bind {} to a free port", c.host));
+  if (!bound) return Status(StatusCode::kUnavailable, fmt::format("[serve] cannot bind {}:{} (in use?)", c.host, c.port));
+  if (listen_fd >= 0) ::listen(listen_fd, 1024);
   return {};
 }
 
