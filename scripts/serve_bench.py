@@ -137,6 +137,7 @@ def main():
     ap.add_argument("--only", default="")
     ap.add_argument("--scenarios", default="")
     ap.add_argument("--out", default="")
+    ap.add_argument("--extra-serve-flags", default="", help="appended to every scenario's kiln serve flags, e.g. --no-packed-weights")
     a = ap.parse_args()
     rows = []
     for model, scens in SCENARIOS.items():
@@ -145,7 +146,7 @@ def main():
         for name, sf, bf in scens:
             if a.scenarios and name not in a.scenarios.split(","):
                 continue
-            rows.append(scenario(os.path.join(a.models, model), name, sf, bf))
+            rows.append(scenario(os.path.join(a.models, model), name, sf + a.extra_serve_flags.split(), bf))
     if a.out:
         with open(a.out, "a") as f:
             for r in rows:

@@ -44,6 +44,7 @@ struct ServeArgs {
   ServerConfig server;
   EngineConfig engine;
   bool no_prefix_caching = false;
+  bool no_packed_weights = false;
 };
 
 // SIGINT/SIGTERM stop the server: httplib's stop() only swaps and shuts down the listening
@@ -58,6 +59,7 @@ void run_serve(ServeArgs a) {
   if (!bytes.ok()) fail(bytes.status());
   a.engine.kv_cache_mem_bytes = *bytes;
   a.engine.enable_prefix_caching = !a.no_prefix_caching;
+  a.engine.packed_weights = !a.no_packed_weights;
   a.engine.scheduler.batching = *parse_batching_mode(a.batching);
   auto served = load_served_model(a.model);
   if (!served.ok()) fail(served.status());
@@ -110,6 +112,8 @@ void register_serve(CLI::App& app) {
   s->add_option("--batching", a->batching, "continuous (default) or static")
       ->check(CLI::IsMember({"continuous", "static"}));
   s->add_flag("--no-prefix-caching", a->no_prefix_caching, "Do not reuse cached prompt blocks");
+  s->add_flag("--no-packed-weights", a->no_packed_weights,
+              "Do not pack the fp32 weights once at start (the GEMM then packs them per call)");
   s->add_option("--http-threads", a->server.num_http_threads, "Connections served at once")
       ->check(CLI::Range(1, 4096));
   s->callback([a] { run_serve(*a); });

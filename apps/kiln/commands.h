@@ -20,6 +20,7 @@ void register_bench_serve(CLI::App& app);  // `bench serve`, after register_benc
 void register_quantize(CLI::App& app);  // `quantize` and `bench quant-decode`, after register_bench (cmd_quantize.cpp)
 void register_convert(CLI::App& app);       // `convert` (cmd_convert.cpp)
 void register_bench_quant(CLI::App& app);   // `bench quant`, after register_bench (cmd_bench_quant.cpp)
+void register_bench_prepacked(CLI::App& app);  // `bench prepacked`, after register_bench (cmd_bench_prepacked.cpp)
 
 // Exit code for a subcommand that failed on user input (message already printed).
 inline constexpr int kUserError = 2;

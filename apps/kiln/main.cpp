@@ -44,6 +44,7 @@ int main(int argc, char** argv) {
   kiln::app::register_quantize(app);  // after bench: adds `bench quant-decode`
   kiln::app::register_convert(app);
   kiln::app::register_bench_quant(app);  // after bench: adds `bench quant`
+  kiln::app::register_bench_prepacked(app);  // after bench: adds `bench prepacked`
 
   try {
     app.parse(argc, argv);

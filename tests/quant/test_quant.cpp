@@ -481,6 +481,10 @@ TEST(QuantModel, BadFilesGiveErrors) {
   auto st = quantize_model(*m, nullptr, o, nullptr);
   ASSERT_TRUE(st.ok());
   ASSERT_TRUE(save_quantized_model(dir.string(), *m, *st).ok());
+  // The fp32 loader names the format instead of a missing tensor.
+  auto fp = load_model(dir.string());
+  ASSERT_FALSE(fp.ok());
+  EXPECT_NE(fp.status().message().find("quantized model"), std::string::npos) << fp.status().message();
   const auto path = dir / "model.safetensors";
   std::string bytes;
   {
@@ -517,6 +521,12 @@ TEST(QuantModel, BadFilesGiveErrors) {
   EXPECT_FALSE(quantize_model(*m, nullptr, o, nullptr).ok());
   EXPECT_FALSE(parse_method("foo").ok());
   EXPECT_FALSE(parse_weight_scheme("w5g128").ok());
+  EXPECT_FALSE(parse_weight_scheme("w4g0").ok());
+  for (const char* name : {"w8", "w8a8", "w4g128", "w3g64", "fp8"}) EXPECT_TRUE(parse_weight_scheme(name).ok()) << name;
+  auto w8a8 = parse_qat("w8a8");
+  ASSERT_TRUE(w8a8.ok());
+  EXPECT_TRUE(w8a8->act_int8);
+  EXPECT_EQ(w8a8->weight.group, QuantScheme::kPerChannel);
 }
 
 }  // namespace

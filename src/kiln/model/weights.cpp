@@ -159,7 +159,12 @@ Expected<std::unique_ptr<Transformer>> load_model(const std::string& dir) {
   const ModelConfig& c = model->config();
   std::vector<char> raw;
   for (const ParamEntry& e : model->param_entries()) {
-    if (!header.contains(e.name)) return data_loss("{}: tensor {} is missing", st_path.string(), e.name);
+    if (!header.contains(e.name)) {
+      if (header.contains(e.name.substr(0, e.name.rfind('.')) + ".qweight"))  // kiln quantized format
+        return failed_precondition("{} holds a quantized model: load it with quant::load_any_model (kiln eval and "
+                                   "generate do)", st_path.string());
+      return data_loss("{}: tensor {} is missing", st_path.string(), e.name);
+    }
     const auto& t = header[e.name];
     if (!t.is_object() || !t.contains("dtype") || !t.contains("shape") || !t.contains("data_offsets"))
       return data_loss("{}: tensor {} has a malformed entry", st_path.string(), e.name);

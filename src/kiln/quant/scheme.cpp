@@ -66,7 +66,7 @@ Expected<QuantScheme> parse_weight_scheme(const std::string& name) {
   s.bits = std::stoi(m[1].str());
   s.group = m[2].matched ? std::stoll(m[2].str()) : QuantScheme::kPerChannel;
   s.symmetric = s.bits == 8;  // int8: symmetric per channel; low bits: zero point
-  if (s.group == 0) return invalid_argument("[quant] scheme '{}': group size 0", name);
+  if (m[2].matched && s.group == 0) return invalid_argument("[quant] scheme '{}': group size 0", name);
   return s;
 }
 

@@ -9,6 +9,7 @@
 
 #include "kiln/core/dtype.h"
 #include "kiln/core/thread_pool.h"
+#include "kiln/model/packed_linear.h"
 
 namespace kiln {
 
@@ -84,6 +85,7 @@ Expected<std::unique_ptr<Engine>> Engine::create(std::unique_ptr<Transformer> mo
                                                                 config.block_size));
   KILN_ASSIGN_OR_RETURN(auto sched, Scheduler::create(config.scheduler, kv));
   const int64_t num_blocks = kv.num_blocks;
+  if (config.packed_weights) install_packed_weights(*model);
   return std::unique_ptr<Engine>(new Engine(std::move(model), config, num_blocks, std::move(sched)));
 }
 

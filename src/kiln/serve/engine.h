@@ -28,6 +28,9 @@ struct EngineConfig {
   int64_t kv_cache_mem_bytes = int64_t{256} << 20;  // --kv-cache-mem
   int64_t block_size = kDefaultKvBlockSize;          // --block-size
   bool enable_prefix_caching = true;
+  // Pack every fp32 Linear weight once (model/packed_linear.h) instead of per GEMM call;
+  // Linears that already have a backend (quantized, bf16) are left alone. --no-packed-weights
+  bool packed_weights = true;
   SchedulerConfig scheduler;  // --max-batched-tokens, --prefill-chunk, --max-running, --batching
 };
 

@@ -347,7 +347,9 @@ GemmTargetKernels make_kernels() {
     k.bf16 = k.f32;
     k.bf16.name = "avx512 14x32 micro-kernel, bf16 widened to f32 in packing";
   }
-  k.small_m_name = "avx512 small-M (m<=8) streaming kernel, B unpacked";
+  k.small_m_name = cpu_features().avx512_bf16
+                       ? "avx512 small-M (m<=8) streaming kernel, B unpacked (bf16 B (n, k): vdpbf16ps)"
+                       : "avx512 small-M (m<=8) streaming kernel, B unpacked";
   k.small_m = &small_m_avx512;
   k.epilogue_rows = &epilogue_rows<V512>;
   return k;

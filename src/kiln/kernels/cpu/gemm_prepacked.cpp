@@ -1,0 +1,221 @@
+// gemm_prepacked: the packed f32 GEMM with B packed once (pack_weight) instead of per call. It
+// reuses the per-target packing routines and micro-kernels of cpu::gemm (gemm_kernels.h): A is
+// packed per call into one buffer shared by the threads, then (M block, N chunk) tasks run the
+// micro-tiles straight off the pre-packed W strips. m <= kGemmSmallM streams the source weight.
+#include "kiln/kernels/gemm_prepacked.h"
+
+#include <algorithm>
+#include <cstdlib>
+
+#include "kiln/core/thread_pool.h"
+#include "kiln/kernels/cpu/gemm_cpu.h"
+#include "kiln/kernels/cpu/gemm_kernels.h"
+
+namespace kiln {
+namespace {
+
+using cpu::GemmTargetKernels;
+using cpu::TileEpilogue;
+
+const GemmTargetKernels& kernels_for(SimdTarget t) {
+  switch (t) {
+    case SimdTarget::kAvx512: return cpu::gemm_kernels_avx512();
+    case SimdTarget::kAvx2: return cpu::gemm_kernels_avx2();
+    default: return cpu::gemm_kernels_scalar();
+  }
+}
+
+// The target whose kernels cpu::gemm would pick now (every target has GEMM kernels).
+SimdTarget gemm_target() { return active_simd_target(); }
+
+int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
+template <class F>
+void run_tasks(int64_t n, F&& fn) {
+  if (n <= 0) return;
+  if (n == 1 || num_threads() == 1) {
+    for (int64_t t = 0; t < n; ++t) fn(t);
+    return;
+  }
+  thread_pool().run(n, [&](int64_t t, int) { fn(t); });
+}
+
+// The calling thread's packed-A buffer: grows, is reused, never freed per call (fresh pages cost
+// ~16 us each to first-touch in these VMs). Read by the pool's threads during one call.
+float* a_pack_buffer(int64_t floats) {
+  struct Free {
+    void operator()(float* p) const { std::free(p); }
+  };
+  thread_local std::unique_ptr<float, Free> mem;
+  thread_local int64_t capacity = 0;
+  if (floats > capacity) {
+    const size_t bytes = (static_cast<size_t>(floats) * 4 + 4095) & ~size_t{4095};
+    mem.reset(static_cast<float*>(std::aligned_alloc(64, bytes)));
+    KILN_CHECK_MSG(mem != nullptr, "gemm_prepacked A buffer of {} bytes", bytes);
+    capacity = static_cast<int64_t>(bytes / 4);
+  }
+  return mem.get();
+}
+
+// Streaming passes of <= kGemmSmallM rows over the unpacked W, or MR-row strips of the packed
+// kernel (which computes whole strips)? Measured with `kiln bench prepacked` (Zen 4 VM, 2 cores,
+// K = N = 1024/2048, 1 and 2 threads): one 8-row streaming pass costs ~0.85 of one 14-row packed
+// strip, so streaming wins for m <= 8 and m = 15, 16 (two passes vs a 14 + 2 strip pair). Only
+// measured for that 14-row kernel: other targets stream for m <= 8 only, as cpu::gemm does.
+bool prefer_streaming(int64_t m, int64_t mr) {
+  if (m <= cpu::kGemmSmallM) return true;
+  if (mr != 14) return false;
+  const int64_t passes = (m + cpu::kGemmSmallM - 1) / cpu::kGemmSmallM, strips = (m + mr - 1) / mr;
+  return passes * 6 < strips * 7;
+}
+
+}  // namespace
+
+void PackedMatrix::Free::operator()(float* p) const { std::free(p); }
+
+PackedMatrix pack_weight(const float* w, int64_t out, int64_t in, int64_t ldw, bool keep_source) {
+  KILN_CHECK(out >= 0 && in >= 0);
+  if (ldw == 0) ldw = in;
+  KILN_CHECK(ldw >= in && (w != nullptr || out * in == 0));
+  PackedMatrix pm;
+  pm.target_ = gemm_target();
+  const cpu::PackedPath& path = kernels_for(pm.target_).f32;
+  pm.n_ = out;
+  pm.k_ = in;
+  pm.nr_ = path.nr;
+  pm.source_ = keep_source ? w : nullptr;
+  pm.source_ld_ = ldw;
+  const int64_t strips = pm.num_strips();
+  const size_t bytes = (static_cast<size_t>(std::max<int64_t>(1, strips * pm.nr_ * in)) * 4 + 63) & ~size_t{63};
+  pm.data_.reset(static_cast<float*>(std::aligned_alloc(64, bytes)));
+  KILN_CHECK_MSG(pm.data_ != nullptr, "pack_weight: {} bytes for ({}, {})", bytes, out, in);
+  if (strips == 0 || in == 0) return pm;
+  GemmParams p;  // B = w stored (n, k): op(B) = wᵀ
+  p.n = out;
+  p.k = in;
+  p.b = w;
+  p.ldb = ldw;
+  p.trans_b = true;
+  // Strip groups over the pool: each strip is (k, nr), whole k (kc = k), so block q of a strip
+  // is simply the q-th kc x nr slice of it.
+  const int64_t groups = std::min<int64_t>(strips, 4 * num_threads());
+  float* dst = pm.data_.get();
+  run_tasks(groups, [&](int64_t g) {
+    const int64_t s0 = strips * g / groups, s1 = strips * (g + 1) / groups;
+    if (s0 == s1) return;
+    const int64_t j0 = s0 * pm.nr_, cols = std::min(out, s1 * pm.nr_) - j0;
+    path.pack_b(p, j0, cols, 0, in, dst + s0 * pm.nr_ * in);
+  });
+  return pm;
+}
+
+Status check_gemm_prepacked(const GemmParams& p, const PackedMatrix& b) {
+  if (p.n != b.n() || p.k != b.k())
+    return invalid_argument("[gemm_prepacked] params want B (n={}, k={}) but the packed matrix is ({}, {})",
+                            p.n, p.k, b.n(), b.k());
+  if (b.n() > 0 && b.nr() == 0)
+    return invalid_argument("[gemm_prepacked] the packed matrix ({}, {}) is empty (default-constructed)",
+                            b.n(), b.k());
+  GemmParams q = p;
+  q.b = b.data();
+  q.ldb = std::max<int64_t>(1, p.k);
+  q.b_dtype = DType::kF32;
+  q.trans_b = true;
+  return check_gemm(q);
+}
+
+double gemm_prepacked_bytes(const GemmParams& p, const PackedMatrix& b) {
+  GemmParams q = p;
+  q.b_dtype = DType::kF32;
+  return gemm_bytes(q) - 4.0 * p.k * p.n + static_cast<double>(b.packed_bytes());
+}
+
+void gemm_prepacked(const GemmParams& p, const PackedMatrix& b) {
+  KILN_CHECK_MSG(check_gemm_prepacked(p, b).ok(), "{}", check_gemm_prepacked(p, b).message());
+  if (p.m == 0 || p.n == 0) return;
+  const cpu::PackedPath& path = kernels_for(b.target()).f32;
+  const int64_t mr = path.mr, nr = path.nr;
+  if (b.source() != nullptr && prefer_streaming(p.m, mr)) {
+    // Decode-like: the streaming kernel reads the unpacked W once per pass of <= 8 rows.
+    const int64_t elem = p.a_dtype == DType::kBF16 ? 2 : 4;
+    for (int64_t i0 = 0; i0 < p.m; i0 += cpu::kGemmSmallM) {
+      GemmParams q = p;
+      q.m = std::min<int64_t>(cpu::kGemmSmallM, p.m - i0);
+      q.a = static_cast<const char*>(p.a) + (p.trans_a ? i0 : i0 * p.lda) * elem;
+      q.b = b.source();
+      q.ldb = b.source_ld();
+      q.b_dtype = DType::kF32;
+      q.trans_b = true;
+      q.c = p.c + i0 * p.ldc;
+      if (p.residual) q.residual = p.residual + i0 * p.ldr;
+      cpu::gemm(q);
+    }
+    return;
+  }
+  KILN_CHECK(nr == b.nr() && path.k_per_step == 1);
+  const cpu::GemmBlocking blk = cpu::gemm_blocking(cpu::GemmPath::kF32);
+  const int threads = num_threads();
+  // K blocks exactly as cpu::gemm cuts them (equal, even sizes), so results are bitwise those of
+  // cpu::gemm: an MC x KC block of A in L2, a KC x NR slice of a W strip in L1 while the MR-row
+  // strips of the block pass over it.
+  const int64_t num_kb = std::max<int64_t>(1, ceil_div(p.k, blk.kc));
+  const int64_t kc_block = std::max<int64_t>(2, (ceil_div(p.k, num_kb) + 1) & ~int64_t{1});
+  const int64_t num_pc = p.k == 0 ? 1 : ceil_div(p.k, kc_block);
+  const int64_t mstrips = ceil_div(p.m, mr), nstrips = b.num_strips();
+  auto block_kc = [&](int64_t q) { return std::max<int64_t>(0, std::min(kc_block, p.k - q * kc_block)); };
+
+  // A, packed once for all tasks: K block after K block, each mstrips strips of (kc, MR).
+  float* apack = a_pack_buffer(mstrips * mr * std::max<int64_t>(p.k, 1) + 16);
+  auto a_block = [&](int64_t q) { return apack + mstrips * mr * kc_block * q; };
+  if (p.k > 0) {
+    // Parallel only when there is enough to pack: a pool region costs a few us.
+    const int64_t groups = p.m * p.k >= (int64_t{1} << 16) ? std::min<int64_t>(mstrips, 2 * threads) : 1;
+    run_tasks(groups * num_pc, [&](int64_t t) {
+      const int64_t q = t / groups, g = t % groups;
+      const int64_t s0 = mstrips * g / groups, s1 = mstrips * (g + 1) / groups;
+      if (s0 == s1) return;
+      path.pack_a(p, s0 * mr, std::min(p.m, s1 * mr) - s0 * mr, q * kc_block, block_kc(q),
+                  a_block(q) + s0 * mr * block_kc(q));
+    });
+  }
+
+  // Tasks: M blocks of MC rows (a multiple of the thread count when there are several), and N
+  // chunks so that there are at least ~2 tasks per thread (decode: one M block, N chunks only).
+  const int64_t mc_strips = std::max<int64_t>(1, blk.mc / mr);
+  int64_t num_ic = ceil_div(mstrips, mc_strips);
+  int64_t num_jn = 1;
+  if (threads > 1) {
+    num_ic = std::min(mstrips, ceil_div(num_ic, threads) * threads);
+    if (num_ic < 2 * threads) num_jn = std::min(nstrips, ceil_div(2 * threads, num_ic));
+  }
+  run_tasks(num_ic * num_jn, [&](int64_t task) {
+    const int64_t ic = task / num_jn, jn = task % num_jn;
+    const int64_t ms0 = mstrips * ic / num_ic, ms1 = mstrips * (ic + 1) / num_ic;
+    const int64_t ns0 = nstrips * jn / num_jn, ns1 = nstrips * (jn + 1) / num_jn;
+    if (ms0 == ms1 || ns0 == ns1) return;
+    for (int64_t q = 0; q < num_pc; ++q) {
+      const int64_t kc = block_kc(q);
+      const bool first = q == 0, last = q + 1 == num_pc;
+      TileEpilogue ep;
+      ep.alpha = p.alpha;
+      ep.beta = first ? p.beta : 1.0f;
+      ep.act = last ? p.act : Activation::kNone;
+      ep.ldr = p.ldr;
+      const float* aq = a_block(q);
+      for (int64_t ns = ns0; ns < ns1; ++ns) {
+        const int64_t col = ns * nr;
+        const int nv = static_cast<int>(std::min(nr, p.n - col));
+        const float* bq = b.data() + ns * nr * p.k + q * kc_block * nr;  // (kc, NR) slice
+        ep.bias = last && p.bias ? p.bias + col : nullptr;
+        for (int64_t ms = ms0; ms < ms1; ++ms) {
+          const int64_t row = ms * mr;
+          const int mv = static_cast<int>(std::min(mr, p.m - row));
+          ep.residual = last && p.residual ? p.residual + row * p.ldr + col : nullptr;
+          path.kernel(kc, aq + ms * mr * kc, bq, p.c + row * p.ldc + col, p.ldc, mv, nv, ep);
+        }
+      }
+    }
+  });
+}
+
+}  // namespace kiln

@@ -1,0 +1,30 @@
+// PackedLinear: Linear forward through gemm_prepacked on a weight packed once (see the header).
+#include "kiln/model/packed_linear.h"
+
+namespace kiln {
+
+PackedLinear::PackedLinear(const Linear& l) { sync(l); }
+
+void PackedLinear::sync(const Linear& l) { packed_ = pack_weight(l.w, l.out, l.in); }
+
+void PackedLinear::forward(const Linear& l, float* y, const float* x, int64_t n, const float* residual) const {
+  GemmParams p;  // y (n, out) = x (n, in) Wᵀ + b (+ residual)
+  p.m = n; p.n = l.out; p.k = l.in;
+  p.a = x; p.lda = l.in;
+  p.c = y; p.ldc = l.out;
+  p.bias = l.b;
+  p.residual = residual; p.ldr = l.out;
+  gemm_prepacked(p, packed_);
+}
+
+int install_packed_weights(Transformer& model) {
+  int installed = 0;
+  for (Linear* l : model.linears()) {
+    if (l->backend) continue;
+    l->backend = std::make_shared<PackedLinear>(*l);
+    ++installed;
+  }
+  return installed;
+}
+
+}  // namespace kiln
