@@ -127,11 +127,12 @@ KILN_KERNEL_CASES(gemm_prepacked) {
   cases.push_back(make_case({.m = 15, .n = 97, .k = 300, .pad = 1, .beta = 1.0f, .residual = true, .a_dtype = DType::kBF16}, seed++));
   cases.push_back(make_case({.m = 20, .n = 37, .k = 0, .beta = 0.5f, .bias = true, .residual = true}, seed++));
   cases.push_back(make_case({.m = 0, .n = 37, .k = 5}, seed++));
-  // Small blockings: several M blocks and K blocks (prefill-like m), odd tails.
-  for (int v = 0; v < 2; ++v) {
-    PrepackedCase g{v == 0 ? int64_t{150} : int64_t{64}, 101, 151};
+  // Small blockings (independent of the machine's tuning file): several M blocks and K blocks
+  // (prefill-like m), odd tails; beta = 0 on the first K block only.
+  for (int v = 0; v < 3; ++v) {
+    PrepackedCase g{v == 0 ? int64_t{150} : v == 1 ? int64_t{64} : int64_t{11}, 101, 151};
     g.blocking = {28, 32, 64};
-    g.beta = 1.0f;
+    g.beta = v == 1 ? 1.0f : 0.0f;
     g.bias = g.residual = true;
     g.ta = v == 1;
     g.act = Activation::kSilu;
