@@ -16,6 +16,7 @@
 #include "kiln/kernels/attention.h"
 #include "kiln/kernels/cpu/attention_flash.h"
 #include "kiln/kernels/cpu/attention_scratch.h"
+#include "kiln/kernels/cpu/parallel.h"
 
 namespace kiln::cpu {
 
@@ -36,7 +37,6 @@ namespace {
 // scanning a few dozen keys, so shorter chunks would not pay for themselves.
 constexpr int64_t kMinSplitKeys = 256;
 
-int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
 FlashShape shape_of(const AttentionParams& p, int64_t lse_hs) {
   FlashShape sh;

@@ -20,6 +20,7 @@
 #include "kiln/kernels/cpu/gemm_cpu.h"
 #include "kiln/kernels/cpu/gemm_simd.h"
 #include "kiln/kernels/dispatch.h"
+#include "kiln/kernels/cpu/parallel.h"
 
 namespace kiln::cpu {
 namespace {
@@ -90,19 +91,6 @@ ScratchBuffer& small_a16_buffer() { thread_local ScratchBuffer b; return b; }
 const GemmTargetKernels& target_kernels() {
   using KernelsFn = const GemmTargetKernels& (*)();
   return Dispatch<KernelsFn>{&gemm_kernels_scalar, &gemm_kernels_avx2, &gemm_kernels_avx512}.pick()();
-}
-
-int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
-
-// Runs fn(task) for task in [0, n) on the pool (serially when one thread or one task).
-template <class F>
-void run_tasks(int64_t n, F&& fn) {
-  if (n <= 0) return;
-  if (n == 1 || num_threads() == 1) {
-    for (int64_t t = 0; t < n; ++t) fn(t);
-    return;
-  }
-  thread_pool().run(n, [&](int64_t t, int) { fn(t); });
 }
 
 // ---- blocking and the tuning cache ----------------------------------------------------------

@@ -10,12 +10,15 @@
 #include "kiln/core/thread_pool.h"
 #include "kiln/kernels/cpu/gemm_cpu.h"
 #include "kiln/kernels/cpu/gemm_kernels.h"
+#include "kiln/kernels/cpu/parallel.h"
 
 namespace kiln {
 namespace {
 
 using cpu::GemmTargetKernels;
 using cpu::TileEpilogue;
+using cpu::ceil_div;
+using cpu::run_tasks;
 
 const GemmTargetKernels& kernels_for(SimdTarget t) {
   switch (t) {
@@ -27,18 +30,6 @@ const GemmTargetKernels& kernels_for(SimdTarget t) {
 
 // The target whose kernels cpu::gemm would pick now (every target has GEMM kernels).
 SimdTarget gemm_target() { return active_simd_target(); }
-
-int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
-
-template <class F>
-void run_tasks(int64_t n, F&& fn) {
-  if (n <= 0) return;
-  if (n == 1 || num_threads() == 1) {
-    for (int64_t t = 0; t < n; ++t) fn(t);
-    return;
-  }
-  thread_pool().run(n, [&](int64_t t, int) { fn(t); });
-}
 
 // The calling thread's packed-A buffer: grows, is reused, never freed per call (fresh pages cost
 // ~16 us each to first-touch in these VMs). Read by the pool's threads during one call.

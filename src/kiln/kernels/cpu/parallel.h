@@ -10,6 +10,20 @@
 
 namespace kiln::cpu {
 
+inline int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
+// Runs fn(task) for task in [0, n) on the pool (serially when one thread or one task): the
+// GEMM drivers' tiles, each task a fixed piece of the output.
+template <class F>
+void run_tasks(int64_t n, F&& fn) {
+  if (n <= 0) return;
+  if (n == 1 || num_threads() == 1) {
+    for (int64_t t = 0; t < n; ++t) fn(t);
+    return;
+  }
+  thread_pool().run(n, [&](int64_t t, int) { fn(t); });
+}
+
 // Rows (or elements) per parallel task so that a task has at least this many floats of work:
 // a pool wake-up costs a few µs, and ~16K floats of a streaming op take ~5-20 µs on the 2-core
 // Zen 5 dev machines, so smaller inputs stay on one thread. Not tuned beyond that estimate.
