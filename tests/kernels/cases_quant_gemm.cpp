@@ -46,25 +46,13 @@ KernelCase make_wo_case(const WoCase& c, uint64_t seed) {
             p.bias = c.bias ? bias.data() : nullptr;
             p.residual = c.residual ? res.data() : nullptr;
             p.ldr = ldr;
-            constexpr float kSentinel = 7.25f;
-            std::vector<float> y_ref(static_cast<size_t>(c.n * ldy), kSentinel), y_fast = y_ref;
+            std::vector<float> y_ref(static_cast<size_t>(c.n * ldy), kPaddingSentinel), y_fast = y_ref;
             p.y = y_ref.data();
             EXPECT_TRUE(check_quant_gemm(p).ok()) << check_quant_gemm(p).to_string();
             ref::quant_gemm(p);
             p.y = y_fast.data();
             cpu::quant_gemm(p);
-            Compare valid{"y", {}, {}, 1e-9};
-            float touched = 0;
-            for (int64_t i = 0; i < c.n; ++i)
-              for (int64_t j = 0; j < ldy; ++j) {
-                if (j < c.out) {
-                  valid.expected.push_back(y_ref[i * ldy + j]);
-                  valid.actual.push_back(y_fast[i * ldy + j]);
-                } else if (y_fast[i * ldy + j] != kSentinel) {
-                  touched += 1;
-                }
-              }
-            return std::vector<Compare>{valid, Compare{"y padding untouched", {0.0f}, {touched}, 0.0}};
+            return compare_strided("y", y_ref, y_fast, c.n, c.out, ldy, 1e-9);
           }};
 }
 

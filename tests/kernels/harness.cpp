@@ -144,6 +144,25 @@ void register_all_tests() {
   }
 }
 
+std::vector<Compare> compare_strided(const std::string& what, const std::vector<float>& expected,
+                                     const std::vector<float>& actual, int64_t rows, int64_t cols, int64_t ld,
+                                     double max_nmse) {
+  Compare valid{what, {}, {}, max_nmse};
+  float touched = 0;
+  for (int64_t i = 0; i < rows; ++i) {
+    for (int64_t j = 0; j < ld; ++j) {
+      const float e = expected[static_cast<size_t>(i * ld + j)], f = actual[static_cast<size_t>(i * ld + j)];
+      if (j < cols) {
+        valid.expected.push_back(e);
+        valid.actual.push_back(f);
+      } else if (f != kPaddingSentinel) {
+        touched += 1;
+      }
+    }
+  }
+  return {valid, Compare{what + " padding untouched", {0.0f}, {touched}, 0.0}};
+}
+
 }  // namespace kiln::testing
 
 int main(int argc, char** argv) {

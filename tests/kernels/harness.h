@@ -26,6 +26,16 @@ struct Compare {
   double max_nmse;
 };
 
+// Fills the padding columns [cols, ld) of strided outputs before a kernel runs; a kernel that
+// writes there is wrong.
+inline constexpr float kPaddingSentinel = 7.25f;
+
+// Compares the first `cols` of each of `rows` rows (leading dimension ld) of the reference and
+// fast outputs, and requires the fast output's padding columns to still hold kPaddingSentinel.
+std::vector<Compare> compare_strided(const std::string& what, const std::vector<float>& expected,
+                                     const std::vector<float>& actual, int64_t rows, int64_t cols, int64_t ld,
+                                     double max_nmse);
+
 struct KernelCase {
   std::string name;  // shapes and variant, e.g. "m=7 n=33 k=257 ta=0 tb=1"
   // Runs the fast kernel (under the harness's SIMD target and thread count) and the reference

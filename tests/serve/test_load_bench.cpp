@@ -3,7 +3,6 @@
 // max_tokens chunks and answers 400 to some requests.
 #include <gtest/gtest.h>
 #include <httplib.h>
-#include <sys/socket.h>
 
 #include <algorithm>
 #include <atomic>
@@ -15,6 +14,7 @@
 #include <sstream>
 #include <thread>
 
+#include "kiln/serve/http_listen.h"
 #include "kiln/serve/load_bench.h"
 
 namespace kiln {
@@ -226,16 +226,7 @@ class FakeOpenAiServer {
     };
     server_.Post("/v1/completions", handler(false));
     server_.Post("/v1/chat/completions", handler(true));
-    // cpp-httplib listens with a backlog of 5 (compiled into Debian's libcpp-httplib): a burst
-    // of connections overflows it and the kernel retries the handshake after 1 s. Calling
-    // listen() again on Linux raises the backlog of the socket it already listens on.
-    int listen_fd = -1;
-    server_.set_socket_options([&listen_fd](socket_t sock) {
-      httplib::default_socket_options(sock);
-      listen_fd = sock;
-    });
-    port_ = server_.bind_to_any_port("127.0.0.1");
-    if (listen_fd >= 0) ::listen(listen_fd, 1024);
+    port_ = bind_http_server(server_, "127.0.0.1", 0).value();
     thread_ = std::thread([this] { server_.listen_after_bind(); });
     while (!server_.is_running()) std::this_thread::sleep_for(std::chrono::milliseconds(1));
   }

@@ -4,7 +4,6 @@
 #include "kiln/serve/server.h"
 
 #include <httplib.h>
-#include <sys/socket.h>
 
 #include <atomic>
 #include <chrono>
@@ -13,6 +12,7 @@
 #include <nlohmann/json.hpp>
 
 #include "kiln/model/weights.h"
+#include "kiln/serve/http_listen.h"
 
 namespace kiln {
 
@@ -483,27 +483,7 @@ Server::~Server() { stop(); }
 
 Status Server::bind() {
   const ServerConfig& c = impl_->config;
-  // Debian's cpp-httplib listens with a backlog of 5 (compiled in): a burst of clients
-  // overflows it and the kernel retries their handshakes after 1 s, or they fail. Calling
-  // listen() again on Linux raises the backlog of the socket that already listens.
-  int listen_fd = -1;
-  http_->set_socket_options([&listen_fd](socket_t sock) {
-    httplib::default_socket_options(sock);
-    listen_fd = sock;
-  });
-  bool bound = false;
-  if (c.port == 0) {
-    port_ = http_->bind_to_any_port(c.host);
-    bound = port_ > 0;
-  } else {
-    bound = http_->bind_to_port(c.host, c.port);
-    if (bound) port_ = c.port;
-  }
-  http_->set_socket_options(httplib::default_socket_options);  // the lambda above dies here
-  if (!bound && c.port == 0)
-    return Status(StatusCode::kUnavailable, fmt::format("[serve] cannot bind {} to a free port", c.host));
-  if (!bound) return Status(StatusCode::kUnavailable, fmt::format("[serve] cannot bind {}:{} (in use?)", c.host, c.port));
-  if (listen_fd >= 0) ::listen(listen_fd, 1024);
+  KILN_ASSIGN_OR_RETURN(port_, bind_http_server(*http_, c.host, c.port));
   return {};
 }
 
