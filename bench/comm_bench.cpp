@@ -7,6 +7,7 @@
 #include <cmath>
 #include <cstring>
 #include <memory>
+#include <random>
 #include <vector>
 
 #include <fmt/format.h>
@@ -130,41 +131,64 @@ double max_over_ranks(Communicator& c, double v) {
   return out;
 }
 
-// Seconds per call of each algorithm in `algos`: `reps` rounds, each running every algorithm
-// in turn, rotated (so the machine's noise hits all of them alike) for the slowest rank's mean over
-// enough calls to last ~10 ms (the same count on every rank), after two warm-up calls.
-std::vector<Summary> time_collectives(Communicator& c, CollOp op, const std::vector<Algo>& algos,
-                                      const std::byte* send, std::byte* recv, int64_t count,
-                                      DType t, ReduceOp rop, int reps) {
+// Timing. Every algorithm of `algos` runs in each round, one after the other, each for a
+// window of about kWindowSeconds (a call count fixed per algorithm, the same on every rank;
+// the slowest rank's mean per call is the sample), after warm-up calls, in a shuffled order
+// per round. Short windows and many rounds: on this shared 2-core VM the machine
+// state (other jobs; with p > 2, which ranks share a core) changes every few milliseconds to
+// seconds, and all algorithms must sample the same states for their medians to compare
+// (comm_final.txt: 10 ms windows and 5-7 rounds ranked the same code 13% apart).
+constexpr double kWindowSeconds = 2e-3;
+// Rounds per size: as many as fit in kSizeBudgetSeconds, at least --reps, at most kMaxRounds.
+constexpr double kSizeBudgetSeconds = 0.3;
+constexpr int kMaxRounds = 41;
+
+// Seconds per call, [algorithm][round].
+std::vector<std::vector<double>> time_collectives(Communicator& c, CollOp op,
+                                                  const std::vector<Algo>& algos,
+                                                  const std::byte* send, std::byte* recv,
+                                                  int64_t count, DType t, ReduceOp rop, int reps) {
   auto run = [&](Algo algo, int iters) {
     c.barrier();
     const double t0 = now_seconds();
     for (int i = 0; i < iters; ++i) call(c, op, algo, send, recv, count, t, rop).check_ok(__FILE__, __LINE__);
     return max_over_ranks(c, (now_seconds() - t0) / iters);
   };
-  std::vector<int> iters;
+  // Every algorithm makes the same number of calls per window, sized on the fastest one: the
+  // first call of a window, after another algorithm ran, can cost several times a warm one
+  // here (2 MiB all-reduce, p = 2: 1.1 ms against 0.36 ms), so windows of different lengths
+  // would rank the same code apart (auto ran 3x slower than the algorithm it resolved to).
+  double fastest = 1e30, sum = 0;
   for (Algo a : algos) {
     run(a, 1);
-    const double one = run(a, 1);
-    iters.push_back(static_cast<int>(std::clamp(0.01 / std::max(one, 1e-7), 1.0, 4000.0)));
+    const double one = run(a, 2);  // the slowest rank's: every rank derives the same counts
+    fastest = std::min(fastest, one);
+    sum += one;
   }
-  // Each round starts one algorithm later, so none always runs right after another's
-  // (MPI's temporary buffer, say, evicting the caches): position effects average out.
+  const int iters = static_cast<int>(std::clamp(kWindowSeconds / std::max(fastest, 1e-8), 1.0, 20000.0));
+  const int rounds = std::clamp(static_cast<int>(kSizeBudgetSeconds / std::max(iters * sum, 1e-9)),
+                                std::max(reps, 1), std::max(reps, kMaxRounds));
+  // A fresh order every round, the same on every rank (fixed seed, the same binary): with a
+  // rotation each algorithm always follows the same one, and what the predecessor leaves
+  // behind (MPI's buffers, dirty caches) then biases it (auto ran 1.4x faster than the
+  // identical recursive doubling at 8 MiB all-gather, p = 2).
   std::vector<std::vector<double>> v(algos.size());
-  for (int rep = 0; rep < reps; ++rep)
-    for (size_t j = 0; j < algos.size(); ++j) {
-      const size_t k = (j + rep) % algos.size();
-      v[k].push_back(run(algos[k], iters[k]));
-    }
-  std::vector<Summary> out;
-  for (auto& x : v) out.push_back(summarize(x));
-  return out;
+  std::vector<size_t> order(algos.size());
+  for (size_t k = 0; k < order.size(); ++k) order[k] = k;
+  std::mt19937 shuffle_rng(12345);
+  for (int rep = 0; rep < rounds; ++rep) {
+    std::shuffle(order.begin(), order.end(), shuffle_rng);
+    for (size_t k : order) v[k].push_back(run(algos[k], iters));
+  }
+  return v;
 }
 
 struct Row {
   int64_t size = 0, count = 0;
   Algo algo = Algo::kMpi, resolved = Algo::kMpi;
   Summary t;
+  int rounds = 0;
+  double vs_mpi = 0, vs_best = 0;  // paired ratios (see the table loop)
   int64_t wrong = 0;
 };
 
@@ -236,7 +260,7 @@ int calibrate(Communicator& c, const CommBenchOptions& opt, std::byte* send, std
   if (c.rank() == 0)
     fmt::print("# calibrate, p = {}: ping-pong alpha = {:.2f} us, beta = {:.4f} ns/B ({:.2f} GB/s); "
                "reduction gamma = {:.4f} ns/B ({:.2f} GB/s); hierarchical node size {}; "
-               "median of {} passes of {} reps per size\n"
+               "{} passes of at least {} interleaved rounds per size, paired times\n"
                "# per algorithm: alpha (us/step), then beta (ns/B of the bandwidth term) at "
                "32 KiB, 512 KiB, 8 MiB and the largest size\n",
                p, table.link.alpha_s * 1e6, table.link.beta_s_per_byte * 1e9,
@@ -258,30 +282,34 @@ int calibrate(Communicator& c, const CommBenchOptions& opt, std::byte* send, std
     // Per algorithm: the knots' sizes, terms and measured seconds.
     std::vector<std::vector<double>> ks(algos.size()), steps(algos.size()), bw(algos.size()),
         secs(algos.size());
-    // kPasses sweeps over the sizes, a median per pass, then the median over the passes: the
-    // machine's state drifts over minutes (other jobs, page cache, frequency), and one sweep
-    // caught in a slow minute would rank algorithms by the noise.
-    std::vector<std::vector<std::vector<double>>> per_pass(
+    // kCalibrationPasses sweeps over the sizes (the machine's state drifts over minutes too:
+    // other jobs, page cache, frequency); the rounds of all passes are pooled and each
+    // algorithm's time is its paired time (cost_model.h): the reference algorithm's median
+    // times the median ratio to it within a round, so the ranking that `auto` follows comes
+    // from comparisons made in the same machine state.
+    std::vector<std::vector<std::vector<double>>> pooled(
         sizes.size(), std::vector<std::vector<double>>(algos.size()));
     for (int pass = 0; pass < kCalibrationPasses; ++pass)
       for (size_t si = 0; si < sizes.size(); ++si) {
         const int64_t count = count_arg(op, sizes[si], p, 4);
         if (count == 0) continue;
         fill_inputs(op, p, c.rank(), send, recv, count, DType::kF32);
-        const std::vector<Summary> t =
+        const std::vector<std::vector<double>> t =
             time_collectives(c, op, timed, send, recv, count, DType::kF32, ReduceOp::kSum, reps);
-        for (size_t k = 0; k < algos.size(); ++k) per_pass[si][k].push_back(t[k].median);
+        for (size_t k = 0; k < algos.size(); ++k)
+          pooled[si][k].insert(pooled[si][k].end(), t[k].begin(), t[k].end());
       }
     for (size_t si = 0; si < sizes.size(); ++si) {
       const int64_t size = sizes[si];
-      if (per_pass[si][0].empty()) continue;
+      if (pooled[si][0].empty()) continue;
+      const std::vector<double> paired = dist::paired_times(pooled[si]);
       for (size_t k = 0; k < algos.size(); ++k) {
         const dist::AlgoCost terms = dist::algo_cost(op, algos[k], p, static_cast<double>(size),
                                                      table.hier_ranks_per_node);
         ks[k].push_back(static_cast<double>(size));
         steps[k].push_back(terms.steps);
         bw[k].push_back(terms.bw_bytes);
-        secs[k].push_back(summarize(per_pass[si][k]).median);
+        secs[k].push_back(paired[k]);
       }
     }
     for (size_t k = 0; k < algos.size(); ++k) {
@@ -360,10 +388,12 @@ int run_comm_bench(const CommBenchOptions& opt) {
     } else if (rc == 0) {
       const std::vector<int64_t> sizes = bench_sizes(opt.min_bytes, opt.max_bytes);
       if (r == 0 && !opt.json) {
-        fmt::print("# kiln bench comm: {} on p = {} ranks, {} {}, out-of-place; time = median of {} reps "
-                   "(slowest rank); busbw factor {:.3f}; peer = MPI's own collective; "
-                   "vs_best = best kiln algorithm's time / this time{}\n",
-                   opt.op, p, opt.dtype, is_reducing(*op) ? opt.redop : "-", opt.reps,
+        fmt::print("# kiln bench comm: {} on p = {} ranks, {} {}, out-of-place; time = median over "
+                   "interleaved rounds ({}..{} per size, ~{:.0f} ms windows; slowest rank); busbw factor "
+                   "{:.3f}; peer = MPI's own collective; busbw/mpi and vs_best = MPI's and the best kiln "
+                   "algorithm's time / this time, median of the ratios within a round{}\n",
+                   opt.op, p, opt.dtype, is_reducing(*op) ? opt.redop : "-", std::max(opt.reps, 1),
+                   std::max(opt.reps, kMaxRounds), kWindowSeconds * 1e3,
                    busbw_factor(*op, p),
                    opt.chunk_bytes > 0 ? fmt::format("; pipeline chunk {} B", dist::pipeline_chunk_override()) : "");
         fmt::print("#{:>11} {:>11} {:>5} {:>5}  {:<24} {:>10} {:>17} {:>8} {:>8} {:>7} {:>9} {:>7}\n", "size", "count",
@@ -376,7 +406,7 @@ int run_comm_bench(const CommBenchOptions& opt) {
         const int64_t count = count_arg(*op, size, p, es);
         if (count == 0) continue;
         fill_inputs(*op, p, r, send.get(), recv.get(), count, *dtype);
-        const std::vector<Summary> times =
+        const std::vector<std::vector<double>> rounds =
             time_collectives(c, *op, algos, send.get(), recv.get(), count, *dtype, *rop, opt.reps);
         std::vector<Row> rows;
         for (size_t k = 0; k < algos.size(); ++k) {
@@ -385,7 +415,8 @@ int run_comm_bench(const CommBenchOptions& opt) {
           row.count = count;
           row.algo = algos[k];
           row.resolved = algos[k] == Algo::kAuto ? dist::resolve_algo(c, *op, size) : algos[k];
-          row.t = times[k];
+          row.t = summarize(rounds[k]);
+          row.rounds = static_cast<int>(rounds[k].size());
           // #wrong: one more call on a poisoned output, checked against the direct computation.
           if (*op != CollOp::kBroadcast || r != 0) {
             const bool per_rank = *op == CollOp::kAllGather || *op == CollOp::kAllToAll;
@@ -397,11 +428,18 @@ int run_comm_bench(const CommBenchOptions& opt) {
           row.wrong = total;
           rows.push_back(row);
         }
-        const double mpi_time = rows.back().t.median;  // ratio kiln/mpi busbw = mpi time / kiln time
-        double best_kiln = 0;  // the fastest named kiln algorithm (not auto, not mpi)
-        for (const Row& row : rows)
-          if (row.algo != Algo::kAuto && row.algo != Algo::kMpi && (best_kiln == 0 || row.t.median < best_kiln))
-            best_kiln = row.t.median;
+        // busbw/mpi and vs_best are paired (median over rounds of the ratio within a round,
+        // cost_model.h): MPI's time / this time, and the best named kiln algorithm's (least
+        // median; not auto, not mpi) time / this time.
+        int best = -1;
+        for (size_t k = 0; k < rows.size(); ++k)
+          if (rows[k].algo != Algo::kAuto && rows[k].algo != Algo::kMpi &&
+              (best < 0 || rows[k].t.median < rows[best].t.median))
+            best = static_cast<int>(k);
+        for (size_t k = 0; k < rows.size(); ++k) {
+          rows[k].vs_mpi = dist::median_ratio(rounds.back(), rounds[k]);
+          rows[k].vs_best = best >= 0 ? dist::median_ratio(rounds[best], rounds[k]) : 0.0;
+        }
         for (const Row& row : rows) {
           const double algbw = size / row.t.median / 1e9;
           const double busbw = algbw * busbw_factor(*op, p);
@@ -417,15 +455,15 @@ int run_comm_bench(const CommBenchOptions& opt) {
                                 {"time_us", row.t.median * 1e6}, {"time_us_min", row.t.min * 1e6},
                                 {"time_us_max", row.t.max * 1e6}, {"algbw_GBps", algbw},
                                 {"busbw_GBps", busbw}, {"wrong", row.wrong},
-                                {"busbw_vs_mpi", mpi_time / row.t.median},
-                                {"vs_best", best_kiln > 0 ? best_kiln / row.t.median : 0.0}};
+                                {"busbw_vs_mpi", row.vs_mpi}, {"vs_best", row.vs_best},
+                                {"rounds", row.rounds}};
             fmt::print("{}\n", j.dump());
           } else {
             fmt::print("{:>12} {:>11} {:>5} {:>5}  {:<24} {:>10.2f} {:>8.2f}-{:<8.2f} {:>8.3f} {:>8.3f} {:>7} {:>9.2f} {:>7}\n",
                        size, count, opt.dtype, is_reducing(*op) ? opt.redop : "-", name,
                        row.t.median * 1e6, row.t.min * 1e6, row.t.max * 1e6, algbw, busbw,
-                       row.wrong, mpi_time / row.t.median,
-                       best_kiln > 0 ? fmt::format("{:.2f}", best_kiln / row.t.median) : std::string("-"));
+                       row.wrong, row.vs_mpi,
+                       best >= 0 ? fmt::format("{:.2f}", row.vs_best) : std::string("-"));
           }
         }
         if (r == 0) std::fflush(stdout);

@@ -15,7 +15,8 @@ struct CommBenchOptions {
   std::string redop = "sum";     // sum | avg | max
   int64_t min_bytes = 8;
   int64_t max_bytes = int64_t{256} << 20;
-  int reps = 5;                  // timed repetitions after warm-up; median, min-max
+  int reps = 5;                  // at least this many interleaved timing rounds per size (more
+                                 // when they fit in the per-size time budget); median, min-max
   int ranks_per_node = 0;        // hierarchical: 0 = automatic (communicator.h), n = forced
   bool json = false;             // one JSON object per line instead of the table
   bool calibrate = false;        // measure alpha, beta (+ per-algorithm fits) and cache them

@@ -7,6 +7,7 @@ machine's CPU lock (/tmp/kiln-cpu.lock), so timings are comparable. Prints one J
 scenario and a markdown table at the end.
 
 Run:  /usr/bin/python3 scripts/serve_bench.py --models /tmp/kiln-serve-models [--only llama-tiny-1k]
+      /usr/bin/python3 scripts/serve_bench.py --speculative   # runs/w2-s with and without the runs/llama-tiny draft
 """
 import argparse
 import fcntl
@@ -82,7 +83,10 @@ def scenario(model_dir, name, serve_flags, bench_flags):
     r.update({"scenario": name, "model": os.path.basename(model_dir), "serve_flags": " ".join(serve_flags),
               "kv_blocks_total": m["kiln_kv_blocks_total"], "kv_blocks_used_peak": peak["used"],
               "kv_cache_bytes": m["kiln_kv_cache_bytes"], "preemptions": m["kiln_num_preemptions_total"],
-              "prefix_hit_rate": m["kiln_prefix_cache_hit_rate"]})
+              "prefix_hit_rate": m["kiln_prefix_cache_hit_rate"],
+              "spec_acceptance_rate": m.get("kiln_spec_decode_acceptance_rate"),
+              "spec_tokens_per_pass": m.get("kiln_spec_decode_tokens_per_pass"),
+              "spec_expected_tokens_per_pass": m.get("kiln_spec_decode_expected_tokens_per_pass")})
     print(json.dumps(r), flush=True)
     return r
 
@@ -131,6 +135,21 @@ SCENARIOS = {
 }
 
 
+# Speculative decoding in the engine: the trained w2-s target (runs/w2-s) with the trained
+# llama-tiny draft (runs/llama-tiny, same tokenizer), 128 output tokens, 1, 2 and 4 requests at
+# once; the engine speculates while at most --speculative-max-batch (default 2) sequences decode.
+def speculative_scenarios():
+    draft = ["--draft-model", os.path.join(ROOT, "runs", "llama-tiny"), "--num-speculative", "4"]
+    out = []
+    for temp in ("0", "0.8"):
+        for conc in ("1", "2", "4"):
+            bench = ["--num", "8", "--rate", "inf", "--max-concurrency", conc, "--prompt-len", "16:32",
+                     "--output-len", "128:128", "--ignore-eos", "--temperature", temp, "--seed", "4"]
+            out.append((f"plain-t{temp}-c{conc}", [], bench))
+            out.append((f"spec4-t{temp}-c{conc}", draft, bench))
+    return out
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--models", default="/tmp/kiln-serve-models")
@@ -138,8 +157,19 @@ def main():
     ap.add_argument("--scenarios", default="")
     ap.add_argument("--out", default="")
     ap.add_argument("--extra-serve-flags", default="", help="appended to every scenario's kiln serve flags, e.g. --no-packed-weights")
+    ap.add_argument("--speculative", action="store_true", help="only the speculative-decoding scenarios")
     a = ap.parse_args()
     rows = []
+    if a.speculative:
+        for name, sf, bf in speculative_scenarios():
+            rows.append(scenario(os.path.join(ROOT, "runs", "w2-s"), name, sf, bf))
+        print("| scenario | out tok/s | TPOT p50 ms | TTFT p50 ms | alpha | tokens/pass (formula) |")
+        print("|---|---|---|---|---|---|")
+        for r in rows:
+            spec = (f"{r['spec_acceptance_rate']:.3f} | {r['spec_tokens_per_pass']:.2f} ({r['spec_expected_tokens_per_pass']:.2f})"
+                    if r["spec_acceptance_rate"] is not None else "- | -")
+            print(f"| {r['scenario']} | {r['output_throughput']:.1f} | {r['tpot_ms']['p50']:.2f} | {r['ttft_ms']['p50']:.1f} | {spec} |")
+        return
     for model, scens in SCENARIOS.items():
         if a.only and model != a.only:
             continue

@@ -64,6 +64,8 @@ void register_bench_serve(CLI::App& app) {
   cmd->add_option("--max-concurrency", a->opt.max_concurrency, "Client threads (0: one per request)")
       ->check(CLI::Range(int64_t{0}, int64_t{1} << 16));
   cmd->add_flag("--ignore-eos", a->opt.ignore_eos, "Send \"ignore_eos\": true (vLLM, llama.cpp extension)");
+  cmd->add_option("--temperature", a->opt.temperature, "Send this sampling temperature (0: greedy; default: the server's)")
+      ->check(CLI::Range(0.0, 2.0));
   cmd->add_option("--api-key", a->opt.api_key, "Bearer token");
   cmd->add_option("--timeout", a->opt.timeout_s, "Per-request read timeout, s");
   cmd->add_flag("--json", a->json, "Print one JSON object");

@@ -35,7 +35,7 @@ void register_bench_comm(CLI::App& bench) {
   cmd->add_option("--min-bytes", opt->min_bytes, "Smallest size (bytes)")->check(CLI::Range(int64_t{1}, int64_t{1} << 30));
   cmd->add_option("--max-bytes", opt->max_bytes, "Largest size (bytes; sizes go 8, 32, 128, ... by 4)")
       ->check(CLI::Range(int64_t{8}, int64_t{1} << 30));
-  cmd->add_option("--reps", opt->reps, "Timed repetitions after warm-up")->check(CLI::Range(1, 1000));
+  cmd->add_option("--reps", opt->reps, "Least number of interleaved timing rounds per size (more when they fit in ~0.3 s)")->check(CLI::Range(1, 1000));
   cmd->add_option("--ranks-per-node", opt->ranks_per_node,
                   "Hierarchical: ranks per node (0 = the real node, or virtual nodes on one machine)")
       ->check(CLI::Range(0, 1 << 20));

@@ -8,6 +8,7 @@
 #include <filesystem>
 
 #include "apps/kiln/commands.h"
+#include "kiln/model/weights.h"
 #include "kiln/serve/server.h"
 
 namespace kiln::app {
@@ -40,7 +41,7 @@ Expected<int64_t> parse_bytes(const std::string& text) {
 }
 
 struct ServeArgs {
-  std::string model, kv_mem = "1G", batching = "continuous", served_name;
+  std::string model, draft_model, kv_mem = "1G", batching = "continuous", served_name;
   ServerConfig server;
   EngineConfig engine;
   bool no_prefix_caching = false;
@@ -64,7 +65,16 @@ void run_serve(ServeArgs a) {
   auto served = load_served_model(a.model);
   if (!served.ok()) fail(served.status());
   const ModelConfig cfg = served->model->config();
-  auto engine = Engine::create(std::move(served->model), a.engine);
+  std::unique_ptr<Transformer> draft;
+  if (!a.draft_model.empty()) {
+    // The draft only needs weights: the target's tokenizer and chat template serve requests.
+    auto d = load_model(a.draft_model);
+    if (!d.ok()) fail(d.status());
+    draft = std::move(*d);
+    fmt::print("kiln serve: speculative decoding with draft '{}' ({}), {} draft tokens per step\n", a.draft_model,
+               draft->config().describe(), a.engine.num_speculative);
+  }
+  auto engine = Engine::create(std::move(served->model), a.engine, std::move(draft));
   if (!engine.ok()) fail(engine.status());
   a.server.model_name = !a.served_name.empty() ? a.served_name
                                                 : std::filesystem::path(a.model).lexically_normal().filename().string();
@@ -111,6 +121,13 @@ void register_serve(CLI::App& app) {
       ->check(CLI::Range(1, 1 << 16));
   s->add_option("--batching", a->batching, "continuous (default) or static")
       ->check(CLI::IsMember({"continuous", "static"}));
+  s->add_option("--draft-model", a->draft_model,
+                "Speculative decoding: a smaller model directory with the same vocabulary proposes tokens");
+  s->add_option("--num-speculative", a->engine.num_speculative, "Draft tokens per decode step (with --draft-model)")
+      ->check(CLI::Range(1, 16));
+  s->add_option("--speculative-max-batch", a->engine.speculative_max_batch,
+                "Speculate only while at most this many sequences decode (0: always)")
+      ->check(CLI::Range(0, 1 << 16));
   s->add_flag("--no-prefix-caching", a->no_prefix_caching, "Do not reuse cached prompt blocks");
   s->add_flag("--no-packed-weights", a->no_packed_weights,
               "Do not pack the fp32 weights once at start (the GEMM then packs them per call)");

@@ -241,6 +241,94 @@ TEST(DistCostModel, CalibrationFileRoundTrip) {
   unsetenv("KILN_COMM_CALIBRATION");
 }
 
+// Paired times: a machine state that scales a whole round cancels, so the ratio between two
+// algorithms comes out exact however the rounds vary, and a minority of outlier rounds does
+// not move it.
+TEST(DistCostModel, PairedTimesCancelRoundStates) {
+  const std::vector<double> state = {1.0, 3.0, 1.0, 2.5, 1.0, 3.0, 1.2};  // bimodal machine
+  std::vector<std::vector<double>> rounds(3);
+  for (double f : state) {
+    rounds[0].push_back(2e-6 * f);  // 1.25x the reference
+    rounds[1].push_back(1.6e-6 * f);  // the reference: least median
+    rounds[2].push_back(4.8e-6 * f);  // 3x
+  }
+  rounds[2][4] *= 10;  // one round where the third algorithm was descheduled
+  std::vector<double> t = paired_times(rounds);
+  ASSERT_EQ(t.size(), 3u);
+  const double ref_median = 1.6e-6 * 1.2;  // sorted states: 1, 1, 1, 1.2, 2.5, 3, 3
+  EXPECT_NEAR(t[1], ref_median, 1e-18);
+  EXPECT_NEAR(t[0] / t[1], 1.25, 1e-12);
+  EXPECT_NEAR(t[2] / t[1], 3.0, 1e-12);
+  // The paired ratio as the bench reports it (vs_best: the best's time / this time).
+  EXPECT_NEAR(median_ratio(rounds[1], rounds[0]), 0.8, 1e-12);
+  // Even number of rounds: the mean of the two middle ratios.
+  EXPECT_NEAR(median_ratio({1, 2, 3, 4}, {1, 1, 1, 1}), 2.5, 1e-12);
+  // The fit through paired times recovers the alpha and beta the rounds were made from.
+  const double alpha = 1.5e-6, beta = 2e-10;
+  const double sizes[] = {1024, 4096, 16384, 65536};
+  std::vector<double> steps(4, 4), bw(4), secs(4);
+  for (int i = 0; i < 4; ++i) {
+    bw[i] = 2 * sizes[i];
+    std::vector<std::vector<double>> r(2);
+    for (double f : state) {
+      r[0].push_back((alpha * steps[i] + beta * bw[i]) * f);
+      r[1].push_back(0.5e-6 * f);  // a faster reference algorithm
+    }
+    const std::vector<double> pt = paired_times(r);
+    secs[i] = pt[0] / pt[1] * 0.5e-6;  // in the state of the reference's median round
+  }
+  const AlphaBeta ab = fit_alpha_beta(steps.data(), bw.data(), secs.data(), 4);
+  EXPECT_NEAR(ab.alpha_s / alpha, 1.0, 1e-9);
+  EXPECT_NEAR(ab.beta_s_per_byte / beta, 1.0, 1e-9);
+}
+
+// A corrupt calibration file gives the defaults with a message; a bad fit inside a good
+// file drops that fit only.
+TEST(DistCostModel, CorruptCalibrationFileFallsBack) {
+  Communicator& c = Communicator::world();
+  const std::string path = std::string(KILN_BINARY_DIR) + "/test_dist_corrupt_p" +
+                           std::to_string(c.size()) + ".json";
+  setenv("KILN_COMM_CALIBRATION", path.c_str(), 1);
+  const AlphaBetaTable defaults;
+  if (c.rank() == 0) {
+    std::FILE* f = std::fopen(path.c_str(), "w");
+    ASSERT_NE(f, nullptr);
+    std::fputs("{\"version\": 2, \"link\": {\"alpha_s\": 1e-6,", f);  // cut short
+    std::fclose(f);
+  }
+  c.barrier();
+  AlphaBetaTable u = load_cost_table(c);
+  EXPECT_EQ(u.fitted_p, 0);
+  EXPECT_DOUBLE_EQ(u.link.alpha_s, defaults.link.alpha_s);
+  EXPECT_DOUBLE_EQ(u.gamma_s_per_byte, defaults.gamma_s_per_byte);
+  c.barrier();
+  if (c.rank() == 0) {
+    std::FILE* f = std::fopen(path.c_str(), "w");
+    ASSERT_NE(f, nullptr);
+    std::fprintf(f,
+                 "{\"version\": 2, \"fits\": {\"%d\": {\"allreduce\": {"
+                 "\"ring\": {\"knots\": [[8, 1e-6, 2e-10], [1024, 1e-6, 1e-10]]},"
+                 "\"rabenseifner\": {\"knots\": [[8, 1e-6, -2e-10]]},"
+                 "\"recursive_doubling\": {\"knots\": \"oops\"}}}}}\n",
+                 c.size());
+    std::fclose(f);
+  }
+  c.barrier();
+  u = load_cost_table(c);
+  EXPECT_EQ(u.fitted_p, c.size());
+  EXPECT_EQ(u.fit_of(CollOp::kAllReduce, Algo::kRing).num_knots, 2);
+  EXPECT_FALSE(u.fit_of(CollOp::kAllReduce, Algo::kRabenseifner).valid());
+  EXPECT_FALSE(u.fit_of(CollOp::kAllReduce, Algo::kRecursiveDoubling).valid());
+  // Missing file: the defaults, silently.
+  c.barrier();
+  if (c.rank() == 0) std::remove(path.c_str());
+  c.barrier();
+  u = load_cost_table(c);
+  EXPECT_EQ(u.fitted_p, 0);
+  EXPECT_DOUBLE_EQ(u.link.beta_s_per_byte, defaults.link.beta_s_per_byte);
+  unsetenv("KILN_COMM_CALIBRATION");
+}
+
 // Both trees span every rank with consistent parent/child links, and no rank is an inner
 // node in both (so every rank's links carry about the same load).
 TEST(DistTree, TwoTreesSpanAndNoRankInnerInBoth) {

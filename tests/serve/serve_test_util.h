@@ -8,6 +8,7 @@
 
 #include "kiln/core/rng.h"
 #include "kiln/model/transformer.h"
+#include "kiln/serve/engine.h"
 #include "kiln/serve/sampler.h"
 
 namespace kiln::test {
@@ -63,6 +64,35 @@ inline std::vector<int32_t> random_prompt(Rng& rng, int64_t len, int64_t vocab) 
   std::vector<int32_t> p(static_cast<size_t>(len));
   for (auto& t : p) t = static_cast<int32_t>(rng.below(static_cast<uint64_t>(vocab)));
   return p;
+}
+
+// Greedy decoding of max_tokens tokens, n samples.
+inline GenerationParams greedy(int64_t max_tokens, int64_t n = 1) {
+  GenerationParams p;
+  p.max_tokens = max_tokens;
+  p.n = n;
+  p.sampling.temperature = 0.0f;
+  return p;
+}
+
+// Every output of an engine request so far: per sample index, its tokens, and how it ended.
+struct Collected {
+  std::vector<std::vector<int32_t>> tokens;
+  std::vector<FinishReason> finish;
+};
+
+inline Collected drain(RequestStream& s) {
+  Collected c;
+  c.tokens.resize(static_cast<size_t>(s.n()));
+  c.finish.assign(static_cast<size_t>(s.n()), FinishReason::kNone);
+  std::vector<TokenEvent> ev;
+  while (s.wait(ev, std::chrono::milliseconds(0))) {
+  }
+  for (const TokenEvent& e : ev) {
+    if (e.token >= 0) c.tokens[static_cast<size_t>(e.index)].push_back(e.token);
+    if (e.finish != FinishReason::kNone) c.finish[static_cast<size_t>(e.index)] = e.finish;
+  }
+  return c;
 }
 
 }  // namespace kiln::test

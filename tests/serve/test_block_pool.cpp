@@ -206,6 +206,29 @@ TEST(KvCacheManager, AllocationFailsWithoutSideEffects) {
   kv.pool().check_invariants();
 }
 
+// Speculative decoding reserves slots for draft tokens and gives back those of the rejected
+// ones: truncate keeps the written prefix and frees only the blocks past it.
+TEST(KvCacheManager, TruncateReturnsTheBlocksPastTheKeptTokens) {
+  KvCacheManager kv({.num_blocks = 6, .block_size = 4, .enable_prefix_caching = false});
+  std::vector<BlockCopy> copies;
+  BlockTable a(4);
+  ASSERT_TRUE(kv.allocate_slots(a, {}, 6, copies));  // 2 blocks
+  ASSERT_TRUE(kv.allocate_slots(a, {}, 5, copies));  // + 1 pending + 4 draft slots: 3 blocks
+  EXPECT_EQ(a.num_blocks(), 3);
+  EXPECT_EQ(kv.pool().stats().num_used, 3);
+  kv.truncate(a, 8);  // pending + 1 accepted: exactly 2 full blocks
+  EXPECT_EQ(a.num_tokens(), 8);
+  EXPECT_EQ(a.num_blocks(), 2);
+  EXPECT_EQ(kv.pool().stats().num_used, 2);
+  kv.truncate(a, 5);  // into the second block: it stays
+  EXPECT_EQ(a.num_blocks(), 2);
+  kv.truncate(a, 5);  // idempotent
+  EXPECT_EQ(a.num_tokens(), 5);
+  kv.free(a);
+  kv.pool().check_invariants();
+  EXPECT_EQ(kv.pool().stats().num_used, 0);
+}
+
 // Computes `tokens` into a fresh table, registers its full blocks, returns the table.
 BlockTable compute(KvCacheManager& kv, const std::vector<int32_t>& tokens) {
   std::vector<BlockCopy> copies;

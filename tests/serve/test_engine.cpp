@@ -12,29 +12,13 @@
 namespace kiln {
 namespace {
 
+using test::Collected;
+using test::drain;
+using test::greedy;
 using test::reference_generate;
 using test::tiny_config;
 using test::tiny_model;
 
-// Every output of a request: per sample index, its tokens, and how each sample ended.
-struct Collected {
-  std::vector<std::vector<int32_t>> tokens;
-  std::vector<FinishReason> finish;
-};
-
-Collected drain(RequestStream& s) {
-  Collected c;
-  c.tokens.resize(static_cast<size_t>(s.n()));
-  c.finish.assign(static_cast<size_t>(s.n()), FinishReason::kNone);
-  std::vector<TokenEvent> ev;
-  while (s.wait(ev, std::chrono::milliseconds(0))) {
-  }
-  for (const TokenEvent& e : ev) {
-    if (e.token >= 0) c.tokens[static_cast<size_t>(e.index)].push_back(e.token);
-    if (e.finish != FinishReason::kNone) c.finish[static_cast<size_t>(e.index)] = e.finish;
-  }
-  return c;
-}
 
 class ForwardPaged : public ::testing::TestWithParam<ModelFamily> {};
 
@@ -110,14 +94,6 @@ std::unique_ptr<Engine> make_engine(const ModelConfig& cfg, EngineConfig ec) {
   auto e = Engine::create(tiny_model(cfg), ec);
   KILN_CHECK_MSG(e.ok(), "{}", e.status().to_string());
   return std::move(e).value();
-}
-
-GenerationParams greedy(int64_t max_tokens, int64_t n = 1) {
-  GenerationParams p;
-  p.max_tokens = max_tokens;
-  p.n = n;
-  p.sampling.temperature = 0.0f;
-  return p;
 }
 
 // Concurrent greedy requests under small budgets: chunked prefill (chunk 16, 40 tokens a step),
@@ -246,6 +222,26 @@ TEST(Engine, StopsFinishSampleAndAbort) {
   EXPECT_EQ(drain(*s3).finish[0], FinishReason::kAborted);
   EXPECT_EQ(engine->metrics().kv_blocks.num_used, 0);
   EXPECT_EQ(engine->metrics().requests_aborted, 1);
+}
+
+// A sample of n > 1 ended early (a stop string) stops computing while its sibling goes on.
+TEST(Engine, FinishedSampleStopsComputingBeforeItsSiblings) {
+  const ModelConfig cfg = tiny_config(ModelFamily::kLlama);
+  auto ref_model = tiny_model(cfg);
+  auto engine = make_engine(cfg, EngineConfig{});
+  Rng rng(19);
+  const auto prompt = test::random_prompt(rng, 9, cfg.vocab_size);
+  auto s = engine->add_request(prompt, greedy(30, 2)).value();
+  for (int i = 0; i < 3; ++i) engine->step();
+  EXPECT_EQ(engine->metrics().num_running, 2);
+  engine->finish_sample(s->id(), 0);
+  engine->step();
+  EXPECT_EQ(engine->metrics().num_running, 1);
+  engine->run_until_idle();
+  const Collected c = drain(*s);
+  EXPECT_EQ(c.finish[0], FinishReason::kStop);
+  EXPECT_EQ(c.tokens[1], reference_generate(*ref_model, prompt, 30));
+  EXPECT_EQ(engine->metrics().kv_blocks.num_used, 0);
 }
 
 TEST(Engine, BadRequestsAreErrors) {

@@ -366,6 +366,52 @@ TEST_F(ServerTest, DisconnectMidStreamFreesBlocks) {
   EXPECT_EQ(metric_settled("kiln_kv_blocks_used", 0), 0);
 }
 
+// A client that goes away during a non-streamed request gets its request aborted: the
+// server probes the connection with JSON whitespace while it waits.
+TEST_F(ServerTest, DisconnectDuringNonStreamedRequestAborts) {
+  engine_->stop();
+  const int64_t aborted_before = engine_->metrics().requests_aborted;
+  std::atomic<bool> client_done{false};
+  std::thread t([&] {
+    httplib::Client c("127.0.0.1", server_->port());
+    c.set_read_timeout(30, 0);
+    httplib::Request req;
+    req.method = "POST";
+    req.path = "/v1/completions";
+    req.body = json{{"model", "tiny"}, {"prompt", "And the earth"}, {"max_tokens", 100}, {"temperature", 0},
+                    {"ignore_eos", true}}.dump();
+    req.set_header("Content-Type", "application/json");
+    std::string got;
+    req.content_receiver = [&](const char* data, size_t n, uint64_t, uint64_t) {
+      got.append(data, n);
+      return false;  // gone after the first bytes (the first probe)
+    };
+    (void)c.send(req);
+    EXPECT_EQ(got.find("choices"), std::string::npos);
+    client_done = true;
+  });
+  // 10 steps while the client is there (it cannot have its 100 tokens), then slow steps (20 ms:
+  // 2 s for the rest) until the server notices the closed connection (a probe per 250 ms).
+  int steps = 0;
+  for (int i = 0; i < 3000 && engine_->metrics().requests_aborted == aborted_before; ++i) {
+    if (!client_done && steps >= 10) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(2));
+      continue;
+    }
+    if (engine_->step()) ++steps;
+    std::this_thread::sleep_for(std::chrono::milliseconds(client_done ? 20 : 2));
+  }
+  t.join();
+  EXPECT_EQ(engine_->metrics().requests_aborted, aborted_before + 1);
+  EXPECT_EQ(engine_->metrics().kv_blocks.num_used, 0);
+  engine_->start();
+  // Non-streamed replies still parse (leading whitespace included) and complete.
+  auto ok = post("/v1/completions", json{{"model", "tiny"}, {"prompt", "In"}, {"max_tokens", 3}}.dump());
+  ASSERT_TRUE(ok);
+  EXPECT_EQ(ok->status, 200);
+  EXPECT_EQ(json::parse(ok->body)["usage"]["completion_tokens"], 3);
+}
+
 // Also: a model vocabulary larger than the tokenizer's (ids past it render as no text).
 TEST(ServerAuth, WrongApiKeyIs401) {
   const ModelConfig cfg = test::tiny_config(ModelFamily::kLlama, 400, 64);

@@ -1,15 +1,20 @@
 // Speculative decoding: greedy output identical to the target alone (tiny random Llamas, several
 // γ and drafts), the rejection rule's output distribution equals the target's (chi-square on a
 // tiny vocabulary, and the same test rejecting two wrong rules), and tokens per target pass
-// against (1 − α^(γ+1))/(1 − α).
+// against (1 − α^(γ+1))/(1 − α); the same inside the serving engine (`kiln serve --draft-model`):
+// greedy outputs equal the target alone under chunked prefill, prefix hits, preemption, n > 1
+// and stop tokens, and sampled outputs follow the target's distribution (chi-square).
 #include <gtest/gtest.h>
 
 #include <cmath>
 #include <numeric>
+#include <tuple>
 
 #include "kiln/core/rng.h"
 #include "kiln/serve/sampler.h"
+#include "kiln/serve/engine.h"
 #include "kiln/serve/speculative.h"
+#include "tests/serve/serve_test_util.h"
 
 namespace kiln {
 namespace {
@@ -327,6 +332,168 @@ TEST(Sampler, DistributionMatchesSampleToken) {
       EXPECT_GT(chi_square_p_value(c, pr), kPValue) << "temperature " << sp.temperature;
     }
   }
+}
+
+// ---- speculative decoding inside the serving engine ----------------------------------------
+
+// test::tiny_model's weights plus N(0, noise): a draft that agrees with it often, not always.
+std::unique_ptr<Transformer> noisy_twin(const ModelConfig& c, float noise) {
+  auto m = test::tiny_model(c);
+  Rng rng(4242);
+  for (float& w : m->params()) w += noise * rng.normal();
+  return m;
+}
+
+// Two waves of concurrent greedy requests (the second shares 48-token prefixes with the
+// first) under chunked prefill and a KV budget small enough to preempt, with n = 2 and a stop
+// token among them: every output equals batch-1 generation by the target alone, for a close
+// draft (accepts and rejects) and an identical one (accepts everything), γ = 1 and 3.
+TEST(SpeculativeEngine, GreedyOutputsEqualTargetAlone) {
+  const ModelConfig cfg = test::tiny_config(ModelFamily::kLlama);
+  auto ref_model = test::tiny_model(cfg);
+  Rng rng(21);
+  std::vector<std::vector<int32_t>> prompts;
+  for (int64_t len : {50, 7, 33, 1, 64}) prompts.push_back(test::random_prompt(rng, len, cfg.vocab_size));
+  const int64_t max_tokens = 37;
+  std::vector<std::vector<int32_t>> want;
+  for (const auto& p : prompts) want.push_back(test::reference_generate(*ref_model, p, max_tokens));
+  int64_t passes_always = 0;  // verifications with draft noise 0.05, γ = 3, no batch limit
+  // (draft noise, γ, speculate while at most this many decode; 0: always)
+  for (auto [noise, gamma, max_batch] : {std::tuple{0.05f, 1, 0}, std::tuple{0.05f, 3, 0}, std::tuple{0.0f, 1, 0},
+                                         std::tuple{0.0f, 3, 0}, std::tuple{0.05f, 3, 2}}) {
+    {
+      EngineConfig ec;
+      ec.num_speculative = gamma;
+      ec.speculative_max_batch = max_batch;
+      // 24 blocks of 16 for target + draft: five ~90-token requests must preempt.
+      ec.kv_cache_mem_bytes = 24 * 16 * 2 * kv_bytes_per_token(cfg, DType::kF32);
+      ec.scheduler.max_batched_tokens = 40;
+      ec.scheduler.prefill_chunk = 16;
+      auto engine = Engine::create(test::tiny_model(cfg), ec, noisy_twin(cfg, noise)).value();
+      ASSERT_EQ(engine->num_kv_blocks(), 24);
+      for (int wave = 0; wave < 2; ++wave) {
+        std::vector<std::shared_ptr<RequestStream>> streams;
+        std::vector<std::vector<int32_t>> sent;
+        for (size_t i = 0; i < prompts.size(); ++i) {
+          std::vector<int32_t> p = prompts[i];
+          if (wave == 1 && p.size() > 48) p[p.size() - 1] = (p.back() + 1) % static_cast<int32_t>(cfg.vocab_size);
+          sent.push_back(p);
+          streams.push_back(engine->add_request(p, test::greedy(max_tokens, i == 2 ? 2 : 1)).value());
+        }
+        engine->run_until_idle();
+        for (size_t i = 0; i < prompts.size(); ++i) {
+          const auto expect = wave == 0 ? want[i] : test::reference_generate(*ref_model, sent[i], max_tokens);
+          for (const auto& got : test::drain(*streams[i]).tokens)
+            EXPECT_EQ(got, expect) << "noise " << noise << " gamma " << gamma << " wave " << wave << " request " << i;
+        }
+      }
+      // A stop token inside an accepted run of draft tokens ends the output right there.
+      GenerationParams stop = test::greedy(max_tokens);
+      stop.stop_token_ids = {want[0][10]};
+      auto s = engine->add_request(prompts[0], stop).value();
+      engine->run_until_idle();
+      const auto first = std::find(want[0].begin(), want[0].end(), want[0][10]);
+      const test::Collected c = test::drain(*s);
+      EXPECT_EQ(c.tokens[0], std::vector<int32_t>(want[0].begin(), first + 1));
+      EXPECT_EQ(c.finish[0], FinishReason::kStop);
+
+      const EngineMetrics m = engine->metrics();
+      EXPECT_EQ(m.kv_blocks.num_used, 0);
+      EXPECT_GT(m.num_preemptions, 0);
+      EXPECT_GT(m.prefix_hit_tokens, 0);
+      EXPECT_EQ(m.num_speculative, gamma);
+      EXPECT_GT(m.spec.num_target_passes, 0);
+      EXPECT_EQ(m.spec.num_generated, m.spec.num_accepted + m.spec.num_target_passes);
+      if (noise > 0.0f && gamma == 3 && max_batch == 0) passes_always = m.spec.num_target_passes;
+      if (noise == 0.0f) {
+        EXPECT_EQ(m.spec.num_rejected, 0) << "gamma " << gamma;
+        EXPECT_GT(m.spec.tokens_per_pass(), 1.0 + 0.8 * gamma) << "gamma " << gamma;
+      } else if (max_batch > 0) {  // speculating only in the steps with at most 2 decodes
+        EXPECT_GT(m.spec.num_target_passes, 0);
+        EXPECT_LT(m.spec.num_target_passes, passes_always);
+      } else {
+        EXPECT_GT(m.spec.num_accepted, 0) << "gamma " << gamma;
+        EXPECT_GT(m.spec.num_rejected, 0) << "gamma " << gamma;
+      }
+      const std::string text = engine->metrics_text();
+      EXPECT_NE(text.find("kiln_spec_decode_acceptance_rate"), std::string::npos);
+      EXPECT_NE(text.find("kiln_spec_decode_expected_tokens_per_pass"), std::string::npos);
+    }
+  }
+}
+
+// Sampling at temperature 1 through the engine with a draft unlike the target: the first
+// speculative token (the second output) of 64 × 300 samples, paired with the first, follows
+// the target's joint p(t1) p(t2 | t1) over a vocabulary of 8 (64 cells), and not the draft's.
+TEST(SpeculativeEngine, SampledOutputsFollowTheTargetDistribution) {
+  ModelConfig c = tiny_llama(1, 16);
+  c.vocab_size = 8;
+  auto target = random_model(c, 11, 0.6f);
+  auto draft = random_model(c, 12, 0.6f);
+  const int64_t V = c.vocab_size;
+  const std::vector<int32_t> prompt = {1, 5, 2};
+  SamplingParams sp;
+  sp.temperature = 1.0f;
+  // Exact joint distributions of the first two tokens under either model alone.
+  auto joint = [&](Transformer& m) {
+    std::vector<double> pr(static_cast<size_t>(V * V));
+    std::vector<float> p1(static_cast<size_t>(V)), p2(static_cast<size_t>(V));
+    KVCache cache = m.make_kv_cache(c.max_seq_len);
+    const float* l = m.forward_cached(prompt.data(), 3, cache).value();
+    sampling_distribution(l + 2 * V, V, sp, p1.data());
+    for (int32_t a = 0; a < V; ++a) {
+      KVCache ca = m.make_kv_cache(c.max_seq_len);
+      std::vector<int32_t> pa = prompt;
+      pa.push_back(a);
+      const float* la = m.forward_cached(pa.data(), 4, ca).value();
+      sampling_distribution(la + 3 * V, V, sp, p2.data());
+      for (int32_t b = 0; b < V; ++b) pr[static_cast<size_t>(a * V + b)] = double(p1[a]) * p2[b];
+    }
+    return pr;
+  };
+  const std::vector<double> want = joint(*target), draft_joint = joint(*draft);
+  EngineConfig ec;
+  ec.num_speculative = 3;
+  ec.scheduler.max_running = 512;
+  ec.speculative_max_batch = 0;
+  ec.kv_cache_mem_bytes = int64_t{64} << 20;
+  auto engine = Engine::create(std::move(target), ec, std::move(draft)).value();
+  std::vector<std::shared_ptr<RequestStream>> streams;
+  GenerationParams p;
+  p.n = 64;
+  p.max_tokens = 5;  // the second step verifies 3 draft tokens
+  p.sampling = sp;
+  for (uint64_t r = 0; r < 300; ++r) {
+    p.seed = 1000 * (r + 1);
+    streams.push_back(engine->add_request(prompt, p).value());
+  }
+  engine->run_until_idle();
+  std::vector<int64_t> counts(static_cast<size_t>(V * V), 0);
+  for (auto& s : streams)
+    for (const auto& t : test::drain(*s).tokens) {
+      ASSERT_EQ(t.size(), 5u);
+      ++counts[static_cast<size_t>(t[0] * V + t[1])];
+    }
+  EXPECT_GT(chi_square_p_value(counts, want), kPValue);
+  EXPECT_LT(chi_square_p_value(counts, draft_joint), kPValue);  // the test can tell them apart
+  const EngineMetrics m = engine->metrics();
+  EXPECT_GT(m.spec.num_rejected, 0);
+  EXPECT_GT(m.spec.num_accepted, 0);
+  EXPECT_EQ(m.kv_blocks.num_used, 0);
+}
+
+// Bad combinations are errors naming what is wrong.
+TEST(SpeculativeEngine, DraftWithAnotherVocabularyOrBadGammaIsAnError) {
+  const ModelConfig cfg = test::tiny_config(ModelFamily::kLlama);
+  auto other = test::tiny_config(ModelFamily::kLlama, 50);
+  auto r = Engine::create(test::tiny_model(cfg), EngineConfig{}, test::tiny_model(other));
+  ASSERT_FALSE(r.ok());
+  EXPECT_NE(r.status().message().find("vocabulary"), std::string::npos) << r.status().message();
+  EngineConfig bad;
+  bad.num_speculative = 0;
+  r = Engine::create(test::tiny_model(cfg), bad, test::tiny_model(cfg));
+  ASSERT_FALSE(r.ok());
+  EXPECT_NE(r.status().message().find("--num-speculative"), std::string::npos) << r.status().message();
 }
 
 }  // namespace

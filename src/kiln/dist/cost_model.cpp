@@ -2,6 +2,7 @@
 // `auto` uses, the relative-error fit of measured times and the calibration cache file.
 #include "kiln/dist/cost_model.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -161,6 +162,40 @@ Algo select_algo(const AlphaBetaTable& t, CollOp op, int p, double nbytes, int r
   }
   KILN_CHECK(best != Algo::kAuto);
   return best;
+}
+
+namespace {
+
+double median_of(std::vector<double> v) {
+  KILN_CHECK(!v.empty());
+  const size_t h = v.size() / 2;
+  std::nth_element(v.begin(), v.begin() + h, v.end());
+  if (v.size() % 2) return v[h];
+  return 0.5 * (v[h] + *std::max_element(v.begin(), v.begin() + h));
+}
+
+}  // namespace
+
+double median_ratio(const std::vector<double>& num, const std::vector<double>& den) {
+  KILN_CHECK(!num.empty() && num.size() == den.size());
+  std::vector<double> q(num.size());
+  for (size_t r = 0; r < num.size(); ++r) q[r] = num[r] / den[r];
+  return median_of(std::move(q));
+}
+
+std::vector<double> paired_times(const std::vector<std::vector<double>>& rounds) {
+  std::vector<double> out(rounds.size());
+  if (rounds.empty()) return out;
+  std::vector<double> med(rounds.size());
+  size_t ref = 0;
+  for (size_t a = 0; a < rounds.size(); ++a) {
+    KILN_CHECK(rounds[a].size() == rounds[0].size());
+    med[a] = median_of(rounds[a]);
+    if (med[a] < med[ref]) ref = a;
+  }
+  for (size_t a = 0; a < rounds.size(); ++a)
+    out[a] = a == ref ? med[ref] : med[ref] * median_ratio(rounds[a], rounds[ref]);
+  return out;
 }
 
 AlphaBeta fit_alpha_beta(const double* steps, const double* bytes, const double* seconds, int n) {

@@ -5,6 +5,7 @@
 
 #include <array>
 #include <string>
+#include <vector>
 
 #include "kiln/core/status.h"
 #include "kiln/dist/types.h"
@@ -84,6 +85,18 @@ double predict_seconds(const AlphaBetaTable& t, CollOp op, Algo algo, int p, dou
 // The algorithm with the least predicted time (never kAuto or kMpi; hierarchical only when
 // `ranks_per_node` splits the ranks into several nodes of more than one rank).
 Algo select_algo(const AlphaBetaTable& t, CollOp op, int p, double nbytes, int ranks_per_node = 0);
+
+// Paired statistics of interleaved timing rounds, for the calibration and the bench:
+// rounds[a][r] is algorithm a's time in round r, and within a round every algorithm ran once,
+// back to back, so they saw the same machine state (other jobs, the scheduler's placement of
+// the ranks, the clock). A state that slows the whole round cancels in a ratio taken inside
+// the round, where medians of each algorithm taken apart can rank them by the noise.
+// median over r of num[r] / den[r] (num and den of equal, nonzero length).
+double median_ratio(const std::vector<double>& num, const std::vector<double>& den);
+// Per-algorithm times: the algorithm with the least median time is the reference; every
+// algorithm's time is the reference's median times the median of its ratio to the reference
+// in the same round (so the reference keeps its median). Every rounds[a] has the same length.
+std::vector<double> paired_times(const std::vector<std::vector<double>>& rounds);
 
 // Weighted least squares for T = alpha * steps + beta * bytes with relative errors (weights
 // 1 / T^2), alpha and beta clamped at zero. `n` samples.

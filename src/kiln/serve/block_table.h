@@ -41,6 +41,19 @@ class BlockTable {
                    n, num_tokens_, num_slots());
     num_tokens_ += n;
   }
+  // Keeps only the first n written slots (n <= num_tokens()); blocks stay reserved.
+  void truncate_tokens(int64_t n) {
+    KILN_CHECK_MSG(n >= 0 && n <= num_tokens_, "truncate to {} of {} tokens", n, num_tokens_);
+    num_tokens_ = n;
+  }
+  // Removes the last block (the caller returns it to the pool); it must hold no written slot.
+  BlockId pop_block() {
+    KILN_CHECK_MSG(!blocks_.empty() && num_tokens_ <= (num_blocks() - 1) * block_size_,
+                   "pop_block with {} tokens in {} blocks", num_tokens_, num_blocks());
+    const BlockId id = blocks_.back();
+    blocks_.pop_back();
+    return id;
+  }
   // Forgets every block (the caller has returned them to the pool).
   void clear() {
     blocks_.clear();

@@ -67,39 +67,69 @@ struct Engine::RequestState {
   std::vector<Rng> rngs;           // (n,) one generator per sample
   std::vector<uint8_t> done;       // (n,)
   std::vector<int64_t> num_tokens; // (n,) tokens emitted
-  std::vector<Clock::time_point> first_token;  // (n,)
+  std::vector<Clock::time_point> last_token;  // (n,) when each sample last emitted
   std::vector<int64_t> seq_ids;    // its scheduler sequences (the first, then forks)
   int64_t num_done = 0;
   bool got_first = false;
   Clock::time_point arrival;
 };
 
-Expected<std::unique_ptr<Engine>> Engine::create(std::unique_ptr<Transformer> model, const EngineConfig& config) {
+namespace {
+// K/V bytes per token of the target and, when there is one, the draft (same block tables).
+int64_t engine_kv_bytes_per_token(const Transformer& model, const Transformer* draft) {
+  return kv_bytes_per_token(model.config(), DType::kF32) + (draft ? kv_bytes_per_token(draft->config(), DType::kF32) : 0);
+}
+}  // namespace
+
+Expected<std::unique_ptr<Engine>> Engine::create(std::unique_ptr<Transformer> model, const EngineConfig& config,
+                                                 std::unique_ptr<Transformer> draft) {
   if (!model) return invalid_argument("[engine] no model");
   KvCacheConfig kv;
   kv.block_size = config.block_size;
   kv.enable_prefix_caching = config.enable_prefix_caching;
   if (config.block_size < 1) return invalid_argument("[engine] --block-size {} must be >= 1", config.block_size);
+  SchedulerConfig sched_config = config.scheduler;
+  if (draft) {
+    if (draft->config().vocab_size != model->config().vocab_size)
+      return invalid_argument("[engine] the draft model's vocabulary ({}) differs from the model's ({})",
+                              draft->config().vocab_size, model->config().vocab_size);
+    if (config.num_speculative < 1 || config.num_speculative > 16)
+      return invalid_argument("[engine] --num-speculative {} must be in [1, 16]", config.num_speculative);
+    sched_config.num_lookahead = config.num_speculative;
+    if (config.speculative_max_batch < 0)
+      return invalid_argument("[engine] --speculative-max-batch {} must be >= 0", config.speculative_max_batch);
+    sched_config.lookahead_max_batch = config.speculative_max_batch;
+  }
   KILN_ASSIGN_OR_RETURN(kv.num_blocks, num_kv_blocks_for_memory(config.kv_cache_mem_bytes,
-                                                                kv_bytes_per_token(model->config(), DType::kF32),
+                                                                engine_kv_bytes_per_token(*model, draft.get()),
                                                                 config.block_size));
-  KILN_ASSIGN_OR_RETURN(auto sched, Scheduler::create(config.scheduler, kv));
+  KILN_ASSIGN_OR_RETURN(auto sched, Scheduler::create(sched_config, kv));
   const int64_t num_blocks = kv.num_blocks;
-  if (config.packed_weights) install_packed_weights(*model);
-  return std::unique_ptr<Engine>(new Engine(std::move(model), config, num_blocks, std::move(sched)));
+  if (config.packed_weights) {
+    install_packed_weights(*model);
+    if (draft) install_packed_weights(*draft);
+  }
+  return std::unique_ptr<Engine>(new Engine(std::move(model), std::move(draft), config, num_blocks, std::move(sched)));
 }
 
-Engine::Engine(std::unique_ptr<Transformer> model, const EngineConfig& config, int64_t num_blocks,
-               std::unique_ptr<Scheduler> scheduler)
+Engine::Engine(std::unique_ptr<Transformer> model, std::unique_ptr<Transformer> draft, const EngineConfig& config,
+               int64_t num_blocks, std::unique_ptr<Scheduler> scheduler)
     : model_(std::move(model)),
+      draft_(std::move(draft)),
       config_(config),
       num_blocks_(num_blocks),
       scheduler_(std::move(scheduler)),
-      executor_(*model_, num_blocks, config.block_size) {
+      executor_(*model_, draft_.get(), num_blocks, config.block_size) {
   metrics_.block_size = config.block_size;
-  metrics_.kv_bytes_per_token = kv_bytes_per_token(model_->config(), DType::kF32);
-  metrics_.kv_cache_bytes = executor_.cache().bytes();
+  metrics_.kv_bytes_per_token = engine_kv_bytes_per_token(*model_, draft_.get());
+  metrics_.kv_cache_bytes = executor_.cache_bytes();
   metrics_.kv_blocks = scheduler_->kv_stats().pool;
+  metrics_.num_speculative = draft_ ? config.num_speculative : 0;
+}
+
+int64_t Engine::context_len() const {
+  const int64_t ctx = model_->config().max_seq_len;
+  return draft_ ? std::min(ctx, draft_->config().max_seq_len) : ctx;
 }
 
 Engine::~Engine() { stop(); }
@@ -159,11 +189,10 @@ Expected<std::shared_ptr<RequestStream>> Engine::add_request(std::vector<int32_t
     if (t < 0 || t >= c.vocab_size) return invalid_argument("[engine] token id {} outside the vocabulary of {}", t, c.vocab_size);
   if (p.n < 1 || p.n > kMaxParallelSamples) return invalid_argument("[engine] n {} must be in [1, {}]", p.n, kMaxParallelSamples);
   if (p.max_tokens < 1) return invalid_argument("[engine] max_tokens {} must be >= 1", p.max_tokens);
-  if (len > c.max_seq_len)
-    return out_of_range("[engine] the prompt has {} tokens; the context is {}", len, c.max_seq_len);
-  if (len + p.max_tokens > c.max_seq_len)
-    return out_of_range("[engine] {} prompt tokens + max_tokens {} exceed the context of {}", len, p.max_tokens,
-                        c.max_seq_len);
+  const int64_t ctx = context_len();
+  if (len > ctx) return out_of_range("[engine] the prompt has {} tokens; the context is {}", len, ctx);
+  if (len + p.max_tokens > ctx)
+    return out_of_range("[engine] {} prompt tokens + max_tokens {} exceed the context of {}", len, p.max_tokens, ctx);
   if (!(p.sampling.temperature >= 0) || !(p.sampling.top_p > 0 && p.sampling.top_p <= 1) || p.sampling.top_k < 0)
     return invalid_argument("[engine] temperature {} must be >= 0, top_p {} in (0, 1], top_k {} >= 0",
                             p.sampling.temperature, p.sampling.top_p, p.sampling.top_k);
@@ -244,7 +273,7 @@ void Engine::apply_commands() {
       for (size_t j = 0; j < n; ++j) r->rngs.emplace_back(*cmd.params.seed + j);
       r->done.assign(n, 0);
       r->num_tokens.assign(n, 0);
-      r->first_token.resize(n);
+      r->last_token.resize(n);
       Request req;
       req.prompt = std::move(cmd.prompt);
       req.max_tokens = cmd.params.max_tokens;
@@ -274,7 +303,16 @@ void Engine::apply_commands() {
       r.done[static_cast<size_t>(cmd.index)] = 1;
       ++r.num_done;
       r.stream->push({cmd.index, -1, cmd.reason});
-      if (r.num_done < r.params.n) continue;
+      if (r.num_done < r.params.n) {
+        // Its siblings go on; this sample's sequence stops computing now.
+        for (int64_t seq : r.seq_ids) {
+          auto sit = seq_index_.find(seq);
+          if (sit == seq_index_.end() || sit->second != cmd.index) continue;
+          if (scheduler_->abort_sequence(seq)) seq_index_.erase(sit);
+          break;
+        }
+        continue;
+      }
     }
     scheduler_->abort_request(r.sched_id);
     end_request(cmd.request_id, r, cmd.kind == Command::kAbort ? FinishReason::kAborted : cmd.reason);
@@ -303,36 +341,70 @@ bool Engine::step_locked_out() {
     return false;
   }
   SchedulerOutput out = scheduler_->schedule();
-  auto logits = executor_.execute(out);
-  KILN_CHECK_MSG(logits.ok(), "[engine] step {}: {}", out.step, logits.status().to_string());
   const int64_t V = model_->config().vocab_size;
-  // Sample: sample j of a first multi-sample draw is sample index j; otherwise the sequence's.
-  // Each draw uses only its own generator, so the draws run in parallel with the same result.
-  struct Draw {
-    const float* logits;
-    const SamplingParams* params;
-    Rng* rng;
-  };
-  std::vector<Draw> draws;
-  for (size_t k = 0; k < out.seqs.size(); ++k) {
+  auto request_of = [&](const ScheduledSeq& e) -> RequestState& { return *requests_.at(sched_to_request_.at(e.request_id)); };
+  auto draft_sampler = [&](size_t k, int64_t, const float* logits, float* q) {
     const ScheduledSeq& e = out.seqs[k];
-    if (e.num_samples == 0) continue;
-    RequestState& r = *requests_.at(sched_to_request_.at(e.request_id));
-    for (int64_t j = 0; j < e.num_samples; ++j) {
-      const int64_t index = e.num_samples > 1 ? j : seq_index_.at(e.seq_id);
-      draws.push_back({(*logits)[k], &r.params.sampling, &r.rngs[static_cast<size_t>(index)]});
-    }
-  }
-  sampled_.assign(draws.size(), 0);
-  parallel_for(static_cast<int64_t>(draws.size()), 1, [&](int64_t i0, int64_t i1) {
-    for (int64_t i = i0; i < i1; ++i) {
-      const Draw& d = draws[static_cast<size_t>(i)];
-      sampled_[static_cast<size_t>(i)] = sample_token(d.logits, V, *d.params, *d.rng);
+    RequestState& r = request_of(e);
+    sampling_distribution(logits, V, r.params.sampling, q);
+    Rng& rng = r.rngs[static_cast<size_t>(seq_index_.at(e.seq_id))];
+    return r.params.sampling.temperature <= 0.0f ? static_cast<int32_t>(std::max_element(q, q + V) - q)
+                                                 : sample_from_probs(q, V, rng);
+  };
+  // Draft tokens are drawn from each sequence's own generator, like its samples.
+  auto step_logits = executor_.execute(out, draft_sampler);
+  KILN_CHECK_MSG(step_logits.ok(), "[engine] step {}: {}", out.step, step_logits.status().to_string());
+  const StepLogits& logits = *step_logits;
+  // Sample (or verify draft tokens) per sequence. Each uses only its own generator, so they
+  // run in parallel with the same result.
+  std::vector<std::vector<int32_t>> drawn(out.seqs.size());
+  std::vector<SpeculativeVerdict> verdicts(out.seqs.size());
+  parallel_for(static_cast<int64_t>(out.seqs.size()), 1, [&](int64_t k0, int64_t k1) {
+    std::vector<float> p;
+    for (int64_t k = k0; k < k1; ++k) {
+      const ScheduledSeq& e = out.seqs[static_cast<size_t>(k)];
+      if (e.num_samples == 0) continue;
+      RequestState& r = request_of(e);
+      auto& toks = drawn[static_cast<size_t>(k)];
+      const float* rows = logits.rows[static_cast<size_t>(k)];
+      if (e.num_lookahead > 0) {
+        // (γ+1, V) target distributions after the pending token and each draft token.
+        p.resize(static_cast<size_t>((e.num_lookahead + 1) * V));
+        for (int64_t i = 0; i <= e.num_lookahead; ++i)
+          sampling_distribution(rows + i * V, V, r.params.sampling, p.data() + i * V);
+        const auto& x = logits.proposals[static_cast<size_t>(k)];
+        Rng& rng = r.rngs[static_cast<size_t>(seq_index_.at(e.seq_id))];
+        const SpeculativeVerdict v = verify_draft(x, logits.draft_probs[static_cast<size_t>(k)].data(), p.data(), V,
+                                                  r.params.sampling.temperature <= 0.0f, rng);
+        verdicts[static_cast<size_t>(k)] = v;
+        toks.assign(x.begin(), x.begin() + v.num_accepted);
+        toks.push_back(v.next_token);
+        continue;
+      }
+      for (int64_t j = 0; j < e.num_samples; ++j) {
+        const int64_t index = e.num_samples > 1 ? j : seq_index_.at(e.seq_id);
+        toks.push_back(sample_token(rows, V, r.params.sampling, r.rngs[static_cast<size_t>(index)]));
+      }
     }
   });
-  UpdateResult u = scheduler_->update(out, sampled_);
-  std::unordered_map<int64_t, FinishReason> reasons;
-  for (const FinishedSeq& f : u.finished) reasons[f.seq_id] = f.reason;
+  sampled_.clear();
+  counts_.clear();
+  SpeculativeStats spec;
+  spec.num_draft_passes = logits.num_draft_forwards;
+  for (size_t k = 0; k < out.seqs.size(); ++k) {
+    sampled_.insert(sampled_.end(), drawn[k].begin(), drawn[k].end());
+    counts_.push_back(static_cast<int64_t>(drawn[k].size()));
+    const ScheduledSeq& e = out.seqs[k];
+    if (e.num_lookahead == 0) continue;
+    ++spec.num_target_passes;
+    spec.num_proposed += e.num_lookahead;
+    spec.num_accepted += verdicts[k].num_accepted;
+    spec.num_rejected += verdicts[k].num_accepted < e.num_lookahead ? 1 : 0;
+    spec.num_generated += verdicts[k].num_accepted + 1;
+  }
+  UpdateResult u = scheduler_->update(out, sampled_, counts_);
+  std::unordered_map<int64_t, const FinishedSeq*> finished;
+  for (const FinishedSeq& f : u.finished) finished[f.seq_id] = &f;
   std::unordered_map<int64_t, std::vector<int64_t>> children;  // parent seq -> forked seqs in order
   for (const auto& [parent, child] : u.forked) {
     auto& c = children[parent];
@@ -342,32 +414,64 @@ bool Engine::step_locked_out() {
   const auto now = Clock::now();
   std::vector<double> ttfts, tpots;
   std::vector<int64_t> completed;
-  size_t pos = 0;
-  for (const ScheduledSeq& e : out.seqs) {
+  for (size_t k = 0; k < out.seqs.size(); ++k) {
+    const ScheduledSeq& e = out.seqs[k];
     if (e.num_samples == 0) continue;
     const int64_t req_id = sched_to_request_.at(e.request_id);
     RequestState& r = *requests_.at(req_id);
-    for (int64_t j = 0; j < e.num_samples; ++j) {
-      const int32_t token = sampled_[pos++];
-      const int64_t seq = j == 0 ? e.seq_id : children.at(e.seq_id).at(static_cast<size_t>(j - 1));
-      if (j > 0) r.seq_ids.push_back(seq);
-      const int64_t index = seq_index_.at(seq);
-      auto rit = reasons.find(seq);
-      const FinishReason finish = rit == reasons.end() ? FinishReason::kNone : rit->second;
-      if (finish != FinishReason::kNone) seq_index_.erase(seq);
-      const auto i = static_cast<size_t>(index);
-      if (r.done[i]) continue;  // ended early (stop string); its tokens are dropped
+    const std::vector<int32_t>& toks = drawn[k];
+    const bool speculative = e.num_lookahead > 0;
+    // Inter-token times: a sample that emits k tokens in this step after a gap g since its last
+    // emission records k intervals of g / k (its first token records none).
+    auto record_gap = [&](size_t i, int64_t k) {
+      if (k <= 0) return;
+      const double g = std::chrono::duration<double>(now - r.last_token[i]).count() / double(k);
+      tpots.insert(tpots.end(), static_cast<size_t>(k), g);
+    };
+    int64_t burst = 0;  // a speculative decode's tokens this step (the sample emitted before)
+    size_t burst_sample = 0;
+    for (size_t t = 0; t < toks.size(); ++t) {
+      // Sample t of a multi-sample draw went to fork t; a speculative decode's tokens all
+      // belong to its one sequence.
+      const int64_t seq = speculative || t == 0 ? e.seq_id : children.at(e.seq_id).at(t - 1);
+      if (!speculative && t > 0) r.seq_ids.push_back(seq);
+      const auto i = static_cast<size_t>(seq_index_.at(seq));
+      if (r.done[i]) break;  // ended early (stop string); its tokens are dropped
+      auto fit = finished.find(seq);
+      // A speculative decode finishes at its last token or at a stop token among the draft's
+      // (the scheduler kept the tokens up to it; later ones are dropped).
+      const bool last = !speculative || fit == finished.end() ||
+                        r.num_tokens[i] + 1 >= static_cast<int64_t>(fit->second->output_tokens.size());
+      const FinishReason finish = fit != finished.end() && last ? fit->second->reason : FinishReason::kNone;
       if (!r.got_first) {
         r.got_first = true;
         ttfts.push_back(std::chrono::duration<double>(now - r.arrival).count());
       }
-      if (r.num_tokens[i]++ == 0) r.first_token[i] = now;
-      r.stream->push({index, token, finish});
+      if (r.num_tokens[i]++ > 0) {
+        if (speculative) {
+          ++burst;
+          burst_sample = i;
+        } else {
+          record_gap(i, 1);
+          r.last_token[i] = now;
+        }
+      } else {
+        r.last_token[i] = now;
+      }
+      r.stream->push({static_cast<int64_t>(i), toks[t], finish});
       if (finish == FinishReason::kNone) continue;
       r.done[i] = 1;
-      if (r.num_tokens[i] > 1)
-        tpots.push_back(std::chrono::duration<double>(now - r.first_token[i]).count() / double(r.num_tokens[i] - 1));
       if (++r.num_done == r.params.n) completed.push_back(req_id);
+      if (speculative) break;
+    }
+    if (burst > 0) {
+      record_gap(burst_sample, burst);
+      r.last_token[burst_sample] = now;
+    }
+    // Forget the sample index of every sequence that finished.
+    for (size_t t = 0; t < (speculative ? 1 : toks.size()); ++t) {
+      const int64_t seq = t == 0 ? e.seq_id : children.at(e.seq_id).at(t - 1);
+      if (finished.count(seq)) seq_index_.erase(seq);
     }
   }
   for (int64_t id : completed) {
@@ -380,6 +484,12 @@ bool Engine::step_locked_out() {
   EngineMetrics& m = metrics_;
   m.prompt_tokens += out.num_batched_tokens;
   m.generation_tokens += static_cast<int64_t>(sampled_.size());
+  m.spec.num_generated += spec.num_generated;
+  m.spec.num_target_passes += spec.num_target_passes;
+  m.spec.num_draft_passes += spec.num_draft_passes;
+  m.spec.num_proposed += spec.num_proposed;
+  m.spec.num_accepted += spec.num_accepted;
+  m.spec.num_rejected += spec.num_rejected;
   for (double t : ttfts) m.ttft.observe(t);
   for (double t : tpots) m.tpot.observe(t);
   return true;
@@ -436,8 +546,26 @@ std::string Engine::metrics_text() const {
   put_metric(s, "kiln_generation_tokens_total", "counter", "Tokens generated (sampled).", double(m.generation_tokens));
   put_metric(s, "kiln_num_preemptions_total", "counter", "Sequences preempted (recompute).", double(m.num_preemptions));
   put_metric(s, "kiln_engine_steps_total", "counter", "Engine steps run.", double(m.num_steps));
+  if (m.num_speculative > 0) {
+    put_metric(s, "kiln_spec_decode_num_speculative", "gauge", "Draft tokens proposed per decode step (gamma).",
+               double(m.num_speculative));
+    put_metric(s, "kiln_spec_decode_draft_tokens_total", "counter", "Draft tokens proposed.", double(m.spec.num_proposed));
+    put_metric(s, "kiln_spec_decode_accepted_tokens_total", "counter", "Draft tokens accepted by the target.",
+               double(m.spec.num_accepted));
+    put_metric(s, "kiln_spec_decode_verifications_total", "counter",
+               "Target verifications (one per sequence and step).", double(m.spec.num_target_passes));
+    put_metric(s, "kiln_spec_decode_draft_forwards_total", "counter", "Batched forwards of the draft model.",
+               double(m.spec.num_draft_passes));
+    put_metric(s, "kiln_spec_decode_acceptance_rate", "gauge",
+               "alpha: accepted / (accepted + verifications that stopped at a rejection).", m.spec.acceptance_rate());
+    put_metric(s, "kiln_spec_decode_tokens_per_pass", "gauge", "Tokens emitted per target verification.",
+               m.spec.tokens_per_pass());
+    put_metric(s, "kiln_spec_decode_expected_tokens_per_pass", "gauge",
+               "(1 - alpha^(gamma+1)) / (1 - alpha) for the measured alpha.",
+               expected_tokens_per_pass(m.spec.acceptance_rate(), m.num_speculative));
+  }
   put_histogram(s, "kiln_time_to_first_token_seconds", "Time from arrival to the first token.", m.ttft);
-  put_histogram(s, "kiln_time_per_output_token_seconds", "Mean time between output tokens of a finished sample.",
+  put_histogram(s, "kiln_time_per_output_token_seconds", "Time between consecutive output tokens of a sample (k tokens in one step after a gap g: k intervals of g/k).",
                 m.tpot);
   return s;
 }

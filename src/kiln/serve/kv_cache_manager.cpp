@@ -113,6 +113,11 @@ void KvCacheManager::free(BlockTable& table) {
   table.clear();
 }
 
+void KvCacheManager::truncate(BlockTable& table, int64_t num_tokens) {
+  table.truncate_tokens(num_tokens);
+  while (table.num_blocks() > blocks_for(num_tokens)) pool_.free(table.pop_block());
+}
+
 void KvCacheManager::cache_full_blocks(const BlockTable& table, std::span<const int32_t> tokens,
                                        std::vector<uint64_t>& block_hashes) {
   if (!config_.enable_prefix_caching) return;

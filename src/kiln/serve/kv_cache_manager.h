@@ -76,6 +76,9 @@ class KvCacheManager {
   // Returns every block of the table, last block first, so that a sequence's tail is evicted
   // before its head (heads are the prefixes other requests share).
   void free(BlockTable& table);
+  // Keeps the first num_tokens tokens of the table and returns the blocks past them to the
+  // pool (speculative decoding: the slots of rejected draft tokens).
+  void truncate(BlockTable& table, int64_t num_tokens);
   // Registers the table's full, written blocks in the prefix cache (tokens: the sequence's
   // tokens, at least table.num_tokens() of them).
   void cache_full_blocks(const BlockTable& table, std::span<const int32_t> tokens,

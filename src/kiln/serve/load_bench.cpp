@@ -246,6 +246,7 @@ nlohmann::json request_body(const BenchRequest& r, const LoadBenchOptions& o) {
   j["stream"] = true;
   j["stream_options"] = {{"include_usage", true}};  // OpenAI: a last chunk with "usage"
   if (o.ignore_eos) j["ignore_eos"] = true;
+  if (o.temperature >= 0) j["temperature"] = o.temperature;
   return j;
 }
 

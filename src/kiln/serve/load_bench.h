@@ -33,6 +33,7 @@ struct LoadBenchOptions {
   LoadEndpoint endpoint = LoadEndpoint::kCompletions;
   int64_t max_concurrency = 0;  // client threads; 0: one per request (arrivals never wait)
   bool ignore_eos = false;      // send the vLLM / llama.cpp extension "ignore_eos": true
+  double temperature = -1;      // sent when >= 0 (else the server's default)
   std::string api_key;          // sent as "Authorization: Bearer KEY" when set
   double timeout_s = 600;       // per-request read timeout
 };

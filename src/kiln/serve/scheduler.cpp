@@ -89,20 +89,23 @@ const Sequence* Scheduler::find_sequence(int64_t seq_id) const {
   return it == seqs_.end() ? nullptr : it->second.get();
 }
 
-void Scheduler::schedule_seq(Sequence& s, int64_t num_new, SchedulerOutput& out) {
+void Scheduler::schedule_seq(Sequence& s, int64_t num_new, int64_t num_lookahead, SchedulerOutput& out) {
   ScheduledSeq e;
   e.seq_id = s.id;
   e.request_id = s.request_id;
   e.num_computed_tokens = s.num_computed;
   e.num_new_tokens = num_new;
+  e.num_lookahead = num_lookahead;
+  e.draft_lag = s.num_computed - s.num_draft_computed;
   e.num_cached_tokens = s.just_admitted ? s.num_cached_tokens : 0;
   s.just_admitted = false;
   s.num_computed += num_new;
-  KILN_CHECK(s.num_computed <= s.num_tokens() && s.table.num_tokens() == s.num_computed);
+  KILN_CHECK(s.num_computed <= s.num_tokens() && s.table.num_tokens() == s.num_computed + num_lookahead);
   e.num_samples = s.num_computed == s.num_tokens() ? 1 + s.forks_pending : 0;
+  KILN_CHECK(num_lookahead == 0 || e.num_samples == 1);
   e.tokens = s.tokens;
   e.block_ids = s.table.block_ids();
-  out.num_batched_tokens += num_new;
+  out.num_batched_tokens += num_new + num_lookahead;
   out.num_sampled_tokens += e.num_samples;
   out.seqs.push_back(e);
 }
@@ -110,6 +113,7 @@ void Scheduler::schedule_seq(Sequence& s, int64_t num_new, SchedulerOutput& out)
 void Scheduler::preempt(Sequence& s, SchedulerOutput& out) {
   kv_.free(s.table);
   s.num_computed = 0;
+  s.num_draft_computed = 0;
   s.status = SeqStatus::kWaiting;
   ++s.num_preemptions;
   ++num_preemptions_;
@@ -125,6 +129,7 @@ std::optional<int64_t> Scheduler::admit(Sequence& s, int64_t max_new, SchedulerO
   if (!kv_.allocate_slots(s.table, hit, take, out.block_copies)) return std::nullopt;
   kv_.record_prefix_query(s.num_tokens(), num_cached);
   s.num_computed = num_cached;
+  s.num_draft_computed = 0;  // cached blocks may lack the draft's K/V: it recomputes them
   s.num_cached_tokens = num_cached;
   s.just_admitted = true;
   s.status = SeqStatus::kRunning;
@@ -154,6 +159,8 @@ SchedulerOutput Scheduler::schedule() {
   // Decodes not yet visited: a prefill chunk leaves one token of budget for each.
   auto pending_decodes =
       static_cast<int64_t>(std::count_if(running_.begin(), running_.end(), needs_one));
+  const bool speculate = config_.num_lookahead > 0 &&
+                         (config_.lookahead_max_batch == 0 || pending_decodes <= config_.lookahead_max_batch);
   bool preempted = false;
   for (size_t i = 0; i < running_.size() && budget > 0; ++i) {
     Sequence& s = *running_[i];
@@ -164,8 +171,15 @@ SchedulerOutput Scheduler::schedule() {
     const int64_t take =
         decode ? 1 : std::min({remaining, config_.prefill_chunk, budget - pending_decodes});
     if (take <= 0) continue;
+    // Speculative decoding: room for draft tokens, never past max_tokens (a step emits at most
+    // lookahead + 1) nor into the budget of the decodes still to come; not for the first
+    // sample of n > 1 (it forks).
+    const int64_t lookahead =
+        speculate && decode && s.forks_pending == 0 ? std::max<int64_t>(0, std::min({config_.num_lookahead, s.max_tokens - s.num_outputs() - 1,
+                                                budget - 1 - pending_decodes}))
+               : 0;
     bool self_preempted = false;
-    while (!kv_.allocate_slots(s.table, {}, take, out.block_copies)) {
+    while (!kv_.allocate_slots(s.table, {}, take + lookahead, out.block_copies)) {
       // Recompute-mode preemption of the newest running sequence (never one already
       // scheduled in this step: those are older than s).
       Sequence* victim = running_.back();
@@ -179,8 +193,8 @@ SchedulerOutput Scheduler::schedule() {
       }
     }
     if (self_preempted) break;  // s was the last running sequence
-    schedule_seq(s, take, out);
-    budget -= take;
+    schedule_seq(s, take, lookahead, out);
+    budget -= take + lookahead;
   }
 
   // Continuous batching: admit FCFS while there is budget, room and memory; not in a step
@@ -190,7 +204,7 @@ SchedulerOutput Scheduler::schedule() {
       Sequence& s = *waiting_.front();
       auto take = admit(s, std::min(config_.prefill_chunk, budget), out);
       if (!take) break;
-      schedule_seq(s, *take, out);
+      schedule_seq(s, *take, 0, out);
       budget -= *take;
     }
   }
@@ -225,22 +239,53 @@ void Scheduler::append_token(Sequence& s, int32_t token, UpdateResult& result) {
     finish(s, FinishReason::kLength, &result);
 }
 
-UpdateResult Scheduler::update(const SchedulerOutput& output, std::span<const int32_t> sampled) {
+UpdateResult Scheduler::update(const SchedulerOutput& output, std::span<const int32_t> sampled,
+                               std::span<const int64_t> counts) {
   KILN_CHECK_MSG(awaiting_update_ && output.step == step_ - 1, "update() of step {} after step {}",
                  output.step, step_ - 1);
-  KILN_CHECK_MSG(static_cast<int64_t>(sampled.size()) == output.num_sampled_tokens,
-                 "update() got {} sampled tokens, the step expects {}", sampled.size(),
-                 output.num_sampled_tokens);
+  KILN_CHECK_MSG(counts.empty() || counts.size() == output.seqs.size(),
+                 "update() got {} counts for {} sequences", counts.size(), output.seqs.size());
+  int64_t expected = 0;
+  for (size_t k = 0; k < output.seqs.size(); ++k) {
+    const ScheduledSeq& e = output.seqs[k];
+    if (e.num_lookahead == 0) {
+      expected += e.num_samples;
+      continue;
+    }
+    KILN_CHECK_MSG(!counts.empty() && counts[k] >= 1 && counts[k] <= e.num_lookahead + 1,
+                   "update(): sequence {} verified {} draft slots but got {} tokens", e.seq_id,
+                   e.num_lookahead, counts.empty() ? 0 : counts[k]);
+    expected += counts[k];
+  }
+  KILN_CHECK_MSG(static_cast<int64_t>(sampled.size()) == expected,
+                 "update() got {} sampled tokens, the step expects {}", sampled.size(), expected);
   awaiting_update_ = false;
   UpdateResult result;
   size_t k = 0;
-  for (const ScheduledSeq& e : output.seqs) {
-    const std::span<const int32_t> toks = sampled.subspan(k, static_cast<size_t>(e.num_samples));
+  for (size_t i = 0; i < output.seqs.size(); ++i) {
+    const ScheduledSeq& e = output.seqs[i];
+    const int64_t count = e.num_lookahead > 0 ? counts[i] : e.num_samples;
+    const std::span<const int32_t> toks = sampled.subspan(k, static_cast<size_t>(count));
     k += toks.size();
     auto it = seqs_.find(e.seq_id);
     KILN_CHECK_MSG(it != seqs_.end() && it->second->status == SeqStatus::kRunning,
                    "update() of sequence {} that is not running", e.seq_id);
     Sequence& s = *it->second;
+    if (e.num_lookahead > 0) {
+      // Speculative decode: the accepted draft tokens have K/V from this step's verification;
+      // the slots of the rejected ones go back to the pool; the last token is the target's.
+      const int64_t accepted = count - 1;
+      for (int64_t j = 0; j < accepted && s.status == SeqStatus::kRunning; ++j) append_token(s, toks[j], result);
+      if (s.status != SeqStatus::kRunning) continue;  // a stop token among the draft's
+      s.num_computed += accepted;
+      // The draft computed K/V up to the last draft token, exclusive: when all were accepted,
+      // it misses that one.
+      s.num_draft_computed = std::min(s.num_computed, e.num_computed_tokens + e.num_lookahead);
+      kv_.truncate(s.table, s.num_computed);
+      kv_.cache_full_blocks(s.table, s.tokens, s.block_hashes);
+      append_token(s, toks[static_cast<size_t>(accepted)], result);
+      continue;
+    }
     kv_.cache_full_blocks(s.table, s.tokens, s.block_hashes);  // their K/V now exists
     if (toks.empty()) continue;
     // Parallel sampling: the other n - 1 sequences share every block of the prompt.
@@ -252,6 +297,7 @@ UpdateResult Scheduler::update(const SchedulerOutput& output, std::span<const in
       child->max_tokens = s.max_tokens;
       child->stop_token_ids = s.stop_token_ids;
       child->num_computed = s.num_computed;
+      child->num_draft_computed = s.num_draft_computed;
       child->num_cached_tokens = s.num_cached_tokens;
       child->status = SeqStatus::kRunning;
       child->block_hashes = s.block_hashes;
@@ -269,6 +315,18 @@ UpdateResult Scheduler::update(const SchedulerOutput& output, std::span<const in
   std::erase_if(running_, [](const Sequence* s) { return s->status == SeqStatus::kFinished; });
   for (const FinishedSeq& f : result.finished) seqs_.erase(f.seq_id);
   return result;
+}
+
+bool Scheduler::abort_sequence(int64_t seq_id) {
+  KILN_CHECK_MSG(!awaiting_update_, "abort_sequence() between schedule() and update()");
+  auto it = seqs_.find(seq_id);
+  if (it == seqs_.end() || it->second->forks_pending > 0) return false;
+  Sequence* s = it->second.get();
+  finish(*s, FinishReason::kAborted, nullptr);
+  std::erase(running_, s);
+  std::erase(waiting_, s);
+  seqs_.erase(it);
+  return true;
 }
 
 void Scheduler::abort_request(int64_t request_id) {

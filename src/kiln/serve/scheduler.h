@@ -31,6 +31,13 @@ struct SchedulerConfig {
   int64_t prefill_chunk = 512;        // most prompt tokens one sequence computes in a step
   int64_t max_running = 64;           // sequences admitted at once (--max-running)
   BatchingMode batching = BatchingMode::kContinuous;
+  // Speculative decoding (γ, --num-speculative): a decode also reserves slots for up to this
+  // many draft tokens, which the target verifies in the same step; 0 = off.
+  int64_t num_lookahead = 0;
+  // No draft tokens in a step with more running decodes than this (0: no limit): a large
+  // batch already fills the machine, and verifying γ extra rows per sequence costs more than
+  // it saves (as vLLM's --speculative-disable-by-batch-size).
+  int64_t lookahead_max_batch = 0;
 };
 // InvalidArgument naming the flag when a limit is not positive.
 Status check_scheduler_config(const SchedulerConfig& config, const KvCacheConfig& kv);
@@ -61,6 +68,10 @@ struct Sequence {
   int64_t num_preemptions = 0;
   int64_t forks_pending = 0;   // n - 1 until the first token is sampled
   bool just_admitted = false;  // not scheduled since its last admission
+  // Speculative decoding: tokens whose draft-model K/V is in the cache. The draft runs only in
+  // speculating steps, so it lags (prefill, steps with too many decodes, the last draft token
+  // when all were accepted) and catches up in the sequence's next speculating step.
+  int64_t num_draft_computed = 0;
   SeqStatus status = SeqStatus::kWaiting;
   FinishReason finish = FinishReason::kNone;
   BlockTable table;
@@ -82,6 +93,12 @@ struct ScheduledSeq {
   // not reach the end, 1 normally, n for the first sample of a request with n > 1.
   int64_t num_samples = 0;
   int64_t num_cached_tokens = 0;  // prefix-cache hit when admitted in this step, else 0
+  // Speculative decoding (decodes only): slots reserved after the new token for up to this
+  // many draft tokens, all verified by this step's target forward; update() then takes 1 to
+  // num_lookahead + 1 tokens for the sequence. draft_lag: the draft model's K/V ends this
+  // many tokens before num_computed_tokens (it recomputes them first).
+  int64_t num_lookahead = 0;
+  int64_t draft_lag = 0;
   // Valid until update(): the sequence's tokens and block table.
   std::span<const int32_t> tokens;
   std::span<const BlockId> block_ids;
@@ -94,7 +111,7 @@ struct SchedulerOutput {
   std::vector<int64_t> preempted_seq_ids;  // blocks freed; recomputed later
   std::vector<int64_t> finished_seq_ids;   // finished or aborted since the last step
   int64_t num_batched_tokens = 0;          // sum of num_new_tokens <= max_batched_tokens
-  int64_t num_sampled_tokens = 0;          // sum of num_samples: what update() expects
+  int64_t num_sampled_tokens = 0;          // sum of num_samples (one per speculative decode)
   bool empty() const { return seqs.empty(); }
 };
 
@@ -124,11 +141,17 @@ class Scheduler {
   // Frees every sequence of the request (e.g. the client went away). Between steps only
   // (not between schedule() and update(), while the executor reads the sequences).
   void abort_request(int64_t request_id);
+  // Frees one sequence of a request (a sample of n > 1 ended by a stop string) while its
+  // siblings go on. False (nothing done) when it is unknown or will still fork the others.
+  bool abort_sequence(int64_t seq_id);
 
   // The next step. Must be followed by update() before the next schedule().
   SchedulerOutput schedule();
-  // sampled: output.num_sampled_tokens tokens, in the order of output.seqs, num_samples each.
-  UpdateResult update(const SchedulerOutput& output, std::span<const int32_t> sampled);
+  // sampled: the tokens of output.seqs in order, num_samples each, except that a sequence with
+  // num_lookahead > 0 has counts[k] of them (1 to num_lookahead + 1: the accepted draft tokens,
+  // then the target's own). counts (one per output.seqs entry) may be empty without lookahead.
+  UpdateResult update(const SchedulerOutput& output, std::span<const int32_t> sampled,
+                      std::span<const int64_t> counts = {});
 
   bool has_unfinished() const { return !running_.empty() || !waiting_.empty(); }
   int64_t num_running() const { return static_cast<int64_t>(running_.size()); }
@@ -142,7 +165,7 @@ class Scheduler {
 
  private:
   Scheduler(const SchedulerConfig& config, const KvCacheConfig& kv);
-  void schedule_seq(Sequence& s, int64_t num_new, SchedulerOutput& out);
+  void schedule_seq(Sequence& s, int64_t num_new, int64_t num_lookahead, SchedulerOutput& out);
   void preempt(Sequence& s, SchedulerOutput& out);
   // Moves the head of the waiting queue to running: takes its longest cached prefix and
   // reserves up to max_new more tokens (0: only the prefix). Returns the tokens reserved, or

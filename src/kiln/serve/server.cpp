@@ -341,7 +341,17 @@ struct Server::Impl {
     g->created = static_cast<int64_t>(std::time(nullptr));
     g->chat = is_chat;
     g->include_usage = p.include_usage;
-    if (!p.stream) return reply_whole(*g, res);
+    if (!p.stream) {
+      // The whole reply is one JSON object, written when the request completes. Until then a
+      // space (JSON allows leading whitespace) every 250 ms probes the connection, so a client
+      // that went away aborts its request here too (cpp-httplib 0.11 has no other signal).
+      res.set_chunked_content_provider(
+          "application/json", [this, g](size_t, httplib::DataSink& sink) { return whole_some(*g, sink); },
+          [this, g](bool) {
+            if (!g->stream->finished()) engine.abort(g->stream->id());
+          });
+      return;
+    }
     res.set_header("Cache-Control", "no-cache");
     res.set_chunked_content_provider(
         "text/event-stream",
@@ -352,13 +362,26 @@ struct Server::Impl {
         });
   }
 
-  void reply_whole(Generation& g, httplib::Response& res) {
+  // One call of the non-streamed reply's provider: takes the tokens that came within ~250 ms
+  // (as they come, so that a stop string ends its sample at once); writes the reply when done,
+  // else one space. A failed write means the client left: the releaser aborts the request.
+  bool whole_some(Generation& g, httplib::DataSink& sink) {
     std::vector<TokenEvent> events;
-    while (!all_done(g) && g.stream->wait(events, std::chrono::milliseconds(100))) {
-      apply(g, events);  // as tokens come, so that a stop string ends its sample at once
+    const auto t0 = std::chrono::steady_clock::now();
+    while (!all_done(g) && std::chrono::steady_clock::now() - t0 < std::chrono::milliseconds(250)) {
+      if (!g.stream->wait(events, std::chrono::milliseconds(50)) && events.empty()) break;
+      apply(g, events);
       events.clear();
     }
     apply(g, events);
+    if (!all_done(g)) return sink.write(" ", 1);  // (every sample's stream ends with a finish event)
+    const std::string body = whole_body(g);
+    if (!sink.write(body.data(), body.size())) return false;
+    sink.done();
+    return true;
+  }
+
+  std::string whole_body(Generation& g) {
     json choices = json::array();
     for (size_t i = 0; i < g.samples.size(); ++i) {
       const SampleText& s = g.samples[i];
@@ -372,7 +395,7 @@ struct Server::Impl {
     }
     json r = {{"id", g.id}, {"object", g.chat ? "chat.completion" : "text_completion"}, {"created", g.created},
               {"model", config.model_name}, {"choices", choices}, {"usage", usage(g)}};
-    res.set_content(dump(r), "application/json");
+    return dump(r);
   }
 
   // One call of the chunked provider: waits briefly for tokens, sends them as SSE events. A
