@@ -29,7 +29,7 @@ void register_bench_comm(CLI::App& bench) {
       ->check(CLI::IsMember({"allreduce", "allgather", "reducescatter", "alltoall", "bcast"}));
   cmd->add_option("--algo", opt->algo,
                   "ring, recursive_doubling, rabenseifner, double_binary_tree, hierarchical, "
-                  "recursive_halving, pairwise, binomial_tree, chain, auto, mpi or all");
+                  "recursive_halving, pairwise, scattered, binomial_tree, chain, auto, mpi or all");
   cmd->add_option("--dtype", opt->dtype, "f32, bf16 or f16")->check(CLI::IsMember({"f32", "bf16", "f16"}));
   cmd->add_option("--redop", opt->redop, "sum, avg or max")->check(CLI::IsMember({"sum", "avg", "max"}));
   cmd->add_option("--min-bytes", opt->min_bytes, "Smallest size (bytes)")->check(CLI::Range(int64_t{1}, int64_t{1} << 30));

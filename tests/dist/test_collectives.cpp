@@ -68,6 +68,12 @@ std::vector<int64_t> size_classes(int p) {
   return {0, 1, p - 1 > 0 ? p - 1 : 2, p + 1, 7, 13, 3001, 600011};
 }
 
+// Counts around the eager-piece boundaries of the broadcasts and the all-to-alls (detail.h:
+// 4032 B pieces up to 32 KiB, one message above): one f32 piece exactly and one element more,
+// 32 KiB of f32 exactly (9 pieces, the last partial) and one element more; bf16/f16 at 4099
+// and 16383 elements cut pieces at odd element counts.
+std::vector<int64_t> piece_classes() { return {1008, 1009, 4099, 8192, 8193, 16383}; }
+
 // Same verdict everywhere: counts mismatches of `got` against `want` bits.
 template <class Want>
 int64_t count_wrong(const Buf& got, int64_t n, DType t, Want want) {
@@ -198,10 +204,12 @@ TEST(DistCollectives, ReduceScatterEveryAlgorithm) {
 TEST(DistCollectives, AllToAllEveryAlgorithm) {
   Communicator& c = world();
   const int p = c.size(), r = c.rank();
+  std::vector<int64_t> sizes = size_classes(p);
+  for (int64_t n : piece_classes()) sizes.push_back(n);
   for (Algo algo : algos_for(CollOp::kAllToAll))
     for (DType t : kDTypes)
-      for (int64_t n : size_classes(p)) {
-        if (n > 5000 && t != DType::kF32) continue;
+      for (int64_t n : sizes) {
+        if (n > 5000 && n != 16383 && t != DType::kF32) continue;
         if (n > 100000) n = 200003;
         for (bool in_place : {false, true}) {
           Buf send(t, n * p), recv(t, n * p);
@@ -223,11 +231,13 @@ TEST(DistCollectives, AllToAllEveryAlgorithm) {
 TEST(DistCollectives, BroadcastEveryAlgorithmAndRoot) {
   Communicator& c = world();
   const int p = c.size(), r = c.rank();
+  std::vector<int64_t> sizes = size_classes(p);
+  for (int64_t n : piece_classes()) sizes.push_back(n);
   for (Algo algo : algos_for(CollOp::kBroadcast))
     for (DType t : kDTypes)
       for (int root : {0, p - 1, p / 2})
-        for (int64_t n : size_classes(p)) {
-          if (n > 5000 && t != DType::kF32) continue;
+        for (int64_t n : sizes) {
+          if (n > 5000 && n != 16383 && t != DType::kF32) continue;
           Buf buf(t, n);
           if (r == root) for (int64_t i = 0; i < n; ++i) buf.set(i, value_of(root, i));
           else buf.fill_nan(n);

@@ -48,6 +48,28 @@ TEST(DistCostModel, HandComputedTerms) {
   EXPECT_DOUBLE_EQ(c.bw_bytes, 3000);
   c = algo_cost(CollOp::kAllToAll, Algo::kPairwise, 4, 4000);
   EXPECT_DOUBLE_EQ(c.bw_bytes, 3000);
+  // Scattered all-to-all: one latency per window of 32 peers, the same bytes as pairwise.
+  c = algo_cost(CollOp::kAllToAll, Algo::kScattered, 4, 4000);
+  EXPECT_DOUBLE_EQ(c.steps, 1);
+  EXPECT_DOUBLE_EQ(c.bw_bytes, 3000);
+  c = algo_cost(CollOp::kAllToAll, Algo::kScattered, 40, 4000);
+  EXPECT_DOUBLE_EQ(c.steps, 2);
+  EXPECT_DOUBLE_EQ(c.bw_bytes, 3900);
+  // Chain broadcast, p = 4: K chunks through p - 1 links take p - 2 + K steps of n / K bytes.
+  // 32 KiB: 4032 B eager pieces, K = 9; 1 MiB: 256 KiB chunks, K = 4; 16 MiB: 1 MiB, K = 16.
+  c = algo_cost(CollOp::kBroadcast, Algo::kChain, 4, 32768);
+  EXPECT_DOUBLE_EQ(c.steps, 11);
+  EXPECT_DOUBLE_EQ(c.bw_bytes, 11 * 32768.0 / 9);
+  c = algo_cost(CollOp::kBroadcast, Algo::kChain, 4, 1 << 20);
+  EXPECT_DOUBLE_EQ(c.steps, 6);
+  EXPECT_DOUBLE_EQ(c.bw_bytes, 1.5 * (1 << 20));
+  c = algo_cost(CollOp::kBroadcast, Algo::kChain, 4, 16 << 20);
+  EXPECT_DOUBLE_EQ(c.steps, 18);
+  EXPECT_DOUBLE_EQ(c.bw_bytes, 18.0 * (1 << 20));
+  // One eager piece (4032 B or less): no pipelining, p - 1 steps of the whole message.
+  c = algo_cost(CollOp::kBroadcast, Algo::kChain, 5, 4000);
+  EXPECT_DOUBLE_EQ(c.steps, 4);
+  EXPECT_DOUBLE_EQ(c.bw_bytes, 16000);
   // Reduce-scatter recursive halving, p = 4, input 4000: 2 steps, (3/4) 4000 = 3000 B.
   c = algo_cost(CollOp::kReduceScatter, Algo::kRecursiveHalving, 4, 4000);
   EXPECT_DOUBLE_EQ(c.steps, 2);

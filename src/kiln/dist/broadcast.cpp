@@ -1,24 +1,40 @@
-// Broadcast algorithms: binomial tree (lg p rounds, the whole message each) and a pipelined
-// chain (the message flows rank to rank in chunks); MPI's own as the peer.
+// Broadcast algorithms: binomial tree (lg p rounds, the whole message each, or pipelined in
+// eager pieces up to 32 KiB) and a pipelined chain (the message flows rank to rank in
+// chunks); MPI's own as the peer.
 #include "kiln/dist/detail.h"
 
 namespace kiln::dist::detail {
 
 void bcast_binomial(Communicator& c, std::byte* buf, size_t nbytes, int root) {
   const int p = c.size(), r = c.rank();
-  if (p == 1) return;
+  if (p == 1 || nbytes == 0) return;
   const int vr = mod(r - root, p);  // rank relative to the root
-  int mask = 1;
+  int mask = 1, parent = -1;
   while (mask < p) {
     if (vr & mask) {  // our parent is vr without its lowest set bit
-      c.recv(buf, nbytes, mod(vr - mask + root, p), kTagBcast);
+      parent = mod(vr - mask + root, p);
       break;
     }
     mask <<= 1;
   }
-  std::vector<MPI_Request> sends;
+  std::vector<int> children;  // the largest subtree first
   for (mask >>= 1; mask > 0; mask >>= 1)
-    if (vr + mask < p) sends.push_back(c.isend(buf, nbytes, mod(vr + mask + root, p), kTagBcast));
+    if (vr + mask < p) children.push_back(mod(vr + mask + root, p));
+  // Messages up to kEagerSplitMaxBytes travel as eager pieces (no rendezvous), each forwarded
+  // to the children as soon as it has arrived; a larger one is one message per link.
+  // (Eager pieces at 128 KiB, p = 4: 0.50-0.87x MPI_Bcast in three processes, against
+  // 0.39-1.45x with one message; the spread is the VM's process-long modes, not the piece size.)
+  const size_t piece = eager_piece_bytes(nbytes);
+  const size_t npieces = (nbytes + piece - 1) / piece;
+  std::vector<MPI_Request> recvs, sends;
+  if (parent >= 0)
+    for (size_t k = 0; k < npieces; ++k)
+      recvs.push_back(c.irecv(buf + k * piece, std::min(piece, nbytes - k * piece), parent, kTagBcast));
+  for (size_t k = 0; k < npieces; ++k) {
+    const size_t off = k * piece, len = std::min(piece, nbytes - off);
+    if (parent >= 0) Communicator::wait(recvs[k]);
+    for (int child : children) sends.push_back(c.isend(buf + off, len, child, kTagBcast));
+  }
   Communicator::wait_all(sends);
 }
 
@@ -27,11 +43,17 @@ void bcast_chain(Communicator& c, std::byte* buf, size_t nbytes, int root) {
   if (p == 1 || nbytes == 0) return;
   const int vr = mod(r - root, p);
   const int prev = mod(r - 1, p), next = mod(r + 1, p);
-  std::vector<MPI_Request> sends;
   const size_t chunk = chain_chunk_bytes(nbytes);
-  for (size_t off = 0; off < nbytes; off += chunk) {
-    const size_t len = std::min(chunk, nbytes - off);
-    if (vr > 0) c.recv(buf + off, len, prev, kTagBcast);
+  const size_t nchunks = (nbytes + chunk - 1) / chunk;
+  // Every receive is posted first, so a small (eager) chunk lands in place instead of being
+  // buffered as unexpected; chunk k is forwarded as soon as it has arrived.
+  std::vector<MPI_Request> recvs, sends;
+  if (vr > 0)
+    for (size_t k = 0; k < nchunks; ++k)
+      recvs.push_back(c.irecv(buf + k * chunk, std::min(chunk, nbytes - k * chunk), prev, kTagBcast));
+  for (size_t k = 0; k < nchunks; ++k) {
+    const size_t off = k * chunk, len = std::min(chunk, nbytes - off);
+    if (vr > 0) Communicator::wait(recvs[k]);
     if (vr < p - 1) sends.push_back(c.isend(buf + off, len, next, kTagBcast));
   }
   Communicator::wait_all(sends);

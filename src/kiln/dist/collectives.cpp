@@ -176,12 +176,14 @@ Status all_to_all(Communicator& comm, const void* send, void* recv, int64_t coun
   KILN_RETURN_IF_ERROR(check_algo("all_to_all", algo, CollOp::kAllToAll));
   if (count_per_rank == 0) return Status::ok_status();
   const size_t es = dtype_bits(dtype) / 8;
-  if (algo == Algo::kAuto) algo = Algo::kPairwise;  // the only one
+  if (algo == Algo::kAuto)
+    algo = resolve_algo(comm, CollOp::kAllToAll, count_per_rank * es * comm.size());
   auto* in = static_cast<const std::byte*>(send);
   auto* out = static_cast<std::byte*>(recv);
   switch (algo) {
     case Algo::kMpi: detail::alltoall_mpi(comm, in, out, count_per_rank, es); break;
     case Algo::kPairwise: detail::alltoall_pairwise(comm, in, out, count_per_rank, es); break;
+    case Algo::kScattered: detail::alltoall_scattered(comm, in, out, count_per_rank, es); break;
     default: KILN_CHECK_MSG(false, "all_to_all: unhandled algorithm {}", algo_name(algo));
   }
   return Status::ok_status();

@@ -44,7 +44,7 @@ Algo resolve_algo(Communicator& comm, CollOp op, int64_t nbytes_total);
 
 // Tuning hook for chunk sweeps (`kiln bench comm --chunk-bytes`): the pipelined algorithms
 // (ring, double binary tree, chain) send `bytes` per chunk (rounded down to a multiple of 64,
-// at least 4 KiB) instead of their per-size defaults; 0 restores the defaults. Must be the
+// at least 1 KiB) instead of their per-size defaults; 0 restores the defaults. Must be the
 // same on every rank.
 void set_pipeline_chunk_override(size_t bytes);
 size_t pipeline_chunk_override();

@@ -77,6 +77,10 @@ AlgoCost algo_cost(CollOp op, Algo algo, int p, double n, int ranks_per_node) {
       break;
     case CollOp::kAllToAll:
       if (algo == Algo::kPairwise) c = {p - 1.0, frac * n, 0};
+      // All exchanges of a window in flight at once: one latency per window of peers; the
+      // bytes still leave each rank one after the other.
+      if (algo == Algo::kScattered)
+        c = {std::ceil((p - 1.0) / detail::kAllToAllWindow), frac * n, 0};
       break;
     case CollOp::kBroadcast:
       if (algo == Algo::kBinomialTree) {

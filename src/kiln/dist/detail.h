@@ -19,7 +19,7 @@ enum Tag : int {
   kTagRing = 11,
   kTagRecursive = 12,
   kTagTree = 13,  // + 0..3: tree * 2 + (down ? 1 : 0)
-  kTagAllToAll = 20,
+  kTagAllToAll = 20,  // pairwise and scattered
   kTagBcast = 21,
   kTagFold = 22,
 };
@@ -30,6 +30,15 @@ enum Tag : int {
 // header); past it one single-copy (CMA) message is faster.
 inline constexpr size_t kEagerPieceBytes = 4032;
 inline constexpr size_t kEagerSplitMaxBytes = size_t{32} << 10;
+// The scattered all-to-all keeps the exchanges with up to this many peers in flight at once
+// (MPICH's default block of its scattered algorithm); p <= 33 posts them all.
+inline constexpr int kAllToAllWindow = 32;
+
+// The piece size a message of `nbytes` is cut into: kEagerPieceBytes up to
+// kEagerSplitMaxBytes, else the whole message.
+inline size_t eager_piece_bytes(size_t nbytes) {
+  return (nbytes > kEagerPieceBytes && nbytes <= kEagerSplitMaxBytes) ? kEagerPieceBytes : nbytes;
+}
 
 // Pipeline chunks (pipeline.cpp): a block is sent in chunks so that the next rank can reduce
 // and forward chunk k while chunk k+1 is in flight. The chunk sizes depend on the call size
@@ -39,7 +48,8 @@ inline constexpr size_t kEagerSplitMaxBytes = size_t{32} << 10;
 size_t ring_chunk_bytes(size_t max_block_bytes);
 // The double binary tree's chunk for an all-reduce of `nbytes` (each tree carries half).
 size_t tree_chunk_bytes(size_t nbytes);
-// The chain broadcast's chunk for a message of `nbytes`.
+// The chain broadcast's chunk for a message of `nbytes` (eager pieces up to
+// kEagerSplitMaxBytes, whatever the override).
 size_t chain_chunk_bytes(size_t nbytes);
 
 struct RedSpec {
@@ -189,6 +199,8 @@ void reducescatter_mpi(Communicator& c, const std::byte* send, std::byte* recv, 
 
 void alltoall_pairwise(Communicator& c, const std::byte* send, std::byte* recv, int64_t count,
                        size_t esize);
+void alltoall_scattered(Communicator& c, const std::byte* send, std::byte* recv, int64_t count,
+                        size_t esize);
 void alltoall_mpi(Communicator& c, const std::byte* send, std::byte* recv, int64_t count,
                   size_t esize);
 

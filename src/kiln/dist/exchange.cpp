@@ -9,9 +9,7 @@ namespace {
 
 constexpr size_t kMaxPieces = (kEagerSplitMaxBytes + kEagerPieceBytes - 1) / kEagerPieceBytes;
 
-size_t piece_bytes(size_t nbytes) {
-  return (nbytes > kEagerPieceBytes && nbytes <= kEagerSplitMaxBytes) ? kEagerPieceBytes : nbytes;
-}
+size_t piece_bytes(size_t nbytes) { return eager_piece_bytes(nbytes); }
 
 }  // namespace
 

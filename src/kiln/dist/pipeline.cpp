@@ -14,8 +14,9 @@ std::atomic<size_t> g_chunk_override{0};
 }  // namespace
 
 void set_pipeline_chunk_override(size_t bytes) {
-  // A multiple of 64 B (whole elements of every dtype, cache-line aligned offsets), >= 4 KiB.
-  g_chunk_override.store(bytes == 0 ? 0 : std::max<size_t>(4096, bytes / 64 * 64),
+  // A multiple of 64 B (whole elements of every dtype, cache-line aligned offsets), >= 1 KiB
+  // (4032 B: one eager message of OpenMPI's vader, see detail.h).
+  g_chunk_override.store(bytes == 0 ? 0 : std::max<size_t>(1024, bytes / 64 * 64),
                          std::memory_order_relaxed);
 }
 
@@ -47,9 +48,17 @@ size_t tree_chunk_bytes(size_t nbytes) {
   return nbytes >= (size_t{8} << 20) ? size_t{1} << 20 : kSmallChunk;
 }
 
-// Chain broadcast: 1 MiB from 8 MiB messages (p = 2: 0.96-0.99x MPI at 1 MiB and 4 MiB,
-// 0.74-0.94x at 64-256 KiB; p = 4: 1.3-1.4x MPI at 1 MiB).
+// Chain broadcast. Up to 32 KiB: eager pieces, as the ring's blocks (p = 4, 8 KiB: 6.1 us
+// against 10-11 us with one 8 KiB message and 10.5 us for MPI_Bcast; 32 KiB: 12.9 us against
+// 24-35 us and 14.9 us; p = 2, 8 KiB: 1.05 us against 2.9 us). From 32 KiB to 8 MiB one
+// 256 KiB chunk: a sweep of 4-64 KiB chunks at 128 KiB-2 MiB (p = 2 and 4, 2-core Zen 4 VM;
+// notes of docs/results/collectives-2026-11-30-b.txt) found every smaller chunk slower (p = 4,
+// 128 KiB: 41-107 us against 45 us; 512 KiB: 140-388 us against 148 us): each rendezvous
+// message costs a system call and a handshake, and 4 ranks on 2 cores leave little to
+// overlap. From 8 MiB: 1 MiB (p = 2: 0.96-0.99x MPI at 1 MiB and 4 MiB, 0.74-0.94x at
+// 64-256 KiB; p = 4: 1.3-1.4x MPI at 1 MiB).
 size_t chain_chunk_bytes(size_t nbytes) {
+  if (nbytes <= kEagerSplitMaxBytes) return eager_piece_bytes(nbytes);
   if (const size_t o = pipeline_chunk_override()) return o;
   return nbytes >= (size_t{8} << 20) ? size_t{1} << 20 : kSmallChunk;
 }

@@ -30,7 +30,8 @@ enum class Algo : uint8_t {
   kDoubleBinaryTree,   // all-reduce: two trees, each reducing and broadcasting half
   kHierarchical,       // all-reduce: reduce-scatter in node, all-reduce across, all-gather in node
   kRecursiveHalving,   // reduce-scatter
-  kPairwise,           // all-to-all: pairwise exchange
+  kPairwise,           // all-to-all: pairwise exchange, p-1 blocking steps
+  kScattered,          // all-to-all: every exchange posted at once (non-blocking, windowed)
   kBinomialTree,       // broadcast
   kChain,              // broadcast: pipelined chain
   kCount
@@ -58,6 +59,7 @@ inline constexpr AlgoInfo kAlgoInfos[] = {
     {Algo::kHierarchical, "hierarchical", op_bit(CollOp::kAllReduce)},
     {Algo::kRecursiveHalving, "recursive_halving", op_bit(CollOp::kReduceScatter)},
     {Algo::kPairwise, "pairwise", op_bit(CollOp::kAllToAll)},
+    {Algo::kScattered, "scattered", op_bit(CollOp::kAllToAll)},
     {Algo::kBinomialTree, "binomial_tree", op_bit(CollOp::kBroadcast)},
     {Algo::kChain, "chain", op_bit(CollOp::kBroadcast)},
 };
