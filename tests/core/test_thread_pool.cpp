@@ -1,8 +1,11 @@
-// Thread pool: every task runs exactly once, for any task count and pool size; nested
-// regions run serially; parallel_for covers [0, n) without overlap.
+// Thread pool: every task runs exactly once, for any task count and pool size, also when
+// workers sleep between regions or wake too late for one (the join/close protocol); nested
+// regions run serially; parallel_for covers [0, n) without overlap; pools are destroyed idle.
 #include <gtest/gtest.h>
 
 #include <atomic>
+#include <chrono>
+#include <thread>
 #include <vector>
 
 #include "kiln/core/thread_pool.h"
@@ -21,11 +24,121 @@ TEST(ThreadPool, EveryTaskOnce) {
   }
 }
 
+// Regions of varied sizes back to back and with sleeps in between, so workers are caught
+// spinning, asleep, or waking up after the caller already closed the region. Every task of
+// every region must run once, the thread index must be in range, and the region's results
+// must be complete when run() returns (a late task would show as a wrong count).
+TEST(ThreadPool, RegionsWithSleepingWorkers) {
+  for (int threads : {2, 3}) {
+    ThreadPool pool(threads);
+    const int64_t sizes[] = {2, 3, 1, 17, 4, 64, 2, 9};
+    std::vector<std::atomic<int>> hits(64);
+    std::atomic<int> bad_thread{0};
+    for (int region = 0; region < 48; ++region) {
+      const int64_t n = sizes[region % 8];
+      for (int64_t t = 0; t < n; ++t) hits[t].store(0, std::memory_order_relaxed);
+      std::vector<int> plain(static_cast<size_t>(n), 0);  // non-atomic: needs the join's ordering
+      pool.run(n, [&](int64_t t, int thread) {
+        if (thread < 0 || thread >= threads) bad_thread++;
+        if (region % 3 == 0) std::this_thread::sleep_for(std::chrono::microseconds(200));
+        plain[t] += 1;
+        hits[t]++;
+      });
+      for (int64_t t = 0; t < n; ++t) {
+        ASSERT_EQ(hits[t].load(), 1) << threads << " threads, region " << region << " task " << t;
+        ASSERT_EQ(plain[t], 1) << threads << " threads, region " << region << " task " << t;
+      }
+      // Every few regions let the workers spin out and block on the condition variable.
+      if (region % 4 == 1) std::this_thread::sleep_for(std::chrono::milliseconds(3));
+    }
+    EXPECT_EQ(bad_thread.load(), 0);
+  }
+}
+
+// Many tiny regions in a row: the caller usually finishes before a worker joins, so workers
+// keep arriving late; a worker that joined a closed region would run a task twice or touch the
+// next region's data.
+TEST(ThreadPool, ManyTinyRegions) {
+  ThreadPool pool(2);
+  std::atomic<int64_t> total{0};
+  int64_t expect = 0;
+  for (int region = 0; region < 20000; ++region) {
+    const int64_t n = 2 + region % 5;
+    expect += n;
+    pool.run(n, [&](int64_t, int) { total.fetch_add(1, std::memory_order_relaxed); });
+    ASSERT_EQ(total.load(), expect) << "region " << region;
+  }
+}
+
+// Both threads must be able to work in one region (the worker joins when it is awake): a task
+// that waits for another task to start can only finish if two threads run it.
+TEST(ThreadPool, WorkerJoinsOpenRegion) {
+  ThreadPool pool(2);
+  std::atomic<int> started{0};
+  std::atomic<bool> both{false};
+  pool.run(2, [&](int64_t, int) {
+    started++;
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(5);
+    while (started.load() < 2 && std::chrono::steady_clock::now() < deadline) std::this_thread::yield();
+    if (started.load() == 2) both = true;
+  });
+  EXPECT_TRUE(both.load());
+}
+
 TEST(ThreadPool, NestedRegionsRunSerially) {
   ThreadPool pool(2);
   std::atomic<int> total{0};
   pool.run(4, [&](int64_t, int) { pool.run(3, [&](int64_t, int) { total++; }); });
   EXPECT_EQ(total.load(), 12);
+  // A nested region runs inline on the thread of the outer task, with that task's index.
+  std::atomic<int> mismatched{0};
+  pool.run(8, [&](int64_t, int outer) {
+    const std::thread::id me = std::this_thread::get_id();
+    pool.run(5, [&](int64_t, int inner) {
+      if (inner != 0 || std::this_thread::get_id() != me) mismatched++;
+    });
+    (void)outer;
+  });
+  EXPECT_EQ(mismatched.load(), 0);
+}
+
+TEST(ThreadPool, DestroyIdle) {
+  for (int threads : {1, 2, 4}) {
+    // Destroyed right after construction, after a region while workers still spin, and after
+    // the workers fell asleep.
+    { ThreadPool pool(threads); }
+    {
+      ThreadPool pool(threads);
+      std::atomic<int> n{0};
+      pool.run(10, [&](int64_t, int) { n++; });
+      EXPECT_EQ(n.load(), 10);
+    }
+    {
+      ThreadPool pool(threads);
+      std::atomic<int> n{0};
+      pool.run(10, [&](int64_t, int) { n++; });
+      std::this_thread::sleep_for(std::chrono::milliseconds(5));
+      EXPECT_EQ(n.load(), 10);
+    }
+  }
+}
+
+TEST(ThreadPool, SetNumThreadsBetweenRegions) {
+  for (int threads : {2, 1, 3, 2, 2, 4, 1, 2}) {
+    set_num_threads(threads);
+    EXPECT_EQ(num_threads(), threads);
+    std::vector<std::atomic<int>> hits(37);
+    std::atomic<int> max_thread{0};
+    thread_pool().run(37, [&](int64_t t, int thread) {
+      hits[t]++;
+      int m = max_thread.load();
+      while (thread > m && !max_thread.compare_exchange_weak(m, thread)) {
+      }
+    });
+    for (auto& h : hits) ASSERT_EQ(h.load(), 1) << threads << " threads";
+    EXPECT_LT(max_thread.load(), threads);
+  }
+  set_num_threads(2);
 }
 
 TEST(ThreadPool, ParallelForCoversRange) {

@@ -161,6 +161,14 @@ KILN_KERNEL_CASES(gemm) {
     if (v >= 2) g.a_dtype = g.b_dtype = DType::kBF16;
     cases.push_back(make_case(g, seed++));
   }
+  // The column split (M <= N, one column chunk per thread, each thread packing its own B) with
+  // bf16, transposed B and the full epilogue; even K: full strips read A in place (the direct-A
+  // kernel), the partial last strip (90 = 6 x 14 + 6) is packed; odd K: all of A packed.
+  for (int64_t k : {int64_t{76}, int64_t{75}}) {
+    GemmCase g{90, 260, k, false, true, 2, 1.25f, 0.5f, true, true, Activation::kGeluTanh};
+    g.a_dtype = g.b_dtype = DType::kBF16;
+    cases.push_back(make_case(g, seed++));
+  }
   // Decode-like small M with K, N large enough to stream B in several chunks per thread.
   // (m = 5: f32 with the small-M kernel's L1 prefetch of its own B rows)
   for (int64_t m : {int64_t{1}, int64_t{4}, int64_t{5}, int64_t{8}}) {

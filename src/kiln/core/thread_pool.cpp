@@ -1,5 +1,6 @@
 // Thread pool: workers spin briefly for the next region (regions come back to back in
-// training), then sleep on a condition variable so idle ranks do not burn the other core.
+// training), then sleep on a condition variable so idle ranks do not burn the other core; the
+// caller waits only for workers that joined its region (the join/close protocol below).
 #include "kiln/core/thread_pool.h"
 
 #include <immintrin.h>
@@ -17,7 +18,33 @@ thread_local bool t_in_pool_task = false;
 // long enough to catch the next kernel of a training step, short enough not to starve an
 // oversubscribed MPI rank.
 constexpr int kSpinIterations = 4000;
+
+uint32_t generation_of(uint64_t state) { return static_cast<uint32_t>(state >> 32); }
 }  // namespace
+
+// The join/close protocol. A region is published by one store to state_ of
+// (generation << 32) with kClosed clear and no one joined; the caller wrote the region data
+// (num_tasks_, thunk_, ctx_, next_task_ = 0, done_ = 0) before that store.
+//  * A worker that sees a new generation joins it with a CAS that adds 1 to the joined count,
+//    and only while the state still holds that generation without kClosed. Success (acquire)
+//    reads the caller's store or a later join in its release sequence, so the region data is
+//    visible. A worker whose CAS fails for a newer generation or kClosed skips the region and
+//    never touches its data.
+//  * The caller runs tasks too; when it finds none left to claim it sets kClosed (fetch_or) and
+//    reads the joined count j from the same RMW. The state's modification order decides every
+//    race: a join ordered before the close is counted in j, one after it fails. The caller then
+//    waits only until done_ (release increments by joined workers after their last task,
+//    acquire loads here) reaches j, so it never waits for a sleeping or late worker.
+//  * Late workers are harmless: the next region's data is written only after the close, and a
+//    worker still holding the old state's value fails its CAS. done_ and next_task_ can be reset
+//    at the next region's start because every joined worker finished before run() returned.
+//    A join succeeds only on the current, open state, so the 32-bit generation wrapping cannot
+//    make a worker join a stale region; at worst a worker misses one.
+//  * Sleep/wake: a worker counts itself in sleepers_ and rechecks state_ under mu_ before
+//    blocking; the caller stores state_ then reads sleepers_ (both seq_cst, a Dekker pair), and
+//    only when someone sleeps passes through mu_ and notifies. Either the caller sees the
+//    sleeper or the sleeper's recheck sees the new generation. A lost wake-up could only cost
+//    parallelism (the caller never waits for unjoined workers), never a hang.
 
 ThreadPool::ThreadPool(int num_threads) {
   KILN_CHECK(num_threads >= 1);
@@ -28,7 +55,8 @@ ThreadPool::~ThreadPool() {
   {
     std::lock_guard<std::mutex> lock(mu_);
     stop_.store(true);
-    generation_.fetch_add(1);
+    ++generation_;
+    state_.store((uint64_t{generation_} << 32) | kClosed);
   }
   wake_.notify_all();
   for (auto& w : workers_) w.join();
@@ -45,22 +73,33 @@ void ThreadPool::work(int thread) {
 }
 
 void ThreadPool::worker_loop(int thread) {
-  uint64_t seen = 0;
+  uint32_t seen = 0;
   for (;;) {
-    uint64_t gen = generation_.load(std::memory_order_acquire);
-    for (int i = 0; gen == seen && i < kSpinIterations; ++i) {
+    uint64_t s = state_.load(std::memory_order_acquire);
+    for (int i = 0; generation_of(s) == seen && i < kSpinIterations; ++i) {
       _mm_pause();
-      gen = generation_.load(std::memory_order_acquire);
+      s = state_.load(std::memory_order_acquire);
     }
-    if (gen == seen) {
+    if (generation_of(s) == seen) {
       std::unique_lock<std::mutex> lock(mu_);
-      wake_.wait(lock, [&] { return generation_.load(std::memory_order_acquire) != seen; });
-      gen = generation_.load(std::memory_order_acquire);
+      sleepers_.fetch_add(1, std::memory_order_seq_cst);
+      wake_.wait(lock, [&] {
+        s = state_.load(std::memory_order_seq_cst);
+        return generation_of(s) != seen || stop_.load(std::memory_order_relaxed);
+      });
+      sleepers_.fetch_sub(1, std::memory_order_relaxed);
     }
-    seen = gen;
-    if (stop_.load()) return;
-    work(thread);
-    busy_.fetch_sub(1, std::memory_order_acq_rel);
+    if (stop_.load(std::memory_order_acquire)) return;
+    seen = generation_of(s);
+    // Join region `seen` if it is still open; on failure s is reloaded, and a newer generation
+    // is taken up by the next turn of the outer loop.
+    while ((s & kClosed) == 0 && generation_of(s) == seen) {
+      if (state_.compare_exchange_weak(s, s + 1, std::memory_order_acquire, std::memory_order_acquire)) {
+        work(thread);
+        done_.fetch_add(1, std::memory_order_release);
+        break;
+      }
+    }
   }
 }
 
@@ -78,18 +117,21 @@ void ThreadPool::run_impl(int64_t num_tasks, Thunk thunk, void* ctx) {
   thunk_ = thunk;
   ctx_ = ctx;
   next_task_.store(0, std::memory_order_relaxed);
-  busy_.store(static_cast<int>(workers_.size()), std::memory_order_relaxed);
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    generation_.fetch_add(1, std::memory_order_acq_rel);
+  done_.store(0, std::memory_order_relaxed);
+  ++generation_;
+  state_.store(uint64_t{generation_} << 32, std::memory_order_seq_cst);  // publish (release)
+  if (sleepers_.load(std::memory_order_seq_cst) > 0) {
+    { std::lock_guard<std::mutex> lock(mu_); }
+    wake_.notify_all();
   }
-  wake_.notify_all();
   work(0);
-  for (int i = 0; busy_.load(std::memory_order_acquire) != 0; ++i) {
+  const uint64_t closed = state_.fetch_or(kClosed, std::memory_order_acq_rel);
+  const int joined = static_cast<int>(closed & kJoinedMask);
+  for (int i = 0; done_.load(std::memory_order_acquire) != joined; ++i) {
     if (i < kSpinIterations) {
       _mm_pause();
     } else {
-      std::this_thread::yield();  // oversubscribed (e.g. more MPI ranks than cores)
+      std::this_thread::yield();  // a joined worker was preempted (e.g. more MPI ranks than cores)
     }
   }
 }

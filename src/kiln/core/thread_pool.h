@@ -24,8 +24,9 @@ class ThreadPool {
   int num_threads() const { return static_cast<int>(workers_.size()) + 1; }
 
   // Runs fn(task, thread) for every task in [0, num_tasks); the caller is thread 0 and works
-  // too. Tasks are claimed dynamically. Returns when all are done. A call from inside a task
-  // runs serially on the calling thread.
+  // too. Tasks are claimed dynamically; a worker that wakes too late for a region skips it, so
+  // the call never waits for a sleeping worker. Returns when all are done. A call from inside a
+  // task runs serially on the calling thread.
   template <class F>
   void run(int64_t num_tasks, F&& fn) {
     auto thunk = [](void* ctx, int64_t task, int thread) { (*static_cast<F*>(ctx))(task, thread); };
@@ -38,16 +39,24 @@ class ThreadPool {
   void worker_loop(int thread);
   void work(int thread);
 
+  // Region state (see thread_pool.cpp): (generation << 32) | kClosed | number of workers joined.
+  static constexpr uint64_t kClosed = uint64_t{1} << 31;
+  static constexpr uint64_t kJoinedMask = kClosed - 1;
+
   std::vector<std::thread> workers_;
-  std::mutex mu_;
-  std::condition_variable wake_;
-  std::atomic<uint64_t> generation_{0};
-  std::atomic<int64_t> next_task_{0};
-  std::atomic<int> busy_{0};
+  alignas(64) std::atomic<uint64_t> state_{kClosed};  // generation 0, closed: nothing to join
+  // Region data: written by the caller before it publishes a generation, read only by workers
+  // that joined that generation.
   int64_t num_tasks_ = 0;
   Thunk thunk_ = nullptr;
   void* ctx_ = nullptr;
+  uint32_t generation_ = 0;  // the caller's count of regions (under run_mu_)
+  alignas(64) std::atomic<int64_t> next_task_{0};
+  alignas(64) std::atomic<int> done_{0};  // joined workers finished with this region
+  std::atomic<int> sleepers_{0};          // workers blocked (or about to block) on wake_
   std::atomic<bool> stop_{false};
+  std::mutex mu_;  // guards the sleep/wake hand-off only
+  std::condition_variable wake_;
   std::mutex run_mu_;  // one parallel region at a time
 };
 

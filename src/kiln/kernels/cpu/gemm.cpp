@@ -1,6 +1,7 @@
 // Fast CPU GEMM driver: BLIS-style loops (NC panels of B -> KC blocks -> pack B -> MC blocks of A
-// packed per task -> NR x MR micro-tiles), threads over (M block, N chunk) tiles of the kiln pool,
-// the small-M streaming path for decode-like shapes, the scalar target, and the tuning cache.
+// packed per task -> NR x MR micro-tiles), threads over (M block, N chunk) tiles of the kiln pool
+// or, for small problems, one column chunk per thread, the small-M streaming path for decode-like
+// shapes, the scalar target, and the tuning cache.
 #include <sys/stat.h>
 
 #include <cerrno>
@@ -137,34 +138,133 @@ void load_tuning_locked(BlockingState& s) {
 }
 
 // ---- the packed path -------------------------------------------------------------------------
+// A packed panel of B: K block after K block; within one, strip after strip of NR x steps
+// elements (steps = k values / k_per_step).
+struct PanelLayout {
+  int64_t strips = 0, nr = 0, ks = 1, kc_block = 0, num_pc = 1, k = 0;
+  int64_t steps_block() const { return kc_block / ks; }  // exact: kc_block is even
+  int64_t offset(int64_t q) const { return strips * nr * steps_block() * q; }
+  int64_t steps(int64_t q) const { return ceil_div(std::min(kc_block, k - q * kc_block), ks); }
+  int64_t elems() const { return offset(num_pc - 1) + strips * nr * steps(num_pc - 1) + 16; }
+};
+
+// C strips [ms0, ms1) x panel strips [ns0, ns1) over all K blocks: per K block, packs this
+// thread's MC x KC block of A (or reads its full strips in place) and runs the micro-tiles, so
+// the C block stays in cache across the K blocks. The panel covers columns [jc, jc + nc).
+void run_block(const GemmParams& p, const PackedPath& path, const PanelLayout& lay, const uint32_t* bpack,
+               int64_t jc, int64_t nc, int64_t ms0, int64_t ms1, int64_t ns0, int64_t ns1) {
+  const int64_t mr = path.mr, nr = path.nr;
+  auto* apack = static_cast<uint32_t*>(a_pack_buffer().get(4 * ((ms1 - ms0) * mr * lay.steps_block() + 16)));
+  // Full strips may read A in place (no packing) when the kernel has such a variant for A's
+  // layout and dtype; a partial last strip is always packed (the kernel reads MR whole rows).
+  // Not when rows are a multiple of 2 KiB apart: then 7 or all 14 rows of a strip fall in one
+  // L1 set (8 ways) and evict each other; measured on the EPYC VM at 2 threads, f32 1024^3 fell
+  // from 206 to 155 GFLOP/s and bf16 1024^3 from 428 to 413, while 256 and 512 (rows 1-2 KiB
+  // apart) gained up to 11% from the packing saved.
+  const int64_t esize = dtype_nbytes(p.a_dtype, 1);
+  const bool direct = path.kernel_direct_a != nullptr && !p.trans_a && p.a_dtype == path.direct_a_dtype &&
+                      (p.lda * esize) % 2048 != 0;
+  for (int64_t q = 0; q < lay.num_pc; ++q) {
+    const int64_t pc = q * lay.kc_block, kc = std::max<int64_t>(0, std::min(lay.kc_block, p.k - pc));
+    const int64_t steps = lay.steps(q);
+    const int64_t a_strip = mr * steps, b_strip = nr * steps;
+    const bool direct_q = direct && kc % lay.ks == 0;  // bf16: whole pairs within the rows
+    const int64_t full_end = std::min(ms1, p.m / mr);   // strips [ms0, full_end) are full
+    if (kc > 0) {
+      if (!direct_q) {
+        path.pack_a(p, ms0 * mr, std::min(p.m, ms1 * mr) - ms0 * mr, pc, kc, apack);
+      } else if (full_end < ms1) {
+        const int64_t fe = std::max(ms0, full_end);
+        path.pack_a(p, fe * mr, std::min(p.m, ms1 * mr) - fe * mr, pc, kc, apack + (fe - ms0) * a_strip);
+      }
+    }
+    const bool first = q == 0, last = q + 1 == lay.num_pc;
+    TileEpilogue ep;
+    ep.alpha = p.alpha;
+    ep.beta = first ? p.beta : 1.0f;
+    ep.act = last ? p.act : Activation::kNone;
+    ep.ldr = p.ldr;
+    const uint32_t* bq = bpack + lay.offset(q);
+    for (int64_t ns = ns0; ns < ns1; ++ns) {
+      const int64_t col = jc + ns * nr;
+      const int nv = static_cast<int>(std::min(nr, jc + nc - col));
+      ep.bias = last && p.bias ? p.bias + col : nullptr;
+      for (int64_t ms = ms0; ms < ms1; ++ms) {
+        const int64_t row = ms * mr;
+        const int mv = static_cast<int>(std::min(mr, p.m - row));
+        ep.residual = last && p.residual ? p.residual + row * p.ldr + col : nullptr;
+        float* c = p.c + row * p.ldc + col;
+        if (direct_q && ms < full_end) {
+          const char* a = static_cast<const char*>(p.a) + (row * p.lda + pc) * esize;
+          path.kernel_direct_a(steps, a, p.lda, bq + ns * b_strip, c, p.ldc, nv, ep);
+        } else {
+          path.kernel(steps, apack + (ms - ms0) * a_strip, bq + ns * b_strip, c, p.ldc, mv, nv, ep);
+        }
+      }
+    }
+  }
+}
+
+// The column split (see gemm_packed) is used while each thread's packed part of B stays within
+// 4 MiB (a quarter of the 32 MiB L3 for both threads) and M <= N (each thread packs all of A, so
+// the duplicated packing stays below the B traffic it saves). Measured on the 2-core EPYC VM
+// (alternating blocks, one process): f32 and bf16 squares 256-1536 gain 1-10% at 2 threads,
+// bf16 2048 is even; larger panels keep the shared-panel path.
+constexpr int64_t kColumnSplitBytes = int64_t{4} << 20;
+
 // Per NC panel of B: one parallel region packs the whole K x NC panel (all K blocks), a second
 // runs the (M block, N chunk) tasks, each looping over the K blocks itself (packing its MC x KC
 // block of A per K block). Two pool regions per panel keep barrier costs small on 2 threads,
 // and a task's C block stays in cache across its K blocks.
+// Small problems on several threads take the column split instead: one region, one column chunk
+// per thread, each thread packing its own part of B and all of A (duplicated, cheap at these
+// sizes). No packed data written by one core is read by another, and a thread's C columns stay
+// in its own L2 from call to call.
 void gemm_packed(const GemmParams& p, const PackedPath& path, GemmBlocking blk) {
   const int64_t mr = path.mr, nr = path.nr, ks = path.k_per_step;
   const int threads = num_threads();
   // K blocks of equal, even size (an even size keeps bf16 pairs inside one block).
   const int64_t num_kb = std::max<int64_t>(1, ceil_div(p.k, blk.kc));
   const int64_t kc_block = std::max<int64_t>(2, (ceil_div(p.k, num_kb) + 1) & ~int64_t{1});
+  const int64_t num_pc = p.k == 0 ? 1 : ceil_div(p.k, kc_block);
+  const int64_t mstrips = ceil_div(p.m, mr);
+  const int64_t mc_strips = std::max<int64_t>(1, blk.mc / mr);
+  PanelLayout lay;
+  lay.nr = nr;
+  lay.ks = ks;
+  lay.kc_block = kc_block;
+  lay.num_pc = num_pc;
+  lay.k = p.k;
+
+  const int64_t all_strips = ceil_div(p.n, nr);
+  const int64_t b_bytes = 4 * ceil_div(std::max<int64_t>(p.k, 1), ks) * all_strips * nr;
+  if (threads > 1 && p.m <= p.n && all_strips >= 2 * threads && b_bytes <= threads * kColumnSplitBytes) {
+    run_tasks(threads, [&](int64_t t) {
+      const int64_t s0 = all_strips * t / threads, s1 = all_strips * (t + 1) / threads;
+      const int64_t jc = s0 * nr, nc = std::min(p.n, s1 * nr) - jc;
+      PanelLayout own = lay;
+      own.strips = s1 - s0;
+      auto* bpack = static_cast<uint32_t*>(b_pack_buffer().get(4 * own.elems()));
+      for (int64_t q = 0; q < num_pc && p.k > 0; ++q) {
+        const int64_t pc = q * kc_block;
+        path.pack_b(p, jc, nc, pc, std::min(kc_block, p.k - pc), bpack + own.offset(q));
+      }
+      for (int64_t ms0 = 0; ms0 < mstrips; ms0 += mc_strips)
+        run_block(p, path, own, bpack, jc, nc, ms0, std::min(mstrips, ms0 + mc_strips), 0, own.strips);
+    });
+    return;
+  }
+
   // NC: the tuned width, narrowed so the packed K x NC panel stays within ~16 MiB (half the L3
   // of the machines this was tuned on).
   constexpr int64_t kPanelBytes = int64_t{16} << 20;
   const int64_t nc_fit = kPanelBytes / (4 * std::max<int64_t>(p.k, 1) / ks + 1);
   const int64_t nc_max = std::max<int64_t>(nr, std::min<int64_t>(blk.nc, nc_fit) / nr * nr);
-  const int64_t mstrips = ceil_div(p.m, mr);
-  const int64_t mc_strips = std::max<int64_t>(1, blk.mc / mr);
-  const int64_t steps_block = kc_block / ks;  // exact: kc_block is even
-  const int64_t num_pc = p.k == 0 ? 1 : ceil_div(p.k, kc_block);
-
   for (int64_t jc = 0; jc < p.n; jc += nc_max) {
     const int64_t nc = std::min(nc_max, p.n - jc);
     const int64_t nstrips = ceil_div(nc, nr);
-    // The panel is K block after K block; within one, strip after strip of NR x steps elements.
-    auto block_offset = [&](int64_t q) { return nstrips * nr * steps_block * q; };
-    auto block_steps = [&](int64_t q) { return ceil_div(std::min(kc_block, p.k - q * kc_block), ks); };
-    auto* bpack = static_cast<uint32_t*>(
-        b_pack_buffer().get(4 * (block_offset(num_pc - 1) + nstrips * nr * block_steps(num_pc - 1) + 16)));
+    lay.strips = nstrips;
+    auto* bpack = static_cast<uint32_t*>(b_pack_buffer().get(4 * lay.elems()));
     if (p.k > 0) {
       const int64_t groups = std::max<int64_t>(1, std::min<int64_t>(nstrips, 2 * threads));
       run_tasks(groups * num_pc, [&](int64_t t) {
@@ -173,7 +273,7 @@ void gemm_packed(const GemmParams& p, const PackedPath& path, GemmBlocking blk) 
         if (s0 == s1) return;
         const int64_t pc = q * kc_block, kc = std::min(kc_block, p.k - pc);
         path.pack_b(p, jc + s0 * nr, std::min(nc, s1 * nr) - s0 * nr, pc, kc,
-                    bpack + block_offset(q) + s0 * nr * block_steps(q));
+                    bpack + lay.offset(q) + s0 * nr * lay.steps(q));
       });
     }
     // Task grid: M blocks (a multiple of the thread count, so the split is even), and when
@@ -189,32 +289,7 @@ void gemm_packed(const GemmParams& p, const PackedPath& path, GemmBlocking blk) 
       const int64_t ms0 = mstrips * ic / num_ic, ms1 = mstrips * (ic + 1) / num_ic;
       const int64_t ns0 = nstrips * jn / num_jn, ns1 = nstrips * (jn + 1) / num_jn;
       if (ms0 == ms1 || ns0 == ns1) return;
-      auto* apack = static_cast<uint32_t*>(a_pack_buffer().get(4 * ((ms1 - ms0) * mr * steps_block + 16)));
-      for (int64_t q = 0; q < num_pc; ++q) {
-        const int64_t pc = q * kc_block, kc = std::max<int64_t>(0, std::min(kc_block, p.k - pc));
-        const int64_t steps = block_steps(q);
-        const int64_t a_strip = mr * steps, b_strip = nr * steps;
-        if (kc > 0) path.pack_a(p, ms0 * mr, std::min(p.m, ms1 * mr) - ms0 * mr, pc, kc, apack);
-        const bool first = q == 0, last = q + 1 == num_pc;
-        TileEpilogue ep;
-        ep.alpha = p.alpha;
-        ep.beta = first ? p.beta : 1.0f;
-        ep.act = last ? p.act : Activation::kNone;
-        ep.ldr = p.ldr;
-        const uint32_t* bq = bpack + block_offset(q);
-        for (int64_t ns = ns0; ns < ns1; ++ns) {
-          const int64_t col = jc + ns * nr;
-          const int nv = static_cast<int>(std::min(nr, jc + nc - col));
-          ep.bias = last && p.bias ? p.bias + col : nullptr;
-          for (int64_t ms = ms0; ms < ms1; ++ms) {
-            const int64_t row = ms * mr;
-            const int mv = static_cast<int>(std::min(mr, p.m - row));
-            ep.residual = last && p.residual ? p.residual + row * p.ldr + col : nullptr;
-            path.kernel(steps, apack + (ms - ms0) * a_strip, bq + ns * b_strip,
-                        p.c + row * p.ldc + col, p.ldc, mv, nv, ep);
-          }
-        }
-      }
+      run_block(p, path, lay, bpack, jc, nc, ms0, ms1, ns0, ns1);
     });
   }
 }

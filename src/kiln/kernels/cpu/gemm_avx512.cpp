@@ -6,6 +6,7 @@
 #include <immintrin.h>
 
 #include <cstdlib>
+#include <cstring>
 
 #include "kiln/core/cpu_features.h"
 #include "kiln/kernels/cpu/gemm_simd.h"
@@ -94,6 +95,36 @@ void micro_kernel_bf16_14x32(int64_t steps, const void* a_packed, const void* b_
     b += 32;
   }
   gemm_detail::store_tile<V512, kMr, 2>(acc, c, ldc, m, n, ep);
+}
+
+// micro_kernel_bf16_14x32 with A read in place: 14 full rows of bf16 A, lda elements apart,
+// each k pair one 32-bit broadcast from its row.
+void micro_kernel_bf16_14x32_direct(int64_t steps, const void* a_rows, int64_t lda, const void* b_packed,
+                                    float* c, int64_t ldc, int n, const TileEpilogue& ep) {
+  constexpr int kMr = 14;
+  const uint16_t* a = static_cast<const uint16_t*>(a_rows);
+  const uint32_t* b = static_cast<const uint32_t*>(b_packed);
+  for (int i = 0; i < kMr; ++i) {
+    __builtin_prefetch(c + i * ldc, 1, 3);
+    __builtin_prefetch(c + i * ldc + 31, 1, 3);
+  }
+  __m512 acc[kMr][2];
+#pragma GCC unroll 16
+  for (int i = 0; i < kMr; ++i) acc[i][0] = acc[i][1] = _mm512_setzero_ps();
+  for (int64_t l = 0; l < steps; ++l) {
+    const __m512bh b0 = (__m512bh)_mm512_loadu_si512(b);
+    const __m512bh b1 = (__m512bh)_mm512_loadu_si512(b + 16);
+#pragma GCC unroll 16
+    for (int i = 0; i < kMr; ++i) {
+      uint32_t pair;
+      std::memcpy(&pair, a + i * lda + 2 * l, sizeof pair);
+      const __m512bh av = (__m512bh)_mm512_set1_epi32(static_cast<int>(pair));
+      acc[i][0] = _mm512_dpbf16_ps(acc[i][0], av, b0);
+      acc[i][1] = _mm512_dpbf16_ps(acc[i][1], av, b1);
+    }
+    b += 32;
+  }
+  gemm_detail::store_tile<V512, kMr, 2>(acc, c, ldc, kMr, n, ep);
 }
 
 // ---- SIMD packing: A rows transposed 16 x 16 (32-bit elements) instead of element by element --
@@ -339,12 +370,14 @@ GemmTargetKernels make_kernels() {
   using namespace gemm_detail;
   GemmTargetKernels k;
   k.f32 = {"avx512 14x32 micro-kernel", 14, 32, 1, &pack_a_avx512_14<false>, &pack_b_f32<32>,
-           &micro_kernel_f32<V512, 14, 2>};
+           &micro_kernel_f32<V512, 14, 2>, &micro_kernel_f32_direct<V512, 14, 2>, DType::kF32};
   if (cpu_features().avx512_bf16) {
     k.bf16 = {"avx512_bf16 dpbf16ps 14x32 micro-kernel (pairs-of-k packing)", 14, 32, 2,
-              &pack_a_avx512_14<true>, &pack_b_pairs_avx512_32, &micro_kernel_bf16_14x32};
+              &pack_a_avx512_14<true>, &pack_b_pairs_avx512_32, &micro_kernel_bf16_14x32,
+              &micro_kernel_bf16_14x32_direct, DType::kBF16};
   } else {
     k.bf16 = k.f32;
+    k.bf16.kernel_direct_a = nullptr;  // bf16 A is widened while packing here
     k.bf16.name = "avx512 14x32 micro-kernel, bf16 widened to f32 in packing";
   }
   k.small_m_name = cpu_features().avx512_bf16

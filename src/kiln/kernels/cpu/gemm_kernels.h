@@ -34,6 +34,13 @@ struct PackedPath {
   // One MR x NR tile over `steps` k steps; writes the m x n valid corner of C through the epilogue.
   void (*kernel)(int64_t steps, const void* a, const void* b, float* c, int64_t ldc, int m, int n,
                  const TileEpilogue& ep);
+  // Optional: the same full MR-row tile reading A straight from the caller's memory instead of a
+  // packed strip: op(A) not transposed, elements of direct_a_dtype, `a` at row 0 / the block's
+  // first k, rows lda elements apart (bf16: pairs of k, so the block's k count must be even).
+  // Saves packing A, which each thread would otherwise do for all of A in the column split.
+  void (*kernel_direct_a)(int64_t steps, const void* a, int64_t lda, const void* b, float* c,
+                          int64_t ldc, int n, const TileEpilogue& ep) = nullptr;
+  DType direct_a_dtype = DType::kF32;
 };
 
 // The decode-like path: A is small and converted to a contiguous f32 (m, k) buffer; B is read

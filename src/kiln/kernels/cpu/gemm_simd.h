@@ -316,6 +316,38 @@ void micro_kernel_f32(int64_t steps, const void* a_packed, const void* b_packed,
   store_tile<V, MR, NV>(acc, c, ldc, m, n, ep);
 }
 
+// micro_kernel_f32 with A read in place: MR full rows of f32 A, lda elements apart (the
+// kernel_direct_a of the packed paths; each row is a sequential stream the prefetchers follow).
+template <class V, int MR, int NV>
+void micro_kernel_f32_direct(int64_t steps, const void* a_rows, int64_t lda, const void* b_packed,
+                             float* c, int64_t ldc, int n, const TileEpilogue& ep) {
+  constexpr int L = V::kLanes;
+  const float* a = static_cast<const float*>(a_rows);
+  const float* b = static_cast<const float*>(b_packed);
+  for (int i = 0; i < MR; ++i) {
+    __builtin_prefetch(c + i * ldc, 1, 3);
+    __builtin_prefetch(c + i * ldc + NV * L - 1, 1, 3);
+  }
+  typename V::T acc[MR][NV];
+#pragma GCC unroll 16
+  for (int i = 0; i < MR; ++i)
+#pragma GCC unroll 4
+    for (int v = 0; v < NV; ++v) acc[i][v] = V::zero();
+  for (int64_t l = 0; l < steps; ++l) {
+    typename V::T bv[NV];
+#pragma GCC unroll 4
+    for (int v = 0; v < NV; ++v) bv[v] = V::load(b + v * L);
+#pragma GCC unroll 16
+    for (int i = 0; i < MR; ++i) {
+      const typename V::T av = V::set1(a[i * lda + l]);
+#pragma GCC unroll 4
+      for (int v = 0; v < NV; ++v) acc[i][v] = V::fmadd(av, bv[v], acc[i][v]);
+    }
+    b += NV * L;
+  }
+  store_tile<V, MR, NV>(acc, c, ldc, MR, n, ep);
+}
+
 // ---- small-M (decode-like) kernels: stream B once, A stays in L1/L2 --------------------------
 // Keeps a loaded vector in a register: without this GCC folds the same A load into each of the
 // J FMAs that use it (J memory operands instead of one load), which made the M = 8 kernel
