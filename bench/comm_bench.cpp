@@ -8,6 +8,8 @@
 #include <cstring>
 #include <memory>
 #include <random>
+#include <string>
+#include <thread>
 #include <vector>
 
 #include <fmt/format.h>
@@ -192,6 +194,22 @@ struct Row {
   int64_t wrong = 0;
 };
 
+// The ranks' placement (cost_model.h: with more ranks than cores it reorders the algorithms),
+// and a warning when the calibration was measured with another one, or when unbound ranks
+// share cores (the scheduler then places them anew in every process).
+void print_placement_note(const std::string& now, const std::string& calibrated, int p) {
+  fmt::print("# placement (CPUs of each rank): {}{}\n", now,
+             calibrated.empty() ? "" : fmt::format("; calibrated with: {}", calibrated));
+  if (now == "unbound" && p > static_cast<int>(std::thread::hardware_concurrency()))
+    fmt::print("# warning: {} unbound ranks on {} CPUs: times and the algorithms' ranking vary "
+               "from one process to the next; bind them (mpirun --bind-to core:overload-allowed "
+               "--map-by core) for the calibration and for the runs that use it\n",
+               p, std::thread::hardware_concurrency());
+  if (!calibrated.empty() && now != calibrated)
+    fmt::print("# warning: placement differs from the calibration's: `auto` may rank the "
+               "algorithms wrongly\n");
+}
+
 // One message each way between ranks 0 and 1: alpha + n beta from a fit over 8 B .. 4 MiB.
 dist::AlphaBeta ping_pong(Communicator& c, std::byte* buf) {
   std::vector<double> steps, bytes, secs;
@@ -253,6 +271,7 @@ int calibrate(Communicator& c, const CommBenchOptions& opt, std::byte* send, std
   table.gamma_s_per_byte = max_over_ranks(c, table.gamma_s_per_byte);
   table.fitted_p = p;
   table.hier_ranks_per_node = c.hierarchical_node_size();
+  table.placement = dist::rank_placement(c);
   const int reps = std::max(opt.reps, 5);
   std::vector<int64_t> sizes = bench_sizes(8, opt.max_bytes);
   if (static_cast<int>(sizes.size()) > dist::PiecewiseAlphaBeta::kMaxKnots)
@@ -266,6 +285,7 @@ int calibrate(Communicator& c, const CommBenchOptions& opt, std::byte* send, std
                p, table.link.alpha_s * 1e6, table.link.beta_s_per_byte * 1e9,
                1e-9 / table.link.beta_s_per_byte, table.gamma_s_per_byte * 1e9,
                1e-9 / table.gamma_s_per_byte, table.hier_ranks_per_node, kCalibrationPasses, reps);
+  if (c.rank() == 0) print_placement_note(table.placement, "", p);
   for (int o = 0; o < dist::kNumCollOps && p >= 2; ++o) {
     const auto op = static_cast<CollOp>(o);
     std::vector<Algo> algos;
@@ -387,6 +407,8 @@ int run_comm_bench(const CommBenchOptions& opt) {
       rc = calibrate(c, opt, send.get(), recv.get());
     } else if (rc == 0) {
       const std::vector<int64_t> sizes = bench_sizes(opt.min_bytes, opt.max_bytes);
+      const std::string placement = dist::rank_placement(c);
+      const std::string calibrated = c.cost_table().fitted_p == p ? c.cost_table().placement : "";
       if (r == 0 && !opt.json) {
         fmt::print("# kiln bench comm: {} on p = {} ranks, {} {}, out-of-place; time = median over "
                    "interleaved rounds ({}..{} per size, ~{:.0f} ms windows; slowest rank); busbw factor "
@@ -396,6 +418,7 @@ int run_comm_bench(const CommBenchOptions& opt) {
                    std::max(opt.reps, kMaxRounds), kWindowSeconds * 1e3,
                    busbw_factor(*op, p),
                    opt.chunk_bytes > 0 ? fmt::format("; pipeline chunk {} B", dist::pipeline_chunk_override()) : "");
+        if (p > 1) print_placement_note(placement, calibrated, p);
         fmt::print("#{:>11} {:>11} {:>5} {:>5}  {:<24} {:>10} {:>17} {:>8} {:>8} {:>7} {:>9} {:>7}\n", "size", "count",
                    "type", "redop", "algo", "time(us)", "min-max(us)", "algbw", "busbw", "#wrong",
                    "busbw/mpi", "vs_best");

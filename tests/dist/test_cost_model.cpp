@@ -1,9 +1,11 @@
 // The alpha-beta model's terms against hand-computed cases, `auto` selection, the fit, the
 // calibration file round trip, and the double binary tree's shape.
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <set>
+#include <string>
 #include <vector>
 
 #include <gtest/gtest.h>
@@ -238,6 +240,7 @@ TEST(DistCostModel, CalibrationFileRoundTrip) {
   t.gamma_s_per_byte = 5e-11;
   t.fitted_p = c.size();
   t.hier_ranks_per_node = 2;
+  t.placement = "0|1|0|1";
   PiecewiseAlphaBeta& ring = t.fit_of(CollOp::kAllReduce, Algo::kRing);
   ring.knots[0] = {8, {4e-6, 6e-10}};
   ring.knots[1] = {1 << 20, {5e-6, 7e-10}};
@@ -253,6 +256,7 @@ TEST(DistCostModel, CalibrationFileRoundTrip) {
   EXPECT_DOUBLE_EQ(u.gamma_s_per_byte, 5e-11);
   EXPECT_EQ(u.fitted_p, c.size());
   EXPECT_EQ(u.hier_ranks_per_node, 2);
+  EXPECT_EQ(u.placement, "0|1|0|1");  // on every rank, not only the one that read the file
   EXPECT_EQ(u.fit_of(CollOp::kAllReduce, Algo::kRing).num_knots, 2);
   EXPECT_DOUBLE_EQ(u.fit_of(CollOp::kAllReduce, Algo::kRing).at(8).beta_s_per_byte, 6e-10);
   EXPECT_DOUBLE_EQ(u.fit_of(CollOp::kAllReduce, Algo::kRing).at(1e9).beta_s_per_byte, 7e-10);
@@ -261,6 +265,30 @@ TEST(DistCostModel, CalibrationFileRoundTrip) {
   c.barrier();
   if (c.rank() == 0) std::remove(path.c_str());
   unsetenv("KILN_COMM_CALIBRATION");
+}
+
+// The placement string: one field per rank, "unbound" only when all ranks share the same
+// several CPUs; and the live one agrees on every rank.
+TEST(DistCostModel, DescribePlacement) {
+  EXPECT_EQ(describe_placement({}), "");
+  EXPECT_EQ(describe_placement({{0}, {1}, {0}, {1}}), "0|1|0|1");
+  EXPECT_EQ(describe_placement({{0}, {0}, {1}, {1}}), "0|0|1|1");
+  EXPECT_EQ(describe_placement({{0, 1}, {0, 1}, {0, 1}}), "unbound");
+  EXPECT_EQ(describe_placement({{0, 1}, {2, 3}}), "0,1|2,3");
+  EXPECT_EQ(describe_placement({{3}}), "3");
+  EXPECT_EQ(describe_placement({{0, 1}, {0}}), "0,1|0");
+  Communicator& c = Communicator::world();
+  const std::string mine = rank_placement(c);
+  EXPECT_FALSE(mine.empty());
+  // Every rank got the same string: compare its length and first character with rank 0's.
+  int v[2] = {static_cast<int>(mine.size()), mine[0]}, lo[2] = {0, 0}, hi[2] = {0, 0};
+  MPI_Allreduce(v, lo, 2, MPI_INT, MPI_MIN, c.handle());
+  MPI_Allreduce(v, hi, 2, MPI_INT, MPI_MAX, c.handle());
+  EXPECT_EQ(lo[0], hi[0]);
+  EXPECT_EQ(lo[1], hi[1]);
+  if (mine != "unbound") {
+    EXPECT_EQ(std::count(mine.begin(), mine.end(), '|'), c.size() - 1);
+  }
 }
 
 // Paired times: a machine state that scales a whole round cancels, so the ratio between two

@@ -4,12 +4,16 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <limits>
+#include <string>
 #include <vector>
+
+#include <sched.h>
 
 #include <nlohmann/json.hpp>
 
@@ -230,6 +234,41 @@ AlphaBeta fit_alpha_beta(const double* steps, const double* bytes, const double*
   return f;
 }
 
+std::string describe_placement(const std::vector<std::vector<int>>& cpus_of_rank) {
+  if (cpus_of_rank.empty()) return "";
+  const bool all_same = std::all_of(cpus_of_rank.begin(), cpus_of_rank.end(),
+                                    [&](const std::vector<int>& v) { return v == cpus_of_rank[0]; });
+  if (all_same && cpus_of_rank[0].size() > 1) return "unbound";
+  std::string out;
+  for (size_t r = 0; r < cpus_of_rank.size(); ++r) {
+    if (r > 0) out += '|';
+    for (size_t k = 0; k < cpus_of_rank[r].size(); ++k)
+      out += (k > 0 ? "," : "") + std::to_string(cpus_of_rank[r][k]);
+  }
+  return out;
+}
+
+std::string rank_placement(Communicator& comm) {
+  // Each rank's affinity as a bit mask of kMaskWords 64-bit words (CPU_SETSIZE bits).
+  constexpr int kMaskWords = CPU_SETSIZE / 64;
+  std::vector<uint64_t> mine(kMaskWords, 0), all(static_cast<size_t>(kMaskWords) * comm.size(), 0);
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  if (sched_getaffinity(0, sizeof(set), &set) == 0)
+    for (int cpu = 0; cpu < CPU_SETSIZE; ++cpu)
+      if (CPU_ISSET(cpu, &set)) mine[cpu / 64] |= uint64_t{1} << (cpu % 64);
+  if (comm.size() > 1)
+    MPI_Allgather(mine.data(), kMaskWords, MPI_UINT64_T, all.data(), kMaskWords, MPI_UINT64_T,
+                  comm.handle());
+  else
+    all = mine;
+  std::vector<std::vector<int>> cpus(comm.size());
+  for (int r = 0; r < comm.size(); ++r)
+    for (int cpu = 0; cpu < CPU_SETSIZE; ++cpu)
+      if (all[static_cast<size_t>(r) * kMaskWords + cpu / 64] >> (cpu % 64) & 1) cpus[r].push_back(cpu);
+  return describe_placement(cpus);
+}
+
 std::string calibration_path() {
   if (const char* env = std::getenv("KILN_COMM_CALIBRATION"); env && *env) return env;
   const char* home = std::getenv("HOME");
@@ -324,6 +363,7 @@ AlphaBetaTable table_from_json(const json& j, int p) {
       const json& at_p = j["fits"][key];
       t.fitted_p = p;
       t.hier_ranks_per_node = at_p.value("hierarchical_ranks_per_node", 0);
+      t.placement = at_p.value("placement", std::string());
       for (const auto& [op_name, algos] : at_p.items()) {
         const auto op = parse_coll_op(op_name);
         if (!op || !algos.is_object()) continue;
@@ -344,9 +384,21 @@ AlphaBetaTable table_from_json(const json& j, int p) {
 
 AlphaBetaTable load_cost_table(Communicator& comm) {
   std::vector<double> flat(kFlatSize);
-  if (comm.rank() == 0) to_flat(table_from_json(read_json_file(calibration_path()), comm.size()), flat.data());
+  std::string placement;
+  if (comm.rank() == 0) {
+    const AlphaBetaTable read = table_from_json(read_json_file(calibration_path()), comm.size());
+    to_flat(read, flat.data());
+    placement = read.placement;
+  }
   if (comm.size() > 1) MPI_Bcast(flat.data(), kFlatSize, MPI_DOUBLE, 0, comm.handle());
-  return from_flat(flat.data());
+  // The placement string: its length, then its characters.
+  int len = static_cast<int>(placement.size());
+  if (comm.size() > 1) MPI_Bcast(&len, 1, MPI_INT, 0, comm.handle());
+  placement.resize(static_cast<size_t>(len));
+  if (comm.size() > 1 && len > 0) MPI_Bcast(placement.data(), len, MPI_CHAR, 0, comm.handle());
+  AlphaBetaTable t = from_flat(flat.data());
+  t.placement = placement;
+  return t;
 }
 
 Status save_cost_table(const AlphaBetaTable& t, const std::string& path) {
@@ -357,6 +409,7 @@ Status save_cost_table(const AlphaBetaTable& t, const std::string& path) {
   if (t.fitted_p > 0) {
     json fits = json::object();
     fits["hierarchical_ranks_per_node"] = t.hier_ranks_per_node;
+    fits["placement"] = t.placement;
     for (int o = 0; o < kNumCollOps; ++o)
       for (int a = 0; a < kNumAlgos; ++a) {
         const PiecewiseAlphaBeta& pw = t.fits[o][a];

@@ -68,6 +68,8 @@ struct AlphaBetaTable {
   // fitted beta). `hier_ranks_per_node`: the node size the hierarchical fit was measured with.
   int fitted_p = 0;
   int hier_ranks_per_node = 0;
+  // describe_placement of the ranks the fits were measured with ("" unknown).
+  std::string placement;
   std::array<std::array<PiecewiseAlphaBeta, kNumAlgos>, kNumCollOps> fits{};
   const PiecewiseAlphaBeta& fit_of(CollOp op, Algo a) const {
     return fits[static_cast<int>(op)][static_cast<int>(a)];
@@ -101,6 +103,18 @@ std::vector<double> paired_times(const std::vector<std::vector<double>>& rounds)
 // Weighted least squares for T = alpha * steps + beta * bytes with relative errors (weights
 // 1 / T^2), alpha and beta clamped at zero. `n` samples.
 AlphaBeta fit_alpha_beta(const double* steps, const double* bytes, const double* seconds, int n);
+
+// Where the ranks run, from each rank's allowed CPUs (sched_getaffinity): "0|1|0|1" when rank
+// r may run on the CPUs of field r (a field lists several as "0,1"), "unbound" when every
+// rank may run on the same several CPUs, "" for no ranks. With more ranks than cores the
+// placement decides which ranks share a core, and with it the ranking of the algorithms:
+// 2-core VM, p = 4, 32 KiB all-gather: ring 0.78x recursive doubling bound 0|1|0|1, 1.00x
+// bound 0|0|1|1 or 0|1|1|0; unbound, the scheduler's placement seems to hold for a process's
+// life and varies from one to the next, times 1-4x (docs/results/collectives-2026-11-30-b.txt). So a
+// calibration only holds for the placement it was measured with.
+std::string describe_placement(const std::vector<std::vector<int>>& cpus_of_rank);
+// Collective: every rank's allowed CPUs gathered; the same description on every rank.
+std::string rank_placement(Communicator& comm);
 
 // The cache file: $KILN_COMM_CALIBRATION, else $HOME/.cache/kiln/comm_calibration.json.
 std::string calibration_path();
