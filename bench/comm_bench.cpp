@@ -286,6 +286,15 @@ int calibrate(Communicator& c, const CommBenchOptions& opt, std::byte* send, std
                1e-9 / table.link.beta_s_per_byte, table.gamma_s_per_byte * 1e9,
                1e-9 / table.gamma_s_per_byte, table.hier_ranks_per_node, kCalibrationPasses, reps);
   if (c.rank() == 0) print_placement_note(table.placement, "", p);
+  // This launch's paired times, stored in the cache (the last kMaxPooledLaunches of this
+  // placement); with --pool the fits go through the per-size medians over those launches.
+  dist::CalibrationLaunch launch;
+  launch.placement = table.placement;
+  launch.hier_ranks_per_node = table.hier_ranks_per_node;
+  std::vector<dist::CalibrationLaunch> launches;
+  int num_pooled = 1;
+  if (c.rank() == 0)
+    launches = dist::read_calibration_launches(dist::calibration_path(), p);
   for (int o = 0; o < dist::kNumCollOps && p >= 2; ++o) {
     const auto op = static_cast<CollOp>(o);
     std::vector<Algo> algos;
@@ -330,6 +339,7 @@ int calibrate(Communicator& c, const CommBenchOptions& opt, std::byte* send, std
         steps[k].push_back(terms.steps);
         bw[k].push_back(terms.bw_bytes);
         secs[k].push_back(paired[k]);
+        launch.times[o][static_cast<int>(algos[k])].emplace_back(static_cast<double>(size), paired[k]);
       }
     }
     for (size_t k = 0; k < algos.size(); ++k) {
@@ -337,7 +347,7 @@ int calibrate(Communicator& c, const CommBenchOptions& opt, std::byte* send, std
       const dist::PiecewiseAlphaBeta f = dist::fit_piecewise(
           ks[k].data(), steps[k].data(), bw[k].data(), secs[k].data(), static_cast<int>(ks[k].size()));
       table.fit_of(op, algos[k]) = f;
-      if (c.rank() != 0) continue;
+      if (c.rank() != 0 || opt.pool) continue;
       std::string betas;
       for (double at : {32.0 * 1024, 512.0 * 1024, 8.0 * 1024 * 1024, ks[k].back()})
         betas += fmt::format(" {:8.4f}", f.at(at).beta_s_per_byte * 1e9);
@@ -345,10 +355,31 @@ int calibrate(Communicator& c, const CommBenchOptions& opt, std::byte* send, std
                  dist::algo_name(algos[k]), f.knots[0].ab.alpha_s * 1e6, betas);
     }
   }
+  if (c.rank() == 0 && p >= 2) {
+    launches = dist::pool_launches(launches, launch);
+    num_pooled = static_cast<int>(launches.size());
+  }
+  if (c.rank() == 0 && opt.pool && p >= 2) {
+    // Only rank 0 saves the table; the others load it back below.
+    fmt::print("# pooled: per-size median over {} launch(es) at p = {}, placement {}\n", num_pooled,
+               p, table.placement);
+    for (int o = 0; o < dist::kNumCollOps; ++o)
+      for (int a = 0; a < dist::kNumAlgos; ++a) {
+        if (launch.times[o][a].empty()) continue;
+        const auto op = static_cast<CollOp>(o);
+        const dist::PiecewiseAlphaBeta f = dist::fit_pooled(launches, op, static_cast<Algo>(a), p);
+        table.fits[o][a] = f;
+        std::string betas;
+        for (double at : {32.0 * 1024, 512.0 * 1024, 8.0 * 1024 * 1024, launch.times[o][a].back().first})
+          betas += fmt::format(" {:8.4f}", f.at(at).beta_s_per_byte * 1e9);
+        fmt::print("#   {:<13} {:<19} alpha = {:6.2f} us/step  beta(ns/B) ={}\n", dist::coll_op_name(op),
+                   dist::algo_name(static_cast<Algo>(a)), f.knots[0].ab.alpha_s * 1e6, betas);
+      }
+  }
   int rc = 0;
   if (c.rank() == 0) {
     const std::string path = dist::calibration_path();
-    const Status st = dist::save_cost_table(table, path);
+    const Status st = dist::save_cost_table(table, path, launches);
     if (!st.ok()) {
       fmt::print(stderr, "kiln bench comm: {}\n", st.to_string());
       rc = 1;

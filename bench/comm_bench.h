@@ -20,6 +20,8 @@ struct CommBenchOptions {
   int ranks_per_node = 0;        // hierarchical: 0 = automatic (communicator.h), n = forced
   bool json = false;             // one JSON object per line instead of the table
   bool calibrate = false;        // measure alpha, beta (+ per-algorithm fits) and cache them
+  bool pool = false;             // with calibrate: fit through the per-size medians over this
+                                 // and the last stored launches (cost_model.h, pool_launches)
   int64_t chunk_bytes = 0;       // pipeline chunk override for sweeps (0 = per-size defaults)
 };
 

@@ -45,6 +45,11 @@ void register_bench_comm(CLI::App& bench) {
   cmd->add_flag("--json", opt->json, "One JSON object per line");
   cmd->add_flag("--calibrate", opt->calibrate,
                 "Measure alpha, beta and per-algorithm fits; cache them for --algo auto");
+  cmd->add_flag("--pool", opt->pool,
+                "With --calibrate: fit through the per-size median of this launch's times and those "
+                "of the last 2 launches stored for the same p and placement (a launch in a slow "
+                "process state then cannot decide alone)")
+      ->needs("--calibrate");
   cmd->callback([opt] {
     const int rc = bench::run_comm_bench(*opt);
     if (rc != 0) std::exit(rc);

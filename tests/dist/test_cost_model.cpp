@@ -267,6 +267,115 @@ TEST(DistCostModel, CalibrationFileRoundTrip) {
   unsetenv("KILN_COMM_CALIBRATION");
 }
 
+// Pooled calibration: a launch with `scale` times the base times (all-reduce, ring and
+// recursive doubling at p = 2, 8 B .. 8 MiB), recursive doubling `rd_scale` times more.
+CalibrationLaunch synthetic_launch(const std::string& placement, double scale, double rd_scale) {
+  CalibrationLaunch l;
+  l.placement = placement;
+  for (double bytes = 8; bytes <= 8 << 20; bytes *= 4) {
+    const double ring = 2e-6 + bytes * 3e-10, rd = 1e-6 + bytes * 3.2e-10;  // rd wins below ~5 MB
+    l.times[static_cast<int>(CollOp::kAllReduce)][static_cast<int>(Algo::kRing)].emplace_back(bytes, scale * ring);
+    l.times[static_cast<int>(CollOp::kAllReduce)][static_cast<int>(Algo::kRecursiveDoubling)].emplace_back(
+        bytes, scale * rd_scale * rd);
+  }
+  return l;
+}
+
+// The fitted model's time at each size of `want` reproduces want's times.
+void expect_fit_reproduces(const PiecewiseAlphaBeta& f, Algo a, const CalibrationLaunch& want) {
+  ASSERT_TRUE(f.valid());
+  for (const auto& [bytes, seconds] : want.times[static_cast<int>(CollOp::kAllReduce)][static_cast<int>(a)]) {
+    const AlgoCost c = algo_cost(CollOp::kAllReduce, a, 2, bytes);
+    const AlphaBeta ab = f.at(bytes);
+    EXPECT_NEAR(ab.alpha_s * c.steps + ab.beta_s_per_byte * c.bw_bytes, seconds, 1e-9 * seconds)
+        << algo_name(a) << " at " << bytes << " B";
+  }
+}
+
+TEST(DistCostModel, PooledFitIgnoresSlowOutlierLaunch) {
+  const CalibrationLaunch fast1 = synthetic_launch("0|1", 1.0, 1.0);
+  const CalibrationLaunch fast2 = synthetic_launch("0|1", 1.02, 1.0);
+  // The newest launch ran slow, recursive doubling 3x more: alone it would rank ring first.
+  const CalibrationLaunch slow = synthetic_launch("0|1", 2.0, 3.0);
+  const std::vector<CalibrationLaunch> pool = pool_launches({fast1, fast2}, slow);
+  ASSERT_EQ(pool.size(), 3u);
+  for (Algo a : {Algo::kRing, Algo::kRecursiveDoubling})
+    expect_fit_reproduces(fit_pooled(pool, CollOp::kAllReduce, a, 2), a, fast2);  // the median
+  AlphaBetaTable t;
+  t.fitted_p = 2;
+  for (Algo a : {Algo::kRing, Algo::kRecursiveDoubling})
+    t.fit_of(CollOp::kAllReduce, a) = fit_pooled(pool, CollOp::kAllReduce, a, 2);
+  EXPECT_LT(predict_seconds(t, CollOp::kAllReduce, Algo::kRecursiveDoubling, 2, 32768),
+            predict_seconds(t, CollOp::kAllReduce, Algo::kRing, 2, 32768));
+  // The slow launch alone ranks the other way: the test can tell the two apart.
+  for (Algo a : {Algo::kRing, Algo::kRecursiveDoubling})
+    t.fit_of(CollOp::kAllReduce, a) = fit_pooled({slow}, CollOp::kAllReduce, a, 2);
+  EXPECT_GT(predict_seconds(t, CollOp::kAllReduce, Algo::kRecursiveDoubling, 2, 32768),
+            predict_seconds(t, CollOp::kAllReduce, Algo::kRing, 2, 32768));
+  // No times for an algorithm: no fit.
+  EXPECT_FALSE(fit_pooled(pool, CollOp::kAllReduce, Algo::kRabenseifner, 2).valid());
+  EXPECT_FALSE(fit_pooled({}, CollOp::kAllReduce, Algo::kRing, 2).valid());
+}
+
+TEST(DistCostModel, PoolKeepsLastLaunchesOfThePlacement) {
+  const CalibrationLaunch other = synthetic_launch("unbound", 50.0, 50.0);
+  CalibrationLaunch other_node = synthetic_launch("0|1", 40.0, 1.0);
+  other_node.hier_ranks_per_node = 1;
+  const CalibrationLaunch oldest = synthetic_launch("0|1", 30.0, 1.0);
+  const CalibrationLaunch a = synthetic_launch("0|1", 1.0, 1.0);
+  const CalibrationLaunch b = synthetic_launch("0|1", 1.1, 1.0);
+  const CalibrationLaunch now = synthetic_launch("0|1", 5.0, 1.0);
+  const std::vector<CalibrationLaunch> pool = pool_launches({oldest, other, a, other_node, b}, now);
+  ASSERT_EQ(pool.size(), 3u);  // a, b, now: the oldest dropped, the others never mixed
+  EXPECT_DOUBLE_EQ(pool[0].times[0][static_cast<int>(Algo::kRing)][0].second,
+                   a.times[0][static_cast<int>(Algo::kRing)][0].second);
+  EXPECT_DOUBLE_EQ(pool[2].times[0][static_cast<int>(Algo::kRing)][0].second,
+                   now.times[0][static_cast<int>(Algo::kRing)][0].second);
+  expect_fit_reproduces(fit_pooled(pool, CollOp::kAllReduce, Algo::kRing, 2), Algo::kRing, b);
+  // A launch of another placement starts a pool of its own.
+  EXPECT_EQ(pool_launches({a, b}, other).size(), 1u);
+}
+
+TEST(DistCostModel, CalibrationLaunchesRoundTrip) {
+  Communicator& c = Communicator::world();
+  const std::string path = std::string(KILN_BINARY_DIR) + "/test_dist_launches_p" +
+                           std::to_string(c.size()) + ".json";
+  const std::vector<CalibrationLaunch> pool = {synthetic_launch("0|1", 1.0, 1.0),
+                                               synthetic_launch("0|1", 2.0, 1.5)};
+  AlphaBetaTable t;
+  t.fitted_p = c.size();  // the key of the fits; the times are synthetic p = 2 ones
+  t.placement = "0|1";
+  t.fit_of(CollOp::kAllReduce, Algo::kRing) = fit_pooled(pool, CollOp::kAllReduce, Algo::kRing, 2);
+  if (c.rank() == 0) {
+    std::remove(path.c_str());
+    EXPECT_TRUE(read_calibration_launches(path, c.size()).empty());  // no file
+    ASSERT_TRUE(save_cost_table(t, path, pool).ok());
+    const std::vector<CalibrationLaunch> back = read_calibration_launches(path, c.size());
+    ASSERT_EQ(back.size(), 2u);
+    EXPECT_TRUE(read_calibration_launches(path, c.size() + 1).empty());
+    for (size_t i = 0; i < back.size(); ++i) {
+      EXPECT_EQ(back[i].placement, "0|1");
+      for (int a : {static_cast<int>(Algo::kRing), static_cast<int>(Algo::kRecursiveDoubling)})
+        EXPECT_EQ(back[i].times[0][a], pool[i].times[0][a]);
+    }
+    // Saving a table without launches drops them (fits[p] is rewritten whole).
+    ASSERT_TRUE(save_cost_table(t, path).ok());
+    EXPECT_TRUE(read_calibration_launches(path, c.size()).empty());
+    ASSERT_TRUE(save_cost_table(t, path, pool).ok());
+  }
+  c.barrier();
+  // The fits' reader skips the "launches" key (as the reader before it did).
+  setenv("KILN_COMM_CALIBRATION", path.c_str(), 1);
+  const AlphaBetaTable u = load_cost_table(c);
+  EXPECT_EQ(u.placement, "0|1");
+  EXPECT_EQ(u.fit_of(CollOp::kAllReduce, Algo::kRing).num_knots,
+            t.fit_of(CollOp::kAllReduce, Algo::kRing).num_knots);
+  EXPECT_FALSE(u.fit_of(CollOp::kAllReduce, Algo::kRecursiveDoubling).valid());
+  c.barrier();
+  if (c.rank() == 0) std::remove(path.c_str());
+  unsetenv("KILN_COMM_CALIBRATION");
+}
+
 // The placement string: one field per rank, "unbound" only when all ranks share the same
 // several CPUs; and the live one agrees on every rank.
 TEST(DistCostModel, DescribePlacement) {

@@ -206,6 +206,39 @@ std::vector<double> paired_times(const std::vector<std::vector<double>>& rounds)
   return out;
 }
 
+std::vector<CalibrationLaunch> pool_launches(const std::vector<CalibrationLaunch>& stored,
+                                             const CalibrationLaunch& now) {
+  std::vector<CalibrationLaunch> out;
+  for (const CalibrationLaunch& l : stored)
+    if (l.placement == now.placement && l.hier_ranks_per_node == now.hier_ranks_per_node)
+      out.push_back(l);
+  out.push_back(now);
+  if (out.size() > static_cast<size_t>(kMaxPooledLaunches))
+    out.erase(out.begin(), out.end() - kMaxPooledLaunches);
+  return out;
+}
+
+PiecewiseAlphaBeta fit_pooled(const std::vector<CalibrationLaunch>& launches, CollOp op, Algo algo,
+                              int p) {
+  if (launches.empty()) return {};
+  const auto& last = launches.back().times[static_cast<int>(op)][static_cast<int>(algo)];
+  const int n = std::min(static_cast<int>(last.size()), PiecewiseAlphaBeta::kMaxKnots);
+  if (n == 0) return {};
+  std::vector<double> sizes(n), steps(n), bw(n), secs(n);
+  for (int i = 0; i < n; ++i) {
+    sizes[i] = last[i].first;
+    std::vector<double> at_size;
+    for (const CalibrationLaunch& l : launches)
+      for (const auto& [bytes, seconds] : l.times[static_cast<int>(op)][static_cast<int>(algo)])
+        if (bytes == sizes[i] && seconds > 0) at_size.push_back(seconds);
+    secs[i] = at_size.empty() ? last[i].second : median_of(std::move(at_size));
+    const AlgoCost terms = algo_cost(op, algo, p, sizes[i], launches.back().hier_ranks_per_node);
+    steps[i] = terms.steps;
+    bw[i] = terms.bw_bytes;
+  }
+  return fit_piecewise(sizes.data(), steps.data(), bw.data(), secs.data(), n);
+}
+
 AlphaBeta fit_alpha_beta(const double* steps, const double* bytes, const double* seconds, int n) {
   // Minimize sum ((alpha s_i + beta b_i - T_i) / T_i)^2: normal equations of a 2x2 system.
   double ss = 0, sb = 0, bb = 0, st = 0, bt = 0;
@@ -380,7 +413,58 @@ AlphaBetaTable table_from_json(const json& j, int p) {
   return t;
 }
 
+json launch_to_json(const CalibrationLaunch& l) {
+  json times = json::object();
+  for (int o = 0; o < kNumCollOps; ++o)
+    for (int a = 0; a < kNumAlgos; ++a) {
+      if (l.times[o][a].empty()) continue;
+      json pts = json::array();
+      for (const auto& [bytes, seconds] : l.times[o][a]) pts.push_back({bytes, seconds});
+      times[std::string(kCollOpNames[o])][std::string(kAlgoInfos[a].name)] = pts;
+    }
+  return {{"placement", l.placement}, {"hierarchical_ranks_per_node", l.hier_ranks_per_node},
+          {"times", times}};
+}
+
+// Malformed launches are skipped (a pooled calibration then pools fewer launches).
+std::vector<CalibrationLaunch> launches_from_json(const json& j) {
+  std::vector<CalibrationLaunch> out;
+  if (!j.is_array()) return out;
+  for (const json& e : j) {
+    try {
+      if (!e.is_object() || !e.contains("times") || !e["times"].is_object()) continue;
+      CalibrationLaunch l;
+      l.placement = e.value("placement", std::string());
+      l.hier_ranks_per_node = e.value("hierarchical_ranks_per_node", 0);
+      for (const auto& [op_name, algos] : e["times"].items()) {
+        const auto op = parse_coll_op(op_name);
+        if (!op || !algos.is_object()) continue;
+        for (const auto& [algo_name_str, pts] : algos.items()) {
+          const auto a = parse_algo(algo_name_str);
+          if (!a || !pts.is_array()) continue;
+          auto& dst = l.times[static_cast<int>(*op)][static_cast<int>(*a)];
+          for (const json& pt : pts)
+            if (pt.is_array() && pt.size() == 2) dst.emplace_back(pt[0].get<double>(), pt[1].get<double>());
+        }
+      }
+      out.push_back(std::move(l));
+    } catch (const json::exception& ex) {
+      std::fprintf(stderr, "kiln: ignoring a bad calibration launch: %s\n", ex.what());
+    }
+  }
+  return out;
+}
+
 }  // namespace
+
+std::vector<CalibrationLaunch> read_calibration_launches(const std::string& path, int p) {
+  const json j = read_json_file(path);
+  const std::string key = std::to_string(p);
+  if (!j.contains("fits") || !j["fits"].is_object() || !j["fits"].contains(key) ||
+      !j["fits"][key].is_object() || !j["fits"][key].contains("launches"))
+    return {};
+  return launches_from_json(j["fits"][key]["launches"]);
+}
 
 AlphaBetaTable load_cost_table(Communicator& comm) {
   std::vector<double> flat(kFlatSize);
@@ -401,7 +485,8 @@ AlphaBetaTable load_cost_table(Communicator& comm) {
   return t;
 }
 
-Status save_cost_table(const AlphaBetaTable& t, const std::string& path) {
+Status save_cost_table(const AlphaBetaTable& t, const std::string& path,
+                       const std::vector<CalibrationLaunch>& launches) {
   json j = read_json_file(path);
   j["version"] = 2;
   j["link"] = {{"alpha_s", t.link.alpha_s}, {"beta_s_per_byte", t.link.beta_s_per_byte}};
@@ -419,6 +504,11 @@ Status save_cost_table(const AlphaBetaTable& t, const std::string& path) {
           knots.push_back({pw.knots[k].bytes, pw.knots[k].ab.alpha_s, pw.knots[k].ab.beta_s_per_byte});
         fits[std::string(kCollOpNames[o])][std::string(kAlgoInfos[a].name)] = {{"knots", knots}};
       }
+    if (!launches.empty()) {
+      json ls = json::array();
+      for (const CalibrationLaunch& l : launches) ls.push_back(launch_to_json(l));
+      fits["launches"] = ls;
+    }
     j["fits"][std::to_string(t.fitted_p)] = fits;
   }
   std::error_code ec;

@@ -5,6 +5,7 @@
 
 #include <array>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "kiln/core/status.h"
@@ -116,12 +117,39 @@ std::string describe_placement(const std::vector<std::vector<int>>& cpus_of_rank
 // Collective: every rank's allowed CPUs gathered; the same description on every rank.
 std::string rank_placement(Communicator& comm);
 
+// Pooled calibration (`kiln bench comm --calibrate --pool`): one launch's per-size paired
+// times, kept in the cache file for the last kMaxPooledLaunches launches of the same p and
+// placement. A process at p = 2 runs in a fast or a slow state for its whole life (2-core VM,
+// ping-pong alpha 0.17 vs 0.43 us; docs/results/collectives-2026-11-30-b.txt), so one launch's
+// calibration can rank algorithms for the other state; the per-size median over launches lets
+// no single launch decide.
+struct CalibrationLaunch {
+  std::string placement;        // describe_placement of the launch's ranks
+  int hier_ranks_per_node = 0;  // the node size its hierarchical times were measured with
+  // times[op][algo]: (nccl-tests size in bytes, paired seconds) per calibration size, ascending.
+  std::array<std::array<std::vector<std::pair<double, double>>, kNumAlgos>, kNumCollOps> times{};
+};
+constexpr int kMaxPooledLaunches = 3;
+// The launches to pool with `now`: the stored ones measured with now's placement and node size,
+// oldest first, then `now`, at most kMaxPooledLaunches (the newest).
+std::vector<CalibrationLaunch> pool_launches(const std::vector<CalibrationLaunch>& stored,
+                                             const CalibrationLaunch& now);
+// The piecewise fit of (op, algo) at p through, at each size of the LAST launch, the median of
+// the paired times over the launches that measured that size. Invalid when the last launch has
+// no times for (op, algo).
+PiecewiseAlphaBeta fit_pooled(const std::vector<CalibrationLaunch>& launches, CollOp op, Algo algo,
+                              int p);
+// Rank 0 only: the launches stored for p in the cache file (oldest first; none when missing).
+std::vector<CalibrationLaunch> read_calibration_launches(const std::string& path, int p);
+
 // The cache file: $KILN_COMM_CALIBRATION, else $HOME/.cache/kiln/comm_calibration.json.
 std::string calibration_path();
 // Collective: rank 0 reads the file (missing file: defaults) and broadcasts, so every rank
 // makes the same `auto` choice. Fits recorded for other p are ignored.
 AlphaBetaTable load_cost_table(Communicator& comm);
-// Rank 0 only: writes `t` into the file, keeping fits recorded for other p.
-Status save_cost_table(const AlphaBetaTable& t, const std::string& path);
+// Rank 0 only: writes `t` into the file, keeping fits recorded for other p; `launches` (if any)
+// are stored with the fits at t.fitted_p as "launches" (a key the readers of fits skip).
+Status save_cost_table(const AlphaBetaTable& t, const std::string& path,
+                       const std::vector<CalibrationLaunch>& launches = {});
 
 }  // namespace kiln::dist
