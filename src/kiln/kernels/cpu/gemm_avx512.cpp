@@ -75,10 +75,7 @@ void micro_kernel_bf16_14x32(int64_t steps, const void* a_packed, const void* b_
   constexpr int kMr = 14;
   const uint32_t* a = static_cast<const uint32_t*>(a_packed);
   const uint32_t* b = static_cast<const uint32_t*>(b_packed);
-  for (int i = 0; i < m; ++i) {  // C tile: fetched during the k loop (see micro_kernel_f32)
-    __builtin_prefetch(c + i * ldc, 1, 3);
-    __builtin_prefetch(c + i * ldc + 31, 1, 3);
-  }
+  gemm_detail::prefetch_c_tile(c, ldc, m, 32);
   __m512 acc[kMr][2];
 #pragma GCC unroll 16
   for (int i = 0; i < kMr; ++i) acc[i][0] = acc[i][1] = _mm512_setzero_ps();
@@ -104,10 +101,7 @@ void micro_kernel_bf16_14x32_direct(int64_t steps, const void* a_rows, int64_t l
   constexpr int kMr = 14;
   const uint16_t* a = static_cast<const uint16_t*>(a_rows);
   const uint32_t* b = static_cast<const uint32_t*>(b_packed);
-  for (int i = 0; i < kMr; ++i) {
-    __builtin_prefetch(c + i * ldc, 1, 3);
-    __builtin_prefetch(c + i * ldc + 31, 1, 3);
-  }
+  gemm_detail::prefetch_c_tile(c, ldc, kMr, 32);
   __m512 acc[kMr][2];
 #pragma GCC unroll 16
   for (int i = 0; i < kMr; ++i) acc[i][0] = acc[i][1] = _mm512_setzero_ps();

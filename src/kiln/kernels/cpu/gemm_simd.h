@@ -282,18 +282,23 @@ template <class V, int MR, int NV>
   }
 }
 
+// The C tile is read (beta or a later K block) and written at the end of a micro-kernel:
+// start fetching its `rows` rows of `cols` floats before the k loop so they are in L1 when it
+// finishes (C rows are ldc apart and rarely cached).
+inline void prefetch_c_tile(const float* c, int64_t ldc, int rows, int cols) {
+  for (int i = 0; i < rows; ++i) {
+    __builtin_prefetch(c + i * ldc, 1, 3);
+    __builtin_prefetch(c + i * ldc + cols - 1, 1, 3);
+  }
+}
+
 template <class V, int MR, int NV>
 void micro_kernel_f32(int64_t steps, const void* a_packed, const void* b_packed, float* c,
                       int64_t ldc, int m, int n, const TileEpilogue& ep) {
   constexpr int L = V::kLanes;
   const float* a = static_cast<const float*>(a_packed);
   const float* b = static_cast<const float*>(b_packed);
-  // The C tile is read (beta or a later K block) and written at the end: start fetching it now
-  // so it is in L1 when the k loop finishes (C rows are ldc apart and rarely cached).
-  for (int i = 0; i < m; ++i) {
-    __builtin_prefetch(c + i * ldc, 1, 3);
-    __builtin_prefetch(c + i * ldc + NV * L - 1, 1, 3);
-  }
+  prefetch_c_tile(c, ldc, m, NV * L);
   typename V::T acc[MR][NV];
 #pragma GCC unroll 16
   for (int i = 0; i < MR; ++i)
@@ -324,10 +329,7 @@ void micro_kernel_f32_direct(int64_t steps, const void* a_rows, int64_t lda, con
   constexpr int L = V::kLanes;
   const float* a = static_cast<const float*>(a_rows);
   const float* b = static_cast<const float*>(b_packed);
-  for (int i = 0; i < MR; ++i) {
-    __builtin_prefetch(c + i * ldc, 1, 3);
-    __builtin_prefetch(c + i * ldc + NV * L - 1, 1, 3);
-  }
+  prefetch_c_tile(c, ldc, MR, NV * L);
   typename V::T acc[MR][NV];
 #pragma GCC unroll 16
   for (int i = 0; i < MR; ++i)
