@@ -60,6 +60,14 @@ int64_t count_arg(CollOp op, int64_t size, int p, size_t es) {
   const int64_t total = size / static_cast<int64_t>(es);
   return (op == CollOp::kAllReduce || op == CollOp::kBroadcast) ? total : total / p;
 }
+// The size the collectives resolve `auto` with for `count` (count_arg): the nccl-tests size of
+// the call, which is below the bench's size when p does not divide it.
+int64_t auto_key_bytes(CollOp op, int64_t count, int p, size_t es) {
+  const int64_t n = count * static_cast<int64_t>(es);
+  return (op == CollOp::kAllReduce || op == CollOp::kBroadcast) ? n : n * p;
+}
+// Most `auto` calls the warm-up makes for the probe to pin (auto_probe.h: probe_calls).
+constexpr int kMaxProbeWarmupCalls = 4 * dist::probe_calls(dist::kProbeMaxCandidates);
 
 Status call(Communicator& c, CollOp op, Algo algo, const std::byte* send, std::byte* recv,
             int64_t count, DType t, ReduceOp rop) {
@@ -150,6 +158,13 @@ std::vector<std::vector<double>> time_collectives(Communicator& c, CollOp op,
                                                   const std::vector<Algo>& algos,
                                                   const std::byte* send, std::byte* recv,
                                                   int64_t count, DType t, ReduceOp rop, int reps) {
+  // `auto` first runs its probe to the end (the same calls on every rank), so the rounds time
+  // the pinned algorithm, not the probe.
+  if (std::find(algos.begin(), algos.end(), Algo::kAuto) != algos.end()) {
+    const int64_t key = auto_key_bytes(op, count, c.size(), dtype_bits(t) / 8);
+    for (int i = 0; i < kMaxProbeWarmupCalls && dist::auto_choice(c, op, key).probing(); ++i)
+      call(c, op, Algo::kAuto, send, recv, count, t, rop).check_ok(__FILE__, __LINE__);
+  }
   auto run = [&](Algo algo, int iters) {
     c.barrier();
     const double t0 = now_seconds();
@@ -192,7 +207,19 @@ struct Row {
   int rounds = 0;
   double vs_mpi = 0, vs_best = 0;  // paired ratios (see the table loop)
   int64_t wrong = 0;
+  dist::AutoChoice choice;  // the auto row: how auto chose
 };
+
+// The auto row's note: who pinned it, and the probe's agreed times.
+std::string auto_note(const dist::AutoChoice& ch) {
+  if (ch.source != dist::AutoSource::kProbe)
+    return fmt::format("model ({})", ch.why.empty() ? "pinned" : ch.why);
+  std::string s = fmt::format("probe, model's pick {}:", dist::algo_name(ch.model_pick));
+  for (size_t i = 0; i < ch.candidates.size(); ++i)
+    s += fmt::format(" {} {:.1f} us (model {:.1f})", dist::algo_name(ch.candidates[i]),
+                     ch.measured_s[i] * 1e6, ch.predicted_s[i] * 1e6);
+  return s;
+}
 
 // The ranks' placement (cost_model.h: with more ranks than cores it reorders the algorithms),
 // and a warning when the calibration was measured with another one, or when unbound ranks
@@ -424,6 +451,7 @@ int run_comm_bench(const CommBenchOptions& opt) {
       algos.push_back(Algo::kMpi);  // the peer, always measured
     }
     c.set_ranks_per_node(opt.ranks_per_node);
+    c.set_auto_probe(opt.auto_probe);
     dist::set_pipeline_chunk_override(static_cast<size_t>(opt.chunk_bytes));
     const size_t es = rc == 0 ? dtype_bits(*dtype) / 8 : 4;
     const size_t buf_bytes = static_cast<size_t>(std::max<int64_t>(opt.max_bytes, 64 << 20)) + 64;
@@ -449,6 +477,11 @@ int run_comm_bench(const CommBenchOptions& opt) {
                    std::max(opt.reps, kMaxRounds), kWindowSeconds * 1e3,
                    busbw_factor(*op, p),
                    opt.chunk_bytes > 0 ? fmt::format("; pipeline chunk {} B", dist::pipeline_chunk_override()) : "");
+        fmt::print("# auto: {}\n", opt.auto_probe
+                                        ? fmt::format("the model's pick, or an in-process probe when runners-up are "
+                                                      "predicted within {:.1f}x (>= {} B; --no-auto-probe: model only)",
+                                                      dist::kProbeCandidateFactor, dist::kProbeMinBytes)
+                                        : std::string("the model's pick only (--no-auto-probe)"));
         if (p > 1) print_placement_note(placement, calibrated, p);
         fmt::print("#{:>11} {:>11} {:>5} {:>5}  {:<24} {:>10} {:>17} {:>8} {:>8} {:>7} {:>9} {:>7}\n", "size", "count",
                    "type", "redop", "algo", "time(us)", "min-max(us)", "algbw", "busbw", "#wrong",
@@ -468,7 +501,8 @@ int run_comm_bench(const CommBenchOptions& opt) {
           row.size = size;
           row.count = count;
           row.algo = algos[k];
-          row.resolved = algos[k] == Algo::kAuto ? dist::resolve_algo(c, *op, size) : algos[k];
+          if (algos[k] == Algo::kAuto) row.choice = dist::auto_choice(c, *op, auto_key_bytes(*op, count, p, es));
+          row.resolved = algos[k] == Algo::kAuto ? row.choice.algo : algos[k];
           row.t = summarize(rounds[k]);
           row.rounds = static_cast<int>(rounds[k].size());
           // #wrong: one more call on a poisoned output, checked against the direct computation.
@@ -511,6 +545,15 @@ int run_comm_bench(const CommBenchOptions& opt) {
                                 {"busbw_GBps", busbw}, {"wrong", row.wrong},
                                 {"busbw_vs_mpi", row.vs_mpi}, {"vs_best", row.vs_best},
                                 {"rounds", row.rounds}};
+            if (row.algo == Algo::kAuto) {
+              j["auto_by"] = dist::auto_source_name(row.choice.source);
+              j["model_pick"] = dist::algo_name(row.choice.model_pick);
+              if (!row.choice.why.empty()) j["auto_why"] = row.choice.why;
+              nlohmann::json probe = nlohmann::json::object();
+              for (size_t i = 0; i < row.choice.measured_s.size(); ++i)
+                probe[std::string(dist::algo_name(row.choice.candidates[i]))] = row.choice.measured_s[i] * 1e6;
+              if (!probe.empty()) j["probe_us"] = probe;
+            }
             fmt::print("{}\n", j.dump());
           } else {
             fmt::print("{:>12} {:>11} {:>5} {:>5}  {:<24} {:>10.2f} {:>8.2f}-{:<8.2f} {:>8.3f} {:>8.3f} {:>7} {:>9.2f} {:>7}\n",
@@ -520,6 +563,9 @@ int run_comm_bench(const CommBenchOptions& opt) {
                        best >= 0 ? fmt::format("{:.2f}", row.vs_best) : std::string("-"));
           }
         }
+        for (const Row& row : rows)
+          if (r == 0 && !opt.json && row.algo == Algo::kAuto)
+            fmt::print("#   auto at {} B pinned by {}\n", size, auto_note(row.choice));
         if (r == 0) std::fflush(stdout);
       }
     }

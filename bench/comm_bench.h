@@ -23,6 +23,8 @@ struct CommBenchOptions {
   bool pool = false;             // with calibrate: fit through the per-size medians over this
                                  // and the last stored launches (cost_model.h, pool_launches)
   int64_t chunk_bytes = 0;       // pipeline chunk override for sweeps (0 = per-size defaults)
+  bool auto_probe = true;        // `auto` probes close calls in-process (auto_probe.h);
+                                 // --no-auto-probe: the model's pick alone
 };
 
 // Collective over MPI_COMM_WORLD (initializes MPI if needed, finalizes at the end); prints on

@@ -50,6 +50,9 @@ void register_bench_comm(CLI::App& bench) {
                 "of the last 2 launches stored for the same p and placement (a launch in a slow "
                 "process state then cannot decide alone)")
       ->needs("--calibrate");
+  cmd->add_flag_callback("--no-auto-probe", [opt] { opt->auto_probe = false; },
+                         "`auto` takes the alpha-beta model's pick alone, without the in-process probe "
+                         "of close candidates");
   cmd->callback([opt] {
     const int rc = bench::run_comm_bench(*opt);
     if (rc != 0) std::exit(rc);

@@ -99,15 +99,31 @@ RedSpec spec_of(DType dtype, ReduceOp op) {
 }  // namespace
 
 Algo resolve_algo(Communicator& comm, CollOp op, int64_t nbytes_total) {
-  const uint64_t key = static_cast<uint64_t>(nbytes_total) * kNumCollOps + static_cast<int>(op);
   auto& cache = comm.auto_cache();
-  if (auto it = cache.find(key); it != cache.end()) return static_cast<Algo>(it->second);
-  const int rpn = op == CollOp::kAllReduce ? comm.hierarchical_node_size() : 0;
-  const Algo a = select_algo(comm.cost_table(), op, comm.size(), static_cast<double>(nbytes_total), rpn);
-  if (cache.size() > 4096) cache.clear();  // bounded: sizes in a training run are few
-  cache.emplace(key, static_cast<uint8_t>(a));
-  return a;
+  if (auto it = cache.find(detail::auto_key(op, nbytes_total)); it != cache.end())
+    return static_cast<Algo>(it->second);
+  return detail::auto_choice(comm, op, nbytes_total).algo;
 }
+
+AutoChoice auto_choice(Communicator& comm, CollOp op, int64_t nbytes_total) {
+  return detail::auto_choice(comm, op, nbytes_total);
+}
+
+namespace {
+
+// Runs `run(algo)`, resolving `auto` first (auto_probe.h) and reporting a probe call's end.
+template <class Run>
+void run_resolved(Communicator& comm, CollOp op, int64_t nbytes_total, Algo algo, Run&& run) {
+  if (algo != Algo::kAuto) {
+    run(algo);
+    return;
+  }
+  const detail::AutoTicket t = detail::auto_begin(comm, op, nbytes_total);
+  run(t.algo);
+  detail::auto_finish(comm, op, t);
+}
+
+}  // namespace
 
 Status all_reduce(Communicator& comm, const void* send, void* recv, int64_t count, DType dtype,
                   ReduceOp op, Algo algo) {
@@ -116,18 +132,19 @@ Status all_reduce(Communicator& comm, const void* send, void* recv, int64_t coun
   if (count == 0) return Status::ok_status();
   const RedSpec s = spec_of(dtype, op);
   const int avg = op == ReduceOp::kAvg ? comm.size() : 0;
-  if (algo == Algo::kAuto) algo = resolve_algo(comm, CollOp::kAllReduce, count * s.esize);
   auto* in = static_cast<const std::byte*>(send);
   auto* out = static_cast<std::byte*>(recv);
-  switch (algo) {
-    case Algo::kMpi: detail::allreduce_mpi(comm, in, out, count, s, avg); break;
-    case Algo::kRing: detail::allreduce_ring(comm, in, out, count, s, avg); break;
-    case Algo::kRecursiveDoubling: detail::allreduce_recursive_doubling(comm, in, out, count, s, avg); break;
-    case Algo::kRabenseifner: detail::allreduce_rabenseifner(comm, in, out, count, s, avg); break;
-    case Algo::kDoubleBinaryTree: detail::allreduce_double_binary_tree(comm, in, out, count, s, avg); break;
-    case Algo::kHierarchical: detail::allreduce_hierarchical(comm, in, out, count, s, avg); break;
-    default: KILN_CHECK_MSG(false, "all_reduce: unhandled algorithm {}", algo_name(algo));
-  }
+  run_resolved(comm, CollOp::kAllReduce, count * s.esize, algo, [&](Algo algo) {
+    switch (algo) {
+      case Algo::kMpi: detail::allreduce_mpi(comm, in, out, count, s, avg); break;
+      case Algo::kRing: detail::allreduce_ring(comm, in, out, count, s, avg); break;
+      case Algo::kRecursiveDoubling: detail::allreduce_recursive_doubling(comm, in, out, count, s, avg); break;
+      case Algo::kRabenseifner: detail::allreduce_rabenseifner(comm, in, out, count, s, avg); break;
+      case Algo::kDoubleBinaryTree: detail::allreduce_double_binary_tree(comm, in, out, count, s, avg); break;
+      case Algo::kHierarchical: detail::allreduce_hierarchical(comm, in, out, count, s, avg); break;
+      default: KILN_CHECK_MSG(false, "all_reduce: unhandled algorithm {}", algo_name(algo));
+    }
+  });
   return Status::ok_status();
 }
 
@@ -137,16 +154,16 @@ Status all_gather(Communicator& comm, const void* send, void* recv, int64_t coun
   KILN_RETURN_IF_ERROR(check_algo("all_gather", algo, CollOp::kAllGather));
   if (count_per_rank == 0) return Status::ok_status();
   const size_t es = dtype_bits(dtype) / 8;
-  if (algo == Algo::kAuto)
-    algo = resolve_algo(comm, CollOp::kAllGather, count_per_rank * es * comm.size());
   auto* in = static_cast<const std::byte*>(send);
   auto* out = static_cast<std::byte*>(recv);
-  switch (algo) {
-    case Algo::kMpi: detail::allgather_mpi(comm, in, out, count_per_rank, es); break;
-    case Algo::kRing: detail::allgather_ring(comm, in, out, count_per_rank, es); break;
-    case Algo::kRecursiveDoubling: detail::allgather_recursive_doubling(comm, in, out, count_per_rank, es); break;
-    default: KILN_CHECK_MSG(false, "all_gather: unhandled algorithm {}", algo_name(algo));
-  }
+  run_resolved(comm, CollOp::kAllGather, count_per_rank * es * comm.size(), algo, [&](Algo algo) {
+    switch (algo) {
+      case Algo::kMpi: detail::allgather_mpi(comm, in, out, count_per_rank, es); break;
+      case Algo::kRing: detail::allgather_ring(comm, in, out, count_per_rank, es); break;
+      case Algo::kRecursiveDoubling: detail::allgather_recursive_doubling(comm, in, out, count_per_rank, es); break;
+      default: KILN_CHECK_MSG(false, "all_gather: unhandled algorithm {}", algo_name(algo));
+    }
+  });
   return Status::ok_status();
 }
 
@@ -157,16 +174,16 @@ Status reduce_scatter(Communicator& comm, const void* send, void* recv, int64_t 
   if (count_per_rank == 0) return Status::ok_status();
   const RedSpec s = spec_of(dtype, op);
   const int avg = op == ReduceOp::kAvg ? comm.size() : 0;
-  if (algo == Algo::kAuto)
-    algo = resolve_algo(comm, CollOp::kReduceScatter, count_per_rank * s.esize * comm.size());
   auto* in = static_cast<const std::byte*>(send);
   auto* out = static_cast<std::byte*>(recv);
-  switch (algo) {
-    case Algo::kMpi: detail::reducescatter_mpi(comm, in, out, count_per_rank, s, avg); break;
-    case Algo::kRing: detail::reducescatter_ring(comm, in, out, count_per_rank, s, avg); break;
-    case Algo::kRecursiveHalving: detail::reducescatter_recursive_halving(comm, in, out, count_per_rank, s, avg); break;
-    default: KILN_CHECK_MSG(false, "reduce_scatter: unhandled algorithm {}", algo_name(algo));
-  }
+  run_resolved(comm, CollOp::kReduceScatter, count_per_rank * s.esize * comm.size(), algo, [&](Algo algo) {
+    switch (algo) {
+      case Algo::kMpi: detail::reducescatter_mpi(comm, in, out, count_per_rank, s, avg); break;
+      case Algo::kRing: detail::reducescatter_ring(comm, in, out, count_per_rank, s, avg); break;
+      case Algo::kRecursiveHalving: detail::reducescatter_recursive_halving(comm, in, out, count_per_rank, s, avg); break;
+      default: KILN_CHECK_MSG(false, "reduce_scatter: unhandled algorithm {}", algo_name(algo));
+    }
+  });
   return Status::ok_status();
 }
 
@@ -176,16 +193,16 @@ Status all_to_all(Communicator& comm, const void* send, void* recv, int64_t coun
   KILN_RETURN_IF_ERROR(check_algo("all_to_all", algo, CollOp::kAllToAll));
   if (count_per_rank == 0) return Status::ok_status();
   const size_t es = dtype_bits(dtype) / 8;
-  if (algo == Algo::kAuto)
-    algo = resolve_algo(comm, CollOp::kAllToAll, count_per_rank * es * comm.size());
   auto* in = static_cast<const std::byte*>(send);
   auto* out = static_cast<std::byte*>(recv);
-  switch (algo) {
-    case Algo::kMpi: detail::alltoall_mpi(comm, in, out, count_per_rank, es); break;
-    case Algo::kPairwise: detail::alltoall_pairwise(comm, in, out, count_per_rank, es); break;
-    case Algo::kScattered: detail::alltoall_scattered(comm, in, out, count_per_rank, es); break;
-    default: KILN_CHECK_MSG(false, "all_to_all: unhandled algorithm {}", algo_name(algo));
-  }
+  run_resolved(comm, CollOp::kAllToAll, count_per_rank * es * comm.size(), algo, [&](Algo algo) {
+    switch (algo) {
+      case Algo::kMpi: detail::alltoall_mpi(comm, in, out, count_per_rank, es); break;
+      case Algo::kPairwise: detail::alltoall_pairwise(comm, in, out, count_per_rank, es); break;
+      case Algo::kScattered: detail::alltoall_scattered(comm, in, out, count_per_rank, es); break;
+      default: KILN_CHECK_MSG(false, "all_to_all: unhandled algorithm {}", algo_name(algo));
+    }
+  });
   return Status::ok_status();
 }
 
@@ -197,14 +214,15 @@ Status broadcast(Communicator& comm, void* buf, int64_t count, DType dtype, int 
                             comm.size());
   if (count == 0) return Status::ok_status();
   const size_t nbytes = dtype_nbytes(dtype, count);
-  if (algo == Algo::kAuto) algo = resolve_algo(comm, CollOp::kBroadcast, nbytes);
   auto* b = static_cast<std::byte*>(buf);
-  switch (algo) {
-    case Algo::kMpi: detail::bcast_mpi(comm, b, nbytes, root); break;
-    case Algo::kBinomialTree: detail::bcast_binomial(comm, b, nbytes, root); break;
-    case Algo::kChain: detail::bcast_chain(comm, b, nbytes, root); break;
-    default: KILN_CHECK_MSG(false, "broadcast: unhandled algorithm {}", algo_name(algo));
-  }
+  run_resolved(comm, CollOp::kBroadcast, nbytes, algo, [&](Algo algo) {
+    switch (algo) {
+      case Algo::kMpi: detail::bcast_mpi(comm, b, nbytes, root); break;
+      case Algo::kBinomialTree: detail::bcast_binomial(comm, b, nbytes, root); break;
+      case Algo::kChain: detail::bcast_chain(comm, b, nbytes, root); break;
+      default: KILN_CHECK_MSG(false, "broadcast: unhandled algorithm {}", algo_name(algo));
+    }
+  });
   return Status::ok_status();
 }
 

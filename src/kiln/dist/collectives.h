@@ -1,6 +1,7 @@
 // The collectives, implemented on MPI point-to-point: all-reduce, all-gather, reduce-scatter,
 // all-to-all and broadcast, each with several algorithms (types.h) and `auto` selection by
-// the alpha-beta model (cost_model.h). Every rank of `comm` calls with the same arguments.
+// the alpha-beta model (cost_model.h), probing close calls in-process (auto_probe.h). Every
+// rank of `comm` calls with the same arguments.
 #pragma once
 
 #include <cstddef>
@@ -8,6 +9,7 @@
 
 #include "kiln/core/dtype.h"
 #include "kiln/core/status.h"
+#include "kiln/dist/auto_probe.h"
 #include "kiln/dist/communicator.h"
 #include "kiln/dist/types.h"
 
@@ -39,8 +41,13 @@ Status all_to_all(Communicator& comm, const void* send, void* recv, int64_t coun
 Status broadcast(Communicator& comm, void* buf, int64_t count, DType dtype, int root,
                  Algo algo = Algo::kAuto);
 
-// The algorithm `auto` resolves to for this call (same on every rank).
+// The algorithm `auto` resolves to for this call (same on every rank): the pinned choice, or
+// while the probe runs at this size (auto_probe.h), the candidate the next call runs. Does not
+// advance the probe. `nbytes_total` is the nccl-tests size (cost_model.h, AlgoCost).
 Algo resolve_algo(Communicator& comm, CollOp op, int64_t nbytes_total);
+// What `auto` does at this size: the algorithm, whether the probe runs or pinned it, the
+// model's pick, the candidates and their agreed times (same on every rank).
+AutoChoice auto_choice(Communicator& comm, CollOp op, int64_t nbytes_total);
 
 // Tuning hook for chunk sweeps (`kiln bench comm --chunk-bytes`): the pipelined algorithms
 // (ring, double binary tree, chain) send `bytes` per chunk (rounded down to a multiple of 64,

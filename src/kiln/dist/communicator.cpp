@@ -5,6 +5,7 @@
 #include <climits>
 #include <cstdio>
 
+#include "kiln/dist/auto_probe.h"
 #include "kiln/dist/cost_model.h"
 
 namespace kiln::dist {
@@ -99,6 +100,8 @@ Communicator& Communicator::operator=(Communicator&& o) noexcept {
   }
   cost_table_ = std::move(o.cost_table_);
   auto_cache_ = std::move(o.auto_cache_);
+  auto_probe_ = o.auto_probe_;
+  auto_probe_state_ = std::move(o.auto_probe_state_);
   o.comm_ = MPI_COMM_NULL;
   o.owned_ = false;
   return *this;
@@ -134,7 +137,7 @@ int Communicator::hierarchical_node_size() {
 void Communicator::set_ranks_per_node(int n) {
   KILN_CHECK(n >= 0);
   ranks_per_node_ = n;
-  auto_cache_.clear();
+  clear_auto_decisions();
 }
 
 Communicator::NodeGroups& Communicator::node_groups() {
@@ -224,7 +227,25 @@ const AlphaBetaTable& Communicator::cost_table() {
 
 void Communicator::set_cost_table(const AlphaBetaTable& table) {
   cost_table_ = std::make_unique<AlphaBetaTable>(table);
+  clear_auto_decisions();
+}
+
+void Communicator::set_auto_probe(bool on) {
+  auto_probe_ = on;
+  clear_auto_decisions();
+}
+
+AutoProbeState& Communicator::auto_probe_state() {
+  if (!auto_probe_state_) auto_probe_state_ = std::make_unique<AutoProbeState>();
+  return *auto_probe_state_;
+}
+
+void Communicator::clear_auto_decisions() {
   auto_cache_.clear();
+  if (auto_probe_state_) {  // the test hook stays
+    auto_probe_state_->entries.clear();
+    auto_probe_state_->model_why.clear();
+  }
 }
 
 }  // namespace kiln::dist

@@ -41,6 +41,8 @@ int single_node_split(int p);
 
 // Per-call cost parameters of one algorithm (the alpha-beta model), loaded from calibration.
 struct AlphaBetaTable;
+// The `auto` probe's per-key state (auto_probe.h).
+struct AutoProbeState;
 
 class Communicator {
  public:
@@ -110,6 +112,14 @@ class Communicator {
   // evaluation per algorithm, too much for a 1 us all-reduce. Cleared when the table or the
   // ranks per node change.
   std::unordered_map<uint64_t, uint8_t>& auto_cache() { return auto_cache_; }
+  // `auto` probes close calls in-process (auto_probe.h): when the model's runners-up are
+  // close, the first calls at a size time the candidates and the ranks pin the fastest. On by
+  // default; off, `auto` is the model's pick alone. Must be the same on every rank; clears
+  // the decisions made so far. The choice then depends on timing: for run-to-run bitwise
+  // reproducible float sums, turn it off (or name the algorithm).
+  void set_auto_probe(bool on);
+  bool auto_probe() const { return auto_probe_; }
+  AutoProbeState& auto_probe_state();
 
  private:
   MPI_Comm comm_ = MPI_COMM_NULL;
@@ -123,6 +133,9 @@ class Communicator {
   size_t scratch_bytes_[kNumScratch] = {};
   std::unique_ptr<AlphaBetaTable> cost_table_;
   std::unordered_map<uint64_t, uint8_t> auto_cache_;
+  bool auto_probe_ = true;
+  std::unique_ptr<AutoProbeState> auto_probe_state_;
+  void clear_auto_decisions();
 };
 
 }  // namespace kiln::dist

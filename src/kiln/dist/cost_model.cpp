@@ -172,6 +172,20 @@ Algo select_algo(const AlphaBetaTable& t, CollOp op, int p, double nbytes, int r
   return best;
 }
 
+std::vector<std::pair<Algo, double>> rank_algos(const AlphaBetaTable& t, CollOp op, int p,
+                                                double nbytes, int ranks_per_node) {
+  std::vector<std::pair<Algo, double>> out;
+  for (const AlgoInfo& info : kAlgoInfos) {
+    if (info.algo == Algo::kAuto || info.algo == Algo::kMpi || !algo_implements(info.algo, op))
+      continue;
+    if (info.algo == Algo::kHierarchical && !(ranks_per_node > 1 && ranks_per_node < p)) continue;
+    out.emplace_back(info.algo, predict_seconds(t, op, info.algo, p, nbytes, ranks_per_node));
+  }
+  std::stable_sort(out.begin(), out.end(),
+                   [](const auto& a, const auto& b) { return a.second < b.second; });
+  return out;
+}
+
 namespace {
 
 double median_of(std::vector<double> v) {

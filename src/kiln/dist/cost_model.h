@@ -88,6 +88,10 @@ double predict_seconds(const AlphaBetaTable& t, CollOp op, Algo algo, int p, dou
 // The algorithm with the least predicted time (never kAuto or kMpi; hierarchical only when
 // `ranks_per_node` splits the ranks into several nodes of more than one rank).
 Algo select_algo(const AlphaBetaTable& t, CollOp op, int p, double nbytes, int ranks_per_node = 0);
+// Every algorithm select_algo considers, with its predicted seconds, least first (ties keep
+// the kAlgoInfos order, so front() is select_algo's pick); the `auto` probe's candidates.
+std::vector<std::pair<Algo, double>> rank_algos(const AlphaBetaTable& t, CollOp op, int p,
+                                                double nbytes, int ranks_per_node = 0);
 
 // Paired statistics of interleaved timing rounds, for the calibration and the bench:
 // rounds[a][r] is algorithm a's time in round r, and within a round every algorithm ran once,

@@ -1,0 +1,116 @@
+// `auto` with an in-process probe: when the alpha-beta model's best algorithm for a call size
+// has close runners-up, the first calls at that size run each candidate in turn, time them,
+// agree on the times across ranks (MPI_Allreduce MAX) and pin the fastest for the
+// communicator's life. Written for per-process "slow states" that reorder the algorithms.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <string_view>
+#include <unordered_map>
+#include <vector>
+
+#include "kiln/dist/types.h"
+
+namespace kiln::dist {
+
+class Communicator;
+
+// Tuning constants, measured on the 2-core AMD EPYC (Zen 4) VM with OpenMPI's vader BTL
+// (docs/results/collectives-2026-11-30-b.txt, -c.txt):
+// A runner-up is probed when its predicted time is at most this factor of the model's best.
+// The pooled calibration put the pairs that a slow-state process reorders 1.00x (512 KiB
+// all-reduce ring vs recursive doubling) to 1.34x (2 MiB) apart, while the measured reversal
+// was 1.6-2.6x; pairs the model puts 2x+ apart (ring vs recursive doubling at latency-bound
+// sizes, 2(p-1) vs lg p steps) were never reordered, so probing them would only cost calls.
+inline constexpr double kProbeCandidateFactor = 1.5;
+// At most this many candidates (the model's pick and the two closest runners-up).
+inline constexpr int kProbeMaxCandidates = 3;
+// Below this call size `auto` keeps the model's pick at once: calls of a few microseconds,
+// where a few samples are within the timer's and the scheduler's noise, and where the
+// pooled-calibration runs of -b.txt measured the model's pick within 0.97-1.00 of the best.
+inline constexpr int64_t kProbeMinBytes = 4096;
+// Each candidate runs in blocks of kProbeBlock consecutive calls; the first call after a
+// switch of algorithm costs up to 3x a warm one here (2 MiB all-reduce, p = 2: 1.1 ms against
+// 0.36 ms), so only the last kProbeKeep calls of a block are timed. kProbeRounds passes over
+// the candidates give each kProbeRounds * kProbeKeep samples, taken at different moments.
+// 3 rounds of blocks of 4 give each candidate 9 samples, 36 calls for 3 candidates, once per
+// size; 2 rounds of blocks of 3 (4 samples) did as well at p = 2 in the launches no other job
+// disturbed (-c.txt, series 1); the extra samples are for p = 4 on 2 cores, where one call's
+// time varies up to 3x (2 MiB all-reduce: 1.7-6.2 ms).
+inline constexpr int kProbeBlock = 4;
+inline constexpr int kProbeKeep = 3;
+inline constexpr int kProbeRounds = 3;
+// The probe pins another candidate only when it beat the model's pick by more than this
+// fraction; within it the model's pick stays (noise; keeping it costs < 5%, inside the 10%
+// target of issue 6).
+inline constexpr double kProbeTieTolerance = 0.05;
+// Calls at one key until the probe pins, for `num_candidates` candidates.
+constexpr int probe_calls(int num_candidates) { return kProbeRounds * num_candidates * kProbeBlock; }
+
+enum class AutoSource : uint8_t {
+  kModel,    // the model's pick, pinned at once (no close runner-up, small call, probe off, p < 2)
+  kProbing,  // the probe runs: the next call runs `algo`, one of the candidates
+  kProbe,    // pinned by the probe (possibly the model's pick, confirmed)
+};
+std::string_view auto_source_name(AutoSource s);
+
+// What `auto` does at one (op, total bytes) key of a communicator; the same on every rank.
+struct AutoChoice {
+  Algo algo = Algo::kAuto;        // the algorithm the next call at this key runs
+  Algo model_pick = Algo::kAuto;  // the alpha-beta model's least predicted time
+  AutoSource source = AutoSource::kModel;
+  std::string_view why;           // for kModel: why there was no probe
+  std::vector<Algo> candidates;   // the probed candidates, model's pick first (empty: none)
+  std::vector<double> predicted_s;  // the model's seconds per candidate
+  std::vector<double> measured_s;   // after the probe: per candidate, max over ranks of each
+                                    // rank's median kept time (seconds)
+  int calls_done = 0;             // probe calls made so far at this key
+  bool probing() const { return source == AutoSource::kProbing; }
+};
+
+// Test hook: when set, the probe records hook(op, algo, measured seconds) as the time of a
+// probe call instead of the measured seconds (fake per-rank, per-algorithm costs). Per
+// communicator; an empty function restores the clock.
+using ProbeCostHook = std::function<double(CollOp, Algo, double)>;
+
+// The probe's state of one communicator (Communicator::auto_probe_state). The pinned choices
+// themselves live in Communicator::auto_cache (the hot path: one hash lookup per call).
+struct AutoProbeState {
+  struct Entry {
+    Algo model_pick = Algo::kAuto;
+    std::vector<Algo> candidates;
+    std::vector<double> predicted_s;
+    std::vector<std::vector<double>> samples;  // this rank's kept times, per candidate
+    std::vector<double> measured_s;            // agreed, after the last probe call
+    int calls_done = 0;
+    bool done = false;
+  };
+  ProbeCostHook cost_hook;
+  // Keys under probe and keys the probe pinned (kept for auto_choice's report); the model's
+  // immediate picks are not here.
+  std::unordered_map<uint64_t, Entry> entries;
+  // Keys the model pinned at once, with the reason (a static string).
+  std::unordered_map<uint64_t, std::string_view> model_why;
+};
+
+void set_auto_probe_cost_hook(Communicator& comm, ProbeCostHook hook);
+
+namespace detail {
+
+// One `auto` call: resolved before the algorithm runs, finished after it (collectives.cpp).
+struct AutoTicket {
+  Algo algo = Algo::kAuto;
+  uint64_t key = 0;
+  bool probe = false;  // a probe call: auto_finish records its time and advances the probe
+  double t0 = 0;
+};
+uint64_t auto_key(CollOp op, int64_t nbytes_total);
+AutoTicket auto_begin(Communicator& comm, CollOp op, int64_t nbytes_total);
+// After the call ran: for a probe call, records the time; the last probe call agrees on the
+// times across ranks (collective) and pins the winner.
+void auto_finish(Communicator& comm, CollOp op, const AutoTicket& t);
+AutoChoice auto_choice(Communicator& comm, CollOp op, int64_t nbytes_total);
+
+}  // namespace detail
+}  // namespace kiln::dist
