@@ -161,6 +161,17 @@ KILN_KERNEL_CASES(gemm) {
     if (v >= 2) g.a_dtype = g.b_dtype = DType::kBF16;
     cases.push_back(make_case(g, seed++));
   }
+  // Several groups of B micro-panels in one panel (run_block's tile order: groups of 8 strips of
+  // 32, the last group short and its last strip partial: 600 = 18 x 32 + 24) over several M and
+  // K blocks, M > N so the shared-panel path runs at every thread count.
+  for (DType dt : {DType::kF32, DType::kBF16}) {
+    GemmCase g{650, 600, 97};
+    g.blocking = {56, 48, 1024};
+    g.beta = 0.5f;
+    g.bias = true;
+    g.a_dtype = g.b_dtype = dt;
+    cases.push_back(make_case(g, seed++));
+  }
   // The column split (M <= N, one column chunk per thread, each thread packing its own B) with
   // bf16, transposed B and the full epilogue; even K: full strips read A in place (the direct-A
   // kernel), the partial last strip (90 = 6 x 14 + 6) is packed; odd K: all of A packed.

@@ -306,6 +306,12 @@ void micro_kernel_f32(int64_t steps, const void* a_packed, const void* b_packed,
     for (int v = 0; v < NV; ++v) acc[i][v] = V::zero();
   for (int64_t l = 0; l < steps; ++l) {
     __builtin_prefetch(a + 16 * MR, 0, 3);  // the A strip streams from L2, ~16 k steps ahead
+    if constexpr (L > 1) {
+      // The B micro-panel (KC x NR, 64 KiB at KC = 512) does not fit the 32 KiB L1 either and
+      // streams from L2: fetch it 8 k steps ahead. Measured on the EPYC VM, f32 2048^3 1 thread,
+      // paired against OpenBLAS: +0.7% alone, and part of the blocking change in gemm.cpp.
+      for (int v = 0; v < NV * L * 4; v += 64) __builtin_prefetch(reinterpret_cast<const char*>(b + 8 * NV * L) + v, 0, 3);
+    }
     typename V::T bv[NV];
 #pragma GCC unroll 4
     for (int v = 0; v < NV; ++v) bv[v] = V::load(b + v * L);
