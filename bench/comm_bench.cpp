@@ -7,7 +7,6 @@
 #include <cmath>
 #include <cstring>
 #include <memory>
-#include <random>
 #include <string>
 #include <thread>
 #include <vector>
@@ -16,6 +15,7 @@
 #include <nlohmann/json.hpp>
 
 #include "bench/bench_util.h"
+#include "bench/comm_rounds.h"
 #include "kiln/dist/collectives.h"
 #include "kiln/dist/cost_model.h"
 #include "kiln/dist/reduce.h"
@@ -142,14 +142,24 @@ double max_over_ranks(Communicator& c, double v) {
 }
 
 // Timing. Every algorithm of `algos` runs in each round, one after the other, each for a
-// window of about kWindowSeconds (a call count fixed per algorithm, the same on every rank;
-// the slowest rank's mean per call is the sample), after warm-up calls, in a shuffled order
-// per round. Short windows and many rounds: on this shared 2-core VM the machine
-// state (other jobs; with p > 2, which ranks share a core) changes every few milliseconds to
-// seconds, and all algorithms must sample the same states for their medians to compare
-// (comm_final.txt: 10 ms windows and 5-7 rounds ranked the same code 13% apart).
+// turn of one untimed warm-up call and then a window of about kWindowSeconds (a call count
+// fixed per algorithm, the same on every rank; the slowest rank's mean per timed call is the
+// sample), in a shuffled order per round (comm_rounds.h). Short windows and many rounds: on
+// this shared 2-core VM the machine state (other jobs; with p > 2, which ranks share a core)
+// changes every few milliseconds to seconds, and all algorithms must sample the same states for
+// their medians to compare (comm_final.txt: 10 ms windows and 5-7 rounds ranked the same code
+// 13% apart).
 constexpr double kWindowSeconds = 2e-3;
-// Rounds per size: as many as fit in kSizeBudgetSeconds, at least --reps, at most kMaxRounds.
+// The warm-up call of each turn: the first call after another algorithm ran costs up to 3x a
+// warm one on this VM (2 MiB all-reduce, p = 2: 1.1 ms against 0.36 ms). Where one call is
+// longer than the window (p = 4 all-reduce at 2 MiB: 2.2-2.7 ms a call), every sample used to be
+// that cold call alone, and the bench ranked hierarchical above the rabenseifner that `auto`'s
+// probe (warm calls only, auto_probe.h) pinned in every launch (auto 0.83 in 2 of 4 launches,
+// collectives-2026-11-30-c.txt). Real use, and nccl-tests (warm-up, then many consecutive
+// iterations), run the same collective repeatedly, so only the warm calls are timed.
+constexpr int kWarmCallsPerTurn = 1;
+// Rounds per size: as many as fit in kSizeBudgetSeconds (warm-up calls included), at least
+// --reps, at most kMaxRounds.
 constexpr double kSizeBudgetSeconds = 0.3;
 constexpr int kMaxRounds = 41;
 
@@ -165,39 +175,33 @@ std::vector<std::vector<double>> time_collectives(Communicator& c, CollOp op,
     for (int i = 0; i < kMaxProbeWarmupCalls && dist::auto_choice(c, op, key).probing(); ++i)
       call(c, op, Algo::kAuto, send, recv, count, t, rop).check_ok(__FILE__, __LINE__);
   }
-  auto run = [&](Algo algo, int iters) {
+  auto one_call = [&](size_t k) {
+    call(c, op, algos[k], send, recv, count, t, rop).check_ok(__FILE__, __LINE__);
+  };
+  auto slowest = [&](double s) { return max_over_ranks(c, s); };
+  auto run = [&](size_t k, int iters) {
     c.barrier();
     const double t0 = now_seconds();
-    for (int i = 0; i < iters; ++i) call(c, op, algo, send, recv, count, t, rop).check_ok(__FILE__, __LINE__);
-    return max_over_ranks(c, (now_seconds() - t0) / iters);
+    for (int i = 0; i < iters; ++i) one_call(k);
+    return slowest((now_seconds() - t0) / iters);
   };
-  // Every algorithm makes the same number of calls per window, sized on the fastest one: the
-  // first call of a window, after another algorithm ran, can cost several times a warm one
-  // here (2 MiB all-reduce, p = 2: 1.1 ms against 0.36 ms), so windows of different lengths
-  // would rank the same code apart (auto ran 3x slower than the algorithm it resolved to).
+  // Every algorithm makes the same number of calls per turn, sized on the fastest one: windows
+  // of different lengths sample different machine states (and, before the warm-up call, gave
+  // the cold first call different weights: auto ran 3x slower than the algorithm it resolved to).
   double fastest = 1e30, sum = 0;
-  for (Algo a : algos) {
-    run(a, 1);
-    const double one = run(a, 2);  // the slowest rank's: every rank derives the same counts
+  for (size_t k = 0; k < algos.size(); ++k) {
+    run(k, 1);
+    const double one = run(k, 2);  // the slowest rank's: every rank derives the same counts
     fastest = std::min(fastest, one);
     sum += one;
   }
-  const int iters = static_cast<int>(std::clamp(kWindowSeconds / std::max(fastest, 1e-8), 1.0, 20000.0));
-  const int rounds = std::clamp(static_cast<int>(kSizeBudgetSeconds / std::max(iters * sum, 1e-9)),
-                                std::max(reps, 1), std::max(reps, kMaxRounds));
-  // A fresh order every round, the same on every rank (fixed seed, the same binary): with a
-  // rotation each algorithm always follows the same one, and what the predecessor leaves
-  // behind (MPI's buffers, dirty caches) then biases it (auto ran 1.4x faster than the
-  // identical recursive doubling at 8 MiB all-gather, p = 2).
-  std::vector<std::vector<double>> v(algos.size());
-  std::vector<size_t> order(algos.size());
-  for (size_t k = 0; k < order.size(); ++k) order[k] = k;
-  std::mt19937 shuffle_rng(12345);
-  for (int rep = 0; rep < rounds; ++rep) {
-    std::shuffle(order.begin(), order.end(), shuffle_rng);
-    for (size_t k : order) v[k].push_back(run(algos[k], iters));
-  }
-  return v;
+  RoundPlan plan;
+  plan.warm_calls = kWarmCallsPerTurn;
+  plan.timed_calls = static_cast<int>(std::clamp(kWindowSeconds / std::max(fastest, 1e-8), 1.0, 20000.0));
+  const double round_s = (plan.timed_calls + plan.warm_calls) * sum;
+  plan.rounds = std::clamp(static_cast<int>(kSizeBudgetSeconds / std::max(round_s, 1e-9)),
+                           std::max(reps, 1), std::max(reps, kMaxRounds));
+  return time_rounds(algos.size(), plan, one_call, [&] { c.barrier(); }, now_seconds, slowest);
 }
 
 struct Row {
@@ -470,11 +474,11 @@ int run_comm_bench(const CommBenchOptions& opt) {
       const std::string calibrated = c.cost_table().fitted_p == p ? c.cost_table().placement : "";
       if (r == 0 && !opt.json) {
         fmt::print("# kiln bench comm: {} on p = {} ranks, {} {}, out-of-place; time = median over "
-                   "interleaved rounds ({}..{} per size, ~{:.0f} ms windows; slowest rank); busbw factor "
+                   "interleaved rounds ({}..{} per size, ~{:.0f} ms windows after {} untimed warm-up call per turn; slowest rank); busbw factor "
                    "{:.3f}; peer = MPI's own collective; busbw/mpi and vs_best = MPI's and the best kiln "
                    "algorithm's time / this time, median of the ratios within a round{}\n",
                    opt.op, p, opt.dtype, is_reducing(*op) ? opt.redop : "-", std::max(opt.reps, 1),
-                   std::max(opt.reps, kMaxRounds), kWindowSeconds * 1e3,
+                   std::max(opt.reps, kMaxRounds), kWindowSeconds * 1e3, kWarmCallsPerTurn,
                    busbw_factor(*op, p),
                    opt.chunk_bytes > 0 ? fmt::format("; pipeline chunk {} B", dist::pipeline_chunk_override()) : "");
         fmt::print("# auto: {}\n", opt.auto_probe
