@@ -39,7 +39,7 @@ void run_info() {
              yes_no(f.amx_tile));
   fmt::print("simd       : best {}, active {}\n", simd_target_name(best_simd_target()),
              simd_target_name(active_simd_target()));
-  fmt::print("threads    : {}\n", num_threads());
+  fmt::print("threads    : {} ({})\n", num_threads(), thread_placement());
   fmt::print("kernels    :\n");
   for (const KernelPath& k : kernel_paths()) fmt::print("  {:<22} {}\n", k.family, k.path);
 }

@@ -2,6 +2,8 @@
 // workers sleep between regions or wake too late for one (the join/close protocol); nested
 // regions run serially; parallel_for covers [0, n) without overlap; pools are destroyed idle.
 #include <gtest/gtest.h>
+#include <sched.h>
+#include <stdlib.h>
 
 #include <atomic>
 #include <chrono>
@@ -154,6 +156,68 @@ TEST(ThreadPool, ParallelForCoversRange) {
     }
   }
   set_num_threads(2);
+}
+
+// The placement policy: auto pins 1 < threads <= CPUs unless several MPI ranks share the node;
+// on ignores the MPI ranks; off never pins; more threads than CPUs are never pinned.
+TEST(ThreadPlacement, Policy) {
+  EXPECT_TRUE(should_pin_threads(2, 2, nullptr, 1));
+  EXPECT_TRUE(should_pin_threads(2, 8, "auto", 1));
+  EXPECT_FALSE(should_pin_threads(1, 2, "on", 1));
+  EXPECT_FALSE(should_pin_threads(3, 2, "on", 1));
+  EXPECT_FALSE(should_pin_threads(2, 2, "auto", 4));
+  EXPECT_TRUE(should_pin_threads(2, 2, "on", 4));
+  EXPECT_FALSE(should_pin_threads(2, 2, "off", 1));
+  EXPECT_FALSE(should_pin_threads(2, 2, "0", 1));
+}
+
+int cpus_in_mask_of_this_thread() {
+  cpu_set_t m;
+  CPU_ZERO(&m);
+  if (sched_getaffinity(0, sizeof m, &m) != 0) return -1;
+  return CPU_COUNT(&m);
+}
+
+// A pinned pool: each worker runs on its own CPU of the process mask and the caller on the
+// first; use_all_process_cpus() gives a thread the whole mask back; an unpinned pool's workers
+// keep the whole mask. Run in a thread of its own so the test runner's thread stays unpinned.
+TEST(ThreadPlacement, PinnedPoolPlacesCallerAndWorkers) {
+  const std::vector<int>& cpus = process_cpus();
+  if (cpus.size() < 2) GTEST_SKIP() << "needs 2 CPUs in the affinity mask";
+  std::thread([&] {
+    use_all_process_cpus();  // not the runner's mask, which earlier pooled tests may have pinned
+    setenv("KILN_PIN_THREADS", "on", 1);
+    ThreadPool pool(2);
+    unsetenv("KILN_PIN_THREADS");
+    std::vector<int> seen(2, -1), width(2, -1);
+    for (int rep = 0; rep < 3; ++rep) {
+      pool.run(2, [&](int64_t, int thread) {
+        seen[static_cast<size_t>(thread)] = sched_getcpu();
+        width[static_cast<size_t>(thread)] = cpus_in_mask_of_this_thread();
+        std::this_thread::sleep_for(std::chrono::milliseconds(20));  // both threads join
+      });
+    }
+    EXPECT_EQ(width[0], 1);
+    EXPECT_EQ(seen[0], cpus[0]);
+    if (seen[1] >= 0) {  // the worker joined at least one region
+      EXPECT_EQ(width[1], 1);
+      EXPECT_EQ(seen[1], cpus[1]);
+    }
+    use_all_process_cpus();
+    EXPECT_EQ(cpus_in_mask_of_this_thread(), static_cast<int>(cpus.size()));
+  }).join();
+  std::thread([&] {
+    use_all_process_cpus();
+    setenv("KILN_PIN_THREADS", "off", 1);
+    ThreadPool pool(2);
+    unsetenv("KILN_PIN_THREADS");
+    std::atomic<int> narrowed{0};
+    pool.run(2, [&](int64_t, int) {
+      if (cpus_in_mask_of_this_thread() != static_cast<int>(cpus.size())) narrowed.fetch_add(1);
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    });
+    EXPECT_EQ(narrowed.load(), 0);
+  }).join();
 }
 
 }  // namespace

@@ -4,9 +4,13 @@
 #include "kiln/core/thread_pool.h"
 
 #include <immintrin.h>
+#include <sched.h>
 
 #include <cstdlib>
+#include <cstring>
 #include <memory>
+
+#include <fmt/format.h>
 
 #include "kiln/core/cpu_features.h"
 #include "kiln/core/status.h"
@@ -20,7 +24,56 @@ thread_local bool t_in_pool_task = false;
 constexpr int kSpinIterations = 4000;
 
 uint32_t generation_of(uint64_t state) { return static_cast<uint32_t>(state >> 32); }
+
+// Set once a thread has run a pinned region (or was found placed on purpose): no syscall later.
+thread_local bool t_caller_placed = false;
+
+cpu_set_t process_mask() {
+  static const cpu_set_t mask = [] {
+    cpu_set_t m;
+    CPU_ZERO(&m);
+    if (sched_getaffinity(0, sizeof m, &m) != 0) CPU_ZERO(&m);
+    return m;
+  }();
+  return mask;
+}
+
+void pin_to(int cpu) {
+  cpu_set_t one;
+  CPU_ZERO(&one);
+  CPU_SET(cpu, &one);
+  sched_setaffinity(0, sizeof one, &one);  // advisory: on failure the thread stays unpinned
+}
+
+int mpi_local_ranks() {
+  for (const char* name : {"OMPI_COMM_WORLD_LOCAL_SIZE", "MPI_LOCALNRANKS"})
+    if (const char* v = std::getenv(name); v && *v) return std::atoi(v);
+  return 1;
+}
 }  // namespace
+
+bool should_pin_threads(int threads, int mask_cpus, const char* mode, int mpi_local_ranks) {
+  const std::string m = mode && *mode ? mode : "auto";
+  if (m == "off" || m == "0" || threads <= 1 || threads > mask_cpus) return false;
+  if (m == "on" || m == "1") return true;
+  return mpi_local_ranks <= 1;
+}
+
+const std::vector<int>& process_cpus() {
+  static const std::vector<int> cpus = [] {
+    std::vector<int> v;
+    const cpu_set_t m = process_mask();
+    for (int c = 0; c < CPU_SETSIZE; ++c)
+      if (CPU_ISSET(c, &m)) v.push_back(c);
+    return v;
+  }();
+  return cpus;
+}
+
+void use_all_process_cpus() {
+  const cpu_set_t m = process_mask();
+  if (CPU_COUNT(&m) > 0) sched_setaffinity(0, sizeof m, &m);
+}
 
 // The join/close protocol. A region is published by one store to state_ of
 // (generation << 32) with kClosed clear and no one joined; the caller wrote the region data
@@ -48,6 +101,10 @@ uint32_t generation_of(uint64_t state) { return static_cast<uint32_t>(state >> 3
 
 ThreadPool::ThreadPool(int num_threads) {
   KILN_CHECK(num_threads >= 1);
+  const std::vector<int>& cpus = process_cpus();
+  if (should_pin_threads(num_threads, static_cast<int>(cpus.size()), std::getenv("KILN_PIN_THREADS"),
+                         mpi_local_ranks()))
+    pin_cpus_.assign(cpus.begin(), cpus.begin() + num_threads);
   for (int t = 1; t < num_threads; ++t) workers_.emplace_back([this, t] { worker_loop(t); });
 }
 
@@ -73,6 +130,8 @@ void ThreadPool::work(int thread) {
 }
 
 void ThreadPool::worker_loop(int thread) {
+  if (!pin_cpus_.empty()) pin_to(pin_cpus_[static_cast<size_t>(thread)]);
+  else use_all_process_cpus();  // not the creator's mask, which may be one pinned CPU
   uint32_t seen = 0;
   for (;;) {
     uint64_t s = state_.load(std::memory_order_acquire);
@@ -111,6 +170,13 @@ void ThreadPool::run_impl(int64_t num_tasks, Thunk thunk, void* ctx) {
     for (int64_t t = 0; t < num_tasks; ++t) thunk(ctx, t, 0);
     t_in_pool_task = outer;
     return;
+  }
+  if (!t_caller_placed && !pin_cpus_.empty()) {
+    // The first region this thread drives: pin it to the pool's first CPU unless its mask was
+    // narrowed by someone else (then it was placed on purpose and stays where it is).
+    cpu_set_t mine, all = process_mask();
+    if (sched_getaffinity(0, sizeof mine, &mine) == 0 && CPU_EQUAL(&mine, &all)) pin_to(pin_cpus_[0]);
+    t_caller_placed = true;
   }
   std::lock_guard<std::mutex> region(run_mu_);
   num_tasks_ = num_tasks;
@@ -151,6 +217,20 @@ std::unique_ptr<ThreadPool>& pool_slot() {
 }  // namespace
 
 ThreadPool& thread_pool() { return *pool_slot(); }
+
+std::string thread_placement() {
+  const int threads = num_threads();
+  const int cpus = static_cast<int>(process_cpus().size());
+  const char* mode = std::getenv("KILN_PIN_THREADS");
+  if (!should_pin_threads(threads, cpus, mode, mpi_local_ranks())) {
+    return fmt::format("not pinned ({} threads, {} CPUs in the affinity mask, KILN_PIN_THREADS={}{})",
+                       threads, cpus, mode && *mode ? mode : "auto",
+                       mpi_local_ranks() > 1 ? ", several MPI ranks on this node" : "");
+  }
+  std::string workers;
+  for (int t = 1; t < threads; ++t) workers += fmt::format("{}{}", t > 1 ? "," : "", process_cpus()[static_cast<size_t>(t)]);
+  return fmt::format("pinned: caller CPU {}, workers CPU {}", process_cpus()[0], workers);
+}
 int num_threads() { return thread_pool().num_threads(); }
 void set_num_threads(int n) {
   if (n < 1) n = 1;
