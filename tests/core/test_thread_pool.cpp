@@ -178,17 +178,25 @@ int cpus_in_mask_of_this_thread() {
   return CPU_COUNT(&m);
 }
 
-// A pinned pool: each worker runs on its own CPU of the process mask and the caller on the
-// first; use_all_process_cpus() gives a thread the whole mask back; an unpinned pool's workers
-// keep the whole mask. Run in a thread of its own so the test runner's thread stays unpinned.
-TEST(ThreadPlacement, PinnedPoolPlacesCallerAndWorkers) {
+// A pinned pool: each worker runs on its own CPU of the process mask, narrowed to it; the caller
+// runs its regions on the first CPU (steered there even when it starts on a worker's CPU) and
+// keeps its whole mask; an unpinned pool narrows nobody.
+TEST(ThreadPlacement, PinnedWorkersAndSteeredCaller) {
   const std::vector<int>& cpus = process_cpus();
   if (cpus.size() < 2) GTEST_SKIP() << "needs 2 CPUs in the affinity mask";
+  const int all = static_cast<int>(cpus.size());
   std::thread([&] {
-    use_all_process_cpus();  // not the runner's mask, which earlier pooled tests may have pinned
     setenv("KILN_PIN_THREADS", "on", 1);
     ThreadPool pool(2);
     unsetenv("KILN_PIN_THREADS");
+    // Start the caller on the worker's CPU, keeping its whole mask.
+    cpu_set_t one, mine;
+    CPU_ZERO(&one);
+    CPU_SET(cpus[1], &one);
+    ASSERT_EQ(sched_getaffinity(0, sizeof mine, &mine), 0);
+    ASSERT_EQ(sched_setaffinity(0, sizeof one, &one), 0);
+    ASSERT_EQ(sched_getcpu(), cpus[1]);
+    ASSERT_EQ(sched_setaffinity(0, sizeof mine, &mine), 0);
     std::vector<int> seen(2, -1), width(2, -1);
     for (int rep = 0; rep < 3; ++rep) {
       pool.run(2, [&](int64_t, int thread) {
@@ -197,23 +205,20 @@ TEST(ThreadPlacement, PinnedPoolPlacesCallerAndWorkers) {
         std::this_thread::sleep_for(std::chrono::milliseconds(20));  // both threads join
       });
     }
-    EXPECT_EQ(width[0], 1);
+    EXPECT_EQ(width[0], all);
     EXPECT_EQ(seen[0], cpus[0]);
     if (seen[1] >= 0) {  // the worker joined at least one region
       EXPECT_EQ(width[1], 1);
       EXPECT_EQ(seen[1], cpus[1]);
     }
-    use_all_process_cpus();
-    EXPECT_EQ(cpus_in_mask_of_this_thread(), static_cast<int>(cpus.size()));
   }).join();
   std::thread([&] {
-    use_all_process_cpus();
     setenv("KILN_PIN_THREADS", "off", 1);
     ThreadPool pool(2);
     unsetenv("KILN_PIN_THREADS");
     std::atomic<int> narrowed{0};
     pool.run(2, [&](int64_t, int) {
-      if (cpus_in_mask_of_this_thread() != static_cast<int>(cpus.size())) narrowed.fetch_add(1);
+      if (cpus_in_mask_of_this_thread() != all) narrowed.fetch_add(1);
       std::this_thread::sleep_for(std::chrono::milliseconds(20));
     });
     EXPECT_EQ(narrowed.load(), 0);

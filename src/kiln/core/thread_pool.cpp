@@ -6,6 +6,7 @@
 #include <immintrin.h>
 #include <sched.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <cstring>
 #include <memory>
@@ -24,9 +25,6 @@ thread_local bool t_in_pool_task = false;
 constexpr int kSpinIterations = 4000;
 
 uint32_t generation_of(uint64_t state) { return static_cast<uint32_t>(state >> 32); }
-
-// Set once a thread has run a pinned region (or was found placed on purpose): no syscall later.
-thread_local bool t_caller_placed = false;
 
 cpu_set_t process_mask() {
   static const cpu_set_t mask = [] {
@@ -68,11 +66,6 @@ const std::vector<int>& process_cpus() {
     return v;
   }();
   return cpus;
-}
-
-void use_all_process_cpus() {
-  const cpu_set_t m = process_mask();
-  if (CPU_COUNT(&m) > 0) sched_setaffinity(0, sizeof m, &m);
 }
 
 // The join/close protocol. A region is published by one store to state_ of
@@ -131,7 +124,6 @@ void ThreadPool::work(int thread) {
 
 void ThreadPool::worker_loop(int thread) {
   if (!pin_cpus_.empty()) pin_to(pin_cpus_[static_cast<size_t>(thread)]);
-  else use_all_process_cpus();  // not the creator's mask, which may be one pinned CPU
   uint32_t seen = 0;
   for (;;) {
     uint64_t s = state_.load(std::memory_order_acquire);
@@ -162,6 +154,17 @@ void ThreadPool::worker_loop(int thread) {
   }
 }
 
+void ThreadPool::steer_caller() const {
+  const int cpu = sched_getcpu();
+  if (std::find(pin_cpus_.begin() + 1, pin_cpus_.end(), cpu) == pin_cpus_.end()) return;
+  // On a worker's CPU: hop to the first CPU, then restore this thread's own mask (the move
+  // stays; only the load balancer would undo it, and the next region checks again).
+  cpu_set_t mine;
+  if (sched_getaffinity(0, sizeof mine, &mine) != 0 || !CPU_ISSET(pin_cpus_[0], &mine)) return;
+  pin_to(pin_cpus_[0]);
+  sched_setaffinity(0, sizeof mine, &mine);
+}
+
 void ThreadPool::run_impl(int64_t num_tasks, Thunk thunk, void* ctx) {
   if (num_tasks <= 0) return;
   if (workers_.empty() || num_tasks == 1 || t_in_pool_task) {
@@ -171,13 +174,7 @@ void ThreadPool::run_impl(int64_t num_tasks, Thunk thunk, void* ctx) {
     t_in_pool_task = outer;
     return;
   }
-  if (!t_caller_placed && !pin_cpus_.empty()) {
-    // The first region this thread drives: pin it to the pool's first CPU unless its mask was
-    // narrowed by someone else (then it was placed on purpose and stays where it is).
-    cpu_set_t mine, all = process_mask();
-    if (sched_getaffinity(0, sizeof mine, &mine) == 0 && CPU_EQUAL(&mine, &all)) pin_to(pin_cpus_[0]);
-    t_caller_placed = true;
-  }
+  if (!pin_cpus_.empty()) steer_caller();
   std::lock_guard<std::mutex> region(run_mu_);
   num_tasks_ = num_tasks;
   thunk_ = thunk;
@@ -229,7 +226,7 @@ std::string thread_placement() {
   }
   std::string workers;
   for (int t = 1; t < threads; ++t) workers += fmt::format("{}{}", t > 1 ? "," : "", process_cpus()[static_cast<size_t>(t)]);
-  return fmt::format("pinned: caller CPU {}, workers CPU {}", process_cpus()[0], workers);
+  return fmt::format("workers pinned to CPU {}, caller steered to CPU {}", workers, process_cpus()[0]);
 }
 int num_threads() { return thread_pool().num_threads(); }
 void set_num_threads(int n) {

@@ -39,6 +39,7 @@ class ThreadPool {
   void run_impl(int64_t num_tasks, Thunk thunk, void* ctx);
   void worker_loop(int thread);
   void work(int thread);
+  void steer_caller() const;
 
   // Region state (see thread_pool.cpp): (generation << 32) | kClosed | number of workers joined.
   static constexpr uint64_t kClosed = uint64_t{1} << 31;
@@ -66,21 +67,19 @@ class ThreadPool {
 // Thread placement. On a 2-vCPU VM the scheduler sometimes leaves the caller and the worker on
 // one CPU for a whole process (wake-affine placement of the woken worker), so every region runs
 // at half speed: 40% of launches of a 512^3 f32 GEMM on 2 threads ran at ~97 instead of ~190
-// GFLOP/s. A pool that pins places worker t on the t-th CPU of the process's affinity mask and
-// the thread that runs its regions on the first (once, on its first region, and only while that
-// thread still has the whole process mask, i.e. nobody placed it on purpose).
+// GFLOP/s. A pool that pins places worker t on the t-th CPU of the process's affinity mask, and
+// steers the caller: at each region it reads its CPU (sched_getcpu, no system call) and, when
+// that is a worker's CPU, moves itself to the first CPU and gives itself its own mask back.
+// The caller's mask never stays narrowed, so threads it starts later (OpenMP runtimes of the
+// benchmark peers, the serving threads) keep every CPU.
 // Policy (KILN_PIN_THREADS = auto | on | off, default auto): "auto" pins when
 // 1 < threads <= CPUs in the mask and the process is not one of several MPI ranks on this node
 // (OMPI_COMM_WORLD_LOCAL_SIZE / MPI_LOCALNRANKS > 1: unbound ranks would all pin to the same
 // CPUs; bound ranks have a one-CPU mask anyway); "on" pins whenever 1 < threads <= CPUs.
 bool should_pin_threads(int threads, int mask_cpus, const char* mode, int mpi_local_ranks);
-// The CPUs of the process's affinity mask, read once before any pinning.
+// The CPUs of the process's affinity mask, read once (before any worker is pinned).
 const std::vector<int>& process_cpus();
-// Gives the calling thread the whole process mask back. Threads kiln starts itself (the serving
-// engine and server, the peak-measurement threads) call it first: a thread inherits its
-// creator's mask, which is one CPU once that creator has run a pinned pool's region.
-void use_all_process_cpus();
-// One line for `kiln info`: e.g. "pinned: caller CPU 0, workers 1" or "not pinned (...)".
+// One line for `kiln info`: e.g. "workers pinned to CPU 1, caller steered to CPU 0".
 std::string thread_placement();
 
 // The process-wide pool. Default size: KILN_NUM_THREADS, else the number of online CPUs.

@@ -1,7 +1,6 @@
 // Drivers for the ceiling loops (peak_avx512.cpp, peak_avx2.cpp): calibrate an iteration count,
 // run the loop on every thread at once (plain std::threads released together), keep the best
 // of three; plus the per-process cache behind fma_peak_gflops().
-#include "kiln/core/thread_pool.h"
 #include "kiln/perf/peak.h"
 
 #include <sys/mman.h>
@@ -43,7 +42,6 @@ double run_on_threads(int threads, F&& fn) {
   std::vector<std::thread> pool;
   for (int t = 0; t < threads; ++t) {
     pool.emplace_back([&, t] {
-      use_all_process_cpus();  // not the creator's mask (one CPU once it ran a pinned pool region)
       ready.fetch_add(1);
       while (!go.load(std::memory_order_acquire)) {
       }

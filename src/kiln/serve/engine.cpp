@@ -138,10 +138,7 @@ void Engine::start() {
   std::lock_guard lk(mu_);
   if (thread_.joinable()) return;
   stopping_ = false;
-  thread_ = std::thread([this] {
-    use_all_process_cpus();  // its first pool region then places it (thread_pool.h)
-    loop();
-  });
+  thread_ = std::thread([this] { loop(); });
 }
 
 void Engine::stop() {

@@ -1,7 +1,6 @@
 // Server: request parsing and validation (OpenAI fields, errors as {"error": {...}}), prompt
 // tokenization and chat rendering, incremental detokenization with stop strings (text that may
 // begin a stop string or a UTF-8 character is held back), JSON replies and SSE streams.
-#include "kiln/core/thread_pool.h"
 #include "kiln/serve/server.h"
 
 #include <httplib.h>
@@ -514,10 +513,7 @@ Status Server::bind() {
 void Server::listen() { http_->listen_after_bind(); }
 
 void Server::start() {
-  thread_ = std::thread([this] {
-    use_all_process_cpus();  // the HTTP workers it starts inherit this mask, not a pinned one
-    listen();
-  });
+  thread_ = std::thread([this] { listen(); });
   for (int i = 0; i < 5000 && !http_->is_running(); ++i) std::this_thread::sleep_for(std::chrono::milliseconds(1));
 }
 
