@@ -24,8 +24,12 @@ class Communicator;
 // was 1.6-2.6x; pairs the model puts 2x+ apart (ring vs recursive doubling at latency-bound
 // sizes, 2(p-1) vs lg p steps) were never reordered, so probing them would only cost calls.
 inline constexpr double kProbeCandidateFactor = 1.5;
-// At most this many candidates (the model's pick and the two closest runners-up).
-inline constexpr int kProbeMaxCandidates = 3;
+// At most this many candidates: every algorithm of the op within the factor (all-reduce has
+// five). A cap of 3 left recursive doubling out at p = 4, 2 MiB all-reduce (predicted 1.33x of
+// the pick, behind double binary tree at 1.32x), where in 3 of 5 launches of session 4 a slow
+// process state made the ring-based algorithms 2.5x slower while recursive doubling kept its
+// time (1.5-1.9 ms) and won by 1.3-1.4x.
+inline constexpr int kProbeMaxCandidates = 5;
 // Below this call size `auto` keeps the model's pick at once: calls of a few microseconds,
 // where a few samples are within the timer's and the scheduler's noise, and where the
 // pooled-calibration runs of -b.txt measured the model's pick within 0.97-1.00 of the best.
@@ -34,7 +38,7 @@ inline constexpr int64_t kProbeMinBytes = 4096;
 // switch of algorithm costs up to 3x a warm one here (2 MiB all-reduce, p = 2: 1.1 ms against
 // 0.36 ms), so only the last kProbeKeep calls of a block are timed. kProbeRounds passes over
 // the candidates give each kProbeRounds * kProbeKeep samples, taken at different moments.
-// 3 rounds of blocks of 4 give each candidate 9 samples, 36 calls for 3 candidates, once per
+// 3 rounds of blocks of 4 give each candidate 9 samples, 12 calls per candidate, once per
 // size; 2 rounds of blocks of 3 (4 samples) did as well at p = 2 in the launches no other job
 // disturbed (-c.txt, series 1); the extra samples are for p = 4 on 2 cores, where one call's
 // time varies up to 3x (2 MiB all-reduce: 1.7-6.2 ms).
