@@ -246,13 +246,14 @@ TEST(DistAutoProbe, PinsFasterCandidateAfterDocumentedCalls) {
   }
 }
 
-// (d) A confident model (runner-up predicted 2x) and a call below kProbeMinBytes (runners-up
+// (d) A confident model (runner-up predicted 3x) and a call below kProbeMinBytes (runners-up
 // close) keep the model's pick at once.
 TEST(DistAutoProbe, ConfidentAndSmallSizesAreNotProbed) {
   const CollOp op = CollOp::kAllReduce;
   auto c = fresh();
-  const std::map<Algo, double> far = {{Algo::kRing, 100}, {Algo::kRecursiveDoubling, 200},
-                                      {Algo::kRabenseifner, 300}};
+  const std::map<Algo, double> far = {{Algo::kRing, 100}, {Algo::kRecursiveDoubling, 300},
+                                      {Algo::kRabenseifner, 400}};
+  static_assert(kProbeCandidateFactor < 3.0);
   c->set_cost_table(table_at(*c, op, kProbeSize, far));
   set_auto_probe_cost_hook(*c, [](CollOp, Algo a, double) { return a == Algo::kRing ? 1.0 : 1e-3; });
   for (int k = 0; k < 3; ++k) {

@@ -20,10 +20,12 @@ class Communicator;
 // (docs/results/collectives-2026-11-30-b.txt, -c.txt):
 // A runner-up is probed when its predicted time is at most this factor of the model's best.
 // The pooled calibration put the pairs that a slow-state process reorders 1.00x (512 KiB
-// all-reduce ring vs recursive doubling) to 1.34x (2 MiB) apart, while the measured reversal
-// was 1.6-2.6x; pairs the model puts 2x+ apart (ring vs recursive doubling at latency-bound
-// sizes, 2(p-1) vs lg p steps) were never reordered, so probing them would only cost calls.
-inline constexpr double kProbeCandidateFactor = 1.5;
+// all-reduce ring vs recursive doubling) to 1.34x (2 MiB) apart in session 3, and 1.33x (p = 4,
+// 2 MiB) to 1.54x (p = 2, 8 MiB: recursive doubling 2.3 ms against ring/rabenseifner moving
+// between 1.7 and 3.5 ms) in session 4, while the measured reversals were up to 2.6x. 2.0 covers
+// them with margin; it also takes in ring vs recursive doubling at small sizes (2(p-1) vs lg p
+// steps, 2x at p = 2), which costs only a few cheap calls once per size.
+inline constexpr double kProbeCandidateFactor = 2.0;
 // At most this many candidates: every algorithm of the op within the factor (all-reduce has
 // five). A cap of 3 left recursive doubling out at p = 4, 2 MiB all-reduce (predicted 1.33x of
 // the pick, behind double binary tree at 1.32x), where in 3 of 5 launches of session 4 a slow
