@@ -5,16 +5,25 @@
 #include "kiln/dist/detail.h"
 
 namespace kiln::dist::detail {
+// Send before copy: a rank's own block is sent from the caller's send buffer, and copied into
+// recv only after that send. Copying first and sending from recv made the partner read cache
+// lines this core had just written (OpenMPI's shared-memory transport copies straight from the
+// sender's pages): p = 2, 64 KiB per rank, out-of-place, recursive doubling took 44 us against
+// 9 us in place and 10 us for MPI_Allgather on the EPYC VM.
 
 void ring_all_gather(Communicator& c, const std::byte* own, std::byte* recv,
                      const Partition& part, size_t es) {
   const int p = c.size(), r = c.rank();
   std::byte* mine = recv + part.begin(r) * es;
-  if (own != mine && part.size(r) > 0) std::memcpy(mine, own, part.size(r) * es);
-  if (p == 1) return;
-  // Step t: block r-t-1 arrives from the left straight into recv and is forwarded.
+  const bool copy_own = own != mine && part.size(r) > 0;
+  if (p == 1) {
+    if (copy_own) std::memcpy(mine, own, part.size(r) * es);
+    return;
+  }
+  // Step t: block r-t-1 arrives from the left straight into recv and is forwarded. The own
+  // block goes out straight from `own` and is copied into recv afterwards (send before copy, above).
   ring_run(
-      c, p - 1, ring_chunk_bytes(part.max_size() * es), mine, part.size(r) * es,
+      c, p - 1, ring_chunk_bytes(part.max_size() * es), own, part.size(r) * es,
       [&](int t) {
         const int b = mod(r - t - 1, p);
         return RingLanding{recv + part.begin(b) * es, static_cast<size_t>(part.size(b)) * es};
@@ -22,6 +31,7 @@ void ring_all_gather(Communicator& c, const std::byte* own, std::byte* recv,
       [&](int t, size_t off, size_t) -> const std::byte* {
         return recv + part.begin(mod(r - t - 1, p)) * es + off;
       });
+  if (copy_own) std::memcpy(mine, own, part.size(r) * es);
 }
 
 void allgather_ring(Communicator& c, const std::byte* send, std::byte* recv, int64_t count,
@@ -33,9 +43,15 @@ void allgather_recursive_doubling(Communicator& c, const std::byte* send, std::b
                                   int64_t count, size_t es) {
   const int p = c.size(), r = c.rank();
   const size_t block = count * es;
-  if (send != recv + r * block && block > 0) std::memcpy(recv + r * block, send, block);
-  if (p == 1) return;
+  std::byte* mine = recv + r * block;
+  bool pending_copy = send != mine && block > 0;
+  auto copy_own = [&] {
+    if (pending_copy) std::memcpy(mine, send, block);
+    pending_copy = false;
+  };
+  if (p == 1) return copy_own();
   const Fold f = Fold::of(p, r);
+  if (r < 2 * f.rem) copy_own();  // folding ranks send or extend their block from recv at once
   if (r < 2 * f.rem) {  // fold: the extra rank's block joins its odd neighbour's
     if (f.newrank < 0) {
       c.send(recv + r * block, block, r + 1, kTagFold);
@@ -52,8 +68,13 @@ void allgather_recursive_doubling(Communicator& c, const std::byte* send, std::b
     const size_t m0 = f.first_block(g) * block, m1 = f.first_block(g + mask) * block;
     const size_t q0 = f.first_block(pg) * block, q1 = f.first_block(pg + mask) * block;
     const int partner = f.real(me ^ mask);
-    exchange(c, recv + m0, m1 - m0, partner, recv + q0, q1 - q0, partner, kTagRecursive);
+    // The first exchange of a rank that holds only its own block sends it straight from `send`
+    // (send before copy, above); later ones need it in recv.
+    const bool only_own = pending_copy && m0 == r * block && m1 - m0 == block;
+    exchange(c, only_own ? send : recv + m0, m1 - m0, partner, recv + q0, q1 - q0, partner, kTagRecursive);
+    copy_own();
   }
+  copy_own();
   if (r < 2 * f.rem) c.send(recv, p * block, r - 1, kTagFold);
 }
 

@@ -142,7 +142,8 @@ void ring_run(const Communicator& comm, int num_steps, size_t chunk, const std::
 }
 
 // Sends `send_nbytes` to `to` and receives `recv_nbytes` from `from`, cutting messages of
-// up to kEagerSplitMaxBytes into eager pieces (the receiver cuts the same way).
+// up to two eager pieces into them (the receiver cuts the same way; exchange.cpp says why not
+// up to kEagerSplitMaxBytes).
 void exchange(const Communicator& c, const std::byte* send, size_t send_nbytes, int to,
               std::byte* recv, size_t recv_nbytes, int from, int tag);
 

@@ -1,5 +1,5 @@
 // One pairwise exchange for the recursive and pairwise algorithms: receive posted first,
-// messages of up to kEagerSplitMaxBytes cut into eager pieces (see detail.h).
+// messages of up to two eager pieces (kExchangeSplitMaxBytes) cut into them (see detail.h).
 #include <array>
 
 #include "kiln/dist/detail.h"
@@ -7,9 +7,18 @@
 namespace kiln::dist::detail {
 namespace {
 
-constexpr size_t kMaxPieces = (kEagerSplitMaxBytes + kEagerPieceBytes - 1) / kEagerPieceBytes;
+// A pairwise exchange cuts only messages of up to two eager pieces. Measured at p = 2 on the
+// EPYC VM (kiln bench comm, session 4), one message against eager pieces: 4 KiB messages
+// (rabenseifner 8 KiB all-reduce, 8 KiB all-gather) 11.3 / 4.4 us against 6.0 / 3.0 us with
+// pieces; 8 KiB messages (recursive doubling 8 KiB all-reduce) 4.8 us against 5.9; 16 KiB
+// (32 KiB all-gather, recursive halving reduce-scatter, recursive doubling all-reduce) 5.5, 5.8,
+// 7.2 us against 11.3, 11.7, 24.0 — five pieces each way cost more than one rendezvous here.
+constexpr size_t kExchangeSplitMaxBytes = 2 * kEagerPieceBytes;
+constexpr size_t kMaxPieces = 2;
 
-size_t piece_bytes(size_t nbytes) { return eager_piece_bytes(nbytes); }
+size_t piece_bytes(size_t nbytes) {
+  return nbytes <= kExchangeSplitMaxBytes ? eager_piece_bytes(nbytes) : nbytes;
+}
 
 }  // namespace
 
