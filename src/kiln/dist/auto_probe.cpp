@@ -142,7 +142,8 @@ void auto_finish(Communicator& comm, CollOp op, const AutoTicket& t) {
   const int k = e.calls_done;
   const size_t c = candidate_of_call(e, k);
   KILN_CHECK(e.candidates[c] == t.algo);
-  if (k % kProbeBlock >= kProbeBlock - kProbeKeep)
+  const int round = k / (kProbeBlock * static_cast<int>(e.candidates.size()));
+  if (round >= kProbeWarmRounds && k % kProbeBlock >= kProbeBlock - kProbeKeep)
     e.samples[c].push_back(st.cost_hook ? st.cost_hook(op, t.algo, dt) : dt);
   ++e.calls_done;
   if (e.calls_done < probe_calls(static_cast<int>(e.candidates.size()))) return;

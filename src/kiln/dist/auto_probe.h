@@ -39,14 +39,21 @@ inline constexpr int64_t kProbeMinBytes = 4096;
 // Each candidate runs in blocks of kProbeBlock consecutive calls; the first call after a
 // switch of algorithm costs up to 3x a warm one here (2 MiB all-reduce, p = 2: 1.1 ms against
 // 0.36 ms), so only the last kProbeKeep calls of a block are timed. kProbeRounds passes over
-// the candidates give each kProbeRounds * kProbeKeep samples, taken at different moments.
-// 3 rounds of blocks of 4 give each candidate 9 samples, 12 calls per candidate, once per
-// size; 2 rounds of blocks of 3 (4 samples) did as well at p = 2 in the launches no other job
-// disturbed (-c.txt, series 1); the extra samples are for p = 4 on 2 cores, where one call's
-// time varies up to 3x (2 MiB all-reduce: 1.7-6.2 ms).
+// the candidates, the first kProbeWarmRounds untimed, give each (kProbeRounds -
+// kProbeWarmRounds) * kProbeKeep samples taken at different moments: 4 rounds of blocks of 4,
+// one of them warm-up, give each candidate 9 samples for 16 calls, once per size. 2 rounds of
+// blocks of 3 (4 samples) did as well at p = 2 in the launches no other job disturbed (-c.txt,
+// series 1); the extra samples are for p = 4 on 2 cores, where one call's time varies up to 3x
+// (2 MiB all-reduce: 1.7-6.2 ms).
 inline constexpr int kProbeBlock = 4;
 inline constexpr int kProbeKeep = 3;
-inline constexpr int kProbeRounds = 3;
+inline constexpr int kProbeRounds = 4;
+// The first kProbeWarmRounds rounds are run but not timed: the first calls of the ring family
+// at a new size are slower than later ones (p = 2, 8 MiB all-reduce: 2.7-3.1 ms in the probe's
+// timed calls against bench medians of 2.1-2.5 ms later in the same process), which had pinned
+// recursive doubling there; with the warm-up round it pinned rabenseifner in 2 of 3 launches
+// (-c.txt, series E).
+inline constexpr int kProbeWarmRounds = 1;
 // The probe pins another candidate only when it beat the model's pick by more than this
 // fraction; within it the model's pick stays (noise; keeping it costs < 5%, inside the 10%
 // target of issue 6).
