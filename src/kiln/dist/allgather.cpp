@@ -51,8 +51,8 @@ void allgather_recursive_doubling(Communicator& c, const std::byte* send, std::b
   };
   if (p == 1) return copy_own();
   const Fold f = Fold::of(p, r);
-  if (r < 2 * f.rem) copy_own();  // folding ranks send or extend their block from recv at once
   if (r < 2 * f.rem) {  // fold: the extra rank's block joins its odd neighbour's
+    copy_own();  // folding ranks send or extend their block from recv at once
     if (f.newrank < 0) {
       c.send(recv + r * block, block, r + 1, kTagFold);
       c.recv(recv, p * block, r + 1, kTagFold);
@@ -72,9 +72,8 @@ void allgather_recursive_doubling(Communicator& c, const std::byte* send, std::b
     // (send before copy, above); later ones need it in recv.
     const bool only_own = pending_copy && m0 == r * block && m1 - m0 == block;
     exchange(c, only_own ? send : recv + m0, m1 - m0, partner, recv + q0, q1 - q0, partner, kTagRecursive);
-    copy_own();
+    copy_own();  // before the next exchange, whose range holds the own block
   }
-  copy_own();
   if (r < 2 * f.rem) c.send(recv, p * block, r - 1, kTagFold);
 }
 

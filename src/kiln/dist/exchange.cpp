@@ -14,7 +14,7 @@ namespace {
 // (32 KiB all-gather, recursive halving reduce-scatter, recursive doubling all-reduce) 5.5, 5.8,
 // 7.2 us against 11.3, 11.7, 24.0 — five pieces each way cost more than one rendezvous here.
 constexpr size_t kExchangeSplitMaxBytes = 2 * kEagerPieceBytes;
-constexpr size_t kMaxPieces = 2;
+constexpr size_t kMaxPieces = (kExchangeSplitMaxBytes + kEagerPieceBytes - 1) / kEagerPieceBytes;
 
 size_t piece_bytes(size_t nbytes) {
   return nbytes <= kExchangeSplitMaxBytes ? eager_piece_bytes(nbytes) : nbytes;
