@@ -23,6 +23,7 @@
 #include "kiln/core/thread_pool.h"
 #include "kiln/kernels/cpu/gemm_cpu.h"
 #include "kiln/kernels/gemm.h"
+#include "kiln/kernels/gemm_prepacked.h"
 #include "kiln/perf/peak.h"
 
 namespace kiln::bench {
@@ -64,6 +65,7 @@ struct Impl {
 
 struct Row {
   std::string dtype, mode;
+  bool packed = false;  // kiln ran gemm_prepacked on the weight packed once (decode rows)
   GemmShape shape;
   int threads = 1;
   std::vector<std::string> names;
@@ -123,8 +125,20 @@ std::vector<Summary> time_impls(const std::vector<Impl>& impls, const void* a,
   return out;
 }
 
-std::vector<Impl> make_impls(const GemmShape& s) {
+// packed (f32, B stored (n, k)): kiln runs gemm_prepacked on pack_weight copies of the weights,
+// looked up by the plain weight's address; the peers read the plain weights.
+std::vector<Impl> make_impls(const GemmShape& s, std::shared_ptr<std::vector<std::pair<const void*, PackedMatrix>>> packed = nullptr) {
   std::vector<Impl> impls;
+  if (packed) {
+    impls.push_back({"kiln", [s, packed](const void* a, const void* b, float* c) {
+                       GemmParams p;
+                       p.m = s.m; p.n = s.n; p.k = s.k;
+                       p.a = a; p.lda = s.k; p.a_dtype = s.dtype;
+                       p.c = c; p.ldc = s.n;
+                       for (const auto& [src, pm] : *packed)
+                         if (src == b) return gemm_prepacked(p, pm);
+                     }});
+  } else {
   impls.push_back({"kiln", [s](const void* a, const void* b, float* c) {
                      GemmParams p;
                      p.m = s.m; p.n = s.n; p.k = s.k;
@@ -133,6 +147,7 @@ std::vector<Impl> make_impls(const GemmShape& s) {
                      p.c = c; p.ldc = s.n;
                      cpu::gemm(p);
                    }});
+  }
   std::shared_ptr<PeerGemm> ob = make_openblas_gemm(s), od = make_onednn_gemm(s);
   if (ob) impls.push_back({"openblas", [ob](const void* a, const void* b, float* c) { ob->run(a, b, c); }});
   if (od) impls.push_back({"onednn", [od](const void* a, const void* b, float* c) { od->run(a, b, c); }});
@@ -160,17 +175,17 @@ void print_row(Context& ctx, const Row& r) {
         extra = fmt::format(R"(, "kiln_gbs": {:.2f}, "peer_gbs": {:.2f}, "dram_gbs": {:.2f}, "pct_dram": {:.1f})",
                             gbs(k.median), gbs(r.gflops[i].median), d, d > 0 ? 100 * gbs(k.median) / d : 0.0);
       }
-      fmt::print(R"({{"op": "gemm", "dtype": "{}", "mode": "{}", "m": {}, "n": {}, "k": {}, "trans_b": {}, "threads": {}, "kiln_gflops": {:.2f}, "kiln_min": {:.2f}, "kiln_max": {:.2f}, "peer": "{}", "peer_gflops": {:.2f}, "ratio": {:.3f}, "pct_peak": {:.1f}{}}})"
+      fmt::print(R"({{"op": "gemm", "dtype": "{}", "mode": "{}", "w_layout": "{}", "m": {}, "n": {}, "k": {}, "trans_b": {}, "threads": {}, "kiln_gflops": {:.2f}, "kiln_min": {:.2f}, "kiln_max": {:.2f}, "peer": "{}", "peer_gflops": {:.2f}, "ratio": {:.3f}, "pct_peak": {:.1f}{}}})"
                  "\n",
-                 r.dtype, r.mode, r.shape.m, r.shape.n, r.shape.k, r.shape.trans_b, r.threads,
+                 r.dtype, r.mode, r.packed ? "packed" : "plain", r.shape.m, r.shape.n, r.shape.k, r.shape.trans_b, r.threads,
                  k.median, k.min, k.max, r.names[i], r.gflops[i].median,
                  k.median / r.gflops[i].median, pct, extra);
     }
     std::fflush(stdout);
     return;
   }
-  std::string line = fmt::format("{:<5} {:<5} {:>4}x{:<4}x{:<4} {:>2}  {:>7.1f} ({:>6.1f}-{:<6.1f}) {:>5.1f}%",
-                                 r.dtype, r.mode, r.shape.m, r.shape.n, r.shape.k, r.threads, k.median,
+  std::string line = fmt::format("{:<5} {:<7} {:>4}x{:<4}x{:<4} {:>2}  {:>7.1f} ({:>6.1f}-{:<6.1f}) {:>5.1f}%",
+                                 r.dtype, r.packed ? r.mode + "/pk" : r.mode, r.shape.m, r.shape.n, r.shape.k, r.threads, k.median,
                                  k.min, k.max, pct);
   for (size_t i = 1; i < r.names.size(); ++i)
     line += fmt::format(" | {:<8} {:>7.1f} ({:>6.1f}-{:<6.1f}) x{:<5.2f}", r.names[i], r.gflops[i].median,
@@ -185,7 +200,7 @@ void print_row(Context& ctx, const Row& r) {
 }
 
 void bench_shape(Context& ctx, const GemmShape& s, int threads, const std::string& mode,
-                 int64_t l3_bytes) {
+                 int64_t l3_bytes, bool packed = false) {
   Rng rng(42);
   Buffer a(s.m * s.k, s.dtype, rng);
   Buffer c(s.m * s.n, DType::kF32, rng);
@@ -199,10 +214,16 @@ void bench_shape(Context& ctx, const GemmShape& s, int threads, const std::strin
     bs.push_back(std::make_unique<Buffer>(b_elems, s.dtype, rng));
     b_ptrs.push_back(bs.back()->data());
   }
-  const std::vector<Impl> impls = make_impls(s);
+  std::shared_ptr<std::vector<std::pair<const void*, PackedMatrix>>> pms;
+  if (packed) {
+    pms = std::make_shared<std::vector<std::pair<const void*, PackedMatrix>>>();
+    for (const void* b : b_ptrs) pms->emplace_back(b, pack_weight(static_cast<const float*>(b), s.n, s.k));
+  }
+  const std::vector<Impl> impls = make_impls(s, pms);
   Row r;
   r.dtype = std::string(dtype_name(s.dtype));
   r.mode = mode;
+  r.packed = packed;
   r.shape = s;
   r.threads = threads;
   for (const Impl& im : impls) r.names.push_back(im.name);
@@ -289,6 +310,8 @@ int run_gemm_bench(const GemmBenchOptions& opt) {
     fmt::print("kiln paths : f32 {}; bf16 {}; m<=8 {}\n", cpu::gemm_path_name(cpu::GemmPath::kF32),
                cpu::gemm_path_name(cpu::GemmPath::kBF16), cpu::gemm_small_m_name());
     fmt::print("tune file  : {}\n", cpu::gemm_tune_file());
+    fmt::print("mode /pk   : f32 decode rows with kiln on the weight packed once (pack_weight + gemm_prepacked, as\n"
+               "             PackedLinear runs them); the peers read the same plain (n, k) weights\n");
   }
 
   // Ceilings per thread count: FMA peak (f32, bf16) and DRAM read bandwidth over 256 MiB.
@@ -323,7 +346,7 @@ int run_gemm_bench(const GemmBenchOptions& opt) {
   const std::vector<int64_t> decode_m = opt.quick ? std::vector<int64_t>{1}
                                                   : std::vector<int64_t>{1, 2, 4, 8};
   if (!opt.json)
-    fmt::print("\n{:<5} {:<5} {:>14} {:>2}  {:>7} {:>15} {:>6} | peer GFLOP/s (min-max) x kiln/peer ...\n",
+    fmt::print("\n{:<5} {:<7} {:>14} {:>2}  {:>7} {:>15} {:>6} | peer GFLOP/s (min-max) x kiln/peer ...\n",
                "dtype", "mode", "m x n x k", "T", "kiln", "min-max", "%peak");
   for (int t : threads_list) {
     set_num_threads(t);
@@ -340,8 +363,11 @@ int run_gemm_bench(const GemmBenchOptions& opt) {
           const int64_t m = std::atoll(tok.c_str() + 1);
           if (m < 1) continue;
           const char last = tok.back();
-          if (last != 'c') bench_shape(ctx, {m, 4096, 4096, true, dt}, t, "warm", l3);
-          if (last != 'w') bench_shape(ctx, {m, 4096, 4096, true, dt}, t, "cold", l3);
+          for (bool pk : {false, true}) {
+            if (pk && (dt != DType::kF32 || m > cpu::kGemmSmallM)) continue;
+            if (last != 'c') bench_shape(ctx, {m, 4096, 4096, true, dt}, t, "warm", l3, pk);
+            if (last != 'w') bench_shape(ctx, {m, 4096, 4096, true, dt}, t, "cold", l3, pk);
+          }
         }
         continue;
       }
@@ -350,6 +376,14 @@ int run_gemm_bench(const GemmBenchOptions& opt) {
         // Decode-like: weights (N, K) as PyTorch stores them (y = x W^T).
         bench_shape(ctx, {m, 4096, 4096, true, dt}, t, "warm", l3);
         bench_shape(ctx, {m, 4096, 4096, true, dt}, t, "cold", l3);
+      }
+      // The same decode shapes with the weight packed once (f32 only: pack_weight is f32), as the
+      // model's PackedLinear runs them.
+      if (dt == DType::kF32) {
+        for (int64_t m : decode_m) {
+          bench_shape(ctx, {m, 4096, 4096, true, dt}, t, "warm", l3, true);
+          bench_shape(ctx, {m, 4096, 4096, true, dt}, t, "cold", l3, true);
+        }
       }
     }
   }

@@ -1,8 +1,9 @@
 // gemm_prepacked cases for the kernel harness: the pre-packed weight GEMM (W (n, k) packed once
 // by pack_weight, A packed per call) against ref::gemm with B = W stored (n, k), over m = 1..70
-// (the small-M streaming and the packed path, partial MR strips), odd n and k (partial NR strips,
-// several K blocks), every epilogue, alpha/beta, transposed or bf16 A, padded leading dims, and
-// small cache blockings. Tolerance as in cases_gemm.cpp: fp32 nmse 1e-10, bf16 A 3e-5.
+// (the small-M passes with 1-3 strips side by side, and the packed path with partial MR strips),
+// odd n and k (partial NR strips, several K blocks), every epilogue, alpha/beta, transposed or
+// bf16 A, padded leading dims, and small cache blockings. Tolerance as in cases_gemm.cpp: fp32
+// nmse 1e-10, bf16 A 3e-5.
 #include <cmath>
 
 #include "kiln/kernels/cpu/gemm_cpu.h"
@@ -22,13 +23,12 @@ struct PrepackedCase {
   bool bias = false, residual = false;
   Activation act = Activation::kNone;
   DType a_dtype = DType::kF32;
-  bool keep_source = true;  // false: the packed path even for m <= kGemmSmallM
   cpu::GemmBlocking blocking{};
 
   std::string name() const {
-    return fmt::format("m={} n={} k={} ta={} pad={} alpha={} beta={} bias={} act={} res={} a={} src={} blk={}/{}",
+    return fmt::format("m={} n={} k={} ta={} pad={} alpha={} beta={} bias={} act={} res={} a={} blk={}/{}",
                        m, n, k, ta, pad, alpha, beta, bias, activation_name(act), residual,
-                       dtype_name(a_dtype), keep_source, blocking.mc, blocking.kc);
+                       dtype_name(a_dtype), blocking.mc, blocking.kc);
   }
 };
 
@@ -64,7 +64,7 @@ KernelCase make_case(const PrepackedCase& g, uint64_t seed) {
 
             const cpu::GemmBlocking saved = cpu::gemm_blocking(cpu::GemmPath::kF32);
             if (g.blocking.mc > 0) cpu::set_gemm_blocking(cpu::GemmPath::kF32, g.blocking);
-            const PackedMatrix packed = pack_weight(w.data(), g.n, g.k, ldw, g.keep_source);
+            const PackedMatrix packed = pack_weight(w.data(), g.n, g.k, ldw);
             GemmParams q = p;
             q.b = nullptr;  // ignored by gemm_prepacked
             q.c = c_fast.data();
@@ -96,10 +96,9 @@ KILN_KERNEL_CASES(gemm_prepacked) {
     g.residual = m % 5 < 2;
     g.beta = m % 7 == 0 ? 0.5f : 0.0f;
     g.alpha = m % 11 == 0 ? -1.5f : 1.0f;
-    g.keep_source = m % 3 != 2;
     cases.push_back(make_case(g, seed++));
   }
-  // Every activation on the packed and the streaming path.
+  // Every activation on the packed and the small-M path.
   for (Activation act : {Activation::kGeluTanh, Activation::kSilu, Activation::kRelu}) {
     for (int64_t m : {int64_t{6}, int64_t{33}}) {
       PrepackedCase g{m, 70, 50};

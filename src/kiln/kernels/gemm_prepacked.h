@@ -22,10 +22,6 @@ class PackedMatrix {
   int nr() const { return nr_; }
   SimdTarget target() const { return target_; }
   const float* data() const { return data_.get(); }  // (ceil(n/nr), k, nr)
-  // The unpacked source (n, k) with leading dim source_ld(), kept for the small-M streaming path;
-  // null when packed without it. Not owned: it must outlive this PackedMatrix.
-  const float* source() const { return source_; }
-  int64_t source_ld() const { return source_ld_; }
   int64_t packed_bytes() const { return 4 * num_strips() * nr_ * k_; }
   int64_t num_strips() const { return nr_ == 0 ? 0 : (n_ + nr_ - 1) / nr_; }
 
@@ -33,19 +29,16 @@ class PackedMatrix {
   struct Free {
     void operator()(float* p) const;
   };
-  friend PackedMatrix pack_weight(const float* w, int64_t out, int64_t in, int64_t ldw, bool keep_source);
+  friend PackedMatrix pack_weight(const float* w, int64_t out, int64_t in, int64_t ldw);
   int64_t n_ = 0, k_ = 0;
   int nr_ = 0;
   SimdTarget target_ = SimdTarget::kScalar;
   std::unique_ptr<float, Free> data_;
-  const float* source_ = nullptr;
-  int64_t source_ld_ = 0;
 };
 
 // Packs w (out, in), rows ldw apart (0: in), for the active SIMD target; threads over strips.
-// keep_source: remember w so gemm_prepacked may stream it for m <= kGemmSmallM (faster there:
-// it reads W once at any m, while the packed micro-kernel computes a full MR-row tile).
-PackedMatrix pack_weight(const float* w, int64_t out, int64_t in, int64_t ldw = 0, bool keep_source = true);
+// Buffers of 2 MiB or more are 2 MiB aligned and advised onto transparent huge pages.
+PackedMatrix pack_weight(const float* w, int64_t out, int64_t in, int64_t ldw = 0);
 
 // Op-level validation: p as for cpu::gemm with B = the packed matrix (p.b, p.ldb, p.b_dtype and
 // p.trans_b are ignored); p.n and p.k must match it. Names the op and the shapes.

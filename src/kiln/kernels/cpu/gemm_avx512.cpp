@@ -378,6 +378,7 @@ GemmTargetKernels make_kernels() {
                        ? "avx512 small-M (m<=8) streaming kernel, B unpacked (bf16 B (n, k): vdpbf16ps)"
                        : "avx512 small-M (m<=8) streaming kernel, B unpacked";
   k.small_m = &small_m_avx512;
+  k.small_m_packed = &small_m_packed<V512, 2>;
   k.epilogue_rows = &epilogue_rows<V512>;
   return k;
 }

@@ -1,12 +1,16 @@
 // gemm_prepacked: the packed f32 GEMM with B packed once (pack_weight) instead of per call. It
 // reuses the per-target packing routines and micro-kernels of cpu::gemm (gemm_kernels.h): A is
 // packed per call into one buffer shared by the threads, then (M block, N chunk) tasks run the
-// micro-tiles straight off the pre-packed W strips. m <= kGemmSmallM streams the source weight.
+// micro-tiles straight off the pre-packed W strips. m <= kGemmSmallM (decode) runs the small-M
+// kernels over the strips instead: passes of up to 8 rows, each reading W once.
 #include "kiln/kernels/gemm_prepacked.h"
 
 #include <algorithm>
 #include <cstdlib>
 
+#include <sys/mman.h>
+
+#include "kiln/core/dtype.h"
 #include "kiln/core/thread_pool.h"
 #include "kiln/kernels/cpu/gemm_cpu.h"
 #include "kiln/kernels/cpu/gemm_kernels.h"
@@ -48,11 +52,13 @@ float* a_pack_buffer(int64_t floats) {
   return mem.get();
 }
 
-// Streaming passes of <= kGemmSmallM rows over the unpacked W, or MR-row strips of the packed
-// kernel (which computes whole strips)? Measured with `kiln bench prepacked` (Zen 4 VM, 2 cores,
-// K = N = 1024/2048, 1 and 2 threads): one 8-row streaming pass costs ~0.85 of one 14-row packed
-// strip, so streaming wins for m <= 8 and m = 15, 16 (two passes vs a 14 + 2 strip pair). Only
-// measured for that 14-row kernel: other targets stream for m <= 8 only, as cpu::gemm does.
+// Small-M passes of <= kGemmSmallM rows over W, or MR-row strips of the packed micro-kernel
+// (which computes whole strips)? Measured with `kiln bench prepacked` (Zen 4 VM, 2 cores,
+// K = N = 1024/2048, 1 and 2 threads) when the passes streamed the unpacked source weight: one
+// 8-row pass cost ~0.85 of one 14-row strip, so passes win for m <= 8 and m = 15, 16 (two
+// passes vs a 14 + 2 strip pair). Still so over the packed strips: m = 15, K = N = 1024, 1
+// thread, 287 us in two passes vs 524 us in strips. Only measured for that 14-row kernel:
+// other targets use the passes for m <= 8 only, as cpu::gemm does.
 bool prefer_streaming(int64_t m, int64_t mr) {
   if (m <= cpu::kGemmSmallM) return true;
   if (mr != 14) return false;
@@ -60,11 +66,44 @@ bool prefer_streaming(int64_t m, int64_t mr) {
   return passes * 6 < strips * 7;
 }
 
+// Decode-like over the packed strips: passes of <= kGemmSmallM rows, each reading the weight once
+// in memory order (strip after strip, prefetched ahead), A interleaved (k, m) per pass; column
+// chunks of whole strips over the threads. Measured on the Zen 4 VM (1 thread, K = N = 4096,
+// cold): m = 8 reaches ~85% of the DRAM read rate here against ~62% streaming the unpacked
+// source, whose 8 A rows (128 KiB) miss L1 on every k step (`kiln bench gemm`, "packed" rows).
+void gemm_prepacked_small_m(const GemmParams& p, const PackedMatrix& b, const GemmTargetKernels& kr) {
+  const int64_t k = p.k, nstrips = b.num_strips();
+  const int threads = num_threads();
+  const int64_t chunks = threads == 1 ? 1 : std::min<int64_t>(nstrips, int64_t{4} * threads);
+  for (int64_t i0 = 0; i0 < p.m; i0 += cpu::kGemmSmallM) {
+    const int m = static_cast<int>(std::min<int64_t>(cpu::kGemmSmallM, p.m - i0));
+    float* a = a_pack_buffer(m * std::max<int64_t>(k, 1) + 16);
+    for (int64_t l = 0; l < k; ++l) {
+      for (int i = 0; i < m; ++i) {
+        const int64_t idx = p.trans_a ? l * p.lda + i0 + i : (i0 + i) * p.lda + l;
+        a[l * m + i] = p.a_dtype == DType::kBF16 ? bf16_to_f32(static_cast<const uint16_t*>(p.a)[idx])
+                                                 : static_cast<const float*>(p.a)[idx];
+      }
+    }
+    TileEpilogue ep;
+    ep.alpha = p.alpha;
+    ep.beta = p.beta;
+    ep.act = p.act;
+    ep.bias = p.bias;
+    ep.residual = p.residual ? p.residual + i0 * p.ldr : nullptr;
+    ep.ldr = p.ldr;
+    run_tasks(chunks, [&](int64_t t) {
+      kr.small_m_packed(m, k, a, b.data(), nstrips * t / chunks, nstrips * (t + 1) / chunks, p.c + i0 * p.ldc,
+                        p.ldc, p.n, ep);
+    });
+  }
+}
+
 }  // namespace
 
 void PackedMatrix::Free::operator()(float* p) const { std::free(p); }
 
-PackedMatrix pack_weight(const float* w, int64_t out, int64_t in, int64_t ldw, bool keep_source) {
+PackedMatrix pack_weight(const float* w, int64_t out, int64_t in, int64_t ldw) {
   KILN_CHECK(out >= 0 && in >= 0);
   if (ldw == 0) ldw = in;
   KILN_CHECK(ldw >= in && (w != nullptr || out * in == 0));
@@ -74,11 +113,17 @@ PackedMatrix pack_weight(const float* w, int64_t out, int64_t in, int64_t ldw, b
   pm.n_ = out;
   pm.k_ = in;
   pm.nr_ = path.nr;
-  pm.source_ = keep_source ? w : nullptr;
-  pm.source_ld_ = ldw;
   const int64_t strips = pm.num_strips();
-  const size_t bytes = (static_cast<size_t>(std::max<int64_t>(1, strips * pm.nr_ * in)) * 4 + 63) & ~size_t{63};
-  pm.data_.reset(static_cast<float*>(std::aligned_alloc(64, bytes)));
+  // Weights of 2 MiB or more on transparent huge pages (THP is "madvise" on the dev VMs): the
+  // small-M kernels prefetch the strips 64 KiB ahead, and on 4 KiB pages those prefetches cross
+  // into pages not yet in the TLB (m = 8, K = N = 4096, cold, 1 thread: 17 -> 26 GB/s).
+  constexpr size_t kHuge = size_t{2} << 20;
+  const size_t raw = static_cast<size_t>(std::max<int64_t>(1, strips * pm.nr_ * in)) * 4;
+  const bool huge = raw >= kHuge;
+  const size_t align = huge ? kHuge : 64;
+  const size_t bytes = (raw + align - 1) & ~(align - 1);
+  pm.data_.reset(static_cast<float*>(std::aligned_alloc(align, bytes)));
+  if (huge && pm.data_) madvise(pm.data_.get(), bytes, MADV_HUGEPAGE);  // advisory: errors ignored
   KILN_CHECK_MSG(pm.data_ != nullptr, "pack_weight: {} bytes for ({}, {})", bytes, out, in);
   if (strips == 0 || in == 0) return pm;
   GemmParams p;  // B = w stored (n, k): op(B) = wᵀ
@@ -124,25 +169,10 @@ double gemm_prepacked_bytes(const GemmParams& p, const PackedMatrix& b) {
 void gemm_prepacked(const GemmParams& p, const PackedMatrix& b) {
   KILN_CHECK_MSG(check_gemm_prepacked(p, b).ok(), "{}", check_gemm_prepacked(p, b).message());
   if (p.m == 0 || p.n == 0) return;
-  const cpu::PackedPath& path = kernels_for(b.target()).f32;
+  const GemmTargetKernels& kr = kernels_for(b.target());
+  const cpu::PackedPath& path = kr.f32;
   const int64_t mr = path.mr, nr = path.nr;
-  if (b.source() != nullptr && prefer_streaming(p.m, mr)) {
-    // Decode-like: the streaming kernel reads the unpacked W once per pass of <= 8 rows.
-    const int64_t elem = p.a_dtype == DType::kBF16 ? 2 : 4;
-    for (int64_t i0 = 0; i0 < p.m; i0 += cpu::kGemmSmallM) {
-      GemmParams q = p;
-      q.m = std::min<int64_t>(cpu::kGemmSmallM, p.m - i0);
-      q.a = static_cast<const char*>(p.a) + (p.trans_a ? i0 : i0 * p.lda) * elem;
-      q.b = b.source();
-      q.ldb = b.source_ld();
-      q.b_dtype = DType::kF32;
-      q.trans_b = true;
-      q.c = p.c + i0 * p.ldc;
-      if (p.residual) q.residual = p.residual + i0 * p.ldr;
-      cpu::gemm(q);
-    }
-    return;
-  }
+  if (prefer_streaming(p.m, mr)) return gemm_prepacked_small_m(p, b, kr);
   KILN_CHECK(nr == b.nr() && path.k_per_step == 1);
   const cpu::GemmBlocking blk = cpu::gemm_blocking(cpu::GemmPath::kF32);
   const int threads = num_threads();

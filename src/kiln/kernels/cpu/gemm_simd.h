@@ -356,6 +356,119 @@ void micro_kernel_f32_direct(int64_t steps, const void* a_rows, int64_t lda, con
   store_tile<V, MR, NV>(acc, c, ldc, MR, n, ep);
 }
 
+// ---- decode-like small M over a pre-packed f32 weight (gemm_prepacked) ----------------------
+// C (m <= 8 rows) = epilogue(A x W) over the (k, NR) strips [s0, s1) of W, A interleaved (k, M):
+// a[l * M + i]. The loop of micro_kernel_f32 for a few rows, but W is read once from DRAM, in
+// memory order, so how it streams decides the speed. Per M: how many strips run side by side
+// (sequential streams for the hardware prefetchers, and independent accumulators), and whether
+// W is also prefetched kSmallMPackedAhead floats (64 KiB) ahead. Measured on the Zen 4 VM (1
+// thread, K = N = 4096 f32, cold, huge pages; DRAM read probe 31.5 GB/s), GB/s, one strip vs
+// the choice: the prefetch costs ~6 GB/s while the core mostly waits (M <= 5) and gains 1.5-6
+// once the FMAs keep it busy (M >= 6, where the hardware prefetchers alone fall behind); more
+// strips side by side lift M = 3, 4 from 24-25 to 28-29 (`kiln bench prepacked --min-mib 128`
+// with M = 1..8 then gave 32, 31, 29, 29, 26, 26, 28, 27 GB/s).
+struct SmallMPackedShape {
+  int strips;
+  bool prefetch;
+};
+inline constexpr SmallMPackedShape kSmallMPackedShapes[9] = {
+    {1, false}, {1, false}, {2, false}, {2, false}, {3, false}, {1, false}, {1, true}, {1, true}, {1, true}};
+inline constexpr int64_t kSmallMPackedAhead = 16384;
+
+// One k step for S strips side by side: acc[s] += A column (M values at a) x strip s's NR values.
+template <class V, int NV, int M, int S, bool kPf>
+[[gnu::always_inline]] inline void small_m_packed_step(typename V::T (&acc)[S][M][NV], const float* a,
+                                                       const float* b, int64_t strip_floats,
+                                                       const float* pf_limit) {
+  constexpr int L = V::kLanes;
+  constexpr int kLineBytes = NV * L * 4 >= 64 ? 64 : NV * L * 4;
+#pragma GCC unroll 4
+  for (int s = 0; s < S; ++s) {
+    const float* bs = b + s * strip_floats;
+    if constexpr (kPf) {
+      const float* pf = bs + kSmallMPackedAhead;
+      if (pf < pf_limit) {
+        for (int q = 0; q < NV * L * 4; q += kLineBytes) __builtin_prefetch(reinterpret_cast<const char*>(pf) + q, 0, 2);
+      }
+    }
+    typename V::T bv[NV];
+#pragma GCC unroll 4
+    for (int v = 0; v < NV; ++v) bv[v] = V::load(bs + v * L);
+#pragma GCC unroll 8
+    for (int i = 0; i < M; ++i) {
+      const typename V::T av = V::set1(a[i]);
+#pragma GCC unroll 4
+      for (int v = 0; v < NV; ++v) acc[s][i][v] = V::fmadd(av, bv[v], acc[s][i][v]);
+    }
+  }
+}
+
+// S strips from `strip` (strip_floats apart) into the C columns from c; n = the columns left
+// from c (each strip writes min(NR, what remains)); ep.bias / ep.residual at c's column.
+template <class V, int NV, int M, int S, bool kPf>
+void small_m_packed_group(int64_t k, const float* a, const float* strip, int64_t strip_floats,
+                          const float* pf_limit, float* c, int64_t ldc, int64_t n, const TileEpilogue& ep) {
+  constexpr int L = V::kLanes;
+  typename V::T acc[S][M][NV];
+#pragma GCC unroll 4
+  for (int s = 0; s < S; ++s)
+#pragma GCC unroll 8
+    for (int i = 0; i < M; ++i)
+#pragma GCC unroll 4
+      for (int v = 0; v < NV; ++v) acc[s][i][v] = V::zero();
+  const float* b = strip;
+  for (int64_t l = 0; l < k; ++l, a += M, b += NV * L)
+    small_m_packed_step<V, NV, M, S, kPf>(acc, a, b, strip_floats, pf_limit);
+#pragma GCC unroll 4
+  for (int s = 0; s < S; ++s) {
+    const int64_t col = s * NV * L;
+    if (col >= n) break;
+    TileEpilogue e = ep;
+    if (e.bias) e.bias += col;
+    if (e.residual) e.residual += col;
+    store_tile<V, M, NV>(acc[s], c + col, ldc, M, static_cast<int>(std::min<int64_t>(NV * L, n - col)), e);
+  }
+}
+
+template <class V, int NV, int M>
+void small_m_packed_rows(int64_t k, const float* a, const float* w, int64_t s0, int64_t s1, float* c,
+                         int64_t ldc, int64_t n, const TileEpilogue& ep) {
+  constexpr int NR = NV * V::kLanes;
+  constexpr int S = V::kLanes == 1 ? 1 : kSmallMPackedShapes[M].strips;
+  constexpr bool kPf = V::kLanes > 1 && kSmallMPackedShapes[M].prefetch;
+  const int64_t strip_floats = NR * k;
+  const float* limit = w + s1 * strip_floats;
+  auto at = [&](int64_t s) {
+    TileEpilogue e = ep;
+    if (e.bias) e.bias += s * NR;
+    if (e.residual) e.residual += s * NR;
+    return e;
+  };
+  int64_t s = s0;
+  for (; s + S <= s1; s += S)
+    small_m_packed_group<V, NV, M, S, kPf>(k, a, w + s * strip_floats, strip_floats, limit, c + s * NR, ldc, n - s * NR, at(s));
+  for (; s < s1; ++s)
+    small_m_packed_group<V, NV, M, 1, kPf>(k, a, w + s * strip_floats, strip_floats, limit, c + s * NR, ldc, n - s * NR, at(s));
+}
+
+// C (m, n) columns of strips [s0, s1) for a run-time row count m in 1..kGemmSmallM (8); c, ep.bias
+// and ep.residual at column 0 of W.
+template <class V, int NV>
+void small_m_packed(int m, int64_t k, const float* a, const float* w, int64_t s0, int64_t s1, float* c,
+                    int64_t ldc, int64_t n, const TileEpilogue& ep) {
+  switch (m) {
+    case 1: return small_m_packed_rows<V, NV, 1>(k, a, w, s0, s1, c, ldc, n, ep);
+    case 2: return small_m_packed_rows<V, NV, 2>(k, a, w, s0, s1, c, ldc, n, ep);
+    case 3: return small_m_packed_rows<V, NV, 3>(k, a, w, s0, s1, c, ldc, n, ep);
+    case 4: return small_m_packed_rows<V, NV, 4>(k, a, w, s0, s1, c, ldc, n, ep);
+    case 5: return small_m_packed_rows<V, NV, 5>(k, a, w, s0, s1, c, ldc, n, ep);
+    case 6: return small_m_packed_rows<V, NV, 6>(k, a, w, s0, s1, c, ldc, n, ep);
+    case 7: return small_m_packed_rows<V, NV, 7>(k, a, w, s0, s1, c, ldc, n, ep);
+    case 8: return small_m_packed_rows<V, NV, 8>(k, a, w, s0, s1, c, ldc, n, ep);
+    default: KILN_CHECK(m >= 1 && m <= 8);
+  }
+}
+
 // ---- small-M (decode-like) kernels: stream B once, A stays in L1/L2 --------------------------
 // Keeps a loaded vector in a register: without this GCC folds the same A load into each of the
 // J FMAs that use it (J memory operands instead of one load), which made the M = 8 kernel
