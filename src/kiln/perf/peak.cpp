@@ -88,34 +88,46 @@ double measure_fma_peak_gflops(DType dtype, int threads, double seconds) {
   return best;
 }
 
-double measure_dram_read_gbps(int threads, int64_t bytes) {
-  const SimdTarget target = active_simd_target();
-  if (target == SimdTarget::kScalar || threads < 1) return 0.0;
+void DramReadProbe::Free::operator()(float* p) const { std::free(p); }
+
+DramReadProbe::DramReadProbe(int64_t bytes) {
+  if (active_simd_target() == SimdTarget::kScalar) return;
   if (bytes <= 0) bytes = std::max<int64_t>(int64_t{256} << 20, int64_t{8} * cpu_features().l3_bytes);
   const int64_t n = bytes / 4 & ~int64_t{1023};  // floats
-  struct Free {
-    void operator()(float* p) const { std::free(p); }
-  };
-  std::unique_ptr<float, Free> buf(static_cast<float*>(std::aligned_alloc(2 << 20, static_cast<size_t>(n) * 4)));
-  if (!buf) return 0.0;
-  madvise(buf.get(), static_cast<size_t>(n) * 4, MADV_HUGEPAGE);  // fewer page faults; advisory
-  // First touch in parallel (page faults are slow in VMs), with values that stay finite.
-  run_on_threads(threads, [&](int th) {
-    const int64_t b = n * th / threads, e = n * (th + 1) / threads;
-    for (int64_t i = b; i < e; ++i) buf.get()[i] = static_cast<float>(i & 255) * (1.0f / 256);
+  if (n <= 0) return;
+  constexpr size_t kHuge = size_t{2} << 20;
+  const size_t alloc = (static_cast<size_t>(n) * 4 + kHuge - 1) & ~(kHuge - 1);
+  buf_.reset(static_cast<float*>(std::aligned_alloc(kHuge, alloc)));
+  if (!buf_) return;
+  madvise(buf_.get(), alloc, MADV_HUGEPAGE);  // fewer page faults; advisory
+  // First touch on both cores (page faults are slow in VMs), with values that stay finite.
+  const int touch = std::max(1, static_cast<int>(std::min<unsigned>(2, std::thread::hardware_concurrency())));
+  run_on_threads(touch, [&](int th) {
+    const int64_t b = n * th / touch, e = n * (th + 1) / touch;
+    for (int64_t i = b; i < e; ++i) buf_.get()[i] = static_cast<float>(i & 255) * (1.0f / 256);
   });
+  n_ = n;
+}
+
+double DramReadProbe::pass(int threads) const {
+  const SimdTarget target = active_simd_target();
+  if (!buf_ || threads < 1 || target == SimdTarget::kScalar) return 0.0;
   const auto loop = target == SimdTarget::kAvx512 ? &detail::read_loop_avx512 : &detail::read_loop_avx2;
+  std::vector<double> read(static_cast<size_t>(threads));
+  const double t = run_on_threads(threads, [&](int th) {
+    const int64_t b = n_ * th / threads & ~int64_t{63}, e = n_ * (th + 1) / threads & ~int64_t{63};
+    read[static_cast<size_t>(th)] = loop(buf_.get() + b, e - b);
+  });
+  double total = 0;
+  for (double r : read) total += r;
+  return total / t * 1e-9;
+}
+
+double measure_dram_read_gbps(int threads, int64_t bytes) {
+  if (active_simd_target() == SimdTarget::kScalar || threads < 1) return 0.0;
+  const DramReadProbe probe(bytes);
   double best = 0;
-  for (int rep = 0; rep < 3; ++rep) {
-    std::vector<double> read(static_cast<size_t>(threads));
-    const double t = run_on_threads(threads, [&](int th) {
-      const int64_t b = n * th / threads & ~int64_t{63}, e = n * (th + 1) / threads & ~int64_t{63};
-      read[static_cast<size_t>(th)] = loop(buf.get() + b, e - b);
-    });
-    double total = 0;
-    for (double r : read) total += r;
-    best = std::max(best, total / t * 1e-9);
-  }
+  for (int rep = 0; rep < 3; ++rep) best = std::max(best, probe.pass(threads));
   return best;
 }
 

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 
 #include "kiln/core/dtype.h"
 
@@ -19,6 +20,23 @@ double measure_fma_peak_gflops(DType dtype, int threads, double seconds = 0.15);
 // of 256 MiB and 8x the L3 cache) with wide loads; best of three passes. Allocates and frees the
 // buffer (first touch included, not timed). 0 when the active target is scalar.
 double measure_dram_read_gbps(int threads, int64_t bytes = 0);
+
+// The same probe with its buffer kept, for repeated single passes: a benchmark can time one pass
+// in each of its rounds, beside the kernels it rates, and so see the DRAM rate of the same
+// moments (on shared VMs the 2-thread rate was seen to move between ~35 and ~60 GB/s from one
+// minute to the next). pass() returns 0 when the active target is scalar or allocation failed.
+class DramReadProbe {
+ public:
+  explicit DramReadProbe(int64_t bytes = 0);
+  double pass(int threads) const;  // GB/s of one pass over the whole buffer
+
+ private:
+  struct Free {
+    void operator()(float* p) const;
+  };
+  std::unique_ptr<float, Free> buf_;
+  int64_t n_ = 0;  // floats
+};
 
 // The FMA peak for `threads` threads, measured once per process per (dtype, threads) with a
 // short (~50 ms) run and cached; thread-safe. For MFU = achieved FLOP/s / this.
