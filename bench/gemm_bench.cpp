@@ -136,7 +136,7 @@ std::vector<Summary> time_impls(const std::vector<Impl>& impls, const void* a,
   return out;
 }
 
-// packed (f32, B stored (n, k)): kiln runs gemm_prepacked on pack_weight copies of the weights,
+// packed (B stored (n, k)): kiln runs gemm_prepacked on pack_weight_as copies of the weights,
 // looked up by the plain weight's address; the peers read the plain weights.
 std::vector<Impl> make_impls(const GemmShape& s, std::shared_ptr<std::vector<std::pair<const void*, PackedMatrix>>> packed = nullptr) {
   std::vector<Impl> impls;
@@ -205,8 +205,8 @@ void print_row(Context& ctx, const Row& r) {
                         r.gflops[i].min, r.gflops[i].max, k.median / r.gflops[i].median);
   if (r.bytes_b > 0) {
     const double d = std::max(ctx.dram[r.threads], r.dram.max);
-    line += fmt::format(" | B {:.1f} GB/s = {:.0f}% of DRAM {:.1f} ({:.1f}-{:.1f})", gbs(k.median),
-                        d > 0 ? 100 * gbs(k.median) / d : 0.0, d, r.dram.min, r.dram.max);
+    line += fmt::format(" | B {:.1f} GB/s = {:.0f}% of DRAM {:.1f}", gbs(k.median), d > 0 ? 100 * gbs(k.median) / d : 0.0, d);
+    if (r.dram.max > 0) line += fmt::format(" ({:.1f}-{:.1f})", r.dram.min, r.dram.max);
   }
   fmt::print("{}\n", line);
   std::fflush(stdout);
@@ -230,7 +230,7 @@ void bench_shape(Context& ctx, const GemmShape& s, int threads, const std::strin
   std::shared_ptr<std::vector<std::pair<const void*, PackedMatrix>>> pms;
   if (packed) {
     pms = std::make_shared<std::vector<std::pair<const void*, PackedMatrix>>>();
-    for (const void* b : b_ptrs) pms->emplace_back(b, pack_weight(static_cast<const float*>(b), s.n, s.k));
+    for (const void* b : b_ptrs) pms->emplace_back(b, pack_weight_as(b, s.dtype, s.n, s.k));
   }
   const std::vector<Impl> impls = make_impls(s, pms);
   Row r;
@@ -323,7 +323,7 @@ int run_gemm_bench(const GemmBenchOptions& opt) {
     fmt::print("kiln paths : f32 {}; bf16 {}; m<=8 {}\n", cpu::gemm_path_name(cpu::GemmPath::kF32),
                cpu::gemm_path_name(cpu::GemmPath::kBF16), cpu::gemm_small_m_name());
     fmt::print("tune file  : {}\n", cpu::gemm_tune_file());
-    fmt::print("mode /pk   : f32 decode rows with kiln on the weight packed once (pack_weight + gemm_prepacked, as\n"
+    fmt::print("mode /pk   : decode rows with kiln on the weight packed once (pack_weight_as + gemm_prepacked, as\n"
                "             PackedLinear runs them); the peers read the same plain (n, k) weights\n");
     fmt::print("cold DRAM  : a cold decode row's % is of the higher of the ceiling below and the best DRAM read\n"
                "             pass timed in that row's rounds (one per round; its min-max in brackets): the rate of\n"
@@ -381,7 +381,6 @@ int run_gemm_bench(const GemmBenchOptions& opt) {
           if (m < 1) continue;
           const char last = tok.back();
           for (bool pk : {false, true}) {
-            if (pk && (dt != DType::kF32 || m > cpu::kGemmSmallM)) continue;
             if (last != 'c') bench_shape(ctx, {m, 4096, 4096, true, dt}, t, "warm", l3, pk);
             if (last != 'w') bench_shape(ctx, {m, 4096, 4096, true, dt}, t, "cold", l3, pk);
           }
@@ -394,13 +393,10 @@ int run_gemm_bench(const GemmBenchOptions& opt) {
         bench_shape(ctx, {m, 4096, 4096, true, dt}, t, "warm", l3);
         bench_shape(ctx, {m, 4096, 4096, true, dt}, t, "cold", l3);
       }
-      // The same decode shapes with the weight packed once (f32 only: pack_weight is f32), as the
-      // model's PackedLinear runs them.
-      if (dt == DType::kF32) {
-        for (int64_t m : decode_m) {
-          bench_shape(ctx, {m, 4096, 4096, true, dt}, t, "warm", l3, true);
-          bench_shape(ctx, {m, 4096, 4096, true, dt}, t, "cold", l3, true);
-        }
+      // The same decode shapes with the weight packed once, as the model's PackedLinear runs them.
+      for (int64_t m : decode_m) {
+        bench_shape(ctx, {m, 4096, 4096, true, dt}, t, "warm", l3, true);
+        bench_shape(ctx, {m, 4096, 4096, true, dt}, t, "cold", l3, true);
       }
     }
   }

@@ -2,8 +2,9 @@
 // by pack_weight, A packed per call) against ref::gemm with B = W stored (n, k), over m = 1..70
 // (the small-M passes with 1-3 strips side by side, and the packed path with partial MR strips),
 // odd n and k (partial NR strips, several K blocks), every epilogue, alpha/beta, transposed or
-// bf16 A, padded leading dims, and small cache blockings. Tolerance as in cases_gemm.cpp: fp32
-// nmse 1e-10, bf16 A 3e-5.
+// bf16 A, bf16 weights (pairs of k), padded leading dims, and small cache blockings. Tolerance as
+// in cases_gemm.cpp: fp32 nmse 1e-10; 3e-5 with a bf16 A or W (the other operand may be rounded
+// to bf16 for vdpbf16ps).
 #include <cmath>
 
 #include "kiln/kernels/cpu/gemm_cpu.h"
@@ -23,12 +24,13 @@ struct PrepackedCase {
   bool bias = false, residual = false;
   Activation act = Activation::kNone;
   DType a_dtype = DType::kF32;
+  DType w_dtype = DType::kF32;  // bf16: pack_weight_as bf16 (pairs of k with AVX512_BF16)
   cpu::GemmBlocking blocking{};
 
   std::string name() const {
-    return fmt::format("m={} n={} k={} ta={} pad={} alpha={} beta={} bias={} act={} res={} a={} blk={}/{}",
+    return fmt::format("m={} n={} k={} ta={} pad={} alpha={} beta={} bias={} act={} res={} a={} w={} blk={}/{}",
                        m, n, k, ta, pad, alpha, beta, bias, activation_name(act), residual,
-                       dtype_name(a_dtype), blocking.mc, blocking.kc);
+                       dtype_name(a_dtype), dtype_name(w_dtype), blocking.mc, blocking.kc);
   }
 };
 
@@ -42,6 +44,9 @@ KernelCase make_case(const PrepackedCase& g, uint64_t seed) {
             std::vector<uint16_t> a16(a32.size());
             for (size_t i = 0; i < a32.size(); ++i) a16[i] = f32_to_bf16(a32[i]);
             const std::vector<float> w = random_vector(rng, static_cast<size_t>(std::max<int64_t>(1, g.n * ldw)));
+            std::vector<uint16_t> w16(w.size());
+            for (size_t i = 0; i < w.size(); ++i) w16[i] = f32_to_bf16(w[i]);
+            const bool w_bf16 = g.w_dtype == DType::kBF16;
             const std::vector<float> bias = random_vector(rng, static_cast<size_t>(g.n));
             const std::vector<float> res = random_vector(rng, static_cast<size_t>(g.m * ldr + 1));
             std::vector<float> c0(static_cast<size_t>(g.m * ldc), kPaddingSentinel);
@@ -52,7 +57,8 @@ KernelCase make_case(const PrepackedCase& g, uint64_t seed) {
             p.m = g.m; p.n = g.n; p.k = g.k;
             p.a = g.a_dtype == DType::kBF16 ? static_cast<const void*>(a16.data()) : a32.data();
             p.lda = lda; p.a_dtype = g.a_dtype; p.trans_a = g.ta;
-            p.b = w.data(); p.ldb = ldw; p.trans_b = true;
+            p.b = w_bf16 ? static_cast<const void*>(w16.data()) : w.data();
+            p.ldb = ldw; p.b_dtype = g.w_dtype; p.trans_b = true;
             p.ldc = ldc; p.alpha = g.alpha; p.beta = g.beta;
             p.bias = g.bias ? bias.data() : nullptr;
             p.act = g.act;
@@ -63,17 +69,22 @@ KernelCase make_case(const PrepackedCase& g, uint64_t seed) {
             ref::gemm(p);
 
             const cpu::GemmBlocking saved = cpu::gemm_blocking(cpu::GemmPath::kF32);
-            if (g.blocking.mc > 0) cpu::set_gemm_blocking(cpu::GemmPath::kF32, g.blocking);
-            const PackedMatrix packed = pack_weight(w.data(), g.n, g.k, ldw);
+            const cpu::GemmBlocking saved_bf16 = cpu::gemm_blocking(cpu::GemmPath::kBF16);
+            if (g.blocking.mc > 0) {
+              cpu::set_gemm_blocking(cpu::GemmPath::kF32, g.blocking);
+              cpu::set_gemm_blocking(cpu::GemmPath::kBF16, g.blocking);
+            }
+            const PackedMatrix packed = pack_weight_as(p.b, g.w_dtype, g.n, g.k, ldw);
             GemmParams q = p;
             q.b = nullptr;  // ignored by gemm_prepacked
             q.c = c_fast.data();
             Compare ok{"check_gemm_prepacked", {0.0f}, {check_gemm_prepacked(q, packed).ok() ? 0.0f : 1.0f}, 0.0};
             gemm_prepacked(q, packed);
             cpu::set_gemm_blocking(cpu::GemmPath::kF32, saved);
+            cpu::set_gemm_blocking(cpu::GemmPath::kBF16, saved_bf16);
 
             std::vector<Compare> out = compare_strided("C", c_ref, c_fast, g.m, g.n, ldc,
-                                                       g.a_dtype == DType::kBF16 ? 3e-5 : 1e-10);
+                                                       g.a_dtype == DType::kBF16 || w_bf16 ? 3e-5 : 1e-10);
             out.insert(out.begin(), ok);
             return out;
           }};
@@ -115,10 +126,28 @@ KILN_KERNEL_CASES(gemm_prepacked) {
   cases.push_back(make_case({.m = 15, .n = 97, .k = 300, .pad = 1, .beta = 1.0f, .residual = true, .a_dtype = DType::kBF16}, seed++));
   cases.push_back(make_case({.m = 20, .n = 37, .k = 0, .beta = 0.5f, .bias = true, .residual = true}, seed++));
   cases.push_back(make_case({.m = 0, .n = 37, .k = 5}, seed++));
+  // bf16 weights (pairs of k with AVX512_BF16, A rounded to bf16; widened to f32 elsewhere):
+  // m = 1..8 (the small-M pair kernels, 1-3 strips side by side) and the packed path, odd k
+  // (the last pair padded), f32 or bf16 A, transposed A, the epilogues.
+  for (int64_t m : {1, 2, 3, 4, 5, 6, 7, 8, 11, 16, 33, 70}) {
+    PrepackedCase g{m, ns[m % 5], ks[(m + 1) % 5]};
+    g.w_dtype = DType::kBF16;
+    g.a_dtype = m % 3 == 1 ? DType::kBF16 : DType::kF32;
+    g.ta = m % 4 == 2;
+    g.pad = m % 2 == 1 ? 3 : 0;
+    g.bias = m % 2 == 0;
+    g.residual = m % 3 == 0;
+    g.beta = m % 5 == 0 ? 0.5f : 0.0f;
+    g.act = m % 4 == 0 ? Activation::kGeluTanh : Activation::kNone;
+    cases.push_back(make_case(g, seed++));
+  }
+  cases.push_back(make_case({.m = 4, .n = 130, .k = 1, .w_dtype = DType::kBF16}, seed++));
+  cases.push_back(make_case({.m = 7, .n = 97, .k = 0, .beta = 0.5f, .bias = true, .w_dtype = DType::kBF16}, seed++));
   // Small blockings (independent of the machine's tuning file): several M blocks and K blocks
   // (prefill-like m), odd tails; beta = 0 on the first K block only.
-  for (int v = 0; v < 3; ++v) {
-    PrepackedCase g{v == 0 ? int64_t{150} : v == 1 ? int64_t{64} : int64_t{11}, 101, 151};
+  for (int v = 0; v < 5; ++v) {
+    PrepackedCase g{v % 3 == 0 ? int64_t{150} : v % 3 == 1 ? int64_t{64} : int64_t{11}, 101, 151};
+    g.w_dtype = v >= 3 ? DType::kBF16 : DType::kF32;
     g.blocking = {28, 32, 64};
     g.beta = v == 1 ? 1.0f : 0.0f;
     g.bias = g.residual = true;

@@ -1,19 +1,24 @@
 // Pre-packed weights for inference GEMMs: a Linear weight W (out, in) is packed once into the
-// strips the f32 micro-kernel of cpu::gemm consumes, and gemm_prepacked() runs C = epilogue(A Wᵀ)
-// without re-packing W on every call (cpu::gemm packs B per call once m > kGemmSmallM).
+// strips the micro-kernels of cpu::gemm consume, and gemm_prepacked() runs C = epilogue(A Wᵀ)
+// without re-packing W on every call (cpu::gemm packs B per call once m > kGemmSmallM). Decode
+// (m <= kGemmSmallM) runs small-M kernels over the same strips, W read once in memory order.
 #pragma once
 
 #include <cstdint>
 #include <memory>
 
 #include "kiln/core/cpu_features.h"
+#include "kiln/core/dtype.h"
 #include "kiln/core/status.h"
 #include "kiln/kernels/gemm.h"
 
 namespace kiln {
 
-// W (n, k) = (out, in) packed as ceil(n / nr) strips of (k, nr) f32 (the last strip zero-padded),
-// for the SIMD target active when it was packed (nr depends on it). Move-only; owns its buffer.
+// W (n, k) = (out, in) packed as ceil(n / nr) strips (the last one zero-padded) for the SIMD
+// target active when it was packed (nr depends on it): an f32 W as strips of (k, nr) f32; a
+// bf16 W, where the CPU has AVX512_BF16, as strips of (ceil(k / 2), nr) pairs of bf16 of
+// consecutive k (k_per_step() 2; cpu::gemm's bf16 path), else widened to f32 strips. Move-only;
+// owns its buffer.
 class PackedMatrix {
  public:
   PackedMatrix() = default;
@@ -21,31 +26,41 @@ class PackedMatrix {
   int64_t k() const { return k_; }
   int nr() const { return nr_; }
   SimdTarget target() const { return target_; }
-  const float* data() const { return data_.get(); }  // (ceil(n/nr), k, nr)
-  int64_t packed_bytes() const { return 4 * num_strips() * nr_ * k_; }
+  DType weight_dtype() const { return weight_dtype_; }  // what was packed: f32 or bf16
+  int k_per_step() const { return k_per_step_; }         // 1: f32 elements; 2: bf16 pairs
+  int64_t steps() const { return (k_ + k_per_step_ - 1) / k_per_step_; }
+  const void* data() const { return data_.get(); }  // (num_strips, steps, nr) 4-byte elements
+  int64_t packed_bytes() const { return 4 * num_strips() * nr_ * steps(); }
   int64_t num_strips() const { return nr_ == 0 ? 0 : (n_ + nr_ - 1) / nr_; }
 
  private:
   struct Free {
-    void operator()(float* p) const;
+    void operator()(uint32_t* p) const;
   };
-  friend PackedMatrix pack_weight(const float* w, int64_t out, int64_t in, int64_t ldw);
+  friend PackedMatrix pack_weight_as(const void* w, DType dtype, int64_t out, int64_t in, int64_t ldw);
   int64_t n_ = 0, k_ = 0;
   int nr_ = 0;
+  int k_per_step_ = 1;
+  DType weight_dtype_ = DType::kF32;
   SimdTarget target_ = SimdTarget::kScalar;
-  std::unique_ptr<float, Free> data_;
+  std::unique_ptr<uint32_t, Free> data_;
 };
 
-// Packs w (out, in), rows ldw apart (0: in), for the active SIMD target; threads over strips.
-// Buffers of 2 MiB or more are 2 MiB aligned and advised onto transparent huge pages.
-PackedMatrix pack_weight(const float* w, int64_t out, int64_t in, int64_t ldw = 0);
+// Packs w (out, in), rows ldw apart (0: in), of dtype f32 or bf16 (anything else: an error
+// naming it, via KILN_CHECK), for the active SIMD target; threads over strips. Buffers of 2 MiB
+// or more are 2 MiB aligned and advised onto transparent huge pages.
+PackedMatrix pack_weight_as(const void* w, DType dtype, int64_t out, int64_t in, int64_t ldw = 0);
+inline PackedMatrix pack_weight(const float* w, int64_t out, int64_t in, int64_t ldw = 0) {
+  return pack_weight_as(w, DType::kF32, out, in, ldw);
+}
 
 // Op-level validation: p as for cpu::gemm with B = the packed matrix (p.b, p.ldb, p.b_dtype and
 // p.trans_b are ignored); p.n and p.k must match it. Names the op and the shapes.
 Status check_gemm_prepacked(const GemmParams& p, const PackedMatrix& b);
 
 // C (m, n) = act(alpha·op(A)·Wᵀ + beta·C + bias) + residual with W the packed (n, k) weight.
-// A is f32 or bf16 (either layout), packed per call; W is not. Same epilogue as cpu::gemm.
+// A is f32 or bf16 (either layout), packed per call; W is not. Same epilogue as cpu::gemm; with a
+// bf16 W the products are those of cpu::gemm's bf16 path (A rounded to bf16 where W is in pairs).
 // Assumes valid params (KILN_CHECK only).
 void gemm_prepacked(const GemmParams& p, const PackedMatrix& b);
 

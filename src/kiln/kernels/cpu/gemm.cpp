@@ -58,7 +58,7 @@ GemmTargetKernels make_scalar_kernels() {
   k.bf16.name = "scalar 4x8 micro-kernel, bf16 widened to f32 in packing";
   k.small_m_name = "scalar small-M (m<=8) kernel, B unpacked";
   k.small_m = &small_m<V1>;
-  k.small_m_packed = &small_m_packed<V1, 8>;
+  k.small_m_packed = &small_m_packed<V1, PackedF32Ops<V1>, 8>;
   k.epilogue_rows = &epilogue_rows<V1>;
   return k;
 }

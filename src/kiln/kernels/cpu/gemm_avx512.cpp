@@ -350,6 +350,18 @@ void small_m_tb_dispatch(const typename D::E* a, int64_t lda, const SmallMArgs& 
   }
 }
 
+// Element ops of the small-M packed kernels (gemm_simd.h) for bf16 weights packed in pairs of
+// k (pack_b_pairs_avx512_32): one element is two bf16 of consecutive k (the even k low), a
+// vector 16 columns x 2 k, the dot one vdpbf16ps (A rounded to bf16 pairs likewise).
+struct PackedBf16PairOps {
+  using E = uint32_t;
+  using B = __m512i;
+  static constexpr int kLanes = 16;
+  static B load(const E* p) { return _mm512_loadu_si512(p); }
+  static B bcast(const E* a) { return _mm512_set1_epi32(static_cast<int>(*a)); }
+  static __m512 dot(__m512 acc, B a, B b) { return _mm512_dpbf16_ps(acc, (__m512bh)a, (__m512bh)b); }
+};
+
 // B (n, k): the kernels above (bf16 B with AVX512_BF16: vdpbf16ps on a bf16 copy of A);
 // B (k, n), or bf16 without AVX512_BF16: the shared templates (bf16 widened to f32).
 void small_m_avx512(const SmallMArgs& s, int64_t j0, int64_t j1, float* out) {
@@ -378,7 +390,8 @@ GemmTargetKernels make_kernels() {
                        ? "avx512 small-M (m<=8) streaming kernel, B unpacked (bf16 B (n, k): vdpbf16ps)"
                        : "avx512 small-M (m<=8) streaming kernel, B unpacked";
   k.small_m = &small_m_avx512;
-  k.small_m_packed = &small_m_packed<V512, 2>;
+  k.small_m_packed = &small_m_packed<V512, PackedF32Ops<V512>, 2>;
+  if (cpu_features().avx512_bf16) k.small_m_packed_pairs = &small_m_packed<V512, PackedBf16PairOps, 2>;
   k.epilogue_rows = &epilogue_rows<V512>;
   return k;
 }

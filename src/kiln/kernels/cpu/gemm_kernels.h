@@ -63,11 +63,15 @@ struct GemmTargetKernels {
   const char* small_m_name = "";
   // acc (m, j1 - j0) = A[:, :] x op(B)[:, j0:j1]
   void (*small_m)(const SmallMArgs& s, int64_t j0, int64_t j1, float* acc);
-  // Decode-like over a weight W pre-packed in (k, f32.nr) strips (gemm_prepacked): C (m <=
-  // kGemmSmallM rows, the n columns of W) = epilogue(A x W) for the strips [s0, s1) only, A
-  // interleaved (k, m): a[l * m + i]; c, ep.bias and ep.residual at column 0.
-  void (*small_m_packed)(int m, int64_t k, const float* a, const float* w, int64_t s0, int64_t s1, float* c,
-                         int64_t ldc, int64_t n, const TileEpilogue& ep) = nullptr;
+  // Decode-like over a weight W pre-packed in strips (gemm_prepacked): C (m <= kGemmSmallM rows,
+  // the n columns of W) = epilogue(A x W) for the strips [s0, s1) only; A interleaved (steps, m):
+  // a[l * m + i]; c, ep.bias and ep.residual at column 0. small_m_packed: f32 strips (steps = k,
+  // f32.nr columns); small_m_packed_pairs (AVX512_BF16 only, else null): strips of bf16 pairs of
+  // k as bf16.pack_b writes them, A in the same pairs (steps = ceil(k / 2), bf16.nr columns).
+  using SmallMPackedFn = void (*)(int m, int64_t steps, const void* a, const void* w, int64_t s0, int64_t s1,
+                                  float* c, int64_t ldc, int64_t n, const TileEpilogue& ep);
+  SmallMPackedFn small_m_packed = nullptr;
+  SmallMPackedFn small_m_packed_pairs = nullptr;
   // C rows (rows, cols) = epilogue(acc) with ep.beta read from C.
   void (*epilogue_rows)(float* c, int64_t ldc, const float* acc, int64_t ld_acc, int64_t rows,
                         int64_t cols, const TileEpilogue& ep);

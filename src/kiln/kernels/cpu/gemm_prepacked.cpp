@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <cstdlib>
+#include <cstring>
 
 #include <sys/mman.h>
 
@@ -35,17 +36,24 @@ const GemmTargetKernels& kernels_for(SimdTarget t) {
 // The target whose kernels cpu::gemm would pick now (every target has GEMM kernels).
 SimdTarget gemm_target() { return active_simd_target(); }
 
-// The calling thread's packed-A buffer: grows, is reused, never freed per call (fresh pages cost
-// ~16 us each to first-touch in these VMs). Read by the pool's threads during one call.
-float* a_pack_buffer(int64_t floats) {
+// The packed path a weight of this dtype goes through: cpu::gemm's bf16 path for bf16 (pairs of
+// k with AVX512_BF16, else widened to f32), the f32 path otherwise.
+const cpu::PackedPath& path_for(const GemmTargetKernels& kr, DType weight_dtype) {
+  return weight_dtype == DType::kBF16 ? kr.bf16 : kr.f32;
+}
+
+// The calling thread's packed-A buffer of 4-byte elements (f32, or bf16 pairs): grows, is reused,
+// never freed per call (fresh pages cost ~16 us each to first-touch in these VMs). Read by the
+// pool's threads during one call.
+uint32_t* a_pack_buffer(int64_t elems) {
   struct Free {
-    void operator()(float* p) const { std::free(p); }
+    void operator()(uint32_t* p) const { std::free(p); }
   };
-  thread_local std::unique_ptr<float, Free> mem;
+  thread_local std::unique_ptr<uint32_t, Free> mem;
   thread_local int64_t capacity = 0;
-  if (floats > capacity) {
-    const size_t bytes = (static_cast<size_t>(floats) * 4 + 4095) & ~size_t{4095};
-    mem.reset(static_cast<float*>(std::aligned_alloc(64, bytes)));
+  if (elems > capacity) {
+    const size_t bytes = (static_cast<size_t>(elems) * 4 + 4095) & ~size_t{4095};
+    mem.reset(static_cast<uint32_t*>(std::aligned_alloc(64, bytes)));
     KILN_CHECK_MSG(mem != nullptr, "gemm_prepacked A buffer of {} bytes", bytes);
     capacity = static_cast<int64_t>(bytes / 4);
   }
@@ -66,23 +74,46 @@ bool prefer_streaming(int64_t m, int64_t mr) {
   return passes * 6 < strips * 7;
 }
 
+// A value of op(A) as f32.
+float a_value(const GemmParams& p, int64_t i, int64_t l) {
+  const int64_t idx = p.trans_a ? l * p.lda + i : i * p.lda + l;
+  return p.a_dtype == DType::kBF16 ? bf16_to_f32(static_cast<const uint16_t*>(p.a)[idx])
+                                   : static_cast<const float*>(p.a)[idx];
+}
+
+// The same as bf16 bits: rounded to nearest even from f32, or the stored bits of a bf16 A.
+uint32_t a_bits_bf16(const GemmParams& p, int64_t i, int64_t l) {
+  const int64_t idx = p.trans_a ? l * p.lda + i : i * p.lda + l;
+  return p.a_dtype == DType::kBF16 ? static_cast<const uint16_t*>(p.a)[idx]
+                                   : f32_to_bf16(static_cast<const float*>(p.a)[idx]);
+}
+
 // Decode-like over the packed strips: passes of <= kGemmSmallM rows, each reading the weight once
-// in memory order (strip after strip, prefetched ahead), A interleaved (k, m) per pass; column
-// chunks of whole strips over the threads. Measured on the Zen 4 VM (1 thread, K = N = 4096,
-// cold): m = 8 reaches ~85% of the DRAM read rate here against ~62% streaming the unpacked
-// source, whose 8 A rows (128 KiB) miss L1 on every k step (`kiln bench gemm`, "packed" rows).
+// in memory order (strip after strip, prefetched ahead), A interleaved (steps, m) per pass (f32,
+// or bf16 pairs of k for a weight in pairs); column chunks of whole strips over the threads.
+// Measured on the Zen 4 VM (1 thread, K = N = 4096, cold): f32 m = 8 reaches 85-93% of the DRAM
+// read rate here against 60-69% streaming the unpacked (n, k) weight, whose 8 A rows (128 KiB)
+// miss L1 on every k step (`kiln bench gemm`, the /pk rows).
 void gemm_prepacked_small_m(const GemmParams& p, const PackedMatrix& b, const GemmTargetKernels& kr) {
-  const int64_t k = p.k, nstrips = b.num_strips();
+  const bool pairs = b.k_per_step() == 2;
+  const GemmTargetKernels::SmallMPackedFn kernel = pairs ? kr.small_m_packed_pairs : kr.small_m_packed;
+  KILN_CHECK_MSG(kernel != nullptr, "gemm_prepacked: no small-M kernel for this packing");
+  const int64_t steps = b.steps(), nstrips = b.num_strips();
   const int threads = num_threads();
   const int64_t chunks = threads == 1 ? 1 : std::min<int64_t>(nstrips, int64_t{4} * threads);
   for (int64_t i0 = 0; i0 < p.m; i0 += cpu::kGemmSmallM) {
     const int m = static_cast<int>(std::min<int64_t>(cpu::kGemmSmallM, p.m - i0));
-    float* a = a_pack_buffer(m * std::max<int64_t>(k, 1) + 16);
-    for (int64_t l = 0; l < k; ++l) {
+    uint32_t* a = a_pack_buffer(m * std::max<int64_t>(steps, 1) + 16);
+    for (int64_t l = 0; l < steps; ++l) {
       for (int i = 0; i < m; ++i) {
-        const int64_t idx = p.trans_a ? l * p.lda + i0 + i : (i0 + i) * p.lda + l;
-        a[l * m + i] = p.a_dtype == DType::kBF16 ? bf16_to_f32(static_cast<const uint16_t*>(p.a)[idx])
-                                                 : static_cast<const float*>(p.a)[idx];
+        if (pairs) {  // even k in the low half; an odd k's last pair pads with +0
+          const uint32_t lo = a_bits_bf16(p, i0 + i, 2 * l);
+          const uint32_t hi = 2 * l + 1 < p.k ? a_bits_bf16(p, i0 + i, 2 * l + 1) : 0u;
+          a[l * m + i] = lo | hi << 16;
+        } else {
+          const float v = a_value(p, i0 + i, l);
+          std::memcpy(&a[l * m + i], &v, 4);
+        }
       }
     }
     TileEpilogue ep;
@@ -93,36 +124,40 @@ void gemm_prepacked_small_m(const GemmParams& p, const PackedMatrix& b, const Ge
     ep.residual = p.residual ? p.residual + i0 * p.ldr : nullptr;
     ep.ldr = p.ldr;
     run_tasks(chunks, [&](int64_t t) {
-      kr.small_m_packed(m, k, a, b.data(), nstrips * t / chunks, nstrips * (t + 1) / chunks, p.c + i0 * p.ldc,
-                        p.ldc, p.n, ep);
+      kernel(m, steps, a, b.data(), nstrips * t / chunks, nstrips * (t + 1) / chunks, p.c + i0 * p.ldc, p.ldc,
+             p.n, ep);
     });
   }
 }
 
 }  // namespace
 
-void PackedMatrix::Free::operator()(float* p) const { std::free(p); }
+void PackedMatrix::Free::operator()(uint32_t* p) const { std::free(p); }
 
-PackedMatrix pack_weight(const float* w, int64_t out, int64_t in, int64_t ldw) {
+PackedMatrix pack_weight_as(const void* w, DType dtype, int64_t out, int64_t in, int64_t ldw) {
+  KILN_CHECK_MSG(dtype == DType::kF32 || dtype == DType::kBF16, "pack_weight: weights of dtype {} (f32 or bf16)",
+                 dtype_name(dtype));
   KILN_CHECK(out >= 0 && in >= 0);
   if (ldw == 0) ldw = in;
   KILN_CHECK(ldw >= in && (w != nullptr || out * in == 0));
   PackedMatrix pm;
   pm.target_ = gemm_target();
-  const cpu::PackedPath& path = kernels_for(pm.target_).f32;
+  const cpu::PackedPath& path = path_for(kernels_for(pm.target_), dtype);
   pm.n_ = out;
   pm.k_ = in;
   pm.nr_ = path.nr;
-  const int64_t strips = pm.num_strips();
+  pm.k_per_step_ = path.k_per_step;
+  pm.weight_dtype_ = dtype;
+  const int64_t strips = pm.num_strips(), steps = pm.steps();
   // Weights of 2 MiB or more on transparent huge pages (THP is "madvise" on the dev VMs): the
   // small-M kernels prefetch the strips 64 KiB ahead, and on 4 KiB pages those prefetches cross
   // into pages not yet in the TLB (m = 8, K = N = 4096, cold, 1 thread: 17 -> 26 GB/s).
   constexpr size_t kHuge = size_t{2} << 20;
-  const size_t raw = static_cast<size_t>(std::max<int64_t>(1, strips * pm.nr_ * in)) * 4;
+  const size_t raw = static_cast<size_t>(std::max<int64_t>(1, strips * pm.nr_ * steps)) * 4;
   const bool huge = raw >= kHuge;
   const size_t align = huge ? kHuge : 64;
   const size_t bytes = (raw + align - 1) & ~(align - 1);
-  pm.data_.reset(static_cast<float*>(std::aligned_alloc(align, bytes)));
+  pm.data_.reset(static_cast<uint32_t*>(std::aligned_alloc(align, bytes)));
   if (huge && pm.data_) madvise(pm.data_.get(), bytes, MADV_HUGEPAGE);  // advisory: errors ignored
   KILN_CHECK_MSG(pm.data_ != nullptr, "pack_weight: {} bytes for ({}, {})", bytes, out, in);
   if (strips == 0 || in == 0) return pm;
@@ -131,16 +166,17 @@ PackedMatrix pack_weight(const float* w, int64_t out, int64_t in, int64_t ldw) {
   p.k = in;
   p.b = w;
   p.ldb = ldw;
+  p.b_dtype = dtype;
   p.trans_b = true;
-  // Strip groups over the pool: each strip is (k, nr), whole k (kc = k), so block q of a strip
-  // is simply the q-th kc x nr slice of it.
+  // Strip groups over the pool: each strip is (steps, nr), whole k (kc = k), so block q of a
+  // strip is simply the q-th (kc / k_per_step) x nr slice of it (K blocks have even sizes).
   const int64_t groups = std::min<int64_t>(strips, 4 * num_threads());
-  float* dst = pm.data_.get();
+  uint32_t* dst = pm.data_.get();
   run_tasks(groups, [&](int64_t g) {
     const int64_t s0 = strips * g / groups, s1 = strips * (g + 1) / groups;
     if (s0 == s1) return;
     const int64_t j0 = s0 * pm.nr_, cols = std::min(out, s1 * pm.nr_) - j0;
-    path.pack_b(p, j0, cols, 0, in, dst + s0 * pm.nr_ * in);
+    path.pack_b(p, j0, cols, 0, in, dst + s0 * pm.nr_ * steps);
   });
   return pm;
 }
@@ -155,39 +191,41 @@ Status check_gemm_prepacked(const GemmParams& p, const PackedMatrix& b) {
   GemmParams q = p;
   q.b = b.data();
   q.ldb = std::max<int64_t>(1, p.k);
-  q.b_dtype = DType::kF32;
+  q.b_dtype = b.weight_dtype();
   q.trans_b = true;
   return check_gemm(q);
 }
 
 double gemm_prepacked_bytes(const GemmParams& p, const PackedMatrix& b) {
   GemmParams q = p;
-  q.b_dtype = DType::kF32;
-  return gemm_bytes(q) - 4.0 * p.k * p.n + static_cast<double>(b.packed_bytes());
+  q.b_dtype = b.weight_dtype();
+  return gemm_bytes(q) - static_cast<double>(dtype_nbytes(b.weight_dtype(), p.k * p.n)) +
+         static_cast<double>(b.packed_bytes());
 }
 
 void gemm_prepacked(const GemmParams& p, const PackedMatrix& b) {
   KILN_CHECK_MSG(check_gemm_prepacked(p, b).ok(), "{}", check_gemm_prepacked(p, b).message());
   if (p.m == 0 || p.n == 0) return;
   const GemmTargetKernels& kr = kernels_for(b.target());
-  const cpu::PackedPath& path = kr.f32;
-  const int64_t mr = path.mr, nr = path.nr;
+  const cpu::PackedPath& path = path_for(kr, b.weight_dtype());
+  const int64_t mr = path.mr, nr = path.nr, ks = path.k_per_step;
   if (prefer_streaming(p.m, mr)) return gemm_prepacked_small_m(p, b, kr);
-  KILN_CHECK(nr == b.nr() && path.k_per_step == 1);
-  const cpu::GemmBlocking blk = cpu::gemm_blocking(cpu::GemmPath::kF32);
+  KILN_CHECK(nr == b.nr() && ks == b.k_per_step());
+  const cpu::GemmBlocking blk = cpu::gemm_blocking(ks == 2 ? cpu::GemmPath::kBF16 : cpu::GemmPath::kF32);
   const int threads = num_threads();
   // K blocks exactly as cpu::gemm cuts them (equal, even sizes), so results are bitwise those of
   // cpu::gemm: an MC x KC block of A in L2, a KC x NR slice of a W strip in L1 while the MR-row
-  // strips of the block pass over it.
+  // strips of the block pass over it. Sizes in 4-byte elements (k_per_step k each).
   const int64_t num_kb = std::max<int64_t>(1, ceil_div(p.k, blk.kc));
   const int64_t kc_block = std::max<int64_t>(2, (ceil_div(p.k, num_kb) + 1) & ~int64_t{1});
   const int64_t num_pc = p.k == 0 ? 1 : ceil_div(p.k, kc_block);
-  const int64_t mstrips = ceil_div(p.m, mr), nstrips = b.num_strips();
+  const int64_t mstrips = ceil_div(p.m, mr), nstrips = b.num_strips(), strip_elems = nr * b.steps();
   auto block_kc = [&](int64_t q) { return std::max<int64_t>(0, std::min(kc_block, p.k - q * kc_block)); };
+  auto block_steps = [&](int64_t q) { return ceil_div(block_kc(q), ks); };
 
-  // A, packed once for all tasks: K block after K block, each mstrips strips of (kc, MR).
-  float* apack = a_pack_buffer(mstrips * mr * std::max<int64_t>(p.k, 1) + 16);
-  auto a_block = [&](int64_t q) { return apack + mstrips * mr * kc_block * q; };
+  // A, packed once for all tasks: K block after K block, each mstrips strips of (steps, MR).
+  uint32_t* apack = a_pack_buffer(mstrips * mr * std::max<int64_t>(b.steps(), 1) + 16);
+  auto a_block = [&](int64_t q) { return apack + mstrips * mr * (kc_block / ks) * q; };
   if (p.k > 0) {
     // Parallel only when there is enough to pack: a pool region costs a few us.
     const int64_t groups = p.m * p.k >= (int64_t{1} << 16) ? std::min<int64_t>(mstrips, 2 * threads) : 1;
@@ -196,7 +234,7 @@ void gemm_prepacked(const GemmParams& p, const PackedMatrix& b) {
       const int64_t s0 = mstrips * g / groups, s1 = mstrips * (g + 1) / groups;
       if (s0 == s1) return;
       path.pack_a(p, s0 * mr, std::min(p.m, s1 * mr) - s0 * mr, q * kc_block, block_kc(q),
-                  a_block(q) + s0 * mr * block_kc(q));
+                  a_block(q) + s0 * mr * block_steps(q));
     });
   }
 
@@ -215,24 +253,24 @@ void gemm_prepacked(const GemmParams& p, const PackedMatrix& b) {
     const int64_t ns0 = nstrips * jn / num_jn, ns1 = nstrips * (jn + 1) / num_jn;
     if (ms0 == ms1 || ns0 == ns1) return;
     for (int64_t q = 0; q < num_pc; ++q) {
-      const int64_t kc = block_kc(q);
+      const int64_t steps = block_steps(q);
       const bool first = q == 0, last = q + 1 == num_pc;
       TileEpilogue ep;
       ep.alpha = p.alpha;
       ep.beta = first ? p.beta : 1.0f;
       ep.act = last ? p.act : Activation::kNone;
       ep.ldr = p.ldr;
-      const float* aq = a_block(q);
+      const uint32_t* aq = a_block(q);
       for (int64_t ns = ns0; ns < ns1; ++ns) {
         const int64_t col = ns * nr;
         const int nv = static_cast<int>(std::min(nr, p.n - col));
-        const float* bq = b.data() + ns * nr * p.k + q * kc_block * nr;  // (kc, NR) slice
+        const uint32_t* bq = static_cast<const uint32_t*>(b.data()) + ns * strip_elems + q * (kc_block / ks) * nr;
         ep.bias = last && p.bias ? p.bias + col : nullptr;
         for (int64_t ms = ms0; ms < ms1; ++ms) {
           const int64_t row = ms * mr;
           const int mv = static_cast<int>(std::min(mr, p.m - row));
           ep.residual = last && p.residual ? p.residual + row * p.ldr + col : nullptr;
-          path.kernel(kc, aq + ms * mr * kc, bq, p.c + row * p.ldc + col, p.ldc, mv, nv, ep);
+          path.kernel(steps, aq + ms * mr * steps, bq, p.c + row * p.ldc + col, p.ldc, mv, nv, ep);
         }
       }
     }

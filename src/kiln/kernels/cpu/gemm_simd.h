@@ -356,9 +356,9 @@ void micro_kernel_f32_direct(int64_t steps, const void* a_rows, int64_t lda, con
   store_tile<V, MR, NV>(acc, c, ldc, MR, n, ep);
 }
 
-// ---- decode-like small M over a pre-packed f32 weight (gemm_prepacked) ----------------------
-// C (m <= 8 rows) = epilogue(A x W) over the (k, NR) strips [s0, s1) of W, A interleaved (k, M):
-// a[l * M + i]. The loop of micro_kernel_f32 for a few rows, but W is read once from DRAM, in
+// ---- decode-like small M over a pre-packed weight (gemm_prepacked) -------------------------
+// C (m <= 8 rows) = epilogue(A x W) over the (steps, NR) strips [s0, s1) of W, A interleaved
+// (steps, M): a[l * M + i]. The loop of micro_kernel_f32 for a few rows, but W is read once from DRAM, in
 // memory order, so how it streams decides the speed. Per M: how many strips run side by side
 // (sequential streams for the hardware prefetchers, and independent accumulators), and whether
 // W is also prefetched kSmallMPackedAhead floats (64 KiB) ahead. Measured on the Zen 4 VM (1
@@ -375,40 +375,56 @@ inline constexpr SmallMPackedShape kSmallMPackedShapes[9] = {
     {1, false}, {1, false}, {2, false}, {2, false}, {3, false}, {1, false}, {1, true}, {1, true}, {1, true}};
 inline constexpr int64_t kSmallMPackedAhead = 16384;
 
-// One k step for S strips side by side: acc[s] += A column (M values at a) x strip s's NR values.
-template <class V, int NV, int M, int S, bool kPf>
-[[gnu::always_inline]] inline void small_m_packed_step(typename V::T (&acc)[S][M][NV], const float* a,
-                                                       const float* b, int64_t strip_floats,
-                                                       const float* pf_limit) {
-  constexpr int L = V::kLanes;
-  constexpr int kLineBytes = NV * L * 4 >= 64 ? 64 : NV * L * 4;
+// Element ops of the small-M packed kernels. f32 strips: one element is one f32 of A or W, a
+// vector V::kLanes columns of W at one k, the dot an FMA. (gemm_avx512.cpp adds bf16 pairs:
+// one element is two bf16 of consecutive k, the dot vdpbf16ps.)
+template <class V>
+struct PackedF32Ops {
+  using E = float;
+  using B = typename V::T;
+  static constexpr int kLanes = V::kLanes;  // W columns per vector
+  static B load(const E* p) { return V::load(p); }
+  static B bcast(const E* a) { return V::set1(*a); }
+  static typename V::T dot(typename V::T acc, B a, B b) { return V::fmadd(a, b, acc); }
+};
+
+// One k step (one element) for S strips side by side: acc[s] += A column (M elements at a) x
+// strip s's NV vectors at b.
+template <class V, class Ops, int NV, int M, int S, bool kPf>
+[[gnu::always_inline]] inline void small_m_packed_step(typename V::T (&acc)[S][M][NV], const typename Ops::E* a,
+                                                       const typename Ops::E* b, int64_t strip_elems,
+                                                       const typename Ops::E* pf_limit) {
+  constexpr int kStepBytes = NV * Ops::kLanes * static_cast<int>(sizeof(typename Ops::E));
+  constexpr int kLineBytes = kStepBytes >= 64 ? 64 : kStepBytes;
 #pragma GCC unroll 4
   for (int s = 0; s < S; ++s) {
-    const float* bs = b + s * strip_floats;
+    const typename Ops::E* bs = b + s * strip_elems;
     if constexpr (kPf) {
-      const float* pf = bs + kSmallMPackedAhead;
+      const typename Ops::E* pf = bs + kSmallMPackedAhead;
       if (pf < pf_limit) {
-        for (int q = 0; q < NV * L * 4; q += kLineBytes) __builtin_prefetch(reinterpret_cast<const char*>(pf) + q, 0, 2);
+        for (int q = 0; q < kStepBytes; q += kLineBytes) __builtin_prefetch(reinterpret_cast<const char*>(pf) + q, 0, 2);
       }
     }
-    typename V::T bv[NV];
+    typename Ops::B bv[NV];
 #pragma GCC unroll 4
-    for (int v = 0; v < NV; ++v) bv[v] = V::load(bs + v * L);
+    for (int v = 0; v < NV; ++v) bv[v] = Ops::load(bs + v * Ops::kLanes);
 #pragma GCC unroll 8
     for (int i = 0; i < M; ++i) {
-      const typename V::T av = V::set1(a[i]);
+      const typename Ops::B av = Ops::bcast(a + i);
 #pragma GCC unroll 4
-      for (int v = 0; v < NV; ++v) acc[s][i][v] = V::fmadd(av, bv[v], acc[s][i][v]);
+      for (int v = 0; v < NV; ++v) acc[s][i][v] = Ops::dot(acc[s][i][v], av, bv[v]);
     }
   }
 }
 
-// S strips from `strip` (strip_floats apart) into the C columns from c; n = the columns left
-// from c (each strip writes min(NR, what remains)); ep.bias / ep.residual at c's column.
-template <class V, int NV, int M, int S, bool kPf>
-void small_m_packed_group(int64_t k, const float* a, const float* strip, int64_t strip_floats,
-                          const float* pf_limit, float* c, int64_t ldc, int64_t n, const TileEpilogue& ep) {
-  constexpr int L = V::kLanes;
+// S strips from `strip` (strip_elems apart) over `steps` elements into the C columns from c;
+// n = the columns left from c (each strip writes min(NR, what remains)); ep.bias / ep.residual
+// at c's column.
+template <class V, class Ops, int NV, int M, int S, bool kPf>
+void small_m_packed_group(int64_t steps, const typename Ops::E* a, const typename Ops::E* strip, int64_t strip_elems,
+                          const typename Ops::E* pf_limit, float* c, int64_t ldc, int64_t n, const TileEpilogue& ep) {
+  constexpr int NR = NV * Ops::kLanes;
+  static_assert(NR == NV * V::kLanes, "one accumulator per vector of W columns");
   typename V::T acc[S][M][NV];
 #pragma GCC unroll 4
   for (int s = 0; s < S; ++s)
@@ -416,28 +432,28 @@ void small_m_packed_group(int64_t k, const float* a, const float* strip, int64_t
     for (int i = 0; i < M; ++i)
 #pragma GCC unroll 4
       for (int v = 0; v < NV; ++v) acc[s][i][v] = V::zero();
-  const float* b = strip;
-  for (int64_t l = 0; l < k; ++l, a += M, b += NV * L)
-    small_m_packed_step<V, NV, M, S, kPf>(acc, a, b, strip_floats, pf_limit);
+  const typename Ops::E* b = strip;
+  for (int64_t l = 0; l < steps; ++l, a += M, b += NR)
+    small_m_packed_step<V, Ops, NV, M, S, kPf>(acc, a, b, strip_elems, pf_limit);
 #pragma GCC unroll 4
   for (int s = 0; s < S; ++s) {
-    const int64_t col = s * NV * L;
+    const int64_t col = s * NR;
     if (col >= n) break;
     TileEpilogue e = ep;
     if (e.bias) e.bias += col;
     if (e.residual) e.residual += col;
-    store_tile<V, M, NV>(acc[s], c + col, ldc, M, static_cast<int>(std::min<int64_t>(NV * L, n - col)), e);
+    store_tile<V, M, NV>(acc[s], c + col, ldc, M, static_cast<int>(std::min<int64_t>(NR, n - col)), e);
   }
 }
 
-template <class V, int NV, int M>
-void small_m_packed_rows(int64_t k, const float* a, const float* w, int64_t s0, int64_t s1, float* c,
-                         int64_t ldc, int64_t n, const TileEpilogue& ep) {
-  constexpr int NR = NV * V::kLanes;
-  constexpr int S = V::kLanes == 1 ? 1 : kSmallMPackedShapes[M].strips;
-  constexpr bool kPf = V::kLanes > 1 && kSmallMPackedShapes[M].prefetch;
-  const int64_t strip_floats = NR * k;
-  const float* limit = w + s1 * strip_floats;
+template <class V, class Ops, int NV, int M>
+void small_m_packed_rows(int64_t steps, const typename Ops::E* a, const typename Ops::E* w, int64_t s0, int64_t s1,
+                         float* c, int64_t ldc, int64_t n, const TileEpilogue& ep) {
+  constexpr int NR = NV * Ops::kLanes;
+  constexpr int S = Ops::kLanes == 1 ? 1 : kSmallMPackedShapes[M].strips;
+  constexpr bool kPf = Ops::kLanes > 1 && kSmallMPackedShapes[M].prefetch;
+  const int64_t strip_elems = NR * steps;
+  const typename Ops::E* limit = w + s1 * strip_elems;
   auto at = [&](int64_t s) {
     TileEpilogue e = ep;
     if (e.bias) e.bias += s * NR;
@@ -446,25 +462,30 @@ void small_m_packed_rows(int64_t k, const float* a, const float* w, int64_t s0, 
   };
   int64_t s = s0;
   for (; s + S <= s1; s += S)
-    small_m_packed_group<V, NV, M, S, kPf>(k, a, w + s * strip_floats, strip_floats, limit, c + s * NR, ldc, n - s * NR, at(s));
+    small_m_packed_group<V, Ops, NV, M, S, kPf>(steps, a, w + s * strip_elems, strip_elems, limit, c + s * NR, ldc,
+                                                n - s * NR, at(s));
   for (; s < s1; ++s)
-    small_m_packed_group<V, NV, M, 1, kPf>(k, a, w + s * strip_floats, strip_floats, limit, c + s * NR, ldc, n - s * NR, at(s));
+    small_m_packed_group<V, Ops, NV, M, 1, kPf>(steps, a, w + s * strip_elems, strip_elems, limit, c + s * NR, ldc,
+                                                n - s * NR, at(s));
 }
 
-// C (m, n) columns of strips [s0, s1) for a run-time row count m in 1..kGemmSmallM (8); c, ep.bias
-// and ep.residual at column 0 of W.
-template <class V, int NV>
-void small_m_packed(int m, int64_t k, const float* a, const float* w, int64_t s0, int64_t s1, float* c,
+// C (m, n) columns of strips [s0, s1) for a run-time row count m in 1..kGemmSmallM (8); a and w
+// hold Ops::E elements (`steps` per A row and per strip column); c, ep.bias and ep.residual at
+// column 0 of W.
+template <class V, class Ops, int NV>
+void small_m_packed(int m, int64_t steps, const void* a_in, const void* w_in, int64_t s0, int64_t s1, float* c,
                     int64_t ldc, int64_t n, const TileEpilogue& ep) {
+  const auto* a = static_cast<const typename Ops::E*>(a_in);
+  const auto* w = static_cast<const typename Ops::E*>(w_in);
   switch (m) {
-    case 1: return small_m_packed_rows<V, NV, 1>(k, a, w, s0, s1, c, ldc, n, ep);
-    case 2: return small_m_packed_rows<V, NV, 2>(k, a, w, s0, s1, c, ldc, n, ep);
-    case 3: return small_m_packed_rows<V, NV, 3>(k, a, w, s0, s1, c, ldc, n, ep);
-    case 4: return small_m_packed_rows<V, NV, 4>(k, a, w, s0, s1, c, ldc, n, ep);
-    case 5: return small_m_packed_rows<V, NV, 5>(k, a, w, s0, s1, c, ldc, n, ep);
-    case 6: return small_m_packed_rows<V, NV, 6>(k, a, w, s0, s1, c, ldc, n, ep);
-    case 7: return small_m_packed_rows<V, NV, 7>(k, a, w, s0, s1, c, ldc, n, ep);
-    case 8: return small_m_packed_rows<V, NV, 8>(k, a, w, s0, s1, c, ldc, n, ep);
+    case 1: return small_m_packed_rows<V, Ops, NV, 1>(steps, a, w, s0, s1, c, ldc, n, ep);
+    case 2: return small_m_packed_rows<V, Ops, NV, 2>(steps, a, w, s0, s1, c, ldc, n, ep);
+    case 3: return small_m_packed_rows<V, Ops, NV, 3>(steps, a, w, s0, s1, c, ldc, n, ep);
+    case 4: return small_m_packed_rows<V, Ops, NV, 4>(steps, a, w, s0, s1, c, ldc, n, ep);
+    case 5: return small_m_packed_rows<V, Ops, NV, 5>(steps, a, w, s0, s1, c, ldc, n, ep);
+    case 6: return small_m_packed_rows<V, Ops, NV, 6>(steps, a, w, s0, s1, c, ldc, n, ep);
+    case 7: return small_m_packed_rows<V, Ops, NV, 7>(steps, a, w, s0, s1, c, ldc, n, ep);
+    case 8: return small_m_packed_rows<V, Ops, NV, 8>(steps, a, w, s0, s1, c, ldc, n, ep);
     default: KILN_CHECK(m >= 1 && m <= 8);
   }
 }
