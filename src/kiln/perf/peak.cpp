@@ -88,11 +88,14 @@ double measure_fma_peak_gflops(DType dtype, int threads, double seconds) {
   return best;
 }
 
-void DramReadProbe::Free::operator()(float* p) const { std::free(p); }
+void DramReadProbe::Free::operator()(float* p) const {
+  std::free(p);
+}
 
 DramReadProbe::DramReadProbe(int64_t bytes) {
   if (active_simd_target() == SimdTarget::kScalar) return;
-  if (bytes <= 0) bytes = std::max<int64_t>(int64_t{256} << 20, int64_t{8} * cpu_features().l3_bytes);
+  if (bytes <= 0)
+    bytes = std::max<int64_t>(int64_t{256} << 20, int64_t{8} * cpu_features().l3_bytes);
   const int64_t n = bytes / 4 & ~int64_t{1023};  // floats
   if (n <= 0) return;
   constexpr size_t kHuge = size_t{2} << 20;
@@ -101,7 +104,8 @@ DramReadProbe::DramReadProbe(int64_t bytes) {
   if (!buf_) return;
   madvise(buf_.get(), alloc, MADV_HUGEPAGE);  // fewer page faults; advisory
   // First touch on both cores (page faults are slow in VMs), with values that stay finite.
-  const int touch = std::max(1, static_cast<int>(std::min<unsigned>(2, std::thread::hardware_concurrency())));
+  const int touch =
+      std::max(1, static_cast<int>(std::min<unsigned>(2, std::thread::hardware_concurrency())));
   run_on_threads(touch, [&](int th) {
     const int64_t b = n * th / touch, e = n * (th + 1) / touch;
     for (int64_t i = b; i < e; ++i) buf_.get()[i] = static_cast<float>(i & 255) * (1.0f / 256);
@@ -112,7 +116,8 @@ DramReadProbe::DramReadProbe(int64_t bytes) {
 double DramReadProbe::pass(int threads) const {
   const SimdTarget target = active_simd_target();
   if (!buf_ || threads < 1 || target == SimdTarget::kScalar) return 0.0;
-  const auto loop = target == SimdTarget::kAvx512 ? &detail::read_loop_avx512 : &detail::read_loop_avx2;
+  const auto loop =
+      target == SimdTarget::kAvx512 ? &detail::read_loop_avx512 : &detail::read_loop_avx2;
   std::vector<double> read(static_cast<size_t>(threads));
   const double t = run_on_threads(threads, [&](int th) {
     const int64_t b = n_ * th / threads & ~int64_t{63}, e = n_ * (th + 1) / threads & ~int64_t{63};

@@ -1,8 +1,9 @@
-// gemm_prepacked: the packed f32 GEMM with B packed once (pack_weight) instead of per call. It
-// reuses the per-target packing routines and micro-kernels of cpu::gemm (gemm_kernels.h): A is
-// packed per call into one buffer shared by the threads, then (M block, N chunk) tasks run the
-// micro-tiles straight off the pre-packed W strips. m <= kGemmSmallM (decode) runs the small-M
-// kernels over the strips instead: passes of up to 8 rows, each reading W once.
+// gemm_prepacked: the packed GEMM with the weight B packed once (pack_weight_as, f32 or bf16)
+// instead of per call. It reuses the per-target packing routines and micro-kernels of cpu::gemm
+// (gemm_kernels.h): A is packed per call into one buffer shared by the threads, then (M block,
+// N chunk) tasks run the micro-tiles straight off the pre-packed W strips. m <= kGemmSmallM
+// (decode) runs the small-M kernels over the strips instead: passes of up to 8 rows, each reading
+// W once.
 #include "kiln/kernels/gemm_prepacked.h"
 
 #include <algorithm>
@@ -94,9 +95,11 @@ uint32_t a_bits_bf16(const GemmParams& p, int64_t i, int64_t l) {
 // Measured on the Zen 4 VM (1 thread, K = N = 4096, cold): f32 m = 8 reaches 85-93% of the DRAM
 // read rate here against 60-69% streaming the unpacked (n, k) weight, whose 8 A rows (128 KiB)
 // miss L1 on every k step (`kiln bench gemm`, the /pk rows).
-void gemm_prepacked_small_m(const GemmParams& p, const PackedMatrix& b, const GemmTargetKernels& kr) {
+void gemm_prepacked_small_m(const GemmParams& p, const PackedMatrix& b,
+                            const GemmTargetKernels& kr) {
   const bool pairs = b.k_per_step() == 2;
-  const GemmTargetKernels::SmallMPackedFn kernel = pairs ? kr.small_m_packed_pairs : kr.small_m_packed;
+  const GemmTargetKernels::SmallMPackedFn kernel =
+      pairs ? kr.small_m_packed_pairs : kr.small_m_packed;
   KILN_CHECK_MSG(kernel != nullptr, "gemm_prepacked: no small-M kernel for this packing");
   const int64_t steps = b.steps(), nstrips = b.num_strips();
   const int threads = num_threads();
@@ -124,19 +127,21 @@ void gemm_prepacked_small_m(const GemmParams& p, const PackedMatrix& b, const Ge
     ep.residual = p.residual ? p.residual + i0 * p.ldr : nullptr;
     ep.ldr = p.ldr;
     run_tasks(chunks, [&](int64_t t) {
-      kernel(m, steps, a, b.data(), nstrips * t / chunks, nstrips * (t + 1) / chunks, p.c + i0 * p.ldc, p.ldc,
-             p.n, ep);
+      kernel(m, steps, a, b.data(), nstrips * t / chunks, nstrips * (t + 1) / chunks,
+             p.c + i0 * p.ldc, p.ldc, p.n, ep);
     });
   }
 }
 
 }  // namespace
 
-void PackedMatrix::Free::operator()(uint32_t* p) const { std::free(p); }
+void PackedMatrix::Free::operator()(uint32_t* p) const {
+  std::free(p);
+}
 
 PackedMatrix pack_weight_as(const void* w, DType dtype, int64_t out, int64_t in, int64_t ldw) {
-  KILN_CHECK_MSG(dtype == DType::kF32 || dtype == DType::kBF16, "pack_weight: weights of dtype {} (f32 or bf16)",
-                 dtype_name(dtype));
+  KILN_CHECK_MSG(dtype == DType::kF32 || dtype == DType::kBF16,
+                 "pack_weight: weights of dtype {} (f32 or bf16)", dtype_name(dtype));
   KILN_CHECK(out >= 0 && in >= 0);
   if (ldw == 0) ldw = in;
   KILN_CHECK(ldw >= in && (w != nullptr || out * in == 0));
@@ -183,11 +188,12 @@ PackedMatrix pack_weight_as(const void* w, DType dtype, int64_t out, int64_t in,
 
 Status check_gemm_prepacked(const GemmParams& p, const PackedMatrix& b) {
   if (p.n != b.n() || p.k != b.k())
-    return invalid_argument("[gemm_prepacked] params want B (n={}, k={}) but the packed matrix is ({}, {})",
-                            p.n, p.k, b.n(), b.k());
+    return invalid_argument(
+        "[gemm_prepacked] params want B (n={}, k={}) but the packed matrix is ({}, {})", p.n, p.k,
+        b.n(), b.k());
   if (b.n() > 0 && b.nr() == 0)
-    return invalid_argument("[gemm_prepacked] the packed matrix ({}, {}) is empty (default-constructed)",
-                            b.n(), b.k());
+    return invalid_argument(
+        "[gemm_prepacked] the packed matrix ({}, {}) is empty (default-constructed)", b.n(), b.k());
   GemmParams q = p;
   q.b = b.data();
   q.ldb = std::max<int64_t>(1, p.k);
@@ -211,7 +217,8 @@ void gemm_prepacked(const GemmParams& p, const PackedMatrix& b) {
   const int64_t mr = path.mr, nr = path.nr, ks = path.k_per_step;
   if (prefer_streaming(p.m, mr)) return gemm_prepacked_small_m(p, b, kr);
   KILN_CHECK(nr == b.nr() && ks == b.k_per_step());
-  const cpu::GemmBlocking blk = cpu::gemm_blocking(ks == 2 ? cpu::GemmPath::kBF16 : cpu::GemmPath::kF32);
+  const cpu::GemmBlocking blk =
+      cpu::gemm_blocking(ks == 2 ? cpu::GemmPath::kBF16 : cpu::GemmPath::kF32);
   const int threads = num_threads();
   // K blocks exactly as cpu::gemm cuts them (equal, even sizes), so results are bitwise those of
   // cpu::gemm: an MC x KC block of A in L2, a KC x NR slice of a W strip in L1 while the MR-row
@@ -220,7 +227,9 @@ void gemm_prepacked(const GemmParams& p, const PackedMatrix& b) {
   const int64_t kc_block = std::max<int64_t>(2, (ceil_div(p.k, num_kb) + 1) & ~int64_t{1});
   const int64_t num_pc = p.k == 0 ? 1 : ceil_div(p.k, kc_block);
   const int64_t mstrips = ceil_div(p.m, mr), nstrips = b.num_strips(), strip_elems = nr * b.steps();
-  auto block_kc = [&](int64_t q) { return std::max<int64_t>(0, std::min(kc_block, p.k - q * kc_block)); };
+  auto block_kc = [&](int64_t q) {
+    return std::max<int64_t>(0, std::min(kc_block, p.k - q * kc_block));
+  };
   auto block_steps = [&](int64_t q) { return ceil_div(block_kc(q), ks); };
 
   // A, packed once for all tasks: K block after K block, each mstrips strips of (steps, MR).
@@ -228,7 +237,8 @@ void gemm_prepacked(const GemmParams& p, const PackedMatrix& b) {
   auto a_block = [&](int64_t q) { return apack + mstrips * mr * (kc_block / ks) * q; };
   if (p.k > 0) {
     // Parallel only when there is enough to pack: a pool region costs a few us.
-    const int64_t groups = p.m * p.k >= (int64_t{1} << 16) ? std::min<int64_t>(mstrips, 2 * threads) : 1;
+    const int64_t groups =
+        p.m * p.k >= (int64_t{1} << 16) ? std::min<int64_t>(mstrips, 2 * threads) : 1;
     run_tasks(groups * num_pc, [&](int64_t t) {
       const int64_t q = t / groups, g = t % groups;
       const int64_t s0 = mstrips * g / groups, s1 = mstrips * (g + 1) / groups;
@@ -264,7 +274,8 @@ void gemm_prepacked(const GemmParams& p, const PackedMatrix& b) {
       for (int64_t ns = ns0; ns < ns1; ++ns) {
         const int64_t col = ns * nr;
         const int nv = static_cast<int>(std::min(nr, p.n - col));
-        const uint32_t* bq = static_cast<const uint32_t*>(b.data()) + ns * strip_elems + q * (kc_block / ks) * nr;
+        const uint32_t* bq =
+            static_cast<const uint32_t*>(b.data()) + ns * strip_elems + q * (kc_block / ks) * nr;
         ep.bias = last && p.bias ? p.bias + col : nullptr;
         for (int64_t ms = ms0; ms < ms1; ++ms) {
           const int64_t row = ms * mr;

@@ -358,9 +358,9 @@ void micro_kernel_f32_direct(int64_t steps, const void* a_rows, int64_t lda, con
 
 // ---- decode-like small M over a pre-packed weight (gemm_prepacked) -------------------------
 // C (m <= 8 rows) = epilogue(A x W) over the (steps, NR) strips [s0, s1) of W, A interleaved
-// (steps, M): a[l * M + i]. The loop of micro_kernel_f32 for a few rows, but W is read once from DRAM, in
-// memory order, so how it streams decides the speed. Per M: how many strips run side by side
-// (sequential streams for the hardware prefetchers, and independent accumulators), and whether
+// (steps, M): a[l * M + i]. The loop of micro_kernel_f32 for a few rows, but W is read once from
+// DRAM, in memory order, so how it streams decides the speed. Per M: how many strips run side by
+// side (sequential streams for the hardware prefetchers, and independent accumulators), and whether
 // W is also prefetched kSmallMPackedAhead floats (64 KiB) ahead. Measured on the Zen 4 VM (1
 // thread, K = N = 4096 f32, cold, huge pages; DRAM read probe 31.5 GB/s), GB/s, one strip vs
 // the choice: the prefetch costs ~6 GB/s while the core mostly waits (M <= 5) and gains 1.5-6
@@ -371,8 +371,9 @@ struct SmallMPackedShape {
   int strips;
   bool prefetch;
 };
-inline constexpr SmallMPackedShape kSmallMPackedShapes[9] = {
-    {1, false}, {1, false}, {2, false}, {2, false}, {3, false}, {1, false}, {1, true}, {1, true}, {1, true}};
+inline constexpr SmallMPackedShape kSmallMPackedShapes[9] = {{1, false}, {1, false}, {2, false},
+                                                             {2, false}, {3, false}, {1, false},
+                                                             {1, true},  {1, true},  {1, true}};
 inline constexpr int64_t kSmallMPackedAhead = 16384;
 
 // Element ops of the small-M packed kernels. f32 strips: one element is one f32 of A or W, a
@@ -391,8 +392,10 @@ struct PackedF32Ops {
 // One k step (one element) for S strips side by side: acc[s] += A column (M elements at a) x
 // strip s's NV vectors at b.
 template <class V, class Ops, int NV, int M, int S, bool kPf>
-[[gnu::always_inline]] inline void small_m_packed_step(typename V::T (&acc)[S][M][NV], const typename Ops::E* a,
-                                                       const typename Ops::E* b, int64_t strip_elems,
+[[gnu::always_inline]] inline void small_m_packed_step(typename V::T (&acc)[S][M][NV],
+                                                       const typename Ops::E* a,
+                                                       const typename Ops::E* b,
+                                                       int64_t strip_elems,
                                                        const typename Ops::E* pf_limit) {
   constexpr int kStepBytes = NV * Ops::kLanes * static_cast<int>(sizeof(typename Ops::E));
   constexpr int kLineBytes = kStepBytes >= 64 ? 64 : kStepBytes;
@@ -402,7 +405,8 @@ template <class V, class Ops, int NV, int M, int S, bool kPf>
     if constexpr (kPf) {
       const typename Ops::E* pf = bs + kSmallMPackedAhead;
       if (pf < pf_limit) {
-        for (int q = 0; q < kStepBytes; q += kLineBytes) __builtin_prefetch(reinterpret_cast<const char*>(pf) + q, 0, 2);
+        for (int q = 0; q < kStepBytes; q += kLineBytes)
+          __builtin_prefetch(reinterpret_cast<const char*>(pf) + q, 0, 2);
       }
     }
     typename Ops::B bv[NV];
@@ -421,8 +425,9 @@ template <class V, class Ops, int NV, int M, int S, bool kPf>
 // n = the columns left from c (each strip writes min(NR, what remains)); ep.bias / ep.residual
 // at c's column.
 template <class V, class Ops, int NV, int M, int S, bool kPf>
-void small_m_packed_group(int64_t steps, const typename Ops::E* a, const typename Ops::E* strip, int64_t strip_elems,
-                          const typename Ops::E* pf_limit, float* c, int64_t ldc, int64_t n, const TileEpilogue& ep) {
+void small_m_packed_group(int64_t steps, const typename Ops::E* a, const typename Ops::E* strip,
+                          int64_t strip_elems, const typename Ops::E* pf_limit, float* c,
+                          int64_t ldc, int64_t n, const TileEpilogue& ep) {
   constexpr int NR = NV * Ops::kLanes;
   static_assert(NR == NV * V::kLanes, "one accumulator per vector of W columns");
   typename V::T acc[S][M][NV];
@@ -442,13 +447,15 @@ void small_m_packed_group(int64_t steps, const typename Ops::E* a, const typenam
     TileEpilogue e = ep;
     if (e.bias) e.bias += col;
     if (e.residual) e.residual += col;
-    store_tile<V, M, NV>(acc[s], c + col, ldc, M, static_cast<int>(std::min<int64_t>(NR, n - col)), e);
+    store_tile<V, M, NV>(acc[s], c + col, ldc, M, static_cast<int>(std::min<int64_t>(NR, n - col)),
+                         e);
   }
 }
 
 template <class V, class Ops, int NV, int M>
-void small_m_packed_rows(int64_t steps, const typename Ops::E* a, const typename Ops::E* w, int64_t s0, int64_t s1,
-                         float* c, int64_t ldc, int64_t n, const TileEpilogue& ep) {
+void small_m_packed_rows(int64_t steps, const typename Ops::E* a, const typename Ops::E* w,
+                         int64_t s0, int64_t s1, float* c, int64_t ldc, int64_t n,
+                         const TileEpilogue& ep) {
   constexpr int NR = NV * Ops::kLanes;
   constexpr int S = Ops::kLanes == 1 ? 1 : kSmallMPackedShapes[M].strips;
   constexpr bool kPf = Ops::kLanes > 1 && kSmallMPackedShapes[M].prefetch;
@@ -462,31 +469,40 @@ void small_m_packed_rows(int64_t steps, const typename Ops::E* a, const typename
   };
   int64_t s = s0;
   for (; s + S <= s1; s += S)
-    small_m_packed_group<V, Ops, NV, M, S, kPf>(steps, a, w + s * strip_elems, strip_elems, limit, c + s * NR, ldc,
-                                                n - s * NR, at(s));
+    small_m_packed_group<V, Ops, NV, M, S, kPf>(steps, a, w + s * strip_elems, strip_elems, limit,
+                                                c + s * NR, ldc, n - s * NR, at(s));
   for (; s < s1; ++s)
-    small_m_packed_group<V, Ops, NV, M, 1, kPf>(steps, a, w + s * strip_elems, strip_elems, limit, c + s * NR, ldc,
-                                                n - s * NR, at(s));
+    small_m_packed_group<V, Ops, NV, M, 1, kPf>(steps, a, w + s * strip_elems, strip_elems, limit,
+                                                c + s * NR, ldc, n - s * NR, at(s));
 }
 
 // C (m, n) columns of strips [s0, s1) for a run-time row count m in 1..kGemmSmallM (8); a and w
 // hold Ops::E elements (`steps` per A row and per strip column); c, ep.bias and ep.residual at
 // column 0 of W.
 template <class V, class Ops, int NV>
-void small_m_packed(int m, int64_t steps, const void* a_in, const void* w_in, int64_t s0, int64_t s1, float* c,
-                    int64_t ldc, int64_t n, const TileEpilogue& ep) {
+void small_m_packed(int m, int64_t steps, const void* a_in, const void* w_in, int64_t s0,
+                    int64_t s1, float* c, int64_t ldc, int64_t n, const TileEpilogue& ep) {
   const auto* a = static_cast<const typename Ops::E*>(a_in);
   const auto* w = static_cast<const typename Ops::E*>(w_in);
   switch (m) {
-    case 1: return small_m_packed_rows<V, Ops, NV, 1>(steps, a, w, s0, s1, c, ldc, n, ep);
-    case 2: return small_m_packed_rows<V, Ops, NV, 2>(steps, a, w, s0, s1, c, ldc, n, ep);
-    case 3: return small_m_packed_rows<V, Ops, NV, 3>(steps, a, w, s0, s1, c, ldc, n, ep);
-    case 4: return small_m_packed_rows<V, Ops, NV, 4>(steps, a, w, s0, s1, c, ldc, n, ep);
-    case 5: return small_m_packed_rows<V, Ops, NV, 5>(steps, a, w, s0, s1, c, ldc, n, ep);
-    case 6: return small_m_packed_rows<V, Ops, NV, 6>(steps, a, w, s0, s1, c, ldc, n, ep);
-    case 7: return small_m_packed_rows<V, Ops, NV, 7>(steps, a, w, s0, s1, c, ldc, n, ep);
-    case 8: return small_m_packed_rows<V, Ops, NV, 8>(steps, a, w, s0, s1, c, ldc, n, ep);
-    default: KILN_CHECK(m >= 1 && m <= 8);
+    case 1:
+      return small_m_packed_rows<V, Ops, NV, 1>(steps, a, w, s0, s1, c, ldc, n, ep);
+    case 2:
+      return small_m_packed_rows<V, Ops, NV, 2>(steps, a, w, s0, s1, c, ldc, n, ep);
+    case 3:
+      return small_m_packed_rows<V, Ops, NV, 3>(steps, a, w, s0, s1, c, ldc, n, ep);
+    case 4:
+      return small_m_packed_rows<V, Ops, NV, 4>(steps, a, w, s0, s1, c, ldc, n, ep);
+    case 5:
+      return small_m_packed_rows<V, Ops, NV, 5>(steps, a, w, s0, s1, c, ldc, n, ep);
+    case 6:
+      return small_m_packed_rows<V, Ops, NV, 6>(steps, a, w, s0, s1, c, ldc, n, ep);
+    case 7:
+      return small_m_packed_rows<V, Ops, NV, 7>(steps, a, w, s0, s1, c, ldc, n, ep);
+    case 8:
+      return small_m_packed_rows<V, Ops, NV, 8>(steps, a, w, s0, s1, c, ldc, n, ep);
+    default:
+      KILN_CHECK(m >= 1 && m <= 8);
   }
 }
 
