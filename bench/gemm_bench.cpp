@@ -136,29 +136,24 @@ std::vector<Summary> time_impls(const std::vector<Impl>& impls, const void* a,
   return out;
 }
 
-// packed (B stored (n, k)): kiln runs gemm_prepacked on pack_weight_as copies of the weights,
-// looked up by the plain weight's address; the peers read the plain weights.
-std::vector<Impl> make_impls(const GemmShape& s, std::shared_ptr<std::vector<std::pair<const void*, PackedMatrix>>> packed = nullptr) {
+// Weight copies packed once (pack_weight_as), each beside the plain weight it was packed from.
+using PackedCopies = std::vector<std::pair<const void*, PackedMatrix>>;
+
+// With `packed` (B stored (n, k)), kiln runs gemm_prepacked on the packed copy of the weight it
+// is handed; the peers always read the plain weights.
+std::vector<Impl> make_impls(const GemmShape& s, std::shared_ptr<const PackedCopies> packed = nullptr) {
   std::vector<Impl> impls;
-  if (packed) {
-    impls.push_back({"kiln", [s, packed](const void* a, const void* b, float* c) {
-                       GemmParams p;
-                       p.m = s.m; p.n = s.n; p.k = s.k;
-                       p.a = a; p.lda = s.k; p.a_dtype = s.dtype;
-                       p.c = c; p.ldc = s.n;
-                       for (const auto& [src, pm] : *packed)
-                         if (src == b) return gemm_prepacked(p, pm);
-                     }});
-  } else {
-  impls.push_back({"kiln", [s](const void* a, const void* b, float* c) {
+  impls.push_back({"kiln", [s, packed](const void* a, const void* b, float* c) {
                      GemmParams p;
                      p.m = s.m; p.n = s.n; p.k = s.k;
                      p.a = a; p.lda = s.k; p.a_dtype = s.dtype;
                      p.b = b; p.ldb = s.trans_b ? s.k : s.n; p.b_dtype = s.dtype; p.trans_b = s.trans_b;
                      p.c = c; p.ldc = s.n;
-                     cpu::gemm(p);
+                     if (!packed) return cpu::gemm(p);
+                     for (const auto& [plain, pm] : *packed)
+                       if (plain == b) return gemm_prepacked(p, pm);
+                     KILN_CHECK_MSG(false, "bench gemm: no packed copy of weight {}", b);
                    }});
-  }
   std::shared_ptr<PeerGemm> ob = make_openblas_gemm(s), od = make_onednn_gemm(s);
   if (ob) impls.push_back({"openblas", [ob](const void* a, const void* b, float* c) { ob->run(a, b, c); }});
   if (od) impls.push_back({"onednn", [od](const void* a, const void* b, float* c) { od->run(a, b, c); }});
@@ -230,9 +225,9 @@ void bench_shape(Context& ctx, const GemmShape& s, int threads, const std::strin
     bs.push_back(std::make_unique<Buffer>(b_elems, s.dtype, rng));
     b_ptrs.push_back(bs.back()->data());
   }
-  std::shared_ptr<std::vector<std::pair<const void*, PackedMatrix>>> pms;
+  std::shared_ptr<PackedCopies> pms;
   if (packed) {
-    pms = std::make_shared<std::vector<std::pair<const void*, PackedMatrix>>>();
+    pms = std::make_shared<PackedCopies>();
     for (const void* b : b_ptrs) pms->emplace_back(b, pack_weight_as(b, s.dtype, s.n, s.k));
   }
   const std::vector<Impl> impls = make_impls(s, pms);
