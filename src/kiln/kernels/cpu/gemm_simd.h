@@ -6,9 +6,11 @@
 #pragma once
 
 #include <algorithm>
+#include <array>
 #include <cstdint>
 #include <cstring>
 #include <type_traits>
+#include <utility>
 
 #include "kiln/kernels/cpu/gemm_kernels.h"
 
@@ -476,34 +478,22 @@ void small_m_packed_rows(int64_t steps, const typename Ops::E* a, const typename
                                                 c + s * NR, ldc, n - s * NR, at(s));
 }
 
+// small_m_packed_rows<..., M> for M = 1 .. sizeof...(I), indexed by M - 1.
+template <class V, class Ops, int NV, size_t... I>
+constexpr auto small_m_packed_table(std::index_sequence<I...>) {
+  return std::array{&small_m_packed_rows<V, Ops, NV, static_cast<int>(I) + 1>...};
+}
+
 // C (m, n) columns of strips [s0, s1) for a run-time row count m in 1..kGemmSmallM (8); a and w
 // hold Ops::E elements (`steps` per A row and per strip column); c, ep.bias and ep.residual at
 // column 0 of W.
 template <class V, class Ops, int NV>
-void small_m_packed(int m, int64_t steps, const void* a_in, const void* w_in, int64_t s0,
-                    int64_t s1, float* c, int64_t ldc, int64_t n, const TileEpilogue& ep) {
-  const auto* a = static_cast<const typename Ops::E*>(a_in);
-  const auto* w = static_cast<const typename Ops::E*>(w_in);
-  switch (m) {
-    case 1:
-      return small_m_packed_rows<V, Ops, NV, 1>(steps, a, w, s0, s1, c, ldc, n, ep);
-    case 2:
-      return small_m_packed_rows<V, Ops, NV, 2>(steps, a, w, s0, s1, c, ldc, n, ep);
-    case 3:
-      return small_m_packed_rows<V, Ops, NV, 3>(steps, a, w, s0, s1, c, ldc, n, ep);
-    case 4:
-      return small_m_packed_rows<V, Ops, NV, 4>(steps, a, w, s0, s1, c, ldc, n, ep);
-    case 5:
-      return small_m_packed_rows<V, Ops, NV, 5>(steps, a, w, s0, s1, c, ldc, n, ep);
-    case 6:
-      return small_m_packed_rows<V, Ops, NV, 6>(steps, a, w, s0, s1, c, ldc, n, ep);
-    case 7:
-      return small_m_packed_rows<V, Ops, NV, 7>(steps, a, w, s0, s1, c, ldc, n, ep);
-    case 8:
-      return small_m_packed_rows<V, Ops, NV, 8>(steps, a, w, s0, s1, c, ldc, n, ep);
-    default:
-      KILN_CHECK(m >= 1 && m <= 8);
-  }
+void small_m_packed(int m, int64_t steps, const void* a, const void* w, int64_t s0, int64_t s1,
+                    float* c, int64_t ldc, int64_t n, const TileEpilogue& ep) {
+  static constexpr auto kRows = small_m_packed_table<V, Ops, NV>(std::make_index_sequence<8>{});
+  KILN_CHECK(m >= 1 && m <= 8);
+  kRows[m - 1](steps, static_cast<const typename Ops::E*>(a), static_cast<const typename Ops::E*>(w),
+               s0, s1, c, ldc, n, ep);
 }
 
 // ---- small-M (decode-like) kernels: stream B once, A stays in L1/L2 --------------------------
