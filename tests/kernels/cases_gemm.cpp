@@ -180,6 +180,31 @@ KILN_KERNEL_CASES(gemm) {
     g.a_dtype = g.b_dtype = DType::kBF16;
     cases.push_back(make_case(g, seed++));
   }
+  // Every row count of a partial last strip (m % MR = 1..13 for the 14-row AVX-512 kernels; the
+  // AVX2 and scalar targets see their own remainders): the kernels for the first R rows of a
+  // strip, f32 and bf16, A in place (full strips) or packed (transposed A), with beta and bias.
+  for (int64_t r = 1; r <= 13; ++r) {
+    GemmCase g{28 + r, 40 + 3 * r, 17 + 2 * r, r % 3 == 0};
+    if (r % 2 == 0) g.a_dtype = g.b_dtype = DType::kBF16;
+    g.beta = r % 4 == 1 ? 0.5f : 0.0f;
+    g.bias = r % 5 == 2;
+    cases.push_back(make_case(g, seed++));
+  }
+  // Row strides that run_block's L1-set test sorts (in place when a strip's rows spread over the
+  // L1 sets as evenly as a packed strip, else packed): rows 2 KiB apart with 2 KiB per row in the
+  // K block (f32 K = 512, bf16 K = 1024 at the default blockings: in place), 4 KiB apart (f32
+  // K = 1024: packed), and 2 KiB apart with K blocks of 512 and 511 bf16 (1 KiB rows: packed,
+  // the odd block too).
+  for (int v = 0; v < 4; ++v) {
+    GemmCase g{45, 70, v == 0 ? int64_t{512} : v == 3 ? int64_t{1023} : int64_t{1024}};
+    if (v % 2 == 1) g.a_dtype = g.b_dtype = DType::kBF16;
+    if (v == 3) {
+      g.pad = 1;
+      g.blocking = {28, 600, 64};
+    }
+    g.beta = 1.0f;
+    cases.push_back(make_case(g, seed++));
+  }
   // Decode-like small M with K, N large enough to stream B in several chunks per thread.
   // (m = 5: f32 with the small-M kernel's L1 prefetch of its own B rows)
   for (int64_t m : {int64_t{1}, int64_t{4}, int64_t{5}, int64_t{8}}) {

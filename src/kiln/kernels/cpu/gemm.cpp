@@ -5,6 +5,7 @@
 #include <sys/mman.h>
 #include <sys/stat.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cmath>
 #include <cstdio>
@@ -157,35 +158,49 @@ struct PanelLayout {
   int64_t elems() const { return offset(num_pc - 1) + strips * nr * steps(num_pc - 1) + 16; }
 };
 
+// The most 64-byte lines that `rows` rows of row_bytes, stride bytes apart, put in one set of a
+// 32 KiB 8-way L1 (64 sets). The rows of a strip are read together, k step by k step, and stay
+// in L1 while a group of B micro-panels runs against them; back to back (stride = row_bytes)
+// they spread as evenly as they can.
+int l1_set_load(int64_t rows, int64_t stride, int64_t row_bytes) {
+  constexpr int64_t kLine = 64, kSets = 64;
+  int load[kSets] = {};
+  for (int64_t i = 0; i < rows && row_bytes > 0; ++i)
+    for (int64_t l = i * stride / kLine; l <= (i * stride + row_bytes - 1) / kLine; ++l) ++load[l % kSets];
+  return *std::max_element(load, load + kSets);
+}
+
 // C strips [ms0, ms1) x panel strips [ns0, ns1) over all K blocks: per K block, packs this
 // thread's MC x KC block of A (or reads its full strips in place) and runs the micro-tiles, so
 // the C block stays in cache across the K blocks. The panel covers columns [jc, jc + nc).
 void run_block(const GemmParams& p, const PackedPath& path, const PanelLayout& lay, const uint32_t* bpack,
                int64_t jc, int64_t nc, int64_t ms0, int64_t ms1, int64_t ns0, int64_t ns1) {
   const int64_t mr = path.mr, nr = path.nr;
-  auto* apack = static_cast<uint32_t*>(a_pack_buffer().get(4 * ((ms1 - ms0) * mr * lay.steps_block() + 16)));
   // Full strips may read A in place (no packing) when the kernel has such a variant for A's
-  // layout and dtype; a partial last strip is always packed (the kernel reads MR whole rows).
-  // Not when rows are a multiple of 2 KiB apart: then 7 or all 14 rows of a strip fall in one
-  // L1 set (8 ways) and evict each other; measured on the EPYC VM at 2 threads, f32 1024^3 fell
-  // from 206 to 155 GFLOP/s and bf16 1024^3 from 428 to 413, while 256 and 512 (rows 1-2 KiB
-  // apart) gained up to 11% from the packing saved.
+  // layout and dtype (kernel_direct_a); a partial last strip is always packed (the kernel reads
+  // MR whole rows). In place saves packing A, which each thread would otherwise do for all of A
+  // in the column split (up to 11% at 256^3 and 512^3, 2 threads, EPYC VM). Not when in place
+  // the strip's rows crowd some L1 sets more than a packed strip does: rows 4 KiB apart put all
+  // 14 rows in the same sets (f32 1024^3 at 2 threads fell from 206 to 155 GFLOP/s that way).
+  // Copying such rows back to back instead of packing them was tried: the copy is fast, but the
+  // kernel reading 14 row streams ran 5-8% slower than on a packed strip at 2048^3 and 4096^3
+  // (f32 and bf16, 1 thread), more than the transposing pack costs (3-4%).
   const int64_t esize = dtype_nbytes(p.a_dtype, 1);
-  const bool direct = path.kernel_direct_a != nullptr && !p.trans_a && p.a_dtype == path.direct_a_dtype &&
-                      (p.lda * esize) % 2048 != 0;
+  const bool direct = path.kernel_direct_a != nullptr && !p.trans_a && p.a_dtype == path.direct_a_dtype;
+  auto* apack = static_cast<uint32_t*>(a_pack_buffer().get(4 * ((ms1 - ms0) * mr * lay.steps_block() + 16)));
+  const int64_t full_end = std::min(ms1, p.m / mr);  // strips [ms0, full_end) are full
   for (int64_t q = 0; q < lay.num_pc; ++q) {
     const int64_t pc = q * lay.kc_block, kc = std::max<int64_t>(0, std::min(lay.kc_block, p.k - pc));
     const int64_t steps = lay.steps(q);
     const int64_t a_strip = mr * steps, b_strip = nr * steps;
-    const bool direct_q = direct && kc % lay.ks == 0;  // bf16: whole pairs within the rows
-    const int64_t full_end = std::min(ms1, p.m / mr);   // strips [ms0, full_end) are full
+    // bf16: whole pairs within the rows (an even K block).
+    const int64_t row_bytes = kc * esize;
+    const bool direct_q = direct && kc % lay.ks == 0 &&
+                          l1_set_load(mr, p.lda * esize, row_bytes) <= l1_set_load(mr, row_bytes, row_bytes);
     if (kc > 0) {
-      if (!direct_q) {
-        path.pack_a(p, ms0 * mr, std::min(p.m, ms1 * mr) - ms0 * mr, pc, kc, apack);
-      } else if (full_end < ms1) {
-        const int64_t fe = std::max(ms0, full_end);
+      const int64_t fe = direct_q ? std::max(ms0, full_end) : ms0;  // strips from fe on are packed
+      if (fe < ms1)
         path.pack_a(p, fe * mr, std::min(p.m, ms1 * mr) - fe * mr, pc, kc, apack + (fe - ms0) * a_strip);
-      }
     }
     const bool first = q == 0, last = q + 1 == lay.num_pc;
     TileEpilogue ep;
@@ -271,9 +286,12 @@ void gemm_packed(const GemmParams& p, const PackedPath& path, GemmBlocking blk) 
     return;
   }
 
-  // NC: the tuned width, narrowed so the packed K x NC panel stays within ~16 MiB (half the L3
-  // of the machines this was tuned on).
-  constexpr int64_t kPanelBytes = int64_t{16} << 20;
+  // NC: the tuned width, narrowed so the packed K x NC panel stays within 64 MiB of scratch. Each
+  // M block streams the whole panel, but only ~1 byte of B per 170 FLOPs (MC = 336), so a panel
+  // beyond the L3 costs nothing there, while every extra panel packs all of A once more. At
+  // 4096^3 a 16 MiB cap (4 f32 panels of 1024 columns) was 1-3% slower than 64 MiB (2 panels of
+  // the tuned 2048): f32 at 1 and 2 threads, bf16 at 1, EPYC VM.
+  constexpr int64_t kPanelBytes = int64_t{64} << 20;
   const int64_t nc_fit = kPanelBytes / (4 * std::max<int64_t>(p.k, 1) / ks + 1);
   const int64_t nc_max = std::max<int64_t>(nr, std::min<int64_t>(blk.nc, nc_fit) / nr * nr);
   for (int64_t jc = 0; jc < p.n; jc += nc_max) {
