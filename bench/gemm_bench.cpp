@@ -72,6 +72,7 @@ struct Row {
   std::vector<Summary> gflops;  // per impl, [0] = kiln
   double bytes_b = 0;           // weight bytes per call (decode rows)
   Summary dram;                 // decode rows: DRAM read probe, one pass per round (GB/s)
+  Summary kiln_per_dram;        // decode rows: per round, kiln's GFLOP/s over the pass beside it
 };
 
 double process_cpu_seconds() {
@@ -94,12 +95,15 @@ void settle(int threads, const std::string& previous) {
 
 // Times each impl `reps` times (after one warm-up), interleaved; each sample runs `inner` calls,
 // rotating over `num_b` weight matrices (cold decode) when there are several. With a probe, each
-// round also times one DRAM read pass (GB/s into *dram): a cold decode row is rated against the
-// ceiling taken at the start and against the best pass of its own rounds (the same minutes).
+// round also times one DRAM read pass right after kiln's sample (GB/s into *dram, and kiln's
+// GFLOP/s over it into *paired): a cold decode row is rated against the ceiling taken at the
+// start, against the best pass of its own rounds, and pass by pass against the one beside it.
+// The VM's 2-thread DRAM rate jumps between ~35 and ~60 GB/s within seconds; a pair of samples
+// taken back to back nearly always sees one state, a row's median and its best pass may not.
 std::vector<Summary> time_impls(const std::vector<Impl>& impls, const void* a,
                                 const std::vector<const void*>& bs, float* c, double flops,
                                 int reps, int threads, const perf::DramReadProbe* probe = nullptr,
-                                Summary* dram = nullptr) {
+                                Summary* dram = nullptr, Summary* paired = nullptr) {
   size_t next_b = 0;
   auto call = [&](const Impl& im) { im.run(a, bs[next_b++ % bs.size()], c); };
   // Warm-up (also sizes the inner loop from kiln's time).
@@ -114,7 +118,7 @@ std::vector<Summary> time_impls(const std::vector<Impl>& impls, const void* a,
   }
   const int inner = static_cast<int>(std::clamp(std::ceil(0.03 / std::max(t_kiln, 1e-7)), 1.0, 2000.0));
   std::vector<std::vector<double>> samples(impls.size());
-  std::vector<double> dram_samples;
+  std::vector<double> dram_samples, ratios;
   for (int r = 0; r < reps; ++r) {
     for (size_t i = 0; i < impls.size(); ++i) {
       settle(threads, prev);
@@ -123,14 +127,16 @@ std::vector<Summary> time_impls(const std::vector<Impl>& impls, const void* a,
       const double dt = (now_seconds() - t0) / inner;
       samples[i].push_back(flops / dt * 1e-9);
       prev = impls[i].name;
-    }
-    if (probe && dram) {
-      settle(threads, prev);
-      dram_samples.push_back(probe->pass(threads));
-      prev = "dram probe";
+      if (i == 0 && probe && dram) {
+        settle(threads, prev);
+        dram_samples.push_back(probe->pass(threads));
+        ratios.push_back(samples[0].back() / dram_samples.back());
+        prev = "dram probe";
+      }
     }
   }
   if (probe && dram) *dram = summarize(dram_samples);
+  if (probe && paired) *paired = summarize(ratios);
   std::vector<Summary> out;
   for (auto& s : samples) out.push_back(summarize(s));
   return out;
@@ -182,8 +188,9 @@ void print_row(Context& ctx, const Row& r) {
         extra = fmt::format(R"(, "kiln_gbs": {:.2f}, "peer_gbs": {:.2f}, "dram_gbs": {:.2f}, "pct_dram": {:.1f})",
                             gbs(k.median), gbs(r.gflops[i].median), d, d > 0 ? 100 * gbs(k.median) / d : 0.0);
         if (r.dram.max > 0)
-          extra += fmt::format(R"(, "dram_rounds_min": {:.2f}, "dram_rounds_max": {:.2f}, "pct_dram_rounds": {:.1f})",
-                               r.dram.min, r.dram.max, 100 * gbs(k.median) / r.dram.max);
+          extra += fmt::format(R"(, "dram_rounds_min": {:.2f}, "dram_rounds_max": {:.2f}, "pct_dram_rounds": {:.1f}, "pct_dram_paired": {:.1f})",
+                               r.dram.min, r.dram.max, 100 * gbs(k.median) / r.dram.max,
+                               100 * gbs(r.kiln_per_dram.median));
       }
       fmt::print(R"({{"op": "gemm", "dtype": "{}", "mode": "{}", "w_layout": "{}", "m": {}, "n": {}, "k": {}, "trans_b": {}, "threads": {}, "kiln_gflops": {:.2f}, "kiln_min": {:.2f}, "kiln_max": {:.2f}, "peer": "{}", "peer_gflops": {:.2f}, "ratio": {:.3f}, "pct_peak": {:.1f}{}}})"
                  "\n",
@@ -204,7 +211,9 @@ void print_row(Context& ctx, const Row& r) {
     const double d = ctx.dram[r.threads];
     line += fmt::format(" | B {:.1f} GB/s = {:.0f}% of DRAM {:.1f}", gbs(k.median), d > 0 ? 100 * gbs(k.median) / d : 0.0, d);
     if (r.dram.max > 0)
-      line += fmt::format(", {:.0f}% of {:.1f} in its rounds", 100 * gbs(k.median) / r.dram.max, r.dram.max);
+      line += fmt::format(", {:.0f}% of {:.1f} in its rounds, {:.0f}% paired (passes {:.1f}-{:.1f})",
+                          100 * gbs(k.median) / r.dram.max, r.dram.max, 100 * gbs(r.kiln_per_dram.median),
+                          r.dram.min, r.dram.max);
   }
   fmt::print("{}\n", line);
   std::fflush(stdout);
@@ -240,7 +249,8 @@ void bench_shape(Context& ctx, const GemmShape& s, int threads, const std::strin
   for (const Impl& im : impls) r.names.push_back(im.name);
   r.bytes_b = s.m <= cpu::kGemmSmallM ? b_bytes : 0.0;
   r.gflops = time_impls(impls, a.data(), b_ptrs, c.f32(), gemm_flops(s.m, s.n, s.k), ctx.opt.reps, threads,
-                        r.bytes_b > 0 && mode == "cold" ? ctx.dram_probe.get() : nullptr, &r.dram);
+                        r.bytes_b > 0 && mode == "cold" ? ctx.dram_probe.get() : nullptr, &r.dram,
+                        &r.kiln_per_dram);
   print_row(ctx, r);
   ctx.rows.push_back(r);
 }
@@ -323,9 +333,10 @@ int run_gemm_bench(const GemmBenchOptions& opt) {
     fmt::print("tune file  : {}\n", cpu::gemm_tune_file());
     fmt::print("mode /pk   : decode rows with kiln on the weight packed once (pack_weight_as + gemm_prepacked, as\n"
                "             PackedLinear runs them); the peers read the same plain (n, k) weights\n");
-    fmt::print("cold DRAM  : a cold decode row's B GB/s as % of the DRAM ceiling below (taken at the start), and\n"
-               "             as % of the best DRAM read pass timed in that row's own rounds (one pass per round),\n"
-               "             the rate of the same minutes: the 2-thread rate here moves between ~35 and ~60 GB/s\n");
+    fmt::print("cold DRAM  : a cold decode row's B GB/s as % of the DRAM ceiling below (taken at the start), as %\n"
+               "             of the best DRAM read pass timed in that row's own rounds (one pass per round, right\n"
+               "             after kiln's sample), and paired: the median over rounds of kiln's rate over the pass\n"
+               "             beside it (the 2-thread DRAM rate here jumps between ~35 and ~60 GB/s within seconds)\n");
   }
 
   // Ceilings per thread count: FMA peak (f32, bf16) and DRAM read bandwidth over 256 MiB.
