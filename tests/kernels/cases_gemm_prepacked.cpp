@@ -143,6 +143,16 @@ KILN_KERNEL_CASES(gemm_prepacked) {
   }
   cases.push_back(make_case({.m = 4, .n = 130, .k = 1, .w_dtype = DType::kBF16}, seed++));
   cases.push_back(make_case({.m = 7, .n = 97, .k = 0, .beta = 0.5f, .bias = true, .w_dtype = DType::kBF16}, seed++));
+  // Long K: the small-M passes pack A (interleaved, bf16 pairs or f32) split over the threads
+  // (m * steps >= 8192); odd k pads the last pair, a second pass of rows (m = 11) restarts it.
+  for (int v = 0; v < 4; ++v) {
+    PrepackedCase g{v == 3 ? int64_t{11} : int64_t{8 - v}, 37, v % 2 == 0 ? int64_t{2051} : int64_t{3000}};
+    g.w_dtype = v < 2 ? DType::kBF16 : DType::kF32;
+    g.a_dtype = v == 1 || v == 2 ? DType::kBF16 : DType::kF32;
+    g.ta = v >= 2;
+    g.bias = v == 0;
+    cases.push_back(make_case(g, seed++));
+  }
   // Small blockings (independent of the machine's tuning file): several M blocks and K blocks
   // (prefill-like m), odd tails; beta = 0 on the first K block only.
   for (int v = 0; v < 5; ++v) {

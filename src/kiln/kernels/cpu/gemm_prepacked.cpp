@@ -75,18 +75,35 @@ bool prefer_streaming(int64_t m, int64_t mr) {
   return passes * 6 < strips * 7;
 }
 
-// A value of op(A) as f32.
-float a_value(const GemmParams& p, int64_t i, int64_t l) {
-  const int64_t idx = p.trans_a ? l * p.lda + i : i * p.lda + l;
-  return p.a_dtype == DType::kBF16 ? bf16_to_f32(static_cast<const uint16_t*>(p.a)[idx])
-                                   : static_cast<const float*>(p.a)[idx];
-}
-
-// The same as bf16 bits: rounded to nearest even from f32, or the stored bits of a bf16 A.
-uint32_t a_bits_bf16(const GemmParams& p, int64_t i, int64_t l) {
-  const int64_t idx = p.trans_a ? l * p.lda + i : i * p.lda + l;
-  return p.a_dtype == DType::kBF16 ? static_cast<const uint16_t*>(p.a)[idx]
-                                   : f32_to_bf16(static_cast<const float*>(p.a)[idx]);
+// Rows [i0, i0 + m) of op(A) interleaved (steps, m) for the small-M kernels, for the k steps
+// [l0, l1): a[l * m + i] = op(A)[i0 + i][l] as f32, or with pairs the bf16 bits of k = 2l (low
+// half) and 2l + 1 (high; +0 past an odd k), rounded to nearest even from an f32 A.
+void pack_a_interleaved(const GemmParams& p, int64_t i0, int m, bool pairs, int64_t l0, int64_t l1,
+                        uint32_t* a) {
+  const int64_t si = p.trans_a ? 1 : p.lda, sk = p.trans_a ? p.lda : 1;  // strides of i and k
+  const bool bf = p.a_dtype == DType::kBF16;
+  for (int i = 0; i < m; ++i) {
+    const auto* a32 = static_cast<const float*>(p.a) + (i0 + i) * si;
+    const auto* a16 = static_cast<const uint16_t*>(p.a) + (i0 + i) * si;
+    uint32_t* out = a + i;
+    if (!pairs) {
+      if (bf) {
+        for (int64_t l = l0; l < l1; ++l) out[l * m] = static_cast<uint32_t>(a16[l * sk]) << 16;
+      } else {
+        for (int64_t l = l0; l < l1; ++l) std::memcpy(&out[l * m], &a32[l * sk], 4);
+      }
+      continue;
+    }
+    const int64_t whole = std::min(l1, p.k / 2);  // pairs with both k inside
+    int64_t l = l0;
+    if (bf) {
+      for (; l < whole; ++l) out[l * m] = a16[2 * l * sk] | static_cast<uint32_t>(a16[(2 * l + 1) * sk]) << 16;
+    } else {
+      for (; l < whole; ++l)
+        out[l * m] = f32_to_bf16(a32[2 * l * sk]) | static_cast<uint32_t>(f32_to_bf16(a32[(2 * l + 1) * sk])) << 16;
+    }
+    for (; l < l1; ++l) out[l * m] = bf ? a16[2 * l * sk] : f32_to_bf16(a32[2 * l * sk]);  // odd k's last pair
+  }
 }
 
 // Decode-like over the packed strips: passes of <= kGemmSmallM rows, each reading the weight once
@@ -107,18 +124,12 @@ void gemm_prepacked_small_m(const GemmParams& p, const PackedMatrix& b,
   for (int64_t i0 = 0; i0 < p.m; i0 += cpu::kGemmSmallM) {
     const int m = static_cast<int>(std::min<int64_t>(cpu::kGemmSmallM, p.m - i0));
     uint32_t* a = a_pack_buffer(m * std::max<int64_t>(steps, 1) + 16);
-    for (int64_t l = 0; l < steps; ++l) {
-      for (int i = 0; i < m; ++i) {
-        if (pairs) {  // even k in the low half; an odd k's last pair pads with +0
-          const uint32_t lo = a_bits_bf16(p, i0 + i, 2 * l);
-          const uint32_t hi = 2 * l + 1 < p.k ? a_bits_bf16(p, i0 + i, 2 * l + 1) : 0u;
-          a[l * m + i] = lo | hi << 16;
-        } else {
-          const float v = a_value(p, i0 + i, l);
-          std::memcpy(&a[l * m + i], &v, 4);
-        }
-      }
-    }
+    // Packing A is the call's only serial part otherwise: at m = 8, K = 4096 bf16 pairs from
+    // f32 A it took ~8% of a 2-thread call's time while the other thread waited (EPYC VM).
+    const int64_t pack_tasks = threads > 1 && m * steps >= 8192 ? threads : 1;
+    run_tasks(pack_tasks, [&](int64_t t) {
+      pack_a_interleaved(p, i0, m, pairs, steps * t / pack_tasks, steps * (t + 1) / pack_tasks, a);
+    });
     TileEpilogue ep;
     ep.alpha = p.alpha;
     ep.beta = p.beta;
