@@ -10,6 +10,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <memory>
@@ -336,12 +337,19 @@ void gemm_small_m(const GemmParams& p, const GemmTargetKernels& kernels) {
   int64_t lda = (p.k + 15) & ~int64_t{15};
   while ((lda * 4) % 4096 < 64 || (lda * 4) % 4096 > 448) lda += 16;
   auto* a32 = static_cast<float*>(small_a_buffer().get(4 * (p.m * lda + 16)));  // (m, k), ld lda
+  // The copies run before the threads start: keep the dtype and layout tests out of the loops.
+  const int64_t si = p.trans_a ? 1 : p.lda, sk = p.trans_a ? p.lda : 1;  // strides of i and k
+  const bool a_bf16 = p.a_dtype == DType::kBF16;
   for (int64_t i = 0; i < p.m; ++i) {
-    for (int64_t l = 0; l < p.k; ++l) {
-      const int64_t idx = p.trans_a ? l * p.lda + i : i * p.lda + l;
-      a32[i * lda + l] = p.a_dtype == DType::kBF16
-                             ? gemm_detail::bf16_bits_to_f32(static_cast<const uint16_t*>(p.a)[idx])
-                             : static_cast<const float*>(p.a)[idx];
+    const auto* src32 = static_cast<const float*>(p.a) + i * si;
+    const auto* src16 = static_cast<const uint16_t*>(p.a) + i * si;
+    float* dst = a32 + i * lda;
+    if (a_bf16) {
+      for (int64_t l = 0; l < p.k; ++l) dst[l] = gemm_detail::bf16_bits_to_f32(src16[l * sk]);
+    } else if (sk == 1) {
+      std::memcpy(dst, src32, static_cast<size_t>(p.k) * 4);
+    } else {
+      for (int64_t l = 0; l < p.k; ++l) dst[l] = src32[l * sk];
     }
   }
   SmallMArgs s{a32, p.m, p.k, lda};
@@ -355,12 +363,14 @@ void gemm_small_m(const GemmParams& p, const GemmTargetKernels& kernels) {
     while ((lda16 * 2) % 4096 < 64 || (lda16 * 2) % 4096 > 448) lda16 += 32;
     auto* a16 = static_cast<uint16_t*>(small_a16_buffer().get(2 * (p.m * lda16 + 32)));  // (m, k)
     for (int64_t i = 0; i < p.m; ++i) {
-      for (int64_t l = 0; l < p.k; ++l) {
-        const int64_t idx = p.trans_a ? l * p.lda + i : i * p.lda + l;
-        a16[i * lda16 + l] = p.a_dtype == DType::kBF16 ? static_cast<const uint16_t*>(p.a)[idx]
-                                                       : gemm_detail::f32_to_bf16_bits(a32[i * lda + l]);
+      uint16_t* dst = a16 + i * lda16;
+      if (a_bf16) {
+        const auto* src16 = static_cast<const uint16_t*>(p.a) + i * si;
+        for (int64_t l = 0; l < p.k; ++l) dst[l] = src16[l * sk];
+      } else {
+        for (int64_t l = 0; l < p.k; ++l) dst[l] = gemm_detail::f32_to_bf16_bits(a32[i * lda + l]);
       }
-      for (int64_t l = p.k; l < lda16; ++l) a16[i * lda16 + l] = 0;
+      for (int64_t l = p.k; l < lda16; ++l) dst[l] = 0;
     }
     s.a16 = a16;
     s.lda16 = lda16;
