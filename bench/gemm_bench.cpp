@@ -25,6 +25,7 @@
 #include "kiln/kernels/gemm.h"
 #include "kiln/kernels/gemm_prepacked.h"
 #include "kiln/perf/peak.h"
+#include "kiln/perf/roofline.h"
 
 namespace kiln::bench {
 namespace {
@@ -72,7 +73,8 @@ struct Row {
   std::vector<Summary> gflops;  // per impl, [0] = kiln
   double bytes_b = 0;           // weight bytes per call (decode rows)
   Summary dram;                 // decode rows: DRAM read probe, one pass per round (GB/s)
-  Summary kiln_per_dram;        // decode rows: per round, kiln's GFLOP/s over the pass beside it
+  // Cold decode rows, per round: kiln's GFLOP/s and the DRAM pass (GB/s) timed right after it.
+  std::vector<std::pair<double, double>> kiln_dram_rounds;
 };
 
 double process_cpu_seconds() {
@@ -103,7 +105,8 @@ void settle(int threads, const std::string& previous) {
 std::vector<Summary> time_impls(const std::vector<Impl>& impls, const void* a,
                                 const std::vector<const void*>& bs, float* c, double flops,
                                 int reps, int threads, const perf::DramReadProbe* probe = nullptr,
-                                Summary* dram = nullptr, Summary* paired = nullptr) {
+                                Summary* dram = nullptr,
+                                std::vector<std::pair<double, double>>* paired = nullptr) {
   size_t next_b = 0;
   auto call = [&](const Impl& im) { im.run(a, bs[next_b++ % bs.size()], c); };
   // Warm-up (also sizes the inner loop from kiln's time).
@@ -118,7 +121,7 @@ std::vector<Summary> time_impls(const std::vector<Impl>& impls, const void* a,
   }
   const int inner = static_cast<int>(std::clamp(std::ceil(0.03 / std::max(t_kiln, 1e-7)), 1.0, 2000.0));
   std::vector<std::vector<double>> samples(impls.size());
-  std::vector<double> dram_samples, ratios;
+  std::vector<double> dram_samples;
   for (int r = 0; r < reps; ++r) {
     for (size_t i = 0; i < impls.size(); ++i) {
       settle(threads, prev);
@@ -130,13 +133,12 @@ std::vector<Summary> time_impls(const std::vector<Impl>& impls, const void* a,
       if (i == 0 && probe && dram) {
         settle(threads, prev);
         dram_samples.push_back(probe->pass(threads));
-        ratios.push_back(samples[0].back() / dram_samples.back());
+        if (paired) paired->emplace_back(samples[0].back(), dram_samples.back());
         prev = "dram probe";
       }
     }
   }
   if (probe && dram) *dram = summarize(dram_samples);
-  if (probe && paired) *paired = summarize(ratios);
   std::vector<Summary> out;
   for (auto& s : samples) out.push_back(summarize(s));
   return out;
@@ -180,6 +182,23 @@ void print_row(Context& ctx, const Row& r) {
   const double pct = peak > 0 ? 100.0 * k.median / peak : 0.0;
   const double flops = gemm_flops(r.shape.m, r.shape.n, r.shape.k);
   auto gbs = [&](double gf) { return r.bytes_b > 0 ? gf * 1e9 / flops * r.bytes_b * 1e-9 : 0.0; };
+  // The roofline (perf/roofline.h): decode rows move the weight once (bytes_b), squares their
+  // compulsory traffic; both against this thread count's FMA peak and DRAM ceiling.
+  GemmParams gp;
+  gp.m = r.shape.m, gp.n = r.shape.n, gp.k = r.shape.k;
+  gp.a_dtype = gp.b_dtype = r.dtype == "bf16" ? DType::kBF16 : DType::kF32;
+  const double intensity = flops / (r.bytes_b > 0 ? r.bytes_b : gemm_bytes(gp));
+  const perf::Roofline roof{peak, ctx.dram[r.threads]};
+  const double pct_roof = roof.attainable(intensity) > 0 ? 100 * k.median / roof.attainable(intensity) : 0.0;
+  // Cold decode rows, pass by pass: kiln's weight rate over the DRAM pass beside it, and kiln
+  // over the roof that pass sets (medians over the rounds).
+  std::vector<double> dram_ratio, roof_ratio;
+  for (const auto& [gf, d] : r.kiln_dram_rounds) {
+    dram_ratio.push_back(gbs(gf) / d);
+    roof_ratio.push_back(gf / perf::Roofline{peak, d}.attainable(intensity));
+  }
+  const double pct_dram_paired = 100 * summarize(dram_ratio).median;
+  const double pct_roof_paired = 100 * summarize(roof_ratio).median;
   if (ctx.opt.json) {
     for (size_t i = 1; i < r.names.size(); ++i) {
       std::string extra;
@@ -188,15 +207,16 @@ void print_row(Context& ctx, const Row& r) {
         extra = fmt::format(R"(, "kiln_gbs": {:.2f}, "peer_gbs": {:.2f}, "dram_gbs": {:.2f}, "pct_dram": {:.1f})",
                             gbs(k.median), gbs(r.gflops[i].median), d, d > 0 ? 100 * gbs(k.median) / d : 0.0);
         if (r.dram.max > 0)
-          extra += fmt::format(R"(, "dram_rounds_min": {:.2f}, "dram_rounds_max": {:.2f}, "pct_dram_rounds": {:.1f}, "pct_dram_paired": {:.1f})",
-                               r.dram.min, r.dram.max, 100 * gbs(k.median) / r.dram.max,
-                               100 * gbs(r.kiln_per_dram.median));
+          extra += fmt::format(R"(, "dram_rounds_min": {:.2f}, "dram_rounds_max": {:.2f}, "pct_dram_rounds": {:.1f}, "pct_dram_paired": {:.1f}, "pct_roof_paired": {:.1f})",
+                               r.dram.min, r.dram.max, 100 * gbs(k.median) / r.dram.max, pct_dram_paired,
+                               pct_roof_paired);
       }
-      fmt::print(R"({{"op": "gemm", "dtype": "{}", "mode": "{}", "w_layout": "{}", "m": {}, "n": {}, "k": {}, "trans_b": {}, "threads": {}, "kiln_gflops": {:.2f}, "kiln_min": {:.2f}, "kiln_max": {:.2f}, "peer": "{}", "peer_gflops": {:.2f}, "ratio": {:.3f}, "pct_peak": {:.1f}{}}})"
+      fmt::print(R"({{"op": "gemm", "dtype": "{}", "mode": "{}", "w_layout": "{}", "m": {}, "n": {}, "k": {}, "trans_b": {}, "threads": {}, "kiln_gflops": {:.2f}, "kiln_min": {:.2f}, "kiln_max": {:.2f}, "peer": "{}", "peer_gflops": {:.2f}, "ratio": {:.3f}, "pct_peak": {:.1f}, "intensity": {:.3f}, "bound": "{}", "roof_gflops": {:.1f}, "pct_roof": {:.1f}{}}})"
                  "\n",
                  r.dtype, r.mode, r.packed ? "packed" : "plain", r.shape.m, r.shape.n, r.shape.k, r.shape.trans_b, r.threads,
                  k.median, k.min, k.max, r.names[i], r.gflops[i].median,
-                 k.median / r.gflops[i].median, pct, extra);
+                 k.median / r.gflops[i].median, pct, intensity, roof.bound_name(intensity),
+                 roof.attainable(intensity), pct_roof, extra);
     }
     std::fflush(stdout);
     return;
@@ -211,9 +231,10 @@ void print_row(Context& ctx, const Row& r) {
     const double d = ctx.dram[r.threads];
     line += fmt::format(" | B {:.1f} GB/s = {:.0f}% of DRAM {:.1f}", gbs(k.median), d > 0 ? 100 * gbs(k.median) / d : 0.0, d);
     if (r.dram.max > 0)
-      line += fmt::format(", {:.0f}% of {:.1f} in its rounds, {:.0f}% paired (passes {:.1f}-{:.1f})",
-                          100 * gbs(k.median) / r.dram.max, r.dram.max, 100 * gbs(r.kiln_per_dram.median),
-                          r.dram.min, r.dram.max);
+      line += fmt::format(", {:.0f}% of {:.1f} in its rounds, {:.0f}% paired (passes {:.1f}-{:.1f}) | "
+                          "{:.2f} FLOP/B, {}-bound: {:.0f}% of the roof, {:.0f}% paired",
+                          100 * gbs(k.median) / r.dram.max, r.dram.max, pct_dram_paired, r.dram.min, r.dram.max,
+                          intensity, roof.bound_name(intensity), pct_roof, pct_roof_paired);
   }
   fmt::print("{}\n", line);
   std::fflush(stdout);
@@ -250,7 +271,7 @@ void bench_shape(Context& ctx, const GemmShape& s, int threads, const std::strin
   r.bytes_b = s.m <= cpu::kGemmSmallM ? b_bytes : 0.0;
   r.gflops = time_impls(impls, a.data(), b_ptrs, c.f32(), gemm_flops(s.m, s.n, s.k), ctx.opt.reps, threads,
                         r.bytes_b > 0 && mode == "cold" ? ctx.dram_probe.get() : nullptr, &r.dram,
-                        &r.kiln_per_dram);
+                        &r.kiln_dram_rounds);
   print_row(ctx, r);
   ctx.rows.push_back(r);
 }
@@ -336,7 +357,9 @@ int run_gemm_bench(const GemmBenchOptions& opt) {
     fmt::print("cold DRAM  : a cold decode row's B GB/s as % of the DRAM ceiling below (taken at the start), as %\n"
                "             of the best DRAM read pass timed in that row's own rounds (one pass per round, right\n"
                "             after kiln's sample), and paired: the median over rounds of kiln's rate over the pass\n"
-               "             beside it (the 2-thread DRAM rate here jumps between ~35 and ~60 GB/s within seconds)\n");
+               "             beside it (the 2-thread DRAM rate here jumps between ~35 and ~60 GB/s within seconds)\n"
+               "roofline   : a cold decode row's intensity (FLOPs per weight byte: 2m / element size) against the\n"
+               "             ridge point; % of the roof min(peak, intensity x DRAM), with the start ceiling and paired\n");
   }
 
   // Ceilings per thread count: FMA peak (f32, bf16) and DRAM read bandwidth over 256 MiB.
@@ -348,11 +371,14 @@ int run_gemm_bench(const GemmBenchOptions& opt) {
       ctx.dram[t] = perf::measure_dram_read_gbps(t, dram_bytes);
       if (!ctx.dram_probe) ctx.dram_probe = std::make_unique<perf::DramReadProbe>(dram_bytes);
       if (opt.json) {
-        fmt::print(R"({{"op": "ceilings", "threads": {}, "f32_peak_gflops": {:.1f}, "bf16_peak_gflops": {:.1f}, "dram_read_gbs": {:.2f}}})"
-                   "\n", t, ctx.peak_f32[t], ctx.peak_bf16[t], ctx.dram[t]);
+        fmt::print(R"({{"op": "ceilings", "threads": {}, "f32_peak_gflops": {:.1f}, "bf16_peak_gflops": {:.1f}, "dram_read_gbs": {:.2f}, "f32_ridge": {:.2f}, "bf16_ridge": {:.2f}}})"
+                   "\n", t, ctx.peak_f32[t], ctx.peak_bf16[t], ctx.dram[t],
+                   perf::Roofline{ctx.peak_f32[t], ctx.dram[t]}.ridge(), perf::Roofline{ctx.peak_bf16[t], ctx.dram[t]}.ridge());
       } else {
-        fmt::print("ceilings {}T : FMA peak f32 {:.1f} GFLOP/s, bf16 {:.1f} GFLOP/s; DRAM read {:.1f} GB/s\n",
-                   t, ctx.peak_f32[t], ctx.peak_bf16[t], ctx.dram[t]);
+        fmt::print("ceilings {}T : FMA peak f32 {:.1f} GFLOP/s, bf16 {:.1f} GFLOP/s; DRAM read {:.1f} GB/s; ridge points "
+                   "f32 {:.2f}, bf16 {:.2f} FLOP/B\n",
+                   t, ctx.peak_f32[t], ctx.peak_bf16[t], ctx.dram[t], perf::Roofline{ctx.peak_f32[t], ctx.dram[t]}.ridge(),
+                   perf::Roofline{ctx.peak_bf16[t], ctx.dram[t]}.ridge());
       }
     }
   }
