@@ -97,9 +97,10 @@ void settle(int threads, const std::string& previous) {
 
 // Times each impl `reps` times (after one warm-up), interleaved; each sample runs `inner` calls,
 // rotating over `num_b` weight matrices (cold decode) when there are several. With a probe, each
-// round also times one DRAM read pass right after kiln's sample (GB/s into *dram, and kiln's
-// GFLOP/s over it into *paired): a cold decode row is rated against the ceiling taken at the
-// start, against the best pass of its own rounds, and pass by pass against the one beside it.
+// round also times one DRAM read pass right after kiln's sample (GB/s into *dram; the pair of
+// kiln's GFLOP/s and the pass's GB/s into *paired): a cold decode row is rated against the
+// ceiling taken at the start, against the best pass of its own rounds, and pass by pass against
+// the one beside it.
 // The VM's 2-thread DRAM rate jumps between ~35 and ~60 GB/s within seconds; a pair of samples
 // taken back to back nearly always sees one state, a row's median and its best pass may not.
 std::vector<Summary> time_impls(const std::vector<Impl>& impls, const void* a,

@@ -183,9 +183,9 @@ void run_block(const GemmParams& p, const PackedPath& path, const PanelLayout& l
   // in the column split (up to 11% at 256^3 and 512^3, 2 threads, EPYC VM). Not when in place
   // the strip's rows crowd some L1 sets more than a packed strip does: rows 4 KiB apart put all
   // 14 rows in the same sets (f32 1024^3 at 2 threads fell from 206 to 155 GFLOP/s that way).
-  // Copying such rows back to back instead of packing them was tried: the copy is fast, but the
-  // kernel reading 14 row streams ran 5-8% slower than on a packed strip at 2048^3 and 4096^3
-  // (f32 and bf16, 1 thread), more than the transposing pack costs (3-4%).
+  // Copying such rows back to back and running the in-place kernel on the copy was tried: the
+  // copy is fast, but the GEMM then ran 1-5% slower than with the transposing pack at 2048^3 and
+  // 4096^3 (f32 and bf16, 1 thread; the pack costs 3-4% there).
   const int64_t esize = dtype_nbytes(p.a_dtype, 1);
   const bool direct = path.kernel_direct_a != nullptr && !p.trans_a && p.a_dtype == path.direct_a_dtype;
   auto* apack = static_cast<uint32_t*>(a_pack_buffer().get(4 * ((ms1 - ms0) * mr * lay.steps_block() + 16)));
@@ -196,8 +196,9 @@ void run_block(const GemmParams& p, const PackedPath& path, const PanelLayout& l
     const int64_t a_strip = mr * steps, b_strip = nr * steps;
     // bf16: whole pairs within the rows (an even K block).
     const int64_t row_bytes = kc * esize;
+    const int64_t stride = p.lda * esize;
     const bool direct_q = direct && kc % lay.ks == 0 &&
-                          l1_set_load(mr, p.lda * esize, row_bytes) <= l1_set_load(mr, row_bytes, row_bytes);
+                          (stride == row_bytes || l1_set_load(mr, stride, row_bytes) <= l1_set_load(mr, row_bytes, row_bytes));
     if (kc > 0) {
       const int64_t fe = direct_q ? std::max(ms0, full_end) : ms0;  // strips from fe on are packed
       if (fe < ms1)
