@@ -216,12 +216,15 @@ struct Row {
 
 // The auto row's note: who pinned it, and the probe's agreed times.
 std::string auto_note(const dist::AutoChoice& ch) {
+  if (ch.probing())
+    return fmt::format("probe (running again after a drift, {} calls in)", ch.calls_done);
   if (ch.source != dist::AutoSource::kProbe)
     return fmt::format("model ({})", ch.why.empty() ? "pinned" : ch.why);
   std::string s = fmt::format("probe, model's pick {}:", dist::algo_name(ch.model_pick));
   for (size_t i = 0; i < ch.candidates.size(); ++i)
     s += fmt::format(" {} {:.1f} us (model {:.1f})", dist::algo_name(ch.candidates[i]),
                      ch.measured_s[i] * 1e6, ch.predicted_s[i] * 1e6);
+  if (ch.reprobes > 0) s += fmt::format("; probed again {} time(s) after a drift", ch.reprobes);
   return s;
 }
 
@@ -557,6 +560,7 @@ int run_comm_bench(const CommBenchOptions& opt) {
               for (size_t i = 0; i < row.choice.measured_s.size(); ++i)
                 probe[std::string(dist::algo_name(row.choice.candidates[i]))] = row.choice.measured_s[i] * 1e6;
               if (!probe.empty()) j["probe_us"] = probe;
+              if (row.choice.reprobes > 0) j["auto_reprobes"] = row.choice.reprobes;
             }
             fmt::print("{}\n", j.dump());
           } else {

@@ -246,6 +246,61 @@ TEST(DistAutoProbe, PinsFasterCandidateAfterDocumentedCalls) {
   }
 }
 
+// (e) The watch after the pin: calls of the pinned algorithm that stay within kDriftFactor of
+// the probe's time keep the pin; a window whose agreed median drifted beyond it (slower, or
+// faster) runs the probe again at the window's last call, and the next window is twice as long.
+TEST(DistAutoProbe, DriftOfThePinnedAlgorithmProbesAgain) {
+  std::map<Algo, double> cost = {{Algo::kRing, 1e-3}, {Algo::kRecursiveDoubling, 0.5e-3},
+                                 {Algo::kRabenseifner, 1e-3}};
+  auto c = fresh();
+  if (c->size() < 2) GTEST_SKIP() << "one rank: no probe";
+  const CollOp op = CollOp::kAllReduce;
+  c->set_cost_table(table_at(*c, op, kProbeSize, close_candidates(op)));
+  set_auto_probe_cost_hook(*c, [&cost](CollOp, Algo a, double) { return cost.at(a); });
+  auto calls = [&](int n) {
+    for (int k = 0; k < n; ++k) ASSERT_EQ(auto_call_wrong(*c, op), 0) << "call " << k;
+  };
+  const int n = probe_calls(3);
+  calls(n);
+  AutoChoice ch = auto_choice(*c, op, kProbeSize);
+  ASSERT_EQ(ch.algo, Algo::kRecursiveDoubling);
+  // One window at the probed time, one at 1.4x (inside kDriftFactor): still pinned.
+  static_assert(kDriftFactor > 1.4);
+  calls(kWatchWindow);
+  cost[Algo::kRecursiveDoubling] = 0.7e-3;
+  calls(kWatchWindow);
+  ch = auto_choice(*c, op, kProbeSize);
+  EXPECT_EQ(ch.source, AutoSource::kProbe);
+  EXPECT_EQ(ch.reprobes, 0);
+  // 4x slower: the window's last call starts the probe again; it pins the model's pick (ring,
+  // tied with rabenseifner) on every rank.
+  cost[Algo::kRecursiveDoubling] = 2e-3;
+  calls(kWatchWindow - 1);
+  EXPECT_EQ(auto_choice(*c, op, kProbeSize).source, AutoSource::kProbe);
+  calls(1);
+  ch = auto_choice(*c, op, kProbeSize);
+  EXPECT_TRUE(ch.probing());
+  EXPECT_EQ(ch.reprobes, 1);
+  EXPECT_EQ(ch.calls_done, 0);
+  calls(n);
+  ch = auto_choice(*c, op, kProbeSize);
+  EXPECT_EQ(ch.source, AutoSource::kProbe);
+  EXPECT_EQ(ch.algo, Algo::kRing);
+  EXPECT_TRUE(same_on_every_rank(*c, static_cast<int>(ch.algo)));
+  // Ring 3x faster: a drift too, noticed after the doubled window.
+  cost[Algo::kRing] = 0.3e-3;
+  calls(2 * kWatchWindow - 1);
+  EXPECT_EQ(auto_choice(*c, op, kProbeSize).source, AutoSource::kProbe);
+  calls(1);
+  ch = auto_choice(*c, op, kProbeSize);
+  EXPECT_TRUE(ch.probing());
+  EXPECT_EQ(ch.reprobes, 2);
+  calls(n);
+  ch = auto_choice(*c, op, kProbeSize);
+  EXPECT_EQ(ch.algo, Algo::kRing);
+  EXPECT_EQ(resolve_algo(*c, op, kProbeSize), Algo::kRing);
+}
+
 // (d) A confident model (runner-up predicted 3x) and a call below kProbeMinBytes (runners-up
 // close) keep the model's pick at once.
 TEST(DistAutoProbe, ConfidentAndSmallSizesAreNotProbed) {

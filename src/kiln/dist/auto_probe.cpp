@@ -107,6 +107,32 @@ Entry* probing_entry(Communicator& comm, CollOp op, int64_t nbytes_total, uint64
   return &it->second;
 }
 
+// A call of an algorithm the probe pinned (a key with kWatchedBit): keeps its time, and every
+// `window` calls, the same call on every rank, agrees on the window's median (the slowest
+// rank's) and runs the probe again when it drifted beyond kDriftFactor of the probe's time.
+void watch_call(Communicator& comm, CollOp op, const AutoTicket& t) {
+  const double dt = seconds_now() - t.t0;
+  AutoProbeState& st = comm.auto_probe_state();
+  auto it = st.entries.find(t.key);
+  KILN_CHECK(it != st.entries.end() && it->second.done);
+  Entry& e = it->second;
+  e.watch.push_back(st.cost_hook ? st.cost_hook(op, t.algo, dt) : dt);
+  if (static_cast<int>(e.watch.size()) < e.window) return;
+  const double local = median_of(e.watch);
+  double agreed = 0;
+  MPI_Allreduce(&local, &agreed, 1, MPI_DOUBLE, MPI_MAX, comm.handle());
+  e.watch.clear();
+  if (agreed <= kDriftFactor * e.pinned_s && agreed * kDriftFactor >= e.pinned_s) return;
+  // Drifted: the next calls at this key probe the same candidates again.
+  comm.auto_cache().erase(t.key);
+  e.done = false;
+  e.calls_done = 0;
+  e.samples.assign(e.candidates.size(), {});
+  e.measured_s.clear();
+  e.window = std::min(2 * e.window, kWatchMaxWindow);
+  ++e.reprobes;
+}
+
 }  // namespace
 
 uint64_t auto_key(CollOp op, int64_t nbytes_total) {
@@ -118,12 +144,16 @@ AutoTicket auto_begin(Communicator& comm, CollOp op, int64_t nbytes_total) {
   t.key = auto_key(op, nbytes_total);
   auto& cache = comm.auto_cache();
   if (auto it = cache.find(t.key); it != cache.end()) {  // the hot path: a pinned key
-    t.algo = static_cast<Algo>(it->second);
+    t.algo = cached_algo(it->second);
+    if (it->second & kWatchedBit) {
+      t.watch = true;
+      t.t0 = seconds_now();
+    }
     return t;
   }
   Entry* e = probing_entry(comm, op, nbytes_total, t.key);
   if (e == nullptr) {
-    t.algo = static_cast<Algo>(cache.at(t.key));
+    t.algo = cached_algo(cache.at(t.key));
     return t;
   }
   t.algo = e->candidates[candidate_of_call(*e, e->calls_done)];
@@ -133,6 +163,7 @@ AutoTicket auto_begin(Communicator& comm, CollOp op, int64_t nbytes_total) {
 }
 
 void auto_finish(Communicator& comm, CollOp op, const AutoTicket& t) {
+  if (t.watch) return watch_call(comm, op, t);
   if (!t.probe) return;
   const double dt = seconds_now() - t.t0;
   AutoProbeState& st = comm.auto_probe_state();
@@ -159,10 +190,12 @@ void auto_finish(Communicator& comm, CollOp op, const AutoTicket& t) {
     if (e.measured_s[i] < e.measured_s[best]) best = i;
   // Index 0 is the model's pick: another candidate must beat it by more than the tolerance.
   const bool switch_pick = e.measured_s[best] * (1.0 + kProbeTieTolerance) < e.measured_s[0];
-  const Algo pin = e.candidates[switch_pick ? best : 0];
+  const int pick = switch_pick ? best : 0;
   e.done = true;
   e.samples.clear();
-  comm.auto_cache().emplace(t.key, static_cast<uint8_t>(pin));
+  e.pinned_s = e.measured_s[pick];
+  e.watch.clear();
+  comm.auto_cache().emplace(t.key, static_cast<uint8_t>(static_cast<uint8_t>(e.candidates[pick]) | kWatchedBit));
 }
 
 AutoChoice auto_choice(Communicator& comm, CollOp op, int64_t nbytes_total) {
@@ -171,7 +204,7 @@ AutoChoice auto_choice(Communicator& comm, CollOp op, int64_t nbytes_total) {
   const Entry* e = probing_entry(comm, op, nbytes_total, key);
   AutoProbeState& st = comm.auto_probe_state();
   if (e == nullptr) {
-    ch.algo = static_cast<Algo>(comm.auto_cache().at(key));
+    ch.algo = cached_algo(comm.auto_cache().at(key));
     auto it = st.entries.find(key);
     if (it == st.entries.end()) {  // pinned by the model at once
       ch.model_pick = ch.algo;
@@ -190,6 +223,7 @@ AutoChoice auto_choice(Communicator& comm, CollOp op, int64_t nbytes_total) {
   ch.predicted_s = e->predicted_s;
   ch.measured_s = e->measured_s;
   ch.calls_done = e->calls_done;
+  ch.reprobes = e->reprobes;
   return ch;
 }
 

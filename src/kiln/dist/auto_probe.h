@@ -58,6 +58,18 @@ inline constexpr int kProbeWarmRounds = 1;
 // fraction; within it the model's pick stays (noise; keeping it costs < 5%, inside the 10%
 // target of issue 6).
 inline constexpr double kProbeTieTolerance = 0.05;
+// After the probe pins, `auto` keeps timing the pinned algorithm at that key. Every
+// watch-window calls the ranks agree (MPI_Allreduce MAX) on the median of the window, and when
+// it is more than kDriftFactor slower or faster than the probe measured, the probe runs again:
+// the VM moves between states that reorder the algorithms (docs/results/collectives-2026-12-01.txt:
+// 8 KiB all-reduce at p = 2, rabenseifner 2.4-2.8 us and recursive doubling 4.1-4.9 in one
+// state, 5.7-7.2 and 5.7-6.3 in the other), and a pin taken in one state misses in the other.
+// The check costs one 8-byte all-reduce per window (~2-3 us at p = 2: ~1% of 64 calls of 5 us,
+// the smallest calls probed); each re-probe doubles the window, up to kWatchMaxWindow, so a
+// state that keeps flipping costs a few probes per thousand calls at most.
+inline constexpr int kWatchWindow = 64;
+inline constexpr int kWatchMaxWindow = 1024;
+inline constexpr double kDriftFactor = 1.5;
 // Calls at one key until the probe pins, for `num_candidates` candidates.
 constexpr int probe_calls(int num_candidates) { return kProbeRounds * num_candidates * kProbeBlock; }
 
@@ -79,6 +91,7 @@ struct AutoChoice {
   std::vector<double> measured_s;   // after the probe: per candidate, max over ranks of each
                                     // rank's median kept time (seconds)
   int calls_done = 0;             // probe calls made so far at this key
+  int reprobes = 0;               // probes run again after a drift of the pinned algorithm
   bool probing() const { return source == AutoSource::kProbing; }
 };
 
@@ -98,10 +111,16 @@ struct AutoProbeState {
     std::vector<double> measured_s;            // agreed, after the last probe call
     int calls_done = 0;
     bool done = false;
+    // After the pin: the pinned candidate's agreed probe time, this rank's times of the calls
+    // since the last check, the current window and how often the probe ran again.
+    double pinned_s = 0;
+    std::vector<double> watch;
+    int window = kWatchWindow;
+    int reprobes = 0;
   };
   ProbeCostHook cost_hook;
-  // Keys under probe and keys the probe pinned (kept for auto_choice's report); the model's
-  // immediate picks are not here.
+  // Keys under probe and keys the probe pinned (kept for auto_choice's report and the watch);
+  // the model's immediate picks are not here.
   std::unordered_map<uint64_t, Entry> entries;
   // Keys the model pinned at once, with the reason (a static string).
   std::unordered_map<uint64_t, std::string_view> model_why;
@@ -116,8 +135,12 @@ struct AutoTicket {
   Algo algo = Algo::kAuto;
   uint64_t key = 0;
   bool probe = false;  // a probe call: auto_finish records its time and advances the probe
+  bool watch = false;  // a call of an algorithm the probe pinned: auto_finish times it
   double t0 = 0;
 };
+// Communicator::auto_cache values: the algorithm, with kWatchedBit set when the probe pinned it.
+inline constexpr uint8_t kWatchedBit = 0x80;
+inline Algo cached_algo(uint8_t v) { return static_cast<Algo>(v & ~kWatchedBit); }
 uint64_t auto_key(CollOp op, int64_t nbytes_total);
 AutoTicket auto_begin(Communicator& comm, CollOp op, int64_t nbytes_total);
 // After the call ran: for a probe call, records the time; the last probe call agrees on the

@@ -101,7 +101,7 @@ RedSpec spec_of(DType dtype, ReduceOp op) {
 Algo resolve_algo(Communicator& comm, CollOp op, int64_t nbytes_total) {
   auto& cache = comm.auto_cache();
   if (auto it = cache.find(detail::auto_key(op, nbytes_total)); it != cache.end())
-    return static_cast<Algo>(it->second);
+    return detail::cached_algo(it->second);
   return detail::auto_choice(comm, op, nbytes_total).algo;
 }
 
