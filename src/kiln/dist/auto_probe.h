@@ -64,9 +64,10 @@ inline constexpr double kProbeTieTolerance = 0.05;
 // the VM moves between states that reorder the algorithms (docs/results/collectives-2026-12-01.txt:
 // 8 KiB all-reduce at p = 2, rabenseifner 2.4-2.8 us and recursive doubling 4.1-4.9 in one
 // state, 5.7-7.2 and 5.7-6.3 in the other), and a pin taken in one state misses in the other.
-// The check costs one 8-byte all-reduce per window (~2-3 us at p = 2: ~1% of 64 calls of 5 us,
-// the smallest calls probed); each re-probe doubles the window, up to kWatchMaxWindow, so a
-// state that keeps flipping costs a few probes per thousand calls at most.
+// The watch costs two clock reads and a hash lookup per call (not measured alone) and one 8-byte
+// all-reduce per window (~2-3 us at p = 2: ~1% of 64 calls of 5 us, the smallest calls probed);
+// each re-probe doubles the window, up to kWatchMaxWindow, so a state that keeps flipping costs a
+// few probes per thousand calls at most.
 inline constexpr int kWatchWindow = 64;
 inline constexpr int kWatchMaxWindow = 1024;
 inline constexpr double kDriftFactor = 1.5;
