@@ -3,7 +3,6 @@
 // of three; plus the per-process cache behind fma_peak_gflops().
 #include "kiln/perf/peak.h"
 
-#include <sys/mman.h>
 
 #include <algorithm>
 #include <atomic>
@@ -18,6 +17,7 @@
 #include <vector>
 
 #include "kiln/core/cpu_features.h"
+#include "kiln/core/huge_pages.h"
 
 namespace kiln::perf {
 namespace detail {
@@ -98,11 +98,8 @@ DramReadProbe::DramReadProbe(int64_t bytes) {
     bytes = std::max<int64_t>(int64_t{256} << 20, int64_t{8} * cpu_features().l3_bytes);
   const int64_t n = bytes / 4 & ~int64_t{1023};  // floats
   if (n <= 0) return;
-  constexpr size_t kHuge = size_t{2} << 20;
-  const size_t alloc = (static_cast<size_t>(n) * 4 + kHuge - 1) & ~(kHuge - 1);
-  buf_.reset(static_cast<float*>(std::aligned_alloc(kHuge, alloc)));
+  buf_.reset(static_cast<float*>(allocate_large(static_cast<size_t>(n) * 4).ptr));  // fewer page faults
   if (!buf_) return;
-  madvise(buf_.get(), alloc, MADV_HUGEPAGE);  // fewer page faults; advisory
   // First touch on both cores (page faults are slow in VMs), with values that stay finite.
   const int touch =
       std::max(1, static_cast<int>(std::min<unsigned>(2, std::thread::hardware_concurrency())));

@@ -2,7 +2,6 @@
 // packed per task -> NR x MR micro-tiles), threads over (M block, N chunk) tiles of the kiln pool
 // or, for small problems, one column chunk per thread, the small-M streaming path for decode-like
 // shapes, the scalar target, and the tuning cache.
-#include <sys/mman.h>
 #include <sys/stat.h>
 
 #include <algorithm>
@@ -19,6 +18,7 @@
 #include <nlohmann/json.hpp>
 
 #include "kiln/core/cpu_features.h"
+#include "kiln/core/huge_pages.h"
 #include "kiln/core/thread_pool.h"
 #include "kiln/core/file_io.h"
 #include "kiln/kernels/cpu/gemm_cpu.h"
@@ -75,13 +75,10 @@ class ScratchBuffer {
  public:
   void* get(size_t bytes) {
     if (bytes > capacity_) {
-      constexpr size_t kHuge = size_t{2} << 20;
-      const bool huge = bytes >= kHuge;
-      const size_t rounded = huge ? (bytes + kHuge - 1) & ~(kHuge - 1) : (bytes + 4095) & ~size_t{4095};
-      mem_.reset(std::aligned_alloc(huge ? kHuge : 64, rounded));
-      if (huge && mem_) madvise(mem_.get(), rounded, MADV_HUGEPAGE);  // advisory: errors ignored
-      KILN_CHECK_MSG(mem_ != nullptr, "gemm scratch of {} bytes", rounded);
-      capacity_ = rounded;
+      const LargeBuffer b = allocate_large(bytes);
+      mem_.reset(b.ptr);
+      KILN_CHECK_MSG(mem_ != nullptr, "gemm scratch of {} bytes", b.bytes);
+      capacity_ = b.bytes;
     }
     return mem_.get();
   }

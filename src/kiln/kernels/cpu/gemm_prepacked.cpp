@@ -10,9 +10,8 @@
 #include <cstdlib>
 #include <cstring>
 
-#include <sys/mman.h>
-
 #include "kiln/core/dtype.h"
+#include "kiln/core/huge_pages.h"
 #include "kiln/core/thread_pool.h"
 #include "kiln/kernels/cpu/gemm_cpu.h"
 #include "kiln/kernels/cpu/gemm_kernels.h"
@@ -168,14 +167,9 @@ PackedMatrix pack_weight_as(const void* w, DType dtype, int64_t out, int64_t in,
   // Weights of 2 MiB or more on transparent huge pages (THP is "madvise" on the dev VMs): the
   // small-M kernels prefetch the strips 64 KiB ahead, and on 4 KiB pages those prefetches cross
   // into pages not yet in the TLB (m = 8, K = N = 4096, cold, 1 thread: 17 -> 26 GB/s).
-  constexpr size_t kHuge = size_t{2} << 20;
-  const size_t raw = static_cast<size_t>(std::max<int64_t>(1, strips * pm.nr_ * steps)) * 4;
-  const bool huge = raw >= kHuge;
-  const size_t align = huge ? kHuge : 64;
-  const size_t bytes = (raw + align - 1) & ~(align - 1);
-  pm.data_.reset(static_cast<uint32_t*>(std::aligned_alloc(align, bytes)));
-  if (huge && pm.data_) madvise(pm.data_.get(), bytes, MADV_HUGEPAGE);  // advisory: errors ignored
-  KILN_CHECK_MSG(pm.data_ != nullptr, "pack_weight: {} bytes for ({}, {})", bytes, out, in);
+  const LargeBuffer buf = allocate_large(static_cast<size_t>(std::max<int64_t>(1, strips * pm.nr_ * steps)) * 4);
+  pm.data_.reset(static_cast<uint32_t*>(buf.ptr));
+  KILN_CHECK_MSG(pm.data_ != nullptr, "pack_weight: {} bytes for ({}, {})", buf.bytes, out, in);
   if (strips == 0 || in == 0) return pm;
   GemmParams p;  // B = w stored (n, k): op(B) = wᵀ
   p.n = out;
