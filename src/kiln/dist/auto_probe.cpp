@@ -135,10 +135,6 @@ void watch_call(Communicator& comm, CollOp op, const AutoTicket& t) {
 
 }  // namespace
 
-uint64_t auto_key(CollOp op, int64_t nbytes_total) {
-  return static_cast<uint64_t>(nbytes_total) * kNumCollOps + static_cast<int>(op);
-}
-
 AutoTicket auto_begin(Communicator& comm, CollOp op, int64_t nbytes_total) {
   AutoTicket t;
   t.key = auto_key(op, nbytes_total);

@@ -142,7 +142,9 @@ struct AutoTicket {
 // Communicator::auto_cache values: the algorithm, with kWatchedBit set when the probe pinned it.
 inline constexpr uint8_t kWatchedBit = 0x80;
 inline Algo cached_algo(uint8_t v) { return static_cast<Algo>(v & ~kWatchedBit); }
-uint64_t auto_key(CollOp op, int64_t nbytes_total);
+inline uint64_t auto_key(CollOp op, int64_t nbytes_total) {
+  return static_cast<uint64_t>(nbytes_total) * kNumCollOps + static_cast<int>(op);
+}
 AutoTicket auto_begin(Communicator& comm, CollOp op, int64_t nbytes_total);
 // After the call ran: for a probe call, records the time; the last probe call agrees on the
 // times across ranks (collective) and pins the winner.
