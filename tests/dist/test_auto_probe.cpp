@@ -201,7 +201,9 @@ TEST(DistAutoProbe, PinsFasterCandidateAfterDocumentedCalls) {
   if (c->size() < 2) GTEST_SKIP() << "one rank: no probe";
   const CollOp op = CollOp::kAllReduce;
   c->set_cost_table(table_at(*c, op, kProbeSize, close_candidates(op)));
-  set_auto_probe_cost_hook(*c, [](CollOp, Algo a, double) {
+  std::map<Algo, int> windows;  // samples the probe took, per candidate
+  set_auto_probe_cost_hook(*c, [&windows](CollOp, Algo a, double) {
+    ++windows[a];
     return a == Algo::kRecursiveDoubling ? 0.5e-3 : 1e-3;
   });
   const std::vector<Algo> want = {Algo::kRing, Algo::kRecursiveDoubling, Algo::kRabenseifner};
@@ -216,6 +218,8 @@ TEST(DistAutoProbe, PinsFasterCandidateAfterDocumentedCalls) {
     EXPECT_EQ(resolve_algo(*c, op, kProbeSize), ch.algo);
     ASSERT_EQ(auto_call_wrong(*c, op), 0);
   }
+  // One timed window per block of the timed rounds.
+  for (Algo a : want) EXPECT_EQ(windows[a], kProbeRounds - kProbeWarmRounds) << algo_name(a);
   AutoChoice ch = auto_choice(*c, op, kProbeSize);
   EXPECT_EQ(ch.source, AutoSource::kProbe);
   EXPECT_EQ(ch.algo, Algo::kRecursiveDoubling);
@@ -246,9 +250,10 @@ TEST(DistAutoProbe, PinsFasterCandidateAfterDocumentedCalls) {
   }
 }
 
-// (e) The watch after the pin: calls of the pinned algorithm that stay within kDriftFactor of
-// the probe's time keep the pin; a window whose agreed median drifted beyond it (slower, or
-// faster) runs the probe again at the window's last call, and the next window is twice as long.
+// (e) The watch after the pin: the first window's agreed median is the reference; later
+// windows within kDriftFactor of it keep the pin; a window whose agreed median drifted beyond
+// it (slower, or faster) runs the probe again at the window's last call, and the next window
+// is twice as long (its first window the new reference).
 TEST(DistAutoProbe, DriftOfThePinnedAlgorithmProbesAgain) {
   std::map<Algo, double> cost = {{Algo::kRing, 1e-3}, {Algo::kRecursiveDoubling, 0.5e-3},
                                  {Algo::kRabenseifner, 1e-3}};
@@ -264,7 +269,7 @@ TEST(DistAutoProbe, DriftOfThePinnedAlgorithmProbesAgain) {
   calls(n);
   AutoChoice ch = auto_choice(*c, op, kProbeSize);
   ASSERT_EQ(ch.algo, Algo::kRecursiveDoubling);
-  // One window at the probed time, one at 1.4x (inside kDriftFactor): still pinned.
+  // The reference window at the probed time, one at 1.4x (inside kDriftFactor): still pinned.
   static_assert(kDriftFactor > 1.4);
   calls(kWatchWindow);
   cost[Algo::kRecursiveDoubling] = 0.7e-3;
@@ -287,7 +292,10 @@ TEST(DistAutoProbe, DriftOfThePinnedAlgorithmProbesAgain) {
   EXPECT_EQ(ch.source, AutoSource::kProbe);
   EXPECT_EQ(ch.algo, Algo::kRing);
   EXPECT_TRUE(same_on_every_rank(*c, static_cast<int>(ch.algo)));
-  // Ring 3x faster: a drift too, noticed after the doubled window.
+  // The new pin's reference window (doubled), then ring 3x faster: a drift too, noticed after
+  // the next doubled window.
+  calls(2 * kWatchWindow);
+  EXPECT_EQ(auto_choice(*c, op, kProbeSize).source, AutoSource::kProbe);
   cost[Algo::kRing] = 0.3e-3;
   calls(2 * kWatchWindow - 1);
   EXPECT_EQ(auto_choice(*c, op, kProbeSize).source, AutoSource::kProbe);

@@ -46,6 +46,11 @@ size_t candidate_of_call(const Entry& e, int k) {
   return static_cast<size_t>(k / kProbeBlock) % e.candidates.size();
 }
 
+// Whether probe call `k` of `e` is in a timed round.
+bool timed_round(const Entry& e, int k) {
+  return k / (kProbeBlock * static_cast<int>(e.candidates.size())) >= kProbeWarmRounds;
+}
+
 // First call at `key`: pin the model's pick, or start a probe of the close candidates.
 // Deterministic in (table, p, op, bytes, setting), hence the same on every rank.
 void decide(Communicator& comm, CollOp op, int64_t nbytes_total, uint64_t key) {
@@ -122,13 +127,18 @@ void watch_call(Communicator& comm, CollOp op, const AutoTicket& t) {
   double agreed = 0;
   MPI_Allreduce(&local, &agreed, 1, MPI_DOUBLE, MPI_MAX, comm.handle());
   e.watch.clear();
-  if (agreed <= kDriftFactor * e.pinned_s && agreed * kDriftFactor >= e.pinned_s) return;
+  if (e.watch_ref_s <= 0) {  // the first window after the pin: the reference
+    e.watch_ref_s = agreed;
+    return;
+  }
+  if (agreed <= kDriftFactor * e.watch_ref_s && agreed * kDriftFactor >= e.watch_ref_s) return;
   // Drifted: the next calls at this key probe the same candidates again.
   comm.auto_cache().erase(t.key);
   e.done = false;
   e.calls_done = 0;
   e.samples.assign(e.candidates.size(), {});
   e.measured_s.clear();
+  e.watch_ref_s = 0;
   e.window = std::min(2 * e.window, kWatchMaxWindow);
   ++e.reprobes;
 }
@@ -152,16 +162,19 @@ AutoTicket auto_begin(Communicator& comm, CollOp op, int64_t nbytes_total) {
     t.algo = cached_algo(cache.at(t.key));
     return t;
   }
-  t.algo = e->candidates[candidate_of_call(*e, e->calls_done)];
+  const int k = e->calls_done;
+  t.algo = e->candidates[candidate_of_call(*e, k)];
   t.probe = true;
-  t.t0 = seconds_now();
+  if (timed_round(*e, k) && k % kProbeBlock == kProbeBlock - kProbeKeep) {
+    MPI_Barrier(comm.handle());  // the same call on every rank: the window starts together
+    e->window_t0 = seconds_now();
+  }
   return t;
 }
 
 void auto_finish(Communicator& comm, CollOp op, const AutoTicket& t) {
   if (t.watch) return watch_call(comm, op, t);
   if (!t.probe) return;
-  const double dt = seconds_now() - t.t0;
   AutoProbeState& st = comm.auto_probe_state();
   auto it = st.entries.find(t.key);
   KILN_CHECK(it != st.entries.end() && !it->second.done);
@@ -169,9 +182,10 @@ void auto_finish(Communicator& comm, CollOp op, const AutoTicket& t) {
   const int k = e.calls_done;
   const size_t c = candidate_of_call(e, k);
   KILN_CHECK(e.candidates[c] == t.algo);
-  const int round = k / (kProbeBlock * static_cast<int>(e.candidates.size()));
-  if (round >= kProbeWarmRounds && k % kProbeBlock >= kProbeBlock - kProbeKeep)
+  if (timed_round(e, k) && k % kProbeBlock == kProbeBlock - 1) {  // the window's last call
+    const double dt = (seconds_now() - e.window_t0) / kProbeKeep;
     e.samples[c].push_back(st.cost_hook ? st.cost_hook(op, t.algo, dt) : dt);
+  }
   ++e.calls_done;
   if (e.calls_done < probe_calls(static_cast<int>(e.candidates.size()))) return;
   // The last probe call, the same call on every rank: agree on the times (the slowest rank's
@@ -190,6 +204,7 @@ void auto_finish(Communicator& comm, CollOp op, const AutoTicket& t) {
   e.done = true;
   e.samples.clear();
   e.pinned_s = e.measured_s[pick];
+  e.watch_ref_s = 0;
   e.watch.clear();
   comm.auto_cache().emplace(t.key, static_cast<uint8_t>(static_cast<uint8_t>(e.candidates[pick]) | kWatchedBit));
 }

@@ -38,13 +38,16 @@ inline constexpr int kProbeMaxCandidates = 5;
 inline constexpr int64_t kProbeMinBytes = 4096;
 // Each candidate runs in blocks of kProbeBlock consecutive calls; the first call after a
 // switch of algorithm costs up to 3x a warm one here (2 MiB all-reduce, p = 2: 1.1 ms against
-// 0.36 ms), so only the last kProbeKeep calls of a block are timed. kProbeRounds passes over
-// the candidates, the first kProbeWarmRounds untimed, give each (kProbeRounds -
-// kProbeWarmRounds) * kProbeKeep samples taken at different moments: 4 rounds of blocks of 4,
-// one of them warm-up, give each candidate 9 samples for 16 calls, once per size. 2 rounds of
-// blocks of 3 (4 samples) did as well at p = 2 in the launches no other job disturbed (-c.txt,
-// series 1); the extra samples are for p = 4 on 2 cores, where one call's time varies up to 3x
-// (2 MiB all-reduce: 1.7-6.2 ms).
+// 0.36 ms), so only the last kProbeKeep calls of a block are timed, as one window that starts
+// at a barrier, the bench's way. A rank's own time per call, without the barrier, counts the
+// skew the previous call left between the ranks, and it ranked the algorithms differently
+// from the bench: p = 4, 2 MiB broadcast, binomial tree 2.4-2.8 ms per call in the probe
+// against 1.6-1.7 in the bench, so the probe pinned the 20% slower chain in 6 of 10 size-runs
+// at 512 KiB and 2 MiB; with windows, 0 of 10 (docs/results/collectives-2026-12-01-b.txt).
+// kProbeRounds passes over the candidates, the first kProbeWarmRounds untimed, give each
+// (kProbeRounds - kProbeWarmRounds) window samples taken at different moments: 4 rounds of
+// blocks of 4, one of them warm-up, give each candidate 3 windows of 3 calls for 16 calls,
+// once per size.
 inline constexpr int kProbeBlock = 4;
 inline constexpr int kProbeKeep = 3;
 inline constexpr int kProbeRounds = 4;
@@ -59,8 +62,9 @@ inline constexpr int kProbeWarmRounds = 1;
 // target of issue 6).
 inline constexpr double kProbeTieTolerance = 0.05;
 // After the probe pins, `auto` keeps timing the pinned algorithm at that key. Every
-// watch-window calls the ranks agree (MPI_Allreduce MAX) on the median of the window, and when
-// it is more than kDriftFactor slower or faster than the probe measured, the probe runs again:
+// watch-window calls the ranks agree (MPI_Allreduce MAX) on the median of the window; the
+// first window after a pin is the reference (per call, no barrier: not the probe's windows),
+// and when a later one is more than kDriftFactor slower or faster, the probe runs again:
 // the VM moves between states that reorder the algorithms (docs/results/collectives-2026-12-01.txt:
 // 8 KiB all-reduce at p = 2, rabenseifner 2.4-2.8 us and recursive doubling 4.1-4.9 in one
 // state, 5.7-7.2 and 5.7-6.3 in the other), and a pin taken in one state misses in the other.
@@ -90,15 +94,15 @@ struct AutoChoice {
   std::vector<Algo> candidates;   // the probed candidates, model's pick first (empty: none)
   std::vector<double> predicted_s;  // the model's seconds per candidate
   std::vector<double> measured_s;   // after the probe: per candidate, max over ranks of each
-                                    // rank's median kept time (seconds)
+                                    // rank's median window time per call (seconds)
   int calls_done = 0;             // probe calls made so far at this key
   int reprobes = 0;               // probes run again after a drift of the pinned algorithm
   bool probing() const { return source == AutoSource::kProbing; }
 };
 
-// Test hook: when set, the probe records hook(op, algo, measured seconds) as the time of a
-// probe call instead of the measured seconds (fake per-rank, per-algorithm costs). Per
-// communicator; an empty function restores the clock.
+// Test hook: when set, the probe records hook(op, algo, measured seconds) as the time per call
+// of a probe window, and the watch as a watched call's time, instead of the measured seconds
+// (fake per-rank, per-algorithm costs). Per communicator; an empty function restores the clock.
 using ProbeCostHook = std::function<double(CollOp, Algo, double)>;
 
 // The probe's state of one communicator (Communicator::auto_probe_state). The pinned choices
@@ -108,13 +112,16 @@ struct AutoProbeState {
     Algo model_pick = Algo::kAuto;
     std::vector<Algo> candidates;
     std::vector<double> predicted_s;
-    std::vector<std::vector<double>> samples;  // this rank's kept times, per candidate
+    std::vector<std::vector<double>> samples;  // this rank's window times, per candidate
     std::vector<double> measured_s;            // agreed, after the last probe call
     int calls_done = 0;
     bool done = false;
-    // After the pin: the pinned candidate's agreed probe time, this rank's times of the calls
-    // since the last check, the current window and how often the probe ran again.
+    double window_t0 = 0;  // the start of the timed window under way (after its barrier)
+    // After the pin: the pinned candidate's agreed probe time, the watch's reference (the
+    // agreed median of the first window; 0 until then), this rank's times of the calls since
+    // the last check, the current window and how often the probe ran again.
     double pinned_s = 0;
+    double watch_ref_s = 0;
     std::vector<double> watch;
     int window = kWatchWindow;
     int reprobes = 0;
@@ -137,7 +144,7 @@ struct AutoTicket {
   uint64_t key = 0;
   bool probe = false;  // a probe call: auto_finish records its time and advances the probe
   bool watch = false;  // a call of an algorithm the probe pinned: auto_finish times it
-  double t0 = 0;
+  double t0 = 0;       // a watched call's start
 };
 // Communicator::auto_cache values: the algorithm, with kWatchedBit set when the probe pinned it.
 inline constexpr uint8_t kWatchedBit = 0x80;
@@ -146,8 +153,9 @@ inline uint64_t auto_key(CollOp op, int64_t nbytes_total) {
   return static_cast<uint64_t>(nbytes_total) * kNumCollOps + static_cast<int>(op);
 }
 AutoTicket auto_begin(Communicator& comm, CollOp op, int64_t nbytes_total);
-// After the call ran: for a probe call, records the time; the last probe call agrees on the
-// times across ranks (collective) and pins the winner.
+// Before the first timed call of a probe block, every rank passes a barrier (collective);
+// after the call ran: the last call of a timed block records the window's time per call, and
+// the last probe call agrees on the times across ranks (collective) and pins the winner.
 void auto_finish(Communicator& comm, CollOp op, const AutoTicket& t);
 AutoChoice auto_choice(Communicator& comm, CollOp op, int64_t nbytes_total);
 
