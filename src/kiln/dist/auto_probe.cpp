@@ -5,7 +5,6 @@
 #include "kiln/dist/auto_probe.h"
 
 #include <algorithm>
-#include <chrono>
 
 #include "kiln/dist/communicator.h"
 #include "kiln/dist/cost_model.h"
@@ -29,10 +28,6 @@ namespace detail {
 namespace {
 
 using Entry = AutoProbeState::Entry;
-
-double seconds_now() {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
-}
 
 double median_of(std::vector<double> v) {
   KILN_CHECK(!v.empty());
@@ -116,7 +111,7 @@ Entry* probing_entry(Communicator& comm, CollOp op, int64_t nbytes_total, uint64
 // `window` calls, the same call on every rank, agrees on the window's median (the slowest
 // rank's) and runs the probe again when it drifted beyond kDriftFactor of the probe's time.
 void watch_call(Communicator& comm, CollOp op, const AutoTicket& t) {
-  const double dt = seconds_now() - t.t0;
+  const double dt = auto_clock() - t.t0;
   AutoProbeState& st = comm.auto_probe_state();
   auto it = st.entries.find(t.key);
   KILN_CHECK(it != st.entries.end() && it->second.done);
@@ -145,21 +140,12 @@ void watch_call(Communicator& comm, CollOp op, const AutoTicket& t) {
 
 }  // namespace
 
-AutoTicket auto_begin(Communicator& comm, CollOp op, int64_t nbytes_total) {
+AutoTicket auto_begin_unpinned(Communicator& comm, CollOp op, int64_t nbytes_total) {
   AutoTicket t;
   t.key = auto_key(op, nbytes_total);
-  auto& cache = comm.auto_cache();
-  if (auto it = cache.find(t.key); it != cache.end()) {  // the hot path: a pinned key
-    t.algo = cached_algo(it->second);
-    if (it->second & kWatchedBit) {
-      t.watch = true;
-      t.t0 = seconds_now();
-    }
-    return t;
-  }
   Entry* e = probing_entry(comm, op, nbytes_total, t.key);
-  if (e == nullptr) {
-    t.algo = cached_algo(cache.at(t.key));
+  if (e == nullptr) {  // the model's pick, pinned now (no watch)
+    t.algo = cached_algo(comm.auto_cache().at(t.key));
     return t;
   }
   const int k = e->calls_done;
@@ -167,14 +153,13 @@ AutoTicket auto_begin(Communicator& comm, CollOp op, int64_t nbytes_total) {
   t.probe = true;
   if (timed_round(*e, k) && k % kProbeBlock == kProbeBlock - kProbeKeep) {
     MPI_Barrier(comm.handle());  // the same call on every rank: the window starts together
-    e->window_t0 = seconds_now();
+    e->window_t0 = auto_clock();
   }
   return t;
 }
 
-void auto_finish(Communicator& comm, CollOp op, const AutoTicket& t) {
+void auto_finish_timed(Communicator& comm, CollOp op, const AutoTicket& t) {
   if (t.watch) return watch_call(comm, op, t);
-  if (!t.probe) return;
   AutoProbeState& st = comm.auto_probe_state();
   auto it = st.entries.find(t.key);
   KILN_CHECK(it != st.entries.end() && !it->second.done);
@@ -183,7 +168,7 @@ void auto_finish(Communicator& comm, CollOp op, const AutoTicket& t) {
   const size_t c = candidate_of_call(e, k);
   KILN_CHECK(e.candidates[c] == t.algo);
   if (timed_round(e, k) && k % kProbeBlock == kProbeBlock - 1) {  // the window's last call
-    const double dt = (seconds_now() - e.window_t0) / kProbeKeep;
+    const double dt = (auto_clock() - e.window_t0) / kProbeKeep;
     e.samples[c].push_back(st.cost_hook ? st.cost_hook(op, t.algo, dt) : dt);
   }
   ++e.calls_done;
@@ -203,7 +188,6 @@ void auto_finish(Communicator& comm, CollOp op, const AutoTicket& t) {
   const int pick = switch_pick ? best : 0;
   e.done = true;
   e.samples.clear();
-  e.pinned_s = e.measured_s[pick];
   e.watch_ref_s = 0;
   e.watch.clear();
   comm.auto_cache().emplace(t.key, static_cast<uint8_t>(static_cast<uint8_t>(e.candidates[pick]) | kWatchedBit));

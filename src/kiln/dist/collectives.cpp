@@ -118,15 +118,6 @@ void run_resolved(Communicator& comm, CollOp op, int64_t nbytes_total, Algo algo
     run(algo);
     return;
   }
-  // The hot path, inline: a key pinned without a watch runs its algorithm at once (through
-  // auto_begin / auto_finish, two calls into another file, `auto` at 8-512 B cost 3-6% more
-  // than the same algorithm named directly at p = 2; inline 0-2%).
-  auto& cache = comm.auto_cache();
-  if (auto it = cache.find(detail::auto_key(op, nbytes_total));
-      it != cache.end() && !(it->second & detail::kWatchedBit)) {
-    run(detail::cached_algo(it->second));
-    return;
-  }
   const detail::AutoTicket t = detail::auto_begin(comm, op, nbytes_total);
   run(t.algo);
   detail::auto_finish(comm, op, t);
