@@ -109,7 +109,8 @@ Entry* probing_entry(Communicator& comm, CollOp op, int64_t nbytes_total, uint64
 
 // A call of an algorithm the probe pinned (a key with kWatchedBit): keeps its time, and every
 // `window` calls, the same call on every rank, agrees on the window's median (the slowest
-// rank's) and runs the probe again when it drifted beyond kDriftFactor of the probe's time.
+// rank's); the first window after a pin is the reference, and a later one beyond kDriftFactor
+// of it runs the probe again.
 void watch_call(Communicator& comm, CollOp op, const AutoTicket& t) {
   const double dt = auto_clock() - t.t0;
   AutoProbeState& st = comm.auto_probe_state();
@@ -133,7 +134,6 @@ void watch_call(Communicator& comm, CollOp op, const AutoTicket& t) {
   e.calls_done = 0;
   e.samples.assign(e.candidates.size(), {});
   e.measured_s.clear();
-  e.watch_ref_s = 0;
   e.window = std::min(2 * e.window, kWatchMaxWindow);
   ++e.reprobes;
 }
@@ -188,7 +188,7 @@ void auto_finish_timed(Communicator& comm, CollOp op, const AutoTicket& t) {
   const int pick = switch_pick ? best : 0;
   e.done = true;
   e.samples.clear();
-  e.watch_ref_s = 0;
+  e.watch_ref_s = 0;  // a new pin: the watch's next window is its reference
   e.watch.clear();
   comm.auto_cache().emplace(t.key, static_cast<uint8_t>(static_cast<uint8_t>(e.candidates[pick]) | kWatchedBit));
 }

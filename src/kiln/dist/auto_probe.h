@@ -155,7 +155,8 @@ inline uint64_t auto_key(CollOp op, int64_t nbytes_total) {
 inline double auto_clock() {
   return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
 }
-// A key not pinned yet: decides it, or runs the probe's next call (auto_probe.cpp).
+// A key not pinned yet: decides it, or runs the probe's next call (auto_probe.cpp); before
+// the first timed call of a probe block every rank passes a barrier (collective).
 AutoTicket auto_begin_unpinned(Communicator& comm, CollOp op, int64_t nbytes_total);
 // One `auto` call's start. The hot path, a pinned key, is inline: one hash lookup (and a clock
 // read when the watch times the key). Through a call into auto_probe.cpp, `auto` at 8-512 B
@@ -175,9 +176,9 @@ inline AutoTicket auto_begin(Communicator& comm, CollOp op, int64_t nbytes_total
   return t;
 }
 void auto_finish_timed(Communicator& comm, CollOp op, const AutoTicket& t);
-// Before the first timed call of a probe block, every rank passes a barrier (collective);
-// after the call ran: the last call of a timed block records the window's time per call, and
-// the last probe call agrees on the times across ranks (collective) and pins the winner.
+// After the call ran: a watched call's time goes to the watch; the last call of a timed probe
+// block records the window's time per call, and the last probe call agrees on the times
+// across ranks (collective) and pins the winner.
 inline void auto_finish(Communicator& comm, CollOp op, const AutoTicket& t) {
   if (t.probe || t.watch) auto_finish_timed(comm, op, t);
 }
