@@ -8,13 +8,10 @@
 #include <string>
 
 #include "kiln/core/status.h"
+#include "kiln/model/hf_config.h"
 #include "kiln/model/transformer.h"
 
 namespace kiln {
-
-// config.json (HF keys for LlamaForCausalLM / GPT2LMHeadModel) <-> ModelConfig.
-std::string config_to_hf_json(const ModelConfig& c);
-Expected<ModelConfig> config_from_hf_json(const std::string& text);
 
 // Writes dir/config.json and dir/model.safetensors (f32), each via a temporary file + rename.
 Status save_model(const std::string& dir, Transformer& model);

@@ -1,5 +1,6 @@
 // Chat template: rendering, JSON form, and the file stored beside the model.
 #include "kiln/serve/chat_template.h"
+#include "kiln/core/json.h"
 
 #include <filesystem>
 #include <nlohmann/json.hpp>
@@ -46,8 +47,8 @@ std::string ChatTemplate::to_json() const {
 }
 
 Expected<ChatTemplate> ChatTemplate::from_json(const std::string& text) {
-  nlohmann::json j = nlohmann::json::parse(text, nullptr, false);
-  if (j.is_discarded() || !j.is_object()) return invalid_argument("[chat template] not a JSON object");
+  KILN_ASSIGN_OR_RETURN(const nlohmann::json j, parse_json(text, "[chat template]"));
+  if (!j.is_object()) return invalid_argument("[chat template] not a JSON object");
   ChatTemplate t;
   for (auto [key, field] : {std::pair{"system", &t.system}, std::pair{"user", &t.user},
                             std::pair{"assistant", &t.assistant}, std::pair{"generation_prompt", &t.generation_prompt}}) {

@@ -11,6 +11,7 @@
 #include <filesystem>
 #include <nlohmann/json.hpp>
 
+#include "kiln/core/json.h"
 #include "kiln/model/weights.h"
 #include "kiln/serve/http_listen.h"
 
@@ -19,6 +20,10 @@ namespace kiln {
 using json = nlohmann::json;
 
 namespace {
+
+// A request body is at most 64 MiB and 32 levels deep (a chat request with content parts
+// needs 5); the HTTP layer already refuses larger payloads (payload_max_length).
+constexpr JsonLimits kRequestJsonLimits{.max_depth = 32, .max_bytes = int64_t{64} << 20};
 
 std::string dump(const json& j) { return j.dump(-1, ' ', false, json::error_handler_t::replace); }
 
@@ -106,8 +111,9 @@ struct Server::Impl {
   }
 
   std::optional<ApiError> parse(const httplib::Request& req, bool is_chat, ParsedRequest& out) {
-    json body = json::parse(req.body, nullptr, false);
-    if (body.is_discarded()) return ApiError{400, "The request body is not valid JSON."};
+    auto parsed = parse_json(req.body, "The request body", kRequestJsonLimits);
+    if (!parsed.ok()) return ApiError{400, std::string(parsed.status().message()) + "."};
+    const json body = std::move(*parsed);
     if (!body.is_object()) return ApiError{400, "The request body must be a JSON object."};
     out.chat = is_chat;
     if (!body.contains("model") || !body["model"].is_string())
@@ -177,9 +183,9 @@ struct Server::Impl {
       if (!body[max_key].is_number_integer()) return ApiError{400, fmt::format("'{}' must be an integer", max_key), max_key};
       const auto m = body[max_key].get<int64_t>();
       if (m < 1) return ApiError{400, fmt::format("'{}' is {}; it must be at least 1", max_key, m), max_key};
-      if (len + m > ctx)
-        return ApiError{400, fmt::format("This model's maximum context length is {} tokens; {} prompt tokens + {} = {} "
-                                         "requested.", ctx, len, max_key, len + m),
+      if (m > ctx - len)  // (len < ctx here; len + m could overflow)
+        return ApiError{400, fmt::format("This model's maximum context length is {} tokens; the prompt has {} and "
+                                         "'{}' asks for {} more.", ctx, len, max_key, m),
                         max_key, "context_length_exceeded"};
       g.max_tokens = m;
     }

@@ -1,6 +1,7 @@
 // Byte-level BPE: training (pair counts with incremental updates and a lazy max-heap),
 // encoding (lowest-rank merge first, a min-heap per piece), and the file formats.
 #include "kiln/tokenizer/bpe.h"
+#include "kiln/core/json.h"
 
 #include <algorithm>
 #include <cstdio>
@@ -343,8 +344,10 @@ Status Tokenizer::save_hf_json(const std::string& path) const {
 }
 
 Expected<Tokenizer> Tokenizer::parse_hf_json(std::string_view text) {
-  nlohmann::json j = nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/false);
-  if (j.is_discarded() || !j.is_object()) return data_loss("tokenizer.json is not valid JSON");
+  auto parsed = parse_json(text, "tokenizer.json");
+  if (!parsed.ok()) return data_loss("{}", parsed.status().message());
+  const nlohmann::json j = std::move(*parsed);
+  if (!j.is_object()) return data_loss("tokenizer.json is not a JSON object");
   if (!j.contains("model") || !j["model"].is_object()) return data_loss("tokenizer.json has no model");
   const auto& model = j["model"];
   if (model.value("type", std::string("BPE")) != "BPE")
@@ -447,8 +450,10 @@ Expected<Tokenizer> Tokenizer::load_hf_json(const std::string& path) {
 Expected<Tokenizer> Tokenizer::load_gpt2(const std::string& encoder_json, const std::string& vocab_bpe) {
   KILN_ASSIGN_OR_RETURN(std::string enc_text, read_file(encoder_json, kMaxFileBytes));
   KILN_ASSIGN_OR_RETURN(std::string bpe_text, read_file(vocab_bpe, kMaxFileBytes));
-  nlohmann::json j = nlohmann::json::parse(enc_text, nullptr, false);
-  if (j.is_discarded() || !j.is_object()) return data_loss("{} is not a JSON object", encoder_json);
+  auto parsed = parse_json(enc_text, encoder_json);
+  if (!parsed.ok()) return data_loss("{}", parsed.status().message());
+  const nlohmann::json j = std::move(*parsed);
+  if (!j.is_object()) return data_loss("{} is not a JSON object", encoder_json);
   VocabFile raw;
   for (const auto& [k, v] : j.items()) {
     if (!v.is_number_integer()) return data_loss("{}: entry '{}' has a non-integer id", encoder_json, k);
