@@ -41,6 +41,16 @@ void RequestStream::push(const TokenEvent& e) {
   cv_.notify_all();
 }
 
+void RequestStream::set_error(std::string message) {
+  std::lock_guard lk(mu_);
+  error_ = std::move(message);
+}
+
+std::string RequestStream::error() const {
+  std::lock_guard lk(mu_);
+  return error_;
+}
+
 void Histogram::observe(double v) {
   const size_t i = static_cast<size_t>(std::lower_bound(bounds.begin(), bounds.end(), v) - bounds.begin());
   ++counts[i];
@@ -50,13 +60,14 @@ void Histogram::observe(double v) {
 
 // ---- engine state ----------------------------------------------------------------------------
 struct Engine::Command {
-  enum Kind { kAdd, kAbort, kFinishSample } kind = kAdd;
+  enum Kind { kAdd, kAbort, kFinishSample, kFailAll } kind = kAdd;
   int64_t request_id = 0;
   std::vector<int32_t> prompt;
   GenerationParams params;
   std::shared_ptr<RequestStream> stream;
   int64_t index = 0;
   FinishReason reason = FinishReason::kNone;
+  std::string message;  // kFailAll
   Clock::time_point arrival;
 };
 
@@ -167,8 +178,51 @@ void Engine::loop() {
       cv_.wait(lk, [&] { return stopping_ || busy || !commands_.empty(); });
       if (stopping_) return;
     }
-    busy = step_locked_out();
+    // A step that throws (out of memory, a library error) fails every request it could have
+    // touched; the process and the requests that come later go on.
+    try {
+      busy = step_locked_out();
+    } catch (const std::exception& e) {
+      fail_every_request(fmt::format("[engine] step failed: {}", e.what()));
+      busy = false;
+    }
   }
+}
+
+void Engine::fail_all(std::string message) {
+  {
+    std::lock_guard lk(mu_);
+    Command cmd;
+    cmd.kind = Command::kFailAll;
+    cmd.message = std::move(message);
+    commands_.push_back(std::move(cmd));
+  }
+  cv_.notify_all();
+}
+
+void Engine::fail_next_step(Status status) {
+  KILN_CHECK(!status.ok());
+  std::lock_guard lk(mu_);
+  injected_failure_ = std::move(status);
+}
+
+void Engine::fail_requests(const std::vector<int64_t>& request_ids, const std::string& message) {
+  for (const int64_t id : request_ids) {
+    auto it = requests_.find(id);
+    if (it == requests_.end()) continue;
+    RequestState& r = *it->second;
+    scheduler_->abort_request(r.sched_id);
+    r.stream->set_error(message);
+    end_request(id, r, FinishReason::kError);
+    requests_.erase(it);
+  }
+  refresh_gauges();
+}
+
+void Engine::fail_every_request(const std::string& message) {
+  std::vector<int64_t> ids;
+  for (const auto& [id, r] : requests_) ids.push_back(id);
+  fail_requests(ids, message);
 }
 
 bool Engine::step() {
@@ -191,7 +245,7 @@ Expected<std::shared_ptr<RequestStream>> Engine::add_request(std::vector<int32_t
   if (p.max_tokens < 1) return invalid_argument("[engine] max_tokens {} must be >= 1", p.max_tokens);
   const int64_t ctx = context_len();
   if (len > ctx) return out_of_range("[engine] the prompt has {} tokens; the context is {}", len, ctx);
-  if (len + p.max_tokens > ctx)
+  if (p.max_tokens > ctx - len)  // (len + max_tokens could overflow)
     return out_of_range("[engine] {} prompt tokens + max_tokens {} exceed the context of {}", len, p.max_tokens, ctx);
   if (!(p.sampling.temperature >= 0) || !(p.sampling.top_p > 0 && p.sampling.top_p <= 1) || p.sampling.top_k < 0)
     return invalid_argument("[engine] temperature {} must be >= 0, top_p {} in (0, 1], top_k {} >= 0",
@@ -253,7 +307,9 @@ void Engine::end_request(int64_t id, RequestState& r, FinishReason reason) {
   sched_to_request_.erase(r.sched_id);
   for (int64_t seq : r.seq_ids) seq_index_.erase(seq);
   std::lock_guard lk(metrics_mu_);
-  ++(reason == FinishReason::kAborted ? metrics_.requests_aborted : metrics_.requests_finished);
+  ++(reason == FinishReason::kAborted ? metrics_.requests_aborted
+     : reason == FinishReason::kError ? metrics_.requests_failed
+                                       : metrics_.requests_finished);
   (void)id;
 }
 
@@ -293,6 +349,10 @@ void Engine::apply_commands() {
       seq_index_[*sid] = 0;
       r->seq_ids.push_back(*sid);
       requests_[cmd.request_id] = std::move(r);
+      continue;
+    }
+    if (cmd.kind == Command::kFailAll) {
+      fail_every_request(cmd.message);
       continue;
     }
     auto it = requests_.find(cmd.request_id);
@@ -341,6 +401,30 @@ bool Engine::step_locked_out() {
     return false;
   }
   SchedulerOutput out = scheduler_->schedule();
+  // A step that fails (the model returns an error, or something throws: out of memory, a
+  // library error) fails the requests it scheduled with the reason; the others go on.
+  std::string failure;
+  try {
+    Status st = run_step(out);
+    if (st.ok()) return true;
+    failure = st.to_string();
+  } catch (const std::exception& e) {
+    failure = fmt::format("exception: {}", e.what());
+  }
+  std::vector<int64_t> ids;
+  if (scheduler_->awaiting_update()) {
+    for (const int64_t sched_id : scheduler_->fail_step(out)) ids.push_back(sched_to_request_.at(sched_id));
+  } else {  // it threw after update(): the requests of the step are in an unknown state
+    for (const ScheduledSeq& e : out.seqs)
+      if (auto it = sched_to_request_.find(e.request_id); it != sched_to_request_.end()) ids.push_back(it->second);
+  }
+  std::sort(ids.begin(), ids.end());
+  ids.erase(std::unique(ids.begin(), ids.end()), ids.end());
+  fail_requests(ids, fmt::format("[engine] step {} failed: {}", out.step, failure));
+  return true;
+}
+
+Status Engine::run_step(const SchedulerOutput& out) {
   const int64_t V = model_->config().vocab_size;
   auto request_of = [&](const ScheduledSeq& e) -> RequestState& { return *requests_.at(sched_to_request_.at(e.request_id)); };
   auto draft_sampler = [&](size_t k, int64_t, const float* logits, float* q) {
@@ -352,8 +436,15 @@ bool Engine::step_locked_out() {
                                                  : sample_from_probs(q, V, rng);
   };
   // Draft tokens are drawn from each sequence's own generator, like its samples.
-  auto step_logits = executor_.execute(out, draft_sampler);
-  KILN_CHECK_MSG(step_logits.ok(), "[engine] step {}: {}", out.step, step_logits.status().to_string());
+  Expected<StepLogits> step_logits = executor_.execute(out, draft_sampler);
+  {
+    std::lock_guard lk(mu_);
+    if (injected_failure_) {
+      step_logits = *injected_failure_;
+      injected_failure_.reset();
+    }
+  }
+  if (!step_logits.ok()) return step_logits.status();
   const StepLogits& logits = *step_logits;
   // Sample (or verify draft tokens) per sequence. Each uses only its own generator, so they
   // run in parallel with the same result.
@@ -492,7 +583,7 @@ bool Engine::step_locked_out() {
   m.spec.num_rejected += spec.num_rejected;
   for (double t : ttfts) m.ttft.observe(t);
   for (double t : tpots) m.tpot.observe(t);
-  return true;
+  return {};
 }
 
 EngineMetrics Engine::metrics() const {
@@ -541,6 +632,7 @@ std::string Engine::metrics_text() const {
   put_metric(s, "kiln_requests_finished_total", "counter", "Requests finished (length or stop).",
              double(m.requests_finished));
   put_metric(s, "kiln_requests_aborted_total", "counter", "Requests aborted (client gone).", double(m.requests_aborted));
+  put_metric(s, "kiln_requests_failed_total", "counter", "Requests ended by an engine error.", double(m.requests_failed));
   put_metric(s, "kiln_computed_tokens_total", "counter", "Tokens run through the model (prefill and decode).",
              double(m.prompt_tokens));
   put_metric(s, "kiln_generation_tokens_total", "counter", "Tokens generated (sampled).", double(m.generation_tokens));

@@ -72,9 +72,14 @@ class RequestStream {
   bool finished() const;
 
   void push(const TokenEvent& e);  // engine side
+  // Why the engine failed the request (samples that finished with kError); set before their
+  // finish events are pushed.
+  void set_error(std::string message);
+  std::string error() const;
 
  private:
   const int64_t id_, n_, prompt_len_;
+  std::string error_;
   mutable std::mutex mu_;
   std::condition_variable cv_;
   std::deque<TokenEvent> events_;
@@ -100,6 +105,7 @@ struct EngineMetrics {
   double prefix_cache_hit_rate = 0;
   int64_t prefix_query_tokens = 0, prefix_hit_tokens = 0;
   int64_t requests_added = 0, requests_finished = 0, requests_aborted = 0;
+  int64_t requests_failed = 0;  // ended by an engine error (FinishReason::kError)
   int64_t prompt_tokens = 0;      // tokens computed by prefill (prefix hits excluded)
   int64_t generation_tokens = 0;  // tokens sampled
   int64_t num_preemptions = 0;
@@ -139,6 +145,13 @@ class Engine {
   // the request's sequences are freed once all its samples ended.
   void finish_sample(int64_t request_id, int64_t index, FinishReason reason = FinishReason::kStop);
 
+  // Ends every request with FinishReason::kError and `message` (a server that drains on
+  // SIGTERM); requests added later are served as usual.
+  void fail_all(std::string message);
+  // Fault injection: the next step's model execution fails with `status`, the path a real
+  // execution error takes (its requests fail with the message; the engine goes on).
+  void fail_next_step(Status status);
+
   // One step on the calling thread (only when the loop is not running). False when idle.
   bool step();
   // Steps until every request finished (tests; loop not running).
@@ -163,7 +176,11 @@ class Engine {
   void loop();
   void apply_commands();
   bool step_locked_out();  // one step; scheduler state touched by one thread only
+  Status run_step(const SchedulerOutput& out);  // execute, sample, update: after schedule()
   void end_request(int64_t id, RequestState& r, FinishReason reason);
+  // Aborts the requests in the scheduler and ends their streams with kError and `message`.
+  void fail_requests(const std::vector<int64_t>& request_ids, const std::string& message);
+  void fail_every_request(const std::string& message);
   void refresh_gauges();  // running/waiting, KV blocks, prefix cache, preemptions
 
   std::unique_ptr<Transformer> model_;
@@ -180,6 +197,7 @@ class Engine {
   int64_t next_request_id_ = 0;
   uint64_t seed_counter_ = 0x5eed;
   bool stopping_ = false;
+  std::optional<Status> injected_failure_;  // fail_next_step
   std::thread thread_;
 
   // Loop-thread state.

@@ -24,6 +24,8 @@ const char* finish_reason_name(FinishReason r) {
       return "stop";
     case FinishReason::kAborted:
       return "abort";
+    case FinishReason::kError:
+      return "error";
   }
   return "?";
 }
@@ -315,6 +317,18 @@ UpdateResult Scheduler::update(const SchedulerOutput& output, std::span<const in
   std::erase_if(running_, [](const Sequence* s) { return s->status == SeqStatus::kFinished; });
   for (const FinishedSeq& f : result.finished) seqs_.erase(f.seq_id);
   return result;
+}
+
+std::vector<int64_t> Scheduler::fail_step(const SchedulerOutput& output) {
+  KILN_CHECK_MSG(awaiting_update_ && output.step == step_ - 1, "fail_step() of step {} after step {}", output.step,
+                 step_ - 1);
+  awaiting_update_ = false;
+  std::vector<int64_t> ids;
+  for (const ScheduledSeq& e : output.seqs) ids.push_back(e.request_id);
+  std::sort(ids.begin(), ids.end());
+  ids.erase(std::unique(ids.begin(), ids.end()), ids.end());
+  for (const int64_t id : ids) abort_request(id);
+  return ids;
 }
 
 bool Scheduler::abort_sequence(int64_t seq_id) {

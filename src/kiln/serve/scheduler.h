@@ -50,7 +50,7 @@ struct Request {
 };
 
 enum class SeqStatus { kWaiting, kRunning, kFinished };
-enum class FinishReason { kNone, kLength, kStop, kAborted };
+enum class FinishReason { kNone, kLength, kStop, kAborted, kError };  // kError: the engine failed it
 const char* finish_reason_name(FinishReason r);
 
 struct Sequence {
@@ -152,6 +152,11 @@ class Scheduler {
   // then the target's own). counts (one per output.seqs entry) may be empty without lookahead.
   UpdateResult update(const SchedulerOutput& output, std::span<const int32_t> sampled,
                       std::span<const int64_t> counts = {});
+  // Instead of update(), when the step's execution failed: every request with a sequence in
+  // the step is aborted (its K/V for the step was never written, so nothing of it is cached)
+  // and the next schedule() may follow. Returns those request ids, sorted.
+  std::vector<int64_t> fail_step(const SchedulerOutput& output);
+  bool awaiting_update() const { return awaiting_update_; }
 
   bool has_unfinished() const { return !running_.empty() || !waiting_.empty(); }
   int64_t num_running() const { return static_cast<int64_t>(running_.size()); }

@@ -13,6 +13,7 @@
 
 #include "kiln/core/json.h"
 #include "kiln/model/weights.h"
+#include "kiln/serve/http_gate.h"
 #include "kiln/serve/http_listen.h"
 
 namespace kiln {
@@ -85,6 +86,7 @@ struct Server::Impl {
   ServerConfig config;
   std::atomic<int64_t> next_id{0};
   std::vector<int32_t> special_ids;  // never rendered as text
+  std::atomic<bool> draining{false};  // Server::drain: no new generation
 
   Impl(Engine& e, tok::Tokenizer t, ChatTemplate c, ServerConfig cfg)
       : engine(e), tokenizer(std::move(t)), chat(std::move(c)), config(std::move(cfg)) {
@@ -252,6 +254,7 @@ struct Server::Impl {
       case FinishReason::kLength: return "length";
       case FinishReason::kStop: return "stop";
       case FinishReason::kAborted: return "abort";
+      case FinishReason::kError: return "error";
       default: return nullptr;
     }
   }
@@ -301,6 +304,15 @@ struct Server::Impl {
     return out;
   }
 
+  // The engine failed the request (FinishReason::kError): OpenAI's error object, with the
+  // engine's reason, replaces the reply (or ends the stream).
+  static bool failed(const Generation& g) {
+    return std::any_of(g.samples.begin(), g.samples.end(), [](const SampleText& s) { return s.finish_reason == "error"; });
+  }
+  static json engine_error(const Generation& g) {
+    return {{"error", {{"message", g.stream->error()}, {"type", "server_error"}, {"param", nullptr}, {"code", "engine_error"}}}};
+  }
+
   bool all_done(const Generation& g) const {
     return std::all_of(g.samples.begin(), g.samples.end(), [](const SampleText& s) { return s.done; });
   }
@@ -329,9 +341,15 @@ struct Server::Impl {
 
   // ---- handlers -------------------------------------------------------------------------------
   void handle_generate(const httplib::Request& req, httplib::Response& res, bool is_chat) {
+    const ApiError shutting_down{503, "The server is shutting down.", "", "", "server_error"};
+    if (draining) return send_error(res, shutting_down);
     ParsedRequest p;
     if (auto err = parse(req, is_chat, p)) return send_error(res, *err);
     auto stream = engine.add_request(p.prompt, p.gen);
+    if (stream.ok() && draining) {  // drain's fail_all may have run before this request was added
+      engine.abort((*stream)->id());
+      return send_error(res, shutting_down);
+    }
     if (!stream.ok()) {
       const Status& st = stream.status();
       const bool ctx = st.code() == StatusCode::kOutOfRange;
@@ -381,7 +399,7 @@ struct Server::Impl {
     }
     apply(g, events);
     if (!all_done(g)) return sink.write(" ", 1);  // (every sample's stream ends with a finish event)
-    const std::string body = whole_body(g);
+    const std::string body = failed(g) ? dump(engine_error(g)) : whole_body(g);
     if (!sink.write(body.data(), body.size())) return false;
     sink.done();
     return true;
@@ -430,7 +448,14 @@ struct Server::Impl {
       return sink.write(ping.data(), ping.size());
     }
     for (auto& [index, text, finish] : apply(g, events)) {
+      if (finish == "error") continue;  // the error event below ends the stream
       if (!send(chunk(g, json::array({choice_delta(g, index, text, finish)})))) return false;
+    }
+    if (all_done(g) && failed(g)) {
+      static const std::string done = "data: [DONE]\n\n";
+      if (!send(engine_error(g)) || !sink.write(done.data(), done.size())) return false;
+      sink.done();
+      return true;
     }
     if (all_done(g)) {
       if (g.include_usage) {
@@ -477,15 +502,21 @@ struct Server::Impl {
                                                 : fmt::format("HTTP {} for {} {}.", res.status, req.method, req.path);
       send_error(res, ApiError{res.status, msg, "", res.status == 404 ? "not_found" : ""});
     });
+    // The last line of defence: a JSON type error can only come from the request's values (a
+    // client error, 400); anything else is the server's (500). Either way the server goes on.
     s.set_exception_handler([](const httplib::Request&, httplib::Response& res, std::exception_ptr ep) {
-      std::string what = "internal error";
       try {
         if (ep) std::rethrow_exception(ep);
+        send_error(res, ApiError{500, "internal error", "", "", "server_error"});
+      } catch (const nlohmann::json::exception& e) {
+        send_error(res, ApiError{400, fmt::format("The request has a value of the wrong type ({}).", e.what())});
+      } catch (const std::bad_alloc&) {
+        send_error(res, ApiError{503, "The server is out of memory for this request.", "", "", "server_error"});
       } catch (const std::exception& e) {
-        what = e.what();
+        send_error(res, ApiError{500, e.what(), "", "", "server_error"});
       } catch (...) {
+        send_error(res, ApiError{500, "internal error", "", "", "server_error"});
       }
-      send_error(res, ApiError{500, what, "", "", "server_error"});
     });
   }
 };
@@ -498,11 +529,15 @@ Expected<std::unique_ptr<Server>> Server::create(Engine& engine, tok::Tokenizer 
   if (config.num_http_threads < 1) return invalid_argument("[serve] --http-threads must be >= 1");
   std::unique_ptr<Server> s(new Server());
   s->impl_ = std::make_unique<Impl>(engine, std::move(tokenizer), std::move(chat), config);
-  s->http_ = std::make_unique<httplib::Server>();
-  const size_t threads = static_cast<size_t>(config.num_http_threads);
-  // httplib owns and deletes the queue it gets from this factory.
-  s->http_->new_task_queue = [threads] { return new httplib::ThreadPool(threads); };
-  s->http_->set_keep_alive_timeout(2);
+  if (config.max_connections < 1) return invalid_argument("[serve] --max-connections must be >= 1");
+  if (config.request_timeout.count() < 1 || config.keep_alive_timeout.count() < 1)
+    return invalid_argument("[serve] the request and keep-alive timeouts must be positive");
+  HttpGateConfig gate;
+  gate.num_workers = config.num_http_threads;
+  gate.max_connections = config.max_connections;
+  gate.request_timeout = config.request_timeout;
+  gate.keep_alive_timeout = config.keep_alive_timeout;
+  s->http_ = std::make_unique<GatedHttpServer>(gate);
   s->impl_->install(*s->http_);
   engine.start();
   return s;
@@ -518,13 +553,20 @@ Status Server::bind() {
 
 void Server::listen() { http_->listen_after_bind(); }
 
+bool Server::running() const { return http_ && http_->is_running(); }
+
 void Server::start() {
   thread_ = std::thread([this] { listen(); });
   for (int i = 0; i < 5000 && !http_->is_running(); ++i) std::this_thread::sleep_for(std::chrono::milliseconds(1));
 }
 
-void Server::stop() {
-  if (http_) http_->stop();
+void Server::stop() { drain(std::chrono::milliseconds(0)); }
+
+void Server::drain(std::chrono::milliseconds grace) {
+  if (!http_) return;
+  impl_->draining = true;  // handlers answer 503 from here on
+  impl_->engine.fail_all("The server is shutting down.");
+  http_->shutdown_gate(grace);
   if (thread_.joinable()) thread_.join();
 }
 
