@@ -373,13 +373,30 @@ bool Engine::step_locked_out() {
   SchedulerOutput out = scheduler_->schedule();
   const int64_t V = model_->config().vocab_size;
   auto request_of = [&](const ScheduledSeq& e) -> RequestState& { return *requests_.at(sched_to_request_.at(e.request_id)); };
+  // The draft proposes from its logits adjusted like the target's (bias, and penalties over the
+  // sample's tokens and the draft tokens so far), so it proposes what the target would accept;
+  // the rejection rule holds for whatever q it drew from.
+  std::vector<std::vector<int32_t>> draft_history(out.seqs.size());
+  std::vector<float> draft_adjusted;
   auto draft_sampler = [&](size_t k, int64_t, const float* logits, float* q) {
     const ScheduledSeq& e = out.seqs[k];
     RequestState& r = request_of(e);
+    auto& hist = draft_history[k];
+    if (r.params.adjust.active()) {
+      if (hist.empty()) {
+        const auto prompt_len = std::min<int64_t>(r.stream->prompt_len(), static_cast<int64_t>(e.tokens.size()));
+        hist.assign(e.tokens.begin() + prompt_len, e.tokens.end());
+      }
+      draft_adjusted.resize(static_cast<size_t>(V));
+      adjust_logits(logits, V, r.params.adjust, hist, draft_adjusted.data());
+      logits = draft_adjusted.data();
+    }
     sampling_distribution(logits, V, r.params.sampling, q);
     Rng& rng = r.rngs[static_cast<size_t>(seq_index_.at(e.seq_id))];
-    return r.params.sampling.temperature <= 0.0f ? static_cast<int32_t>(std::max_element(q, q + V) - q)
-                                                 : sample_from_probs(q, V, rng);
+    const int32_t t = r.params.sampling.temperature <= 0.0f ? static_cast<int32_t>(std::max_element(q, q + V) - q)
+                                                            : sample_from_probs(q, V, rng);
+    if (r.params.adjust.active()) hist.push_back(t);
+    return t;
   };
   // Requests that report their prompt's logprobs (echo) need the logits of every prompt
   // position while they prefill; the executor computes them for those sequences only.
