@@ -47,6 +47,7 @@ struct Request {
   int64_t max_tokens = 16;
   int64_t n = 1;                        // parallel samples sharing the prompt's blocks
   std::vector<int32_t> stop_token_ids;  // finish after sampling one of these
+  bool skip_prefix_cache = false;       // compute every prompt position (its logits are wanted)
 };
 
 enum class SeqStatus { kWaiting, kRunning, kFinished };
@@ -63,6 +64,7 @@ struct Sequence {
   int64_t prompt_len = 0;
   int64_t max_tokens = 0;
   std::vector<int32_t> stop_token_ids;
+  bool skip_prefix_cache = false;
   int64_t num_computed = 0;       // tokens whose K/V is in the cache (or being computed now)
   int64_t num_cached_tokens = 0;  // prefix-cache hit at its last admission
   int64_t num_preemptions = 0;
