@@ -330,8 +330,8 @@ Transformer::Transformer(const ModelConfig& c) : config_(c) {}
 Transformer::~Transformer() = default;
 
 // ---- parameters ----------------------------------------------------------------------------
-void Transformer::build_params(uint64_t seed) {
-  const ModelConfig& c = config_;
+std::vector<ParamEntry> Transformer::param_entries_for(const ModelConfig& c) {
+  std::vector<ParamEntry> entries_;
   const int64_t C = c.d_model, F = c.d_ff, D = c.head_dim(), V = c.vocab_size, L = c.n_layers;
   int64_t offset = 0;
   auto add = [&](std::string name, Shape shape, bool decay) {
@@ -380,7 +380,15 @@ void Transformer::build_params(uint64_t seed) {
     add("model.norm.weight", {C}, false);
   }
   if (!c.tied_embeddings) add("lm_head.weight", {V, C}, true);
+  return entries_;
+}
 
+void Transformer::build_params(uint64_t seed) {
+  const ModelConfig& c = config_;
+  const int64_t C = c.d_model, F = c.d_ff, D = c.head_dim(), V = c.vocab_size, L = c.n_layers;
+  const bool gpt2 = c.family == ModelFamily::kGpt2;
+  entries_ = param_entries_for(c);
+  const int64_t offset = entries_.empty() ? 0 : entries_.back().offset + entries_.back().shape.numel();
   params_ = Tensor::zeros({offset});
   grads_ = Tensor::zeros({offset});
   // GPT-2 initialization: N(0, 0.02); projections into the residual stream scaled by
