@@ -153,7 +153,9 @@ TEST(EngineAdjust, PenaltiesAndBiasMatchTheFormulaPlainAndSpeculative) {
       EXPECT_EQ(got.tokens[0], want) << "case " << c << (speculative ? " speculative" : "");
       EXPECT_NE(want, plain) << "case " << c << " changes nothing: a weak test";
     }
-    if (speculative) EXPECT_GT(engine->metrics().spec.num_accepted, 50) << "few draft tokens verified: a weak test";
+    if (speculative) {
+      EXPECT_GT(engine->metrics().spec.num_accepted, 50) << "few draft tokens verified: a weak test";
+    }
     EXPECT_EQ(test::drain(*[&] {
                 auto s = engine->add_request(prompt, test::greedy(24)).value();
                 engine->run_until_idle();
