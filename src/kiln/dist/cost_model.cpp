@@ -100,6 +100,11 @@ AlgoCost algo_cost(CollOp op, Algo algo, int p, double n, int ranks_per_node) {
     default:
       break;
   }
+  // An algorithm that implements the op must have terms here: one without them would be
+  // priced 0 and chosen by `auto` for every size (a broken invariant, not a user error).
+  KILN_CHECK_MSG(!algo_implements(algo, op) || c.steps > 0,
+                 "algo_cost has no terms for {} {} (p = {}): add them beside the others", algo_name(algo),
+                 coll_op_name(op), p);
   return c;
 }
 
