@@ -120,9 +120,9 @@ Status check_config(const ModelConfig& c, int64_t memory_limit_bytes) {
   if (!(c.norm_eps > 0.0f) || !std::isfinite(c.norm_eps))
     return invalid_argument("[model config] norm_eps must be finite and > 0, got {}", c.norm_eps);
   for (const auto& [name, id] : {std::pair{"bos_token_id", c.bos_token_id}, std::pair{"eos_token_id", c.eos_token_id}})
-    if (id < -1 || id >= c.vocab_size)
-      return invalid_argument("[model config] {} {} is not a token id of the vocabulary of {} (-1: none)", name, id,
-                              c.vocab_size);
+    // Not checked against vocab_size: transformers' GPT2Config() keeps 50256 at any vocabulary.
+    if (id < -1 || id > std::numeric_limits<int32_t>::max())
+      return invalid_argument("[model config] {} {} is not a token id (-1: none)", name, id);
   if (c.family == ModelFamily::kGpt2) {
     if (c.n_kv_heads != c.n_heads)
       return invalid_argument("[model config] GPT-2 has no grouped-query attention (n_kv_heads {} != n_heads {})",
