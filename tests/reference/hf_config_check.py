@@ -6,12 +6,12 @@ config option set (RoPE linear, llama3 and yarn scalings; Llama attention_bias a
 GPT-2 scale_attn_weights=False and scale_attn_by_inverse_layer_idx=True; and the plain default
 LlamaConfig / GPT2Config with every key transformers 5 writes), saves it with save_pretrained()
 (config.json + model.safetensors), and `kiln eval --model DIR --dump-logits` runs fixed token
-ids through it; transformers runs the same ids in fp32. Then `kiln convert`-free round trip: the
-directory kiln writes back (`kiln eval` loads, the C++ tests save) is not needed here, but the
-logits must match: relative error ||kiln - hf|| / ||hf|| <= 1e-4 and the same argmax everywhere.
-A config with a setting kiln does not implement (a rope_type, sliding_window, head_dim) must be
-refused with an error naming it. Exit 77 (CTest's SKIP_RETURN_CODE) when torch or transformers
-is not installed.
+ids through it; transformers runs the same ids in fp32. Passes when the relative error
+||kiln - hf|| / ||hf|| of the logits is <= 1e-4 and the argmax agrees at every position. A
+config with a setting kiln does not implement (a rope_type, sliding_window, head_dim, an
+unknown key) must be refused with an error naming it. And the config.json `kiln train` saves
+carries the tokenizer's end-of-text id as bos_token_id and eos_token_id, as transformers reads
+them. Exit 77 (CTest's SKIP_RETURN_CODE) when torch or transformers is not installed.
 
 Run:  python3 tests/reference/hf_config_check.py [--kiln build/kiln] [--keep DIR]
 """
@@ -148,6 +148,22 @@ def refused(kiln, work, name, edit, needle):
     return ok
 
 
+def trained_ids(kiln, work):
+    text = os.path.join(work, "corpus.txt")
+    with open(text, "w", encoding="utf-8") as f:
+        f.write(open(os.path.join(ROOT, "tests", "reference", "data", "tokenizer_corpus.txt"), encoding="utf-8").read() * 5)
+    out = os.path.join(work, "trained")
+    run([kiln, "--threads", "1", "train", "--preset", "llama-tiny", "--text", text, "--data", os.path.join(work, "data"),
+         "--vocab-size", "300", "--steps", "1", "--batch", "1", "--seq", "16", "--eval-every", "0", "--out", out])
+    cfg = transformers.AutoConfig.from_pretrained(out)
+    tok = json.load(open(os.path.join(out, "tokenizer.json"), encoding="utf-8"))
+    eot = [t["id"] for t in tok.get("added_tokens", []) if t["content"] == "<|endoftext|>"]
+    ok = len(eot) == 1 and cfg.bos_token_id == eot[0] and cfg.eos_token_id == eot[0]
+    print(f"{'ok  ' if ok else 'FAIL'} kiln train's config.json: bos_token_id {cfg.bos_token_id}, eos_token_id "
+          f"{cfg.eos_token_id}, tokenizer's <|endoftext|> {eot}")
+    return ok
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--kiln", default=os.path.join(ROOT, "build", "kiln"))
@@ -166,6 +182,7 @@ def main():
             ok = check(a.kiln, work, i, name, make, key) and ok
         for name, edit, needle in REFUSED:
             ok = refused(a.kiln, work, name, edit, needle) and ok
+        ok = trained_ids(a.kiln, work) and ok
     return 0 if ok else 1
 
 
