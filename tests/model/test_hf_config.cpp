@@ -5,12 +5,17 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <filesystem>
 #include <string>
+#include <unistd.h>
 
 #include <nlohmann/json.hpp>
 
+#include "kiln/core/rng.h"
+#include "kiln/model/gguf.h"
 #include "kiln/model/hf_config.h"
 #include "kiln/model/transformer.h"
+#include "kiln/model/weights.h"
 
 namespace kiln {
 namespace {
@@ -343,6 +348,43 @@ TEST(HfConfig, ConfigsRoundTrip) {
   const json j = json::parse(config_to_hf_json(preset("llama-tiny").value()));
   ASSERT_TRUE(j.contains("eos_token_id"));
   EXPECT_TRUE(j["eos_token_id"].is_null());
+}
+
+// A model with every option saves (config.json + HF tensor names) and loads back to the same
+// logits: the biases load by their names through the unchanged loader.
+TEST(HfConfig, ModelsWithOptionsSaveAndLoad) {
+  ModelConfig l = preset("llama-tiny").value();
+  l.vocab_size = 50; l.d_model = 32; l.n_layers = 2; l.n_heads = 4; l.n_kv_heads = 2; l.d_ff = 48; l.max_seq_len = 32;
+  l.attention_bias = true;
+  l.mlp_bias = true;
+  l.rope_scaling = RopeScaling{RopeType::kYarn, 4.0};
+  l.rope_scaling.original_max_positions = 8;
+  l.eos_token_id = 3;
+  ModelConfig g = preset("w1a").value();
+  g.vocab_size = 50; g.d_model = 32; g.n_layers = 3; g.n_heads = 4; g.n_kv_heads = 4; g.d_ff = 64; g.max_seq_len = 32;
+  g.scale_attn_weights = false;
+  g.scale_attn_by_inverse_layer_idx = true;
+  const std::string dir =
+      (std::filesystem::temp_directory_path() / ("kiln_hf_config_" + std::to_string(getpid()))).string();
+  for (const ModelConfig& c : {l, g}) {
+    auto model = Transformer::create(c, 2).value();
+    Rng rng(3);
+    for (float& w : model->params()) w += 0.1f * rng.normal();
+    ASSERT_TRUE(save_model(dir, *model).ok());
+    auto back = load_model(dir);
+    ASSERT_TRUE(back.ok()) << back.status().message();
+    EXPECT_EQ(config_to_hf_json((*back)->config()), config_to_hf_json(c));
+    const std::vector<int32_t> tokens = {1, 4, 9, 16, 25, 36, 49, 3, 7, 11, 13, 17};
+    ASSERT_TRUE(model->forward(tokens.data(), nullptr, 1, 12).ok());
+    ASSERT_TRUE((*back)->forward(tokens.data(), nullptr, 1, 12).ok());
+    for (int64_t i = 0; i < 12 * c.vocab_size; ++i) ASSERT_EQ(model->logits()[i], (*back)->logits()[i]) << i;
+  }
+  // GGUF has no place for the biases or the RoPE scaling: export refuses rather than drops them.
+  auto model = Transformer::create(l, 2).value();
+  auto file = gguf::llama_to_gguf(*model, "", gguf::TensorType::kF32, "x");
+  ASSERT_FALSE(file.ok());
+  EXPECT_EQ(file.status().code(), StatusCode::kUnimplemented);
+  std::filesystem::remove_all(dir);
 }
 
 }  // namespace
