@@ -129,7 +129,38 @@ def check(kiln, work, i, name, make, key):
     ok = rel <= MAX_REL_ERROR and argmax_ok
     print(f"{'ok  ' if ok else 'FAIL'} {name:55s} logits relative error {rel:.2e}, "
           f"argmax {'equal' if argmax_ok else 'DIFFERS'}")
-    return ok
+    return written_back(kiln, work, i, name, cfg) and ok
+
+
+def written_back(kiln, work, i, name, cfg):
+    """The config.json kiln writes (here through `kiln quantize`, which saves the model's config)
+    means the same model to transformers: the same RoPE frequencies and attention factor, biases
+    and attention scales."""
+    q = os.path.join(work, f"case{i}_kiln")
+    run([kiln, "--threads", "1", "quantize", "--model", os.path.join(work, f"case{i}"), "--out", q, "--method", "rtn",
+         "--bits", "8", "--group", "0"])
+    back = transformers.AutoConfig.from_pretrained(q)
+    same = True
+    if cfg.model_type == "llama":
+        from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+
+        def rope(c):
+            t = c.rope_parameters["rope_type"]
+            if t == "default":
+                base = c.rope_parameters["rope_theta"]
+                d = c.hidden_size // c.num_attention_heads
+                return (1.0 / base ** (torch.arange(0, d, 2, dtype=torch.float) / d)).tolist(), 1.0
+            f, a = ROPE_INIT_FUNCTIONS[t](c, "cpu")
+            return f.tolist(), a
+        (f0, a0), (f1, a1) = rope(cfg), rope(back)
+        same = np.allclose(f0, f1, rtol=1e-6) and abs(a0 - a1) < 1e-9
+        same = same and (cfg.attention_bias, cfg.mlp_bias) == (back.attention_bias, back.mlp_bias)
+    else:
+        same = (cfg.scale_attn_weights, cfg.scale_attn_by_inverse_layer_idx) == \
+               (back.scale_attn_weights, back.scale_attn_by_inverse_layer_idx)
+    print(f"{'ok  ' if same else 'FAIL'} {name:55s} kiln's config.json read by transformers: "
+          f"{'the same model' if same else 'DIFFERS'}")
+    return same
 
 
 def refused(kiln, work, name, edit, needle):

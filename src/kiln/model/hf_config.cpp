@@ -285,10 +285,12 @@ Expected<ModelConfig> read_llama(Keys& k, const json& j) {
 std::string config_to_hf_json(const ModelConfig& c) {
   nlohmann::ordered_json j;
   auto id = [](int64_t v) { return v >= 0 ? nlohmann::ordered_json(v) : nlohmann::ordered_json(nullptr); };
+  // The float32 epsilon as its shortest decimal (1e-06, not 9.999999974752427e-07).
+  const double eps = std::stod(fmt::format("{}", c.norm_eps));
   if (c.family == ModelFamily::kGpt2) {
     j = {{"architectures", {"GPT2LMHeadModel"}}, {"model_type", "gpt2"}, {"vocab_size", c.vocab_size},
          {"n_embd", c.d_model}, {"n_layer", c.n_layers}, {"n_head", c.n_heads}, {"n_inner", c.d_ff},
-         {"n_positions", c.max_seq_len}, {"n_ctx", c.max_seq_len}, {"layer_norm_epsilon", c.norm_eps},
+         {"n_positions", c.max_seq_len}, {"n_ctx", c.max_seq_len}, {"layer_norm_epsilon", eps},
          {"activation_function", "gelu_new"}, {"tie_word_embeddings", c.tied_embeddings},
          {"scale_attn_weights", c.scale_attn_weights},
          {"scale_attn_by_inverse_layer_idx", c.scale_attn_by_inverse_layer_idx}, {"torch_dtype", "float32"}};
@@ -314,7 +316,7 @@ std::string config_to_hf_json(const ModelConfig& c) {
     j = {{"architectures", {"LlamaForCausalLM"}}, {"model_type", "llama"}, {"vocab_size", c.vocab_size},
          {"hidden_size", c.d_model}, {"num_hidden_layers", c.n_layers}, {"num_attention_heads", c.n_heads},
          {"num_key_value_heads", c.n_kv_heads}, {"head_dim", c.head_dim()}, {"intermediate_size", c.d_ff},
-         {"max_position_embeddings", c.max_seq_len}, {"rms_norm_eps", c.norm_eps}, {"rope_theta", c.rope_theta},
+         {"max_position_embeddings", c.max_seq_len}, {"rms_norm_eps", eps}, {"rope_theta", c.rope_theta},
          {"rope_scaling", s.type == RopeType::kDefault ? nlohmann::ordered_json(nullptr) : rope},
          {"rope_parameters", rope}, {"hidden_act", "silu"}, {"tie_word_embeddings", c.tied_embeddings},
          {"attention_bias", c.attention_bias}, {"mlp_bias", c.mlp_bias}, {"torch_dtype", "float32"}};
