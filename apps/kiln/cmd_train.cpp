@@ -130,6 +130,11 @@ void run_train(const TrainArgs& a) {
   auto cfg = preset(a.preset);
   if (!cfg.ok()) fail("train", cfg.status());
   cfg->vocab_size = train_data->vocab_size;
+  {  // config.json gets the end-of-text id as bos and eos (what generation stops at)
+    auto tk = tok::Tokenizer::load_hf_json(paths->tokenizer);
+    if (!tk.ok()) fail("train", tk.status());
+    cfg->bos_token_id = cfg->eos_token_id = tk->eot_id();  // -1 (written as null) when it has none
+  }
   if (a.opt.seq_len > cfg->max_seq_len) fail("train", invalid_argument("--seq {} exceeds the preset's context {}", a.opt.seq_len, cfg->max_seq_len));
   const AllocatorStats mem_base = default_allocator().stats();
   auto model = Transformer::create(*cfg, a.opt.seed);

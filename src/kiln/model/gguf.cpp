@@ -615,6 +615,8 @@ Expected<File> llama_to_gguf(Transformer& model, std::string_view tokenizer_json
                              std::string_view name) {
   const ModelConfig& c = model.config();
   if (!c.is_llama()) return unimplemented("GGUF export of a {} model (kiln writes the Llama family)", family_name(c.family));
+  if (c.rope_scaling.type != RopeType::kDefault || c.attention_bias || c.mlp_bias)  // not written: refuse, not drop
+    return unimplemented("GGUF export of a Llama with RoPE scaling or biases ({})", c.describe());
   File f;
   f.metadata.emplace_back("general.architecture", Value::str("llama"));
   f.metadata.emplace_back("general.name", Value::str(std::string(name)));

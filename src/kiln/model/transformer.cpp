@@ -126,6 +126,7 @@ struct Transformer::PagedScratch {
 struct Transformer::Layer {
   const ModelConfig* cfg = nullptr;
   const RopeTable* rope = nullptr;
+  int64_t index = 0;      // 0-based (GPT-2's scale_attn_by_inverse_layer_idx divides by index + 1)
   // Parameters (and gradients) of this block.
   float *norm1_w = nullptr, *norm1_b = nullptr, *dnorm1_w = nullptr, *dnorm1_b = nullptr;
   float *norm2_w = nullptr, *norm2_b = nullptr, *dnorm2_w = nullptr, *dnorm2_b = nullptr;
@@ -143,6 +144,7 @@ struct Transformer::Layer {
     p.batch = B; p.q_len = T; p.kv_len = kv_len;
     p.n_heads = cfg->n_heads; p.n_kv_heads = cfg->n_kv_heads; p.head_dim = cfg->head_dim();
     p.causal = true;
+    p.scale = cfg->attention_scale(index);
     if (!cfg->is_llama()) {
       p.q_row_stride = 3 * cfg->d_model;
       if (!cached) p.k_row_stride = p.v_row_stride = 3 * cfg->d_model;
@@ -183,6 +185,7 @@ struct Transformer::Layer {
     }
     AttentionParams base;
     base.n_heads = H; base.n_kv_heads = cfg->n_kv_heads; base.head_dim = D; base.causal = true;
+    base.scale = cfg->attention_scale(index);
     base.q_row_stride = q_stride; base.k_row_stride = base.v_row_stride = W;
     for (int64_t i = 0; i < S;) {
       const int64_t r0 = ps.row_begin[i], n = b.num_new[i];
@@ -362,15 +365,20 @@ std::vector<ParamEntry> Transformer::param_entries_for(const ModelConfig& c) {
       add(p + "mlp.c_proj.bias", {C}, false);
     } else {
       const std::string p = fmt::format("model.layers.{}.", i);
+      // (name, out, in) of each projection; its bias (out,) follows it when the config has one.
+      auto proj = [&](const char* name, int64_t out, int64_t in, bool bias) {
+        add(p + name + ".weight", {out, in}, true);
+        if (bias) add(p + name + ".bias", {out}, false);
+      };
       add(p + "input_layernorm.weight", {C}, false);
-      add(p + "self_attn.q_proj.weight", {c.n_heads * D, C}, true);
-      add(p + "self_attn.k_proj.weight", {c.n_kv_heads * D, C}, true);
-      add(p + "self_attn.v_proj.weight", {c.n_kv_heads * D, C}, true);
-      add(p + "self_attn.o_proj.weight", {C, c.n_heads * D}, true);
+      proj("self_attn.q_proj", c.n_heads * D, C, c.attention_bias);
+      proj("self_attn.k_proj", c.n_kv_heads * D, C, c.attention_bias);
+      proj("self_attn.v_proj", c.n_kv_heads * D, C, c.attention_bias);
+      proj("self_attn.o_proj", C, c.n_heads * D, c.attention_bias);
       add(p + "post_attention_layernorm.weight", {C}, false);
-      add(p + "mlp.gate_proj.weight", {F, C}, true);
-      add(p + "mlp.up_proj.weight", {F, C}, true);
-      add(p + "mlp.down_proj.weight", {C, F}, true);
+      proj("mlp.gate_proj", F, C, c.mlp_bias);
+      proj("mlp.up_proj", F, C, c.mlp_bias);
+      proj("mlp.down_proj", C, F, c.mlp_bias);
     }
   }
   if (gpt2) {
@@ -422,6 +430,7 @@ void Transformer::build_params(uint64_t seed) {
     auto layer = std::make_unique<Layer>();
     layer->cfg = &config_;
     layer->rope = &rope_;
+    layer->index = i;
     if (gpt2) {
       const std::string p = fmt::format("transformer.h.{}.", i);
       layer->norm1_w = P(p + "ln_1.weight"); layer->norm1_b = P(p + "ln_1.bias");
@@ -437,13 +446,15 @@ void Transformer::build_params(uint64_t seed) {
       layer->norm1_w = P(p + "input_layernorm.weight"); layer->dnorm1_w = G(p + "input_layernorm.weight");
       layer->norm2_w = P(p + "post_attention_layernorm.weight");
       layer->dnorm2_w = G(p + "post_attention_layernorm.weight");
-      layer->q = lin(p + "self_attn.q_proj.weight", "", C, c.n_heads * D);
-      layer->k = lin(p + "self_attn.k_proj.weight", "", C, c.n_kv_heads * D);
-      layer->v = lin(p + "self_attn.v_proj.weight", "", C, c.n_kv_heads * D);
-      layer->o = lin(p + "self_attn.o_proj.weight", "", c.n_heads * D, C);
-      layer->gate = lin(p + "mlp.gate_proj.weight", "", C, F);
-      layer->up = lin(p + "mlp.up_proj.weight", "", C, F);
-      layer->down = lin(p + "mlp.down_proj.weight", "", F, C);
+      const std::string ab = c.attention_bias ? ".bias" : "", mb = c.mlp_bias ? ".bias" : "";
+      auto bias = [&](const std::string& name, const std::string& suffix) { return suffix.empty() ? "" : p + name + suffix; };
+      layer->q = lin(p + "self_attn.q_proj.weight", bias("self_attn.q_proj", ab), C, c.n_heads * D);
+      layer->k = lin(p + "self_attn.k_proj.weight", bias("self_attn.k_proj", ab), C, c.n_kv_heads * D);
+      layer->v = lin(p + "self_attn.v_proj.weight", bias("self_attn.v_proj", ab), C, c.n_kv_heads * D);
+      layer->o = lin(p + "self_attn.o_proj.weight", bias("self_attn.o_proj", ab), c.n_heads * D, C);
+      layer->gate = lin(p + "mlp.gate_proj.weight", bias("mlp.gate_proj", mb), C, F);
+      layer->up = lin(p + "mlp.up_proj.weight", bias("mlp.up_proj", mb), C, F);
+      layer->down = lin(p + "mlp.down_proj.weight", bias("mlp.down_proj", mb), F, C);
     }
     layers_.push_back(std::move(layer));
   }
@@ -483,7 +494,8 @@ Expected<std::unique_ptr<Transformer>> Transformer::create(const ModelConfig& co
   KILN_RETURN_IF_ERROR(check_config(config));
   std::unique_ptr<Transformer> t(new Transformer(config));  // private constructor
   if (config.is_llama()) {
-    KILN_ASSIGN_OR_RETURN(t->rope_, make_rope_table(config.head_dim(), config.max_seq_len, config.rope_theta));
+    KILN_ASSIGN_OR_RETURN(t->rope_, make_rope_table(config.head_dim(), config.max_seq_len, config.rope_theta,
+                                                     config.rope_scaling));
   }
   t->build_params(seed);
   return t;
