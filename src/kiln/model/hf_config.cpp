@@ -218,7 +218,9 @@ Status read_rope(Keys& top, const json& j, int64_t max_positions, ModelConfig& c
                          type);
   }
   if (Status st = check_rope_scaling(s); !st.ok()) return invalid_argument("config.json \"{}\": {}", name, st.message());
-  return k.no_unknown({}, {});
+  // The pretraining context means nothing to default and linear RoPE (transformers ignores it).
+  static constexpr std::string_view kUnused[] = {"original_max_position_embeddings"};
+  return k.no_unknown(kUnused, {});
 }
 
 Expected<ModelConfig> read_gpt2(Keys& k) {
@@ -242,7 +244,7 @@ Expected<ModelConfig> read_gpt2(Keys& k) {
   if (act != "gelu_new" && act != "gelu_pytorch_tanh")
     return unimplemented("config.json \"activation_function\" '{}' (kiln implements the tanh GELU: gelu_new, "
                          "gelu_pytorch_tanh)", act);
-  KILN_RETURN_IF_ERROR(k.only("add_cross_attention", [](const json& v) { return v == false; }, "false"));
+  KILN_RETURN_IF_ERROR(k.only("add_cross_attention", [](const json& v) { return v.is_null() || v == false; }, "false"));
   return c;
 }
 
@@ -344,7 +346,7 @@ Expected<ModelConfig> config_from_hf_json(const std::string& text) {
   KILN_ASSIGN_OR_RETURN(c.bos_token_id, token_id(k, "bos_token_id"));
   KILN_ASSIGN_OR_RETURN(c.eos_token_id, token_id(k, "eos_token_id"));
   // Other models behind these configs (GPT2ForSequenceClassification, an encoder-decoder).
-  KILN_RETURN_IF_ERROR(k.only("is_encoder_decoder", [](const json& v) { return v == false; }, "false"));
+  KILN_RETURN_IF_ERROR(k.only("is_encoder_decoder", [](const json& v) { return v.is_null() || v == false; }, "false"));
   KILN_RETURN_IF_ERROR(k.only("pruned_heads", [](const json& v) { return v.is_null() || v.empty(); }, "no pruned heads"));
   KILN_RETURN_IF_ERROR(k.only("quantization_config", [](const json& v) { return v.is_null(); },
                               "unquantized checkpoints here (kiln quantize makes its own)"));
