@@ -82,10 +82,12 @@ class Keys {
     const json& v = j_[key];
     if (!v.is_number_integer())
       return invalid_argument("{} \"{}\" must be an integer, got {}", where_, key, shown(v));
+    const std::string range = hi == std::numeric_limits<int64_t>::max() ? fmt::format("must be at least {}", lo)
+                                                                        : fmt::format("must be in [{}, {}]", lo, hi);
     if (v.is_number_unsigned() && v.get<uint64_t>() > static_cast<uint64_t>(std::numeric_limits<int64_t>::max()))
-      return invalid_argument("{} \"{}\" {} is out of range [{}, {}]", where_, key, shown(v), lo, hi);
+      return invalid_argument("{} \"{}\" {} {}", where_, key, shown(v), range);
     const int64_t x = v.get<int64_t>();
-    if (x < lo || x > hi) return invalid_argument("{} \"{}\" {} is out of range [{}, {}]", where_, key, x, lo, hi);
+    if (x < lo || x > hi) return invalid_argument("{} \"{}\" {} {}", where_, key, x, range);
     return x;
   }
   // A finite number (integer or float) > lo (or >= lo when inclusive).
