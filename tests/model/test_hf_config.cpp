@@ -188,6 +188,12 @@ TEST(HfConfig, TransformersDefaultKeysLoad) {
   EXPECT_TRUE(gc->scale_attn_weights);
   // pretraining_tp > 1 is the same function (transformers 4.x sliced and summed, 5.x ignores it).
   EXPECT_TRUE(config_from_hf_json(with(llama_json(), "pretraining_tp", 4).dump()).ok());
+  // The pretraining context beside a linear scaling means nothing to it (transformers ignores it).
+  EXPECT_TRUE(config_from_hf_json(with(llama_json(), "rope_scaling", {{"type", "linear"}, {"factor", 2.0},
+                                                                      {"original_max_position_embeddings", 32}})
+                                      .dump())
+                  .ok());
+  EXPECT_TRUE(config_from_hf_json(with(gpt2_json(), "add_cross_attention", nullptr).dump()).ok());
   // A list of eos ids (Llama 3 instruct): the first is kept.
   auto list = config_from_hf_json(with(llama_json(), "eos_token_id", {7, 8, 9}).dump());
   ASSERT_TRUE(list.ok()) << list.status().message();

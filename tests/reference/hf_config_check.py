@@ -6,7 +6,8 @@ config option set (RoPE linear, llama3 and yarn scalings; Llama attention_bias a
 GPT-2 scale_attn_weights=False and scale_attn_by_inverse_layer_idx=True; and the plain default
 LlamaConfig / GPT2Config with every key transformers 5 writes), saves it with save_pretrained()
 (config.json + model.safetensors), and `kiln eval --model DIR --dump-logits` runs fixed token
-ids through it; transformers runs the same ids in fp32. Passes when the relative error
+ids through it; transformers runs the same ids in fp32; and the config.json kiln writes back
+(through `kiln quantize`) must mean the same model to transformers. Passes when the relative error
 ||kiln - hf|| / ||hf|| of the logits is <= 1e-4 and the argmax agrees at every position. A
 config with a setting kiln does not implement (a rope_type, sliding_window, head_dim, an
 unknown key) must be refused with an error naming it. And the config.json `kiln train` saves

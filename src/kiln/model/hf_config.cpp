@@ -82,10 +82,12 @@ class Keys {
     const json& v = j_[key];
     if (!v.is_number_integer())
       return invalid_argument("{} \"{}\" must be an integer, got {}", where_, key, shown(v));
+    const std::string range = hi == std::numeric_limits<int64_t>::max() ? fmt::format("must be at least {}", lo)
+                                                                        : fmt::format("must be in [{}, {}]", lo, hi);
     if (v.is_number_unsigned() && v.get<uint64_t>() > static_cast<uint64_t>(std::numeric_limits<int64_t>::max()))
-      return invalid_argument("{} \"{}\" {} is out of range [{}, {}]", where_, key, shown(v), lo, hi);
+      return invalid_argument("{} \"{}\" {} {}", where_, key, shown(v), range);
     const int64_t x = v.get<int64_t>();
-    if (x < lo || x > hi) return invalid_argument("{} \"{}\" {} is out of range [{}, {}]", where_, key, x, lo, hi);
+    if (x < lo || x > hi) return invalid_argument("{} \"{}\" {} {}", where_, key, x, range);
     return x;
   }
   // A finite number (integer or float) > lo (or >= lo when inclusive).
@@ -218,7 +220,9 @@ Status read_rope(Keys& top, const json& j, int64_t max_positions, ModelConfig& c
                          type);
   }
   if (Status st = check_rope_scaling(s); !st.ok()) return invalid_argument("config.json \"{}\": {}", name, st.message());
-  return k.no_unknown({}, {});
+  // The pretraining context means nothing to default and linear RoPE (transformers ignores it).
+  static constexpr std::string_view kUnused[] = {"original_max_position_embeddings"};
+  return k.no_unknown(kUnused, {});
 }
 
 Expected<ModelConfig> read_gpt2(Keys& k) {
@@ -242,7 +246,7 @@ Expected<ModelConfig> read_gpt2(Keys& k) {
   if (act != "gelu_new" && act != "gelu_pytorch_tanh")
     return unimplemented("config.json \"activation_function\" '{}' (kiln implements the tanh GELU: gelu_new, "
                          "gelu_pytorch_tanh)", act);
-  KILN_RETURN_IF_ERROR(k.only("add_cross_attention", [](const json& v) { return v == false; }, "false"));
+  KILN_RETURN_IF_ERROR(k.only("add_cross_attention", [](const json& v) { return v.is_null() || v == false; }, "false"));
   return c;
 }
 
@@ -344,7 +348,7 @@ Expected<ModelConfig> config_from_hf_json(const std::string& text) {
   KILN_ASSIGN_OR_RETURN(c.bos_token_id, token_id(k, "bos_token_id"));
   KILN_ASSIGN_OR_RETURN(c.eos_token_id, token_id(k, "eos_token_id"));
   // Other models behind these configs (GPT2ForSequenceClassification, an encoder-decoder).
-  KILN_RETURN_IF_ERROR(k.only("is_encoder_decoder", [](const json& v) { return v == false; }, "false"));
+  KILN_RETURN_IF_ERROR(k.only("is_encoder_decoder", [](const json& v) { return v.is_null() || v == false; }, "false"));
   KILN_RETURN_IF_ERROR(k.only("pruned_heads", [](const json& v) { return v.is_null() || v.empty(); }, "no pruned heads"));
   KILN_RETURN_IF_ERROR(k.only("quantization_config", [](const json& v) { return v.is_null(); },
                               "unquantized checkpoints here (kiln quantize makes its own)"));

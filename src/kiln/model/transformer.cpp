@@ -1,4 +1,6 @@
-// Transformer forward and backward for GPT-2 and Llama blocks over flat buffers.
+// Transformer forward and backward for GPT-2 and Llama blocks over flat buffers; the HF config
+// options (Llama biases, GPT-2 attention scales, RoPE scalings via the table) live in the one
+// layer code that training, the KV-cache decode and the paged serving path all run.
 #include "kiln/model/transformer.h"
 
 #include <cmath>
@@ -446,15 +448,17 @@ void Transformer::build_params(uint64_t seed) {
       layer->norm1_w = P(p + "input_layernorm.weight"); layer->dnorm1_w = G(p + "input_layernorm.weight");
       layer->norm2_w = P(p + "post_attention_layernorm.weight");
       layer->dnorm2_w = G(p + "post_attention_layernorm.weight");
-      const std::string ab = c.attention_bias ? ".bias" : "", mb = c.mlp_bias ? ".bias" : "";
-      auto bias = [&](const std::string& name, const std::string& suffix) { return suffix.empty() ? "" : p + name + suffix; };
-      layer->q = lin(p + "self_attn.q_proj.weight", bias("self_attn.q_proj", ab), C, c.n_heads * D);
-      layer->k = lin(p + "self_attn.k_proj.weight", bias("self_attn.k_proj", ab), C, c.n_kv_heads * D);
-      layer->v = lin(p + "self_attn.v_proj.weight", bias("self_attn.v_proj", ab), C, c.n_kv_heads * D);
-      layer->o = lin(p + "self_attn.o_proj.weight", bias("self_attn.o_proj", ab), c.n_heads * D, C);
-      layer->gate = lin(p + "mlp.gate_proj.weight", bias("mlp.gate_proj", mb), C, F);
-      layer->up = lin(p + "mlp.up_proj.weight", bias("mlp.up_proj", mb), C, F);
-      layer->down = lin(p + "mlp.down_proj.weight", bias("mlp.down_proj", mb), F, C);
+      // A projection's Linear: its weight and, when the config has them, its bias.
+      auto llama_lin = [&](const char* name, bool bias, int64_t in, int64_t out) {
+        return lin(p + name + ".weight", bias ? p + name + ".bias" : std::string(), in, out);
+      };
+      layer->q = llama_lin("self_attn.q_proj", c.attention_bias, C, c.n_heads * D);
+      layer->k = llama_lin("self_attn.k_proj", c.attention_bias, C, c.n_kv_heads * D);
+      layer->v = llama_lin("self_attn.v_proj", c.attention_bias, C, c.n_kv_heads * D);
+      layer->o = llama_lin("self_attn.o_proj", c.attention_bias, c.n_heads * D, C);
+      layer->gate = llama_lin("mlp.gate_proj", c.mlp_bias, C, F);
+      layer->up = llama_lin("mlp.up_proj", c.mlp_bias, C, F);
+      layer->down = llama_lin("mlp.down_proj", c.mlp_bias, F, C);
     }
     layers_.push_back(std::move(layer));
   }
