@@ -54,10 +54,13 @@ void register_bench_serve(CLI::App& app) {
   cmd->add_option("--rate", a->rate, "Arrival rate in requests/s, or inf (all at once)");
   cmd->add_option("--prompt-len", a->prompt_len, "Prompt length range A:B in tokens (≈ words; uniform)");
   cmd->add_option("--output-len", a->output_len, "Output length range C:D in tokens (max_tokens; uniform)");
-  cmd->add_option("--shared-prefix", a->opt.shared_prefix, "The first K prompt tokens are the same in every request");
+  cmd->add_option("--shared-prefix", a->opt.shared_prefix, "The first K prompt tokens are the same in every request")
+      ->check(CLI::Range(int64_t{0}, int64_t{1} << 20));
   cmd->add_option("--model", a->opt.model, "Model name to send (default: the first of GET /v1/models)");
-  cmd->add_option("--slo-ttft", a->opt.slo_ttft_ms, "Goodput SLO on time to first token, ms (0: none)");
-  cmd->add_option("--slo-tpot", a->opt.slo_tpot_ms, "Goodput SLO on time per output token, ms (0: none)");
+  cmd->add_option("--slo-ttft", a->opt.slo_ttft_ms, "Goodput SLO on time to first token, ms (0: none)")
+      ->check(CLI::Range(0.0, 1e9));
+  cmd->add_option("--slo-tpot", a->opt.slo_tpot_ms, "Goodput SLO on time per output token, ms (0: none)")
+      ->check(CLI::Range(0.0, 1e9));
   cmd->add_option("--seed", a->opt.seed, "Seed for arrivals, lengths and prompts");
   cmd->add_option("--endpoint", a->endpoint, "completions (/v1/completions) or chat (/v1/chat/completions)")
       ->check(CLI::IsMember({"completions", "chat"}));
@@ -67,7 +70,7 @@ void register_bench_serve(CLI::App& app) {
   cmd->add_option("--temperature", a->opt.temperature, "Send this sampling temperature (0: greedy; default: the server's)")
       ->check(CLI::Range(0.0, 2.0));
   cmd->add_option("--api-key", a->opt.api_key, "Bearer token");
-  cmd->add_option("--timeout", a->opt.timeout_s, "Per-request read timeout, s");
+  cmd->add_option("--timeout", a->opt.timeout_s, "Per-request read timeout, s")->check(CLI::Range(1e-3, 1e6));
   cmd->add_flag("--json", a->json, "Print one JSON object");
   cmd->callback([a] {
     LoadBenchOptions o = a->opt;

@@ -86,7 +86,7 @@ int run_plan_comm(const PlanCommOptions& o) {
   } else {
     const auto b = perf::parse_bytes(o.size);
     if (!b.ok()) {
-      std::fprintf(stderr, "kiln plan comm: %s\n", b.status().message().c_str());
+      std::fprintf(stderr, "kiln plan comm: --size: %s\n", b.status().message().c_str());
       return kUserError;
     }
     sizes.push_back(*b);

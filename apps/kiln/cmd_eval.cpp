@@ -57,7 +57,10 @@ void run_eval(const EvalArgs& a) {
     if (val->vocab_size != m.config().vocab_size)
       fail(invalid_argument("{}/val.bin has vocabulary {}, the model {}", a.data, val->vocab_size, m.config().vocab_size));
     const int64_t seq = std::min(a.seq, m.config().max_seq_len);
-    const int64_t batches = std::min<int64_t>(a.batches, static_cast<int64_t>(val->tokens.size() - 1) / seq);
+    const int64_t windows = (static_cast<int64_t>(val->tokens.size()) - 1) / seq;
+    if (windows < 1)
+      fail(invalid_argument("{}/val.bin holds {} tokens: too few for one window of --seq {}", a.data, val->tokens.size(), seq));
+    const int64_t batches = std::min<int64_t>(a.batches, windows);
     const double loss = evaluate(m, *val, 1, seq, batches);
     fmt::print("model: {}\n", m.config().describe());
     fmt::print("validation: {} tokens: loss {:.4f} nats (perplexity {:.3f})\n", batches * seq, loss, std::exp(loss));

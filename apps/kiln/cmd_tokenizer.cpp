@@ -1,6 +1,7 @@
 // `kiln tokenizer train|encode|decode`: byte-level BPE from the command line.
 #include <fmt/format.h>
 
+#include <charconv>
 #include <chrono>
 #include <sstream>
 
@@ -84,12 +85,14 @@ void register_tokenizer(CLI::App& app) {
     for (char& c : s)
       if (c == ',' || c == '[' || c == ']') c = ' ';
     std::istringstream in(s);
-    long long v;
-    while (in >> v) {
-      if (v < 0 || v >= tk->vocab_size()) fail(invalid_argument("id {} is outside the vocabulary [0, {})", v, tk->vocab_size()));
+    // Each word whole, as an integer: stream extraction would stop silently at an overflow.
+    for (std::string word; in >> word;) {
+      int64_t v = 0;
+      const auto [end, ec] = std::from_chars(word.data(), word.data() + word.size(), v);
+      if (ec != std::errc() || end != word.data() + word.size() || v < 0 || v >= tk->vocab_size())
+        fail(invalid_argument("--ids: '{}' is not a token id in [0, {})", word, tk->vocab_size()));
       ids.push_back(static_cast<int32_t>(v));
     }
-    if (!in.eof()) fail(invalid_argument("--ids must be integers"));
     fmt::print("{}", tk->decode(ids));
   });
 }

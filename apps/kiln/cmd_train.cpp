@@ -6,6 +6,8 @@
 #include <fstream>
 #include <map>
 
+#include <unistd.h>
+
 #include "apps/kiln/commands.h"
 #include "kiln/core/rng.h"
 #include "kiln/core/thread_pool.h"
@@ -118,7 +120,49 @@ void memory_report(const std::string& preset_name, const ModelConfig& cfg, const
   fmt::print("memory breakdown: {}\n", path);
 }
 
+// Every flag that CLI11 cannot check alone (names, combinations, the preset's context), before
+// any work: a bad flag costs no corpus preparation.
+Expected<TrainOptions> check_train_flags(const TrainArgs& a) {
+  TrainOptions opt = a.opt;
+  auto cfg = preset(a.preset);
+  if (!cfg.ok()) return invalid_argument("--preset: {}", cfg.status().message());
+  if (opt.seq_len > cfg->max_seq_len)
+    return invalid_argument("--seq {} exceeds the context of --preset {} ({})", opt.seq_len, a.preset, cfg->max_seq_len);
+  auto p = parse_precision(a.precision);
+  if (!p.ok()) return invalid_argument("--precision: {}", p.status().message());
+  opt.precision = *p;
+  auto m = parse_checkpoint_mode(a.checkpoint);
+  if (!m.ok()) return invalid_argument("--checkpoint: {}", m.status().message());
+  opt.checkpoint = *m;
+  if (Status st = parse_loss_scale(a, opt); !st.ok()) return st;
+  if (!a.qat.empty()) {
+    if (auto q = quant::parse_qat(a.qat); !q.ok()) return invalid_argument("--qat: {}", q.status().message());
+    if (opt.precision != Precision::kF32)
+      return invalid_argument("--qat needs --precision fp32 (both install Linear backends; got {})", a.precision);
+  }
+  return opt;
+}
+
+// The memory one training step needs (the memory model: weights, gradients, AdamW, activations),
+// against this machine's RAM, before anything is allocated: a --batch × --seq too large for the
+// machine is one clear error, not an allocator abort minutes later.
+Status check_train_memory(const ModelConfig& cfg, const TrainOptions& o) {
+  const perf::MemoryPrediction pred = perf::predict_memory(cfg, o.batch, o.seq_len, o.precision, o.checkpoint);
+  const long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGESIZE);
+  if (pages <= 0 || page <= 0) return {};
+  const double ram = static_cast<double>(pages) * static_cast<double>(page);
+  const double need = static_cast<double>(pred.total_block_bytes());
+  if (!(need <= ram))
+    return resource_exhausted("--batch {} × --seq {} needs about {:.1f} GiB for a training step of this model; this "
+                              "machine has {:.1f} GiB (lower --batch or --seq, or use --checkpoint full)",
+                              o.batch, o.seq_len, need / (1 << 30), ram / (1 << 30));
+  return {};
+}
+
 void run_train(const TrainArgs& a) {
+  auto checked = check_train_flags(a);
+  if (!checked.ok()) fail("train", checked.status());
+  TrainOptions opt = *checked;
   std::string log;
   auto paths = prepare_corpus(a.data, &log);
   if (!paths.ok()) fail("train", paths.status());
@@ -135,22 +179,10 @@ void run_train(const TrainArgs& a) {
     if (!tk.ok()) fail("train", tk.status());
     cfg->bos_token_id = cfg->eos_token_id = tk->eot_id();  // -1 (written as null) when it has none
   }
-  if (a.opt.seq_len > cfg->max_seq_len) fail("train", invalid_argument("--seq {} exceeds the preset's context {}", a.opt.seq_len, cfg->max_seq_len));
+  if (Status st = check_train_memory(*cfg, opt); !st.ok()) fail("train", st);
   const AllocatorStats mem_base = default_allocator().stats();
   auto model = Transformer::create(*cfg, a.opt.seed);
   if (!model.ok()) fail("train", model.status());
-  TrainOptions opt = a.opt;
-  {
-    auto p = parse_precision(a.precision);
-    if (!p.ok()) fail("train", p.status());
-    opt.precision = *p;
-    auto m = parse_checkpoint_mode(a.checkpoint);
-    if (!m.ok()) fail("train", m.status());
-    opt.checkpoint = *m;
-    if (Status st = parse_loss_scale(a, opt); !st.ok()) fail("train", st);
-    if (!a.qat.empty() && opt.precision != Precision::kF32)
-      fail("train", invalid_argument("--qat needs --precision fp32 (both install Linear backends; got {})", a.precision));
-  }
   opt.max_seconds = a.minutes * 60.0;
   if (opt.max_seconds > 0 && opt.max_steps <= 0) opt.max_steps = 1'000'000;
   const double flops_per_token = cfg->train_flops_per_token(opt.seq_len);

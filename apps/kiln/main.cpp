@@ -1,10 +1,53 @@
 // kiln: one CLI for training, generation, serving, quantization, benchmarks and profiling.
+// Every error ends here as one message naming what was wrong and a non-zero exit: flags and
+// environment variables are checked before any work (and so before any MPI communication, which
+// gives every rank of a job the same verdict); an exception that escapes a subcommand is reported,
+// never left to std::terminate.
+#include <cmath>
 #include <cstdio>
+#include <new>
 #include <string>
+
+#include <nlohmann/json.hpp>
 
 #include "apps/kiln/commands.h"
 #include "kiln/core/cpu_features.h"
+#include "kiln/core/env.h"
 #include "kiln/core/thread_pool.h"
+
+namespace {
+
+constexpr int kInternalError = 1;  // an exception or out of memory: not the user's input alone
+
+// CLI11's Range lets NaN through (every comparison with NaN is false) and options without a
+// Range take anything strtod reads, "nan" and "inf" included: every floating-point flag of every
+// subcommand refuses NaN here; inf is refused by each flag's Range (--rate inf is meaningful).
+void refuse_nan_in_float_flags(CLI::App& app) {
+  const CLI::Validator not_nan(
+      [](std::string& s) {
+        char* end = nullptr;
+        const double v = std::strtod(s.c_str(), &end);
+        return end != s.c_str() && std::isnan(v) ? "Value " + s + " is not a number (NaN)" : std::string();
+      },
+      "", "not NaN");
+  for (CLI::Option* o : app.get_options())  // "FLOAT", then the descriptions of its validators
+    if (o->get_type_name().rfind("FLOAT", 0) == 0) o->check(not_nan);
+  for (CLI::App* sub : app.get_subcommands([](CLI::App*) { return true; })) refuse_nan_in_float_flags(*sub);
+}
+
+// "kiln train", "kiln bench gemm": the subcommands this run parsed, for messages.
+std::string command_path(CLI::App& app) {
+  std::string path = "kiln";
+  for (CLI::App* a = &app;;) {
+    const auto subs = a->get_subcommands();
+    if (subs.empty()) break;
+    a = subs.front();
+    path += " " + a->get_name();
+  }
+  return path;
+}
+
+}  // namespace
 
 int main(int argc, char** argv) {
   CLI::App app{"kiln: train, parallelize, quantize, serve and measure transformer language models"};
@@ -14,16 +57,21 @@ int main(int argc, char** argv) {
   int threads = 0;
   std::string simd;
   app.add_option("--threads", threads, "Worker threads for every kernel (default: all CPUs, or KILN_NUM_THREADS)")
-      ->check(CLI::Range(1, 1024));
+      ->check(CLI::Range(1, static_cast<int>(kiln::kMaxThreads)));
   app.add_option("--simd", simd, "Force a lower SIMD target (also KILN_SIMD)")
       ->check(CLI::IsMember({"scalar", "avx2", "avx512"}));
+  // Runs after every flag of every subcommand parsed and passed its checks, before any subcommand.
   app.parse_complete_callback([&] {
+    if (kiln::Status st = kiln::validate_environment(); !st.ok()) {
+      std::fprintf(stderr, "kiln: %s\n", st.message().c_str());
+      throw CLI::RuntimeError(kiln::app::kUserError);
+    }
     if (threads > 0) kiln::set_num_threads(threads);
     if (!simd.empty()) {
       for (const auto& info : kiln::kSimdTargets) {
         if (info.name == simd && !kiln::set_simd_target(info.target)) {
           std::fprintf(stderr, "kiln: --simd %s is not supported by this CPU\n", simd.c_str());
-          std::exit(kiln::app::kUserError);
+          throw CLI::RuntimeError(kiln::app::kUserError);
         }
       }
     }
@@ -45,11 +93,29 @@ int main(int argc, char** argv) {
   kiln::app::register_convert(app);
   kiln::app::register_bench_quant(app);  // after bench: adds `bench quant`
   kiln::app::register_bench_prepacked(app);  // after bench: adds `bench prepacked`
+  refuse_nan_in_float_flags(app);  // after every register_*: covers every subcommand's flags
 
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
-    return app.exit(e);
+    // CLI11 reports an unknown command as "A subcommand is required": name the word instead.
+    if (dynamic_cast<const CLI::RequiredError*>(&e) && app.get_subcommands().empty() && !app.remaining().empty()) {
+      std::fprintf(stderr, "kiln: unknown command '%s' (see kiln --help)\n", app.remaining().front().c_str());
+      return e.get_exit_code();
+    }
+    return app.exit(e);  // names the flag; a subcommand's own error was printed before its throw
+  } catch (const std::bad_alloc&) {
+    std::fprintf(stderr, "%s: out of memory\n", command_path(app).c_str());
+    return kInternalError;
+  } catch (const nlohmann::json::exception& e) {
+    std::fprintf(stderr, "%s: unexpected JSON: %s\n", command_path(app).c_str(), e.what());
+    return kInternalError;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "%s: error: %s\n", command_path(app).c_str(), e.what());
+    return kInternalError;
+  } catch (...) {
+    std::fprintf(stderr, "%s: unknown error\n", command_path(app).c_str());
+    return kInternalError;
   }
   return 0;
 }

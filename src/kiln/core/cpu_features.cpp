@@ -5,6 +5,7 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <string>
@@ -107,15 +108,29 @@ CpuFeatures probe() {
 std::atomic<int> g_target{-1};
 
 SimdTarget initial_target() {
-  SimdTarget t = best_simd_target();
-  if (const char* env = std::getenv("KILN_SIMD")) {
-    for (const auto& info : kSimdTargets)
-      if (info.name == env && info.target <= t) t = info.target;
+  auto env = simd_target_from_env();
+  if (!env.ok()) {  // `kiln` refuses this before any kernel runs; other programs get a warning
+    std::fprintf(stderr, "kiln: warning: %s; using %s\n", env.status().message().c_str(),
+                 std::string(simd_target_name(best_simd_target())).c_str());
+    return best_simd_target();
   }
-  return t;
+  return env->value_or(best_simd_target());
 }
 
 }  // namespace
+
+Expected<std::optional<SimdTarget>> simd_target_from_env() {
+  const char* env = std::getenv("KILN_SIMD");
+  if (env == nullptr || *env == '\0') return std::optional<SimdTarget>{};
+  for (const auto& info : kSimdTargets) {
+    if (info.name != env) continue;
+    if (!simd_target_supported(info.target))
+      return invalid_argument("KILN_SIMD={}: this CPU does not support it (best: {})", env,
+                              simd_target_name(best_simd_target()));
+    return std::optional<SimdTarget>{info.target};
+  }
+  return invalid_argument("KILN_SIMD='{}': expected scalar, avx2 or avx512", env);
+}
 
 const CpuFeatures& cpu_features() {
   static const CpuFeatures f = probe();

@@ -3,8 +3,11 @@
 // at run time; KILN_SIMD=scalar|avx2|avx512 forces a lower target (tests use it to cover all).
 #pragma once
 
+#include <optional>
 #include <string>
 #include <string_view>
+
+#include "kiln/core/status.h"
 
 namespace kiln {
 
@@ -38,7 +41,10 @@ static_assert(std::size(kSimdTargets) == static_cast<size_t>(SimdTarget::kCount)
 std::string_view simd_target_name(SimdTarget t);
 // The strongest target this CPU supports (AVX-512 requires F+BW+VL+DQ; AVX2 requires FMA+F16C).
 SimdTarget best_simd_target();
-// The target kernels use now: best_simd_target(), lowered by KILN_SIMD or set_simd_target().
+// KILN_SIMD: nullopt when unset; InvalidArgument when it names no target or one this CPU cannot
+// run (validate_environment() in env.h reports it; the library then warns and uses the best).
+Expected<std::optional<SimdTarget>> simd_target_from_env();
+// The target kernels use now: best_simd_target(), or KILN_SIMD, or set_simd_target().
 SimdTarget active_simd_target();
 // Returns false (and changes nothing) when the CPU cannot run `t`.
 bool set_simd_target(SimdTarget t);

@@ -13,6 +13,7 @@
 #include <fmt/format.h>
 
 #include "kiln/core/cpu_features.h"
+#include "kiln/core/env.h"
 #include "kiln/core/status.h"
 
 namespace kiln {
@@ -46,6 +47,28 @@ int mpi_local_ranks() {
   for (const char* name : {"OMPI_COMM_WORLD_LOCAL_SIZE", "MPI_LOCALNRANKS"})
     if (const char* v = std::getenv(name); v && *v) return std::atoi(v);
   return 1;
+}
+}  // namespace
+
+Expected<std::string> pin_mode_from_env() {
+  const auto v = env_value("KILN_PIN_THREADS");
+  if (!v || *v == "auto") return std::string("auto");
+  if (*v == "on" || *v == "1") return std::string("on");
+  if (*v == "off" || *v == "0") return std::string("off");
+  return invalid_argument("KILN_PIN_THREADS='{}': expected auto, on or off", *v);
+}
+
+namespace {
+// The pinning mode the pool uses: KILN_PIN_THREADS, or "auto" (with a warning) when it is bad.
+std::string pin_mode() {
+  auto m = pin_mode_from_env();
+  if (m.ok()) return *m;
+  static const bool warned = [&] {
+    fmt::print(stderr, "kiln: warning: {}; using auto\n", m.status().message());
+    return true;
+  }();
+  (void)warned;
+  return "auto";
 }
 }  // namespace
 
@@ -94,8 +117,7 @@ const std::vector<int>& process_cpus() {
 ThreadPool::ThreadPool(int num_threads) {
   KILN_CHECK(num_threads >= 1);
   const std::vector<int>& cpus = process_cpus();
-  if (should_pin_threads(num_threads, static_cast<int>(cpus.size()), std::getenv("KILN_PIN_THREADS"),
-                         mpi_local_ranks()))
+  if (should_pin_threads(num_threads, static_cast<int>(cpus.size()), pin_mode().c_str(), mpi_local_ranks()))
     pin_cpus_.assign(cpus.begin(), cpus.begin() + num_threads);
   for (int t = 1; t < num_threads; ++t) workers_.emplace_back([this, t] { worker_loop(t); });
 }
@@ -200,11 +222,12 @@ void ThreadPool::run_impl(int64_t num_tasks, Thunk thunk, void* ctx) {
 
 namespace {
 int default_threads() {
-  if (const char* env = std::getenv("KILN_NUM_THREADS")) {
-    int n = std::atoi(env);
-    if (n >= 1) return n;
+  auto env = env_int("KILN_NUM_THREADS", 1, kMaxThreads);
+  if (!env.ok()) {  // `kiln` refuses this before any kernel runs; other programs get a warning
+    fmt::print(stderr, "kiln: warning: {}; using {} threads\n", env.status().message(), cpu_features().num_logical_cpus);
+    return cpu_features().num_logical_cpus;
   }
-  return cpu_features().num_logical_cpus;
+  return env->has_value() ? static_cast<int>(**env) : cpu_features().num_logical_cpus;
 }
 std::unique_ptr<ThreadPool>& pool_slot() {
   static std::unique_ptr<ThreadPool> pool = std::make_unique<ThreadPool>(default_threads());
@@ -217,10 +240,10 @@ ThreadPool& thread_pool() { return *pool_slot(); }
 std::string thread_placement() {
   const int threads = num_threads();
   const int cpus = static_cast<int>(process_cpus().size());
-  const char* mode = std::getenv("KILN_PIN_THREADS");
-  if (!should_pin_threads(threads, cpus, mode, mpi_local_ranks())) {
+  const std::string mode = pin_mode();
+  if (!should_pin_threads(threads, cpus, mode.c_str(), mpi_local_ranks())) {
     return fmt::format("not pinned ({} threads, {} CPUs in the affinity mask, KILN_PIN_THREADS={}{})",
-                       threads, cpus, mode && *mode ? mode : "auto",
+                       threads, cpus, mode,
                        mpi_local_ranks() > 1 ? ", several MPI ranks on this node" : "");
   }
   std::string workers;

@@ -13,6 +13,8 @@
 #include <string>
 #include <vector>
 
+#include "kiln/core/status.h"
+
 namespace kiln {
 
 class ThreadPool {
@@ -77,12 +79,16 @@ class ThreadPool {
 // (OMPI_COMM_WORLD_LOCAL_SIZE / MPI_LOCALNRANKS > 1: unbound ranks would all pin to the same
 // CPUs; bound ranks have a one-CPU mask anyway); "on" pins whenever 1 < threads <= CPUs.
 bool should_pin_threads(int threads, int mask_cpus, const char* mode, int mpi_local_ranks);
+// KILN_PIN_THREADS as one of "auto" (also when unset), "on", "off" ("1" and "0" mean on and off);
+// InvalidArgument for anything else (the library then warns and uses "auto").
+Expected<std::string> pin_mode_from_env();
 // The CPUs of the process's affinity mask, read once (before any worker is pinned).
 const std::vector<int>& process_cpus();
 // One line for `kiln info`: e.g. "workers pinned to CPU 1, caller steered to CPU 0".
 std::string thread_placement();
 
-// The process-wide pool. Default size: KILN_NUM_THREADS, else the number of online CPUs.
+// The process-wide pool. Default size: KILN_NUM_THREADS (1..kMaxThreads, see env.h; a bad value
+// warns), else the number of online CPUs.
 ThreadPool& thread_pool();
 int num_threads();
 // Resizes the global pool (call between parallel regions, e.g. from `--threads`).

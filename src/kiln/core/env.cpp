@@ -1,0 +1,57 @@
+// Parsing and validation of kiln's environment variables (see env.h). The library's readers
+// (thread_pool.cpp, cpu_features.cpp) parse with the same functions, so what main validated is
+// exactly what they use.
+#include "kiln/core/env.h"
+
+#include <cerrno>
+#include <cstdlib>
+#include <filesystem>
+#include <string>
+
+#include "kiln/core/cpu_features.h"
+#include "kiln/core/thread_pool.h"
+
+namespace kiln {
+
+std::optional<std::string_view> env_value(const char* name) {
+  const char* v = std::getenv(name);
+  if (v == nullptr || *v == '\0') return std::nullopt;
+  return std::string_view(v);
+}
+
+Expected<std::optional<long long>> env_int(const char* name, long long lo, long long hi) {
+  const auto v = env_value(name);
+  if (!v) return std::optional<long long>{};
+  const std::string s(*v);
+  errno = 0;
+  char* end = nullptr;
+  const long long n = std::strtoll(s.c_str(), &end, 10);
+  if (end == s.c_str() || *end != '\0' || errno == ERANGE || n < lo || n > hi)
+    return invalid_argument("{}='{}': expected an integer in [{}, {}]", name, s, lo, hi);
+  return std::optional<long long>{n};
+}
+
+namespace {
+
+// A file variable may name a file that does not exist yet (it is created on save), not a directory.
+Status check_file_var(const char* name) {
+  const auto v = env_value(name);
+  if (!v) return {};
+  std::error_code ec;
+  if (std::filesystem::is_directory(std::filesystem::path(*v), ec))
+    return invalid_argument("{}='{}' is a directory; expected a file path", name, *v);
+  return {};
+}
+
+}  // namespace
+
+Status validate_environment() {
+  if (auto n = env_int("KILN_NUM_THREADS", 1, kMaxThreads); !n.ok()) return n.status();
+  if (auto s = simd_target_from_env(); !s.ok()) return s.status();
+  if (auto p = pin_mode_from_env(); !p.ok()) return p.status();
+  for (const char* name : {"KILN_TUNE_FILE", "KILN_COMM_CALIBRATION"})
+    if (Status st = check_file_var(name); !st.ok()) return st;
+  return {};
+}
+
+}  // namespace kiln

@@ -1,0 +1,239 @@
+// Runs the `kiln` binary with bad flags and bad environment variables: each must end in a
+// non-zero exit, a message naming the flag or variable, and no crash (signal, std::terminate,
+// KILN_CHECK abort), before any work starts (a case still running after the timeout fails).
+#include <gtest/gtest.h>
+#include <fcntl.h>
+#include <poll.h>
+#include <signal.h>
+#include <spawn.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstring>
+#include <string>
+#include <vector>
+
+extern char** environ;
+
+namespace {
+
+struct RunResult {
+  bool exited = false;  // normal exit (not a signal, not our timeout)
+  int code = -1;
+  int signal = 0;
+  bool timed_out = false;
+  std::string output;  // stdout and stderr together
+};
+
+// Runs KILN_EXE with args and the extra environment entries ("NAME=value"); kills it after
+// timeout_s. Output is read while it runs, so a full pipe never blocks the child.
+RunResult run_kiln(const std::vector<std::string>& args, const std::vector<std::string>& env = {},
+                   int timeout_s = 60) {
+  std::vector<std::string> argv_s = {KILN_EXE};
+  argv_s.insert(argv_s.end(), args.begin(), args.end());
+  std::vector<char*> argv;
+  for (auto& a : argv_s) argv.push_back(a.data());
+  argv.push_back(nullptr);
+  std::vector<std::string> env_s;
+  for (char** e = environ; *e; ++e) {
+    const std::string kv = *e;
+    bool overridden = false;
+    for (const auto& x : env) overridden |= kv.substr(0, kv.find('=') + 1) == x.substr(0, x.find('=') + 1);
+    if (!overridden) env_s.push_back(kv);
+  }
+  env_s.insert(env_s.end(), env.begin(), env.end());
+  std::vector<char*> envp;
+  for (auto& e : env_s) envp.push_back(e.data());
+  envp.push_back(nullptr);
+
+  int fds[2];
+  RunResult r;
+  if (pipe(fds) != 0) return r;
+  posix_spawn_file_actions_t fa;
+  posix_spawn_file_actions_init(&fa);
+  posix_spawn_file_actions_adddup2(&fa, fds[1], 1);
+  posix_spawn_file_actions_adddup2(&fa, fds[1], 2);
+  posix_spawn_file_actions_addclose(&fa, fds[0]);
+  posix_spawn_file_actions_addopen(&fa, 0, "/dev/null", O_RDONLY, 0);
+  pid_t pid = -1;
+  const int rc = posix_spawn(&pid, argv[0], &fa, nullptr, argv.data(), envp.data());
+  posix_spawn_file_actions_destroy(&fa);
+  close(fds[1]);
+  if (rc != 0) {
+    close(fds[0]);
+    r.output = std::string("posix_spawn failed: ") + std::strerror(rc);
+    return r;
+  }
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(timeout_s);
+  char buf[4096];
+  for (;;) {
+    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
+    if (left.count() <= 0) {
+      r.timed_out = true;
+      kill(pid, SIGKILL);
+      break;
+    }
+    pollfd p{fds[0], POLLIN, 0};
+    if (poll(&p, 1, static_cast<int>(left.count())) <= 0) continue;
+    const ssize_t n = read(fds[0], buf, sizeof buf);
+    if (n <= 0) break;  // EOF: the child closed its output (exited)
+    r.output.append(buf, static_cast<size_t>(n));
+  }
+  close(fds[0]);
+  int status = 0;
+  waitpid(pid, &status, 0);
+  if (!r.timed_out && WIFEXITED(status)) {
+    r.exited = true;
+    r.code = WEXITSTATUS(status);
+  }
+  if (WIFSIGNALED(status)) r.signal = WTERMSIG(status);
+  return r;
+}
+
+struct BadCase {
+  std::vector<std::string> args;
+  std::string names;  // the message must contain this (the flag or variable)
+  std::vector<std::string> env = {};
+};
+
+std::string describe(const BadCase& c) {
+  std::string s;
+  for (const auto& e : c.env) s += e + " ";
+  s += "kiln";
+  for (const auto& a : c.args) s += " " + a;
+  return s;
+}
+
+void expect_clean_refusal(const BadCase& c) {
+  SCOPED_TRACE(describe(c));
+  const RunResult r = run_kiln(c.args, c.env);
+  EXPECT_FALSE(r.timed_out) << "still running after the timeout: the bad value was accepted\n" << r.output;
+  EXPECT_EQ(r.signal, 0) << "killed by signal " << r.signal << " (" << strsignal(r.signal) << ")\n" << r.output;
+  EXPECT_TRUE(r.exited && r.code != 0) << "exit code " << r.code << "\n" << r.output;
+  EXPECT_NE(r.output.find(c.names), std::string::npos) << "the message does not name " << c.names << ":\n" << r.output;
+  for (const char* crash : {"terminate called", "Aborted", "KILN_CHECK", "Check failed", "runtime error:"})
+    EXPECT_EQ(r.output.find(crash), std::string::npos) << "crash marker '" << crash << "':\n" << r.output;
+}
+
+const std::string kTokenizer = std::string(KILN_SOURCE_DIR) + "/tests/reference/kiln_tokenizer.json";
+
+TEST(CliFlags, GoodRunsSucceed) {  // the harness itself: a valid command exits 0
+  RunResult r = run_kiln({"info"});
+  EXPECT_TRUE(r.exited && r.code == 0) << r.output;
+  r = run_kiln({"info"}, {"KILN_NUM_THREADS=1", "KILN_SIMD=scalar", "KILN_PIN_THREADS=off"});
+  EXPECT_TRUE(r.exited && r.code == 0) << r.output;
+}
+
+TEST(CliFlags, BadFloatsAreRefused) {
+  const std::vector<BadCase> cases = {
+      {{"train", "--lr", "nan"}, "--lr"},
+      {{"train", "--lr", "NaN"}, "--lr"},
+      {{"train", "--lr", "inf"}, "--lr"},
+      {{"train", "--lr", "-1"}, "--lr"},
+      {{"train", "--lr", "1e400"}, "--lr"},
+      {{"train", "--lr", "0.1x"}, "--lr"},
+      {{"train", "--minutes", "nan"}, "--minutes"},
+      {{"train", "--weight-decay", "nan"}, "--weight-decay"},
+      {{"train", "--clip", "nan"}, "--clip"},
+      {{"train", "--clip", "inf"}, "--clip"},
+      {{"train", "--loss-scale", "nan"}, "--loss-scale"},
+      {{"train", "--loss-scale", "-2"}, "--loss-scale"},
+      {{"train", "--loss-scale", "inf"}, "--loss-scale"},
+      {{"train", "--loss-scale-init", "nan"}, "--loss-scale-init"},
+      {{"generate", "--model", "no-such-dir", "--temperature", "nan"}, "--temperature"},
+      {{"generate", "--model", "no-such-dir", "--temperature", "-1"}, "--temperature"},
+      {{"generate", "--model", "no-such-dir", "--top-p", "nan"}, "--top-p"},
+      {{"generate", "--model", "no-such-dir", "--top-p", "1.5"}, "--top-p"},
+      {{"quantize", "--model", "no-such-dir", "--alpha", "nan"}, "--alpha"},
+      {{"serve", "--model", "no-such-dir", "--kv-cache-mem", "nan"}, "--kv-cache-mem"},
+      {{"serve", "--model", "no-such-dir", "--kv-cache-mem", "inf"}, "--kv-cache-mem"},
+      {{"serve", "--model", "no-such-dir", "--kv-cache-mem", "-1G"}, "--kv-cache-mem"},
+      {{"bench", "serve", "--rate", "nan"}, "--rate"},
+      {{"bench", "serve", "--rate", "-1"}, "--rate"},
+      {{"bench", "serve", "--timeout", "nan"}, "--timeout"},
+      {{"bench", "serve", "--timeout", "inf"}, "--timeout"},
+      {{"bench", "serve", "--timeout", "-1"}, "--timeout"},
+      {{"bench", "serve", "--slo-ttft", "nan"}, "--slo-ttft"},
+      {{"bench", "serve", "--slo-tpot", "inf"}, "--slo-tpot"},
+      {{"bench", "serve", "--temperature", "nan"}, "--temperature"},
+      {{"bench", "numerics", "--max-n", "nan"}, "--max-n"},
+      {{"plan", "comm", "--topology", "h100-node", "--ranks", "8", "--size", "nan"}, "--size"},
+      {{"plan", "comm", "--topology", "h100-node", "--ranks", "8", "--size", "-1"}, "--size"},
+  };
+  for (const BadCase& c : cases) expect_clean_refusal(c);
+}
+
+TEST(CliFlags, BadIntegersAreRefused) {
+  const std::vector<BadCase> cases = {
+      {{"train", "--batch", "0"}, "--batch"},
+      {{"train", "--batch", "-4"}, "--batch"},
+      {{"train", "--batch", "99999999999999999999"}, "--batch"},
+      {{"train", "--seq", "0"}, "--seq"},
+      {{"train", "--seq", "100000"}, "--seq"},  // past the preset's context
+      {{"train", "--steps", "-5"}, "--steps"},
+      {{"train", "--grad-accum", "0"}, "--grad-accum"},
+      {{"train", "--vocab-size", "3"}, "--vocab-size"},
+      {{"train", "--eval-batches", "0"}, "--eval-batches"},
+      {{"generate", "--model", "no-such-dir", "--max-tokens", "0"}, "--max-tokens"},
+      {{"generate", "--model", "no-such-dir", "--samples", "0"}, "--samples"},
+      {{"generate", "--model", "no-such-dir", "--num-speculative", "0"}, "--num-speculative"},
+      {{"serve", "--model", "no-such-dir", "--port", "70000"}, "--port"},
+      {{"serve", "--model", "no-such-dir", "--block-size", "0"}, "--block-size"},
+      {{"serve", "--model", "no-such-dir", "--max-running", "0"}, "--max-running"},
+      {{"serve", "--model", "no-such-dir", "--http-threads", "0"}, "--http-threads"},
+      {{"quantize", "--model", "no-such-dir", "--bits", "5"}, "--bits"},
+      {{"quantize", "--model", "no-such-dir", "--group", "-2"}, "--group"},
+      {{"eval", "--model", "no-such-dir", "--seq", "0"}, "--seq"},
+      {{"eval", "--model", "no-such-dir", "--batches", "0"}, "--batches"},
+      {{"info", "--memory", "--batch", "0"}, "--batch"},
+      {{"info", "--memory", "--seq", "-1"}, "--seq"},
+      {{"bench", "serve", "--num", "0"}, "--num"},
+      {{"bench", "serve", "--shared-prefix", "-1"}, "--shared-prefix"},
+      {{"bench", "serve", "--prompt-len", "9:3"}, "--prompt-len"},
+      {{"bench", "serve", "--prompt-len", "x"}, "--prompt-len"},
+      {{"bench", "serve", "--output-len", "0:4"}, "--output-len"},
+      {{"bench", "comm", "--min-bytes", "0"}, "--min-bytes"},
+      {{"plan", "comm", "--topology", "h100-node"}, "--ranks"},
+      {{"plan", "comm", "--topology", "h100-node", "--ranks", "1"}, "--ranks"},
+      {{"tokenizer", "decode", "--tokenizer", kTokenizer, "--ids", "99999999999999999999"}, "--ids"},
+      {{"tokenizer", "decode", "--tokenizer", kTokenizer, "--ids", "-1"}, "--ids"},
+      {{"--threads", "0", "info"}, "--threads"},
+      {{"--threads", "nan", "info"}, "--threads"},
+  };
+  for (const BadCase& c : cases) expect_clean_refusal(c);
+}
+
+TEST(CliFlags, BadNamesAreRefused) {
+  const std::vector<BadCase> cases = {
+      {{"train", "--preset", "no-such-preset"}, "--preset"},
+      {{"train", "--precision", "fp64"}, "--precision"},
+      {{"train", "--checkpoint", "sometimes"}, "--checkpoint"},
+      {{"train", "--qat", "w3z"}, "--qat"},
+      {{"train", "--qat", "w4g128", "--precision", "bf16"}, "--qat"},
+      {{"train", "--attention", "fast"}, "--attention"},
+      {{"--simd", "avx9", "info"}, "--simd"},
+      {{"no-such-command"}, "no-such-command"},
+      {{"train", "--no-such-flag"}, "--no-such-flag"},
+  };
+  for (const BadCase& c : cases) expect_clean_refusal(c);
+}
+
+TEST(CliEnvironment, BadValuesAreRefused) {
+  const std::vector<BadCase> cases = {
+      {{"info"}, "KILN_NUM_THREADS", {"KILN_NUM_THREADS=abc"}},
+      {{"info"}, "KILN_NUM_THREADS", {"KILN_NUM_THREADS=0"}},
+      {{"info"}, "KILN_NUM_THREADS", {"KILN_NUM_THREADS=-3"}},
+      {{"info"}, "KILN_NUM_THREADS", {"KILN_NUM_THREADS=4x"}},
+      {{"info"}, "KILN_NUM_THREADS", {"KILN_NUM_THREADS=99999999999999999999"}},
+      {{"info"}, "KILN_SIMD", {"KILN_SIMD=avx9"}},
+      {{"info"}, "KILN_PIN_THREADS", {"KILN_PIN_THREADS=sometimes"}},
+      {{"info"}, "KILN_TUNE_FILE", {"KILN_TUNE_FILE=/"}},
+      {{"info"}, "KILN_COMM_CALIBRATION", {"KILN_COMM_CALIBRATION=/"}},
+      // Checked before the subcommand runs, whatever it is.
+      {{"train", "--steps", "1"}, "KILN_NUM_THREADS", {"KILN_NUM_THREADS=many"}},
+  };
+  for (const BadCase& c : cases) expect_clean_refusal(c);
+}
+
+}  // namespace
