@@ -17,6 +17,8 @@
 
 #include <nlohmann/json.hpp>
 
+#include "kiln/core/file_io.h"
+#include "kiln/core/json.h"
 #include "kiln/dist/communicator.h"
 #include "kiln/dist/detail.h"
 
@@ -373,14 +375,14 @@ AlphaBetaTable from_flat(const double* v) {
 }
 
 json read_json_file(const std::string& path) {
-  std::ifstream in(path);
-  if (!in) return json::object();
-  json j = json::parse(in, nullptr, /*allow_exceptions=*/false);
-  if (j.is_discarded() || !j.is_object()) {
+  auto text = read_file(path, int64_t{64} << 20);
+  if (!text.ok()) return json::object();  // absent: no calibration yet
+  auto j = parse_json(*text, path);
+  if (!j.ok() || !j->is_object()) {
     std::fprintf(stderr, "kiln: ignoring malformed calibration file %s\n", path.c_str());
     return json::object();
   }
-  return j;
+  return std::move(*j);
 }
 
 // A fit is {"knots": [[bytes, alpha_s, beta_s_per_byte], ...]} with ascending bytes; anything
