@@ -1,10 +1,13 @@
 // The topology model of `kiln plan comm` against hand-computed values: ring and hierarchical
 // all-reduce on H100 nodes, Rabenseifner across nodes, dimension rings on a torus, the
 // bisection bound of all-to-all, torus shapes and size parsing.
+#include <algorithm>
 #include <cmath>
 
 #include <gtest/gtest.h>
 
+#include "kiln/dist/cost_model.h"
+#include "kiln/dist/types.h"
 #include "kiln/perf/comm_model.h"
 
 namespace kiln::perf {
@@ -85,6 +88,49 @@ TEST(CommModel, AllToAllBisectionBound) {
   EXPECT_NE((*v)[0].note.find("bisection"), std::string::npos);
   const auto ib = find_topology("h100-ib");
   EXPECT_DOUBLE_EQ(bisection_bandwidth(*ib, 64), 32 * 50e9);
+}
+
+// One model: every algorithm of the collectives layer that implements a modelled op has a
+// prediction on every topology (a new algorithm without one fails here), and on one switched
+// node (every step on NVLink) its time is the collectives layer's own terms on that link.
+TEST(CommModel, EveryCollectiveAlgorithmIsModelledAndOneNodeUsesTheLayersTerms) {
+  const std::pair<ModelOp, dist::CollOp> ops[] = {{ModelOp::kAllReduce, dist::CollOp::kAllReduce},
+                                                  {ModelOp::kAllGather, dist::CollOp::kAllGather},
+                                                  {ModelOp::kReduceScatter, dist::CollOp::kReduceScatter},
+                                                  {ModelOp::kAllToAll, dist::CollOp::kAllToAll}};
+  for (const Topology& t : topologies()) {
+    for (const int p : {2, 3, 6, 8, 64}) {
+      if (p > t.max_ranks) continue;
+      for (const auto& [op, coll] : ops) {
+        const auto v = predict_comm(t, op, p, 3.0 * (1 << 20));
+        ASSERT_TRUE(v.ok()) << v.status().message();
+        for (const dist::AlgoInfo& info : dist::kAlgoInfos) {
+          if (info.algo == dist::Algo::kAuto || info.algo == dist::Algo::kMpi || !dist::algo_implements(info.algo, coll))
+            continue;
+          // The hierarchical algorithm exists only across several nodes.
+          if (info.algo == dist::Algo::kHierarchical && (t.kind != TopologyKind::kSwitched || p <= t.ranks_per_node))
+            continue;
+          const bool found = std::any_of(v->begin(), v->end(), [&](const CommPrediction& c) { return c.algo == info.name; });
+          EXPECT_TRUE(found) << t.name << " p " << p << " " << model_op_name(op) << ": no prediction for " << info.name;
+        }
+      }
+    }
+  }
+  const Topology node = *find_topology("h100-node");
+  for (const int p : {3, 6, 8})
+    for (const auto& [op, coll] : ops) {
+      const double n = 5.0 * (1 << 20);
+      const auto v = predict_comm(node, op, p, n);
+      ASSERT_TRUE(v.ok());
+      for (const CommPrediction& c : *v) {
+        if (c.algo == "double_binary_tree") continue;  // NCCL-style trees, not kiln's chunked ones
+        const auto a = dist::parse_algo(c.algo);
+        ASSERT_TRUE(a.has_value()) << c.algo;
+        const dist::AlgoCost terms = dist::algo_cost(coll, *a, p, n);
+        EXPECT_NEAR(c.seconds, terms.steps * node.intra.latency_s + terms.bw_bytes / node.intra.bw_bytes_per_s,
+                    1e-15) << c.algo << " p " << p;
+      }
+    }
 }
 
 TEST(CommModel, ErrorsAndSizes) {

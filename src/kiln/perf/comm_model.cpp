@@ -2,12 +2,18 @@
 // terms per step, with the link that step crosses: NVLink inside a node, the GPU's own NIC
 // across nodes, one torus link per hop. Link figures are the vendors' published per-direction
 // bandwidths; latencies are assumptions (stated in the table) of a few microseconds.
+// One model with the collectives layer's: where every step crosses the same link (one switched
+// node), an algorithm's steps and bytes are dist::algo_cost's, the terms `auto` selects with on
+// this machine; across nodes and on tori the steps are priced per link as below.
 #include "kiln/perf/comm_model.h"
 
 #include <algorithm>
 #include <cctype>
 #include <cmath>
 #include <string>
+
+#include "kiln/dist/cost_model.h"
+#include "kiln/dist/detail.h"
 
 namespace kiln::perf {
 namespace {
@@ -28,6 +34,26 @@ int floor_pow2(int p) {
 struct Step {
   double alpha, bw;
 };
+
+using dist::Algo;
+std::string name_of(Algo a) { return std::string(dist::algo_name(a)); }
+
+dist::CollOp coll_op_of(ModelOp op) {
+  switch (op) {
+    case ModelOp::kAllReduce: return dist::CollOp::kAllReduce;
+    case ModelOp::kAllGather: return dist::CollOp::kAllGather;
+    case ModelOp::kReduceScatter: return dist::CollOp::kReduceScatter;
+    case ModelOp::kAllToAll: return dist::CollOp::kAllToAll;
+  }
+  return dist::CollOp::kAllReduce;
+}
+
+// The collectives layer's terms priced on one link (the reduction's arithmetic is not a link
+// cost: GPUs reduce at far above link speed).
+double on_one_link(ModelOp op, Algo a, int p, double n, const Step& link) {
+  const dist::AlgoCost c = dist::algo_cost(coll_op_of(op), a, p, n);
+  return c.steps * link.alpha + c.bw_bytes / link.bw;
+}
 
 CommPrediction make(std::string algo, double seconds, double nbytes, ModelOp op, int p,
                     std::string note = "") {
@@ -154,15 +180,26 @@ Expected<std::vector<CommPrediction>> predict_comm(const Topology& t, ModelOp op
     };
     const double fold = p > p2 ? 2 * (in.alpha + n / in.bw) : 0;  // neighbours share a node
     if (op == ModelOp::kAllReduce) {
-      out.push_back(make("ring", 2 * (p - 1) * ring.alpha + 2 * fp * n / ring.bw, n, op, p, ring_note));
+      out.push_back(make(name_of(Algo::kRing), multi ? 2 * (p - 1) * ring.alpha + 2 * fp * n / ring.bw
+                                                      : on_one_link(op, Algo::kRing, p, n, in),
+                         n, op, p, ring_note));
       // NCCL-style tree: binary trees across nodes (alpha_inter per level), in-node levels on
       // NVLink; each rank moves ~2n in total.
       const int levels = ceil_log2(p), inter_levels = multi ? ceil_log2(nodes) : 0;
       const double tree_alpha = inter_levels * across.alpha + (levels - inter_levels) * in.alpha;
-      out.push_back(make("double_binary_tree", 2 * tree_alpha + 2 * n / ring.bw, n, op, p,
-                         "depth lg p: latency grows like lg p"));
-      out.push_back(make("rabenseifner", 2 * halving(n) + fold, n, op, p,
+      out.push_back(make(name_of(Algo::kDoubleBinaryTree), 2 * tree_alpha + 2 * n / ring.bw, n, op, p,
+                         "NCCL-style trees, depth lg p: latency grows like lg p"));
+      out.push_back(make(name_of(Algo::kRabenseifner),
+                         multi ? 2 * halving(n) + fold : on_one_link(op, Algo::kRabenseifner, p, n, in), n, op, p,
                          multi ? "far partners use one NIC (50 GB/s)" : "NVLink"));
+      double doubling = fold;  // lg p rounds, the whole vector each
+      for (int d = p2 / 2; d >= 1; d /= 2) {
+        const Step& st = (multi && d >= g) ? across : in;
+        doubling += st.alpha + n / st.bw;
+      }
+      out.push_back(make(name_of(Algo::kRecursiveDoubling),
+                         multi ? doubling : on_one_link(op, Algo::kRecursiveDoubling, p, n, in), n, op, p,
+                         "the whole vector every round: for small messages"));
       if (multi) {
         // Reduce-scatter in the node (NVLink), all-reduce of the 1/g shard across nodes on the
         // GPU's own NIC, all-gather in the node. The phases overlap in chunks (as NCCL's do),
@@ -174,23 +211,28 @@ Expected<std::vector<CommPrediction>> predict_comm(const Topology& t, ModelOp op
         const double inter_ring = 2 * (nodes - 1) * across.alpha + std::max(intra_bw, ring_bw);
         const double inter_tree = 2 * ceil_log2(nodes) * across.alpha + std::max(intra_bw, tree_bw);
         const bool tree_wins = inter_tree < inter_ring;
-        out.push_back(make("hierarchical", 2 * (g - 1) * in.alpha + std::min(inter_ring, inter_tree),
+        out.push_back(make(name_of(Algo::kHierarchical), 2 * (g - 1) * in.alpha + std::min(inter_ring, inter_tree),
                            n, op, p,
                            tree_wins ? "RS/AG in node, tree across nodes: 2(g-1) + 2 lg N steps"
                                      : "RS/AG in node, ring across nodes: 2(g-1) + 2(N-1) steps"));
       }
     } else if (op == ModelOp::kAllGather || op == ModelOp::kReduceScatter) {
-      out.push_back(make("ring", (p - 1) * ring.alpha + fp * n / ring.bw, n, op, p, ring_note));
-      out.push_back(make(op == ModelOp::kAllGather ? "recursive_doubling" : "recursive_halving",
-                         halving(n) + fold / 2, n, op, p,
+      out.push_back(make(name_of(Algo::kRing), multi ? (p - 1) * ring.alpha + fp * n / ring.bw
+                                                      : on_one_link(op, Algo::kRing, p, n, in),
+                         n, op, p, ring_note));
+      const Algo rd = op == ModelOp::kAllGather ? Algo::kRecursiveDoubling : Algo::kRecursiveHalving;
+      out.push_back(make(name_of(rd), multi ? halving(n) + fold / 2 : on_one_link(op, rd, p, n, in), n, op, p,
                          multi ? "far partners use one NIC (50 GB/s)" : "NVLink"));
-    } else {  // all-to-all
+    } else {  // all-to-all: pairwise (p - 1 exchanges in turn) or scattered (a window at once)
       const double inter_part = multi ? static_cast<double>(p - g) / p * n / across.bw : 0;
       const double intra_part = (std::min(p, g) - 1.0) / p * n / in.bw;
-      const double pairwise = (p - 1) * (multi ? across.alpha : in.alpha) + std::max(inter_part, intra_part);
       const double bisect = p * n / 4 / bisection_bandwidth(t, p);
-      out.push_back(make("pairwise", std::max(pairwise, bisect), n, op, p,
-                         bisect > pairwise ? "bisection-bound" : "injection-bound"));
+      for (const Algo a : {Algo::kPairwise, Algo::kScattered}) {
+        const double steps = dist::algo_cost(dist::CollOp::kAllToAll, a, p, n).steps;
+        const double injection = steps * (multi ? across.alpha : in.alpha) + std::max(inter_part, intra_part);
+        out.push_back(make(name_of(a), std::max(injection, bisect), n, op, p,
+                           bisect > injection ? "bisection-bound" : "injection-bound"));
+      }
     }
     return out;
   }
@@ -210,24 +252,32 @@ Expected<std::vector<CommPrediction>> predict_comm(const Topology& t, ModelOp op
     return s;
   };
   if (op == ModelOp::kAllReduce) {
-    out.push_back(make("ring", 2 * (p - 1) * a + 2 * fp * n / (2 * B), n, op, p,
+    out.push_back(make(name_of(Algo::kRing), 2 * (p - 1) * a + 2 * fp * n / (2 * B), n, op, p,
                        "one ring snaking through all " + shape_s + " chips"));
     out.push_back(make("torus_rings", 2 * dim_rings(), n, op, p,
                        "a bidirectional ring per dimension of " + shape_s));
-    out.push_back(make("double_binary_tree", 2 * ceil_log2(p) * a + 2 * n / B, n, op, p,
+    out.push_back(make(name_of(Algo::kDoubleBinaryTree), 2 * ceil_log2(p) * a + 2 * n / B, n, op, p,
                        "depth lg p, one link per edge"));
     const double fold = p > p2 ? 2 * (a + n / B) : 0;
-    out.push_back(make("rabenseifner", 2 * std::log2(p2) * a + 2.0 * (p2 - 1) / p2 * n / B + fold,
+    out.push_back(make(name_of(Algo::kRecursiveDoubling), std::log2(p2) * (a + n / B) + fold, n, op, p,
+                       "the whole vector every round; assumes far partners' paths do not contend"));
+    out.push_back(make(name_of(Algo::kRabenseifner), 2 * std::log2(p2) * a + 2.0 * (p2 - 1) / p2 * n / B + fold,
                        n, op, p, "assumes far partners' paths do not contend"));
   } else if (op == ModelOp::kAllGather || op == ModelOp::kReduceScatter) {
-    out.push_back(make("ring", (p - 1) * a + fp * n / (2 * B), n, op, p, "one ring through all chips"));
+    out.push_back(make(name_of(Algo::kRing), (p - 1) * a + fp * n / (2 * B), n, op, p, "one ring through all chips"));
+    const double fold = p > p2 ? a + n / B : 0;
+    out.push_back(make(name_of(op == ModelOp::kAllGather ? Algo::kRecursiveDoubling : Algo::kRecursiveHalving),
+                       std::log2(p2) * a + (p2 - 1.0) / p2 * n / B + fold, n, op, p,
+                       "assumes far partners' paths do not contend"));
     out.push_back(make("torus_rings", dim_rings(), n, op, p, "a ring per dimension of " + shape_s));
   } else {
     const double inj = 2.0 * t.torus_dims * B;  // every link of the chip
-    const double pairwise = (p - 1) * a + fp * n / inj;
     const double bisect = p * n / 4 / bisection_bandwidth(t, p);
-    out.push_back(make("pairwise", std::max(pairwise, bisect), n, op, p,
-                       bisect > pairwise ? "bisection-bound (" + shape_s + ")" : "injection-bound"));
+    for (const Algo alg : {Algo::kPairwise, Algo::kScattered}) {
+      const double injection = dist::algo_cost(dist::CollOp::kAllToAll, alg, p, n).steps * a + fp * n / inj;
+      out.push_back(make(name_of(alg), std::max(injection, bisect), n, op, p,
+                         bisect > injection ? "bisection-bound (" + shape_s + ")" : "injection-bound"));
+    }
   }
   return out;
 }
