@@ -114,7 +114,9 @@ TEST(Safetensors, AcceptsExactlyWhatTheReferenceAccepts) {
   for (const Case& c : cases()) {
     auto h = parse(c.bytes);
     EXPECT_EQ(h.ok(), c.accept) << c.name << ": " << (h.ok() ? "accepted" : h.status().message());
-    if (!h.ok()) EXPECT_EQ(h.status().code(), StatusCode::kDataLoss) << c.name;
+    if (!h.ok()) {
+      EXPECT_EQ(h.status().code(), StatusCode::kDataLoss) << c.name;
+    }
   }
 }
 
