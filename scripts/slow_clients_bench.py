@@ -12,15 +12,14 @@ import argparse
 import http.client
 import json
 import os
-import re
 import socket
 import statistics
-import subprocess
+import sys
 import tempfile
 import time
 
-TEXT = ("In the beginning God created the heaven and the earth. And the earth was without form, and void; "
-        "and darkness was upon the face of the deep. And God said, Let there be light: and there was light.\n") * 40
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "tests", "reference"))
+from kiln_fixture import serving, train_tiny  # noqa: E402
 
 
 def timed(port, method, path, body=None):
@@ -55,26 +54,9 @@ def main():
     ap.add_argument("--http-threads", type=int, default=128)
     a = ap.parse_args()
     with tempfile.TemporaryDirectory() as work:
-        model = a.model
-        if not model:
-            with open(os.path.join(work, "corpus.txt"), "w") as f:
-                f.write(TEXT)
-            model = os.path.join(work, "tiny")
-            subprocess.run([a.kiln, "--threads", "1", "train", "--preset", "llama-tiny", "--text",
-                            os.path.join(work, "corpus.txt"), "--data", os.path.join(work, "data"), "--vocab-size",
-                            "300", "--steps", "2", "--batch", "2", "--seq", "32", "--eval-every", "0", "--out", model],
-                           check=True, stdout=subprocess.DEVNULL)
-        server = subprocess.Popen([a.kiln, "--threads", "1", "serve", "--model", model, "--port", "0",
-                                   "--http-threads", str(a.http_threads), "--request-timeout", "600",
-                                   "--max-connections", str(a.slow + 64)],
-                                  stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-        try:
-            port = None
-            for line in server.stdout:
-                m = re.search(r"listening on http://127\.0\.0\.1:(\d+)", line)
-                if m:
-                    port = int(m.group(1))
-                    break
+        model = a.model or train_tiny(a.kiln, work)
+        with serving(a.kiln, model, "--http-threads", str(a.http_threads), "--request-timeout", "600",
+                     "--max-connections", str(a.slow + 64)) as (server, port):
             series(port, 5)  # warm-up
             alone = series(port, a.reps)
             slow = []
@@ -87,9 +69,6 @@ def main():
             beside = series(port, a.reps)
             for s in slow:
                 s.close()
-        finally:
-            server.terminate()
-            server.wait(timeout=30)
     cpu = "?"
     with open("/proc/cpuinfo") as f:
         for line in f:

@@ -18,12 +18,10 @@ import argparse
 import glob
 import json
 import os
-import socket
-import subprocess
 import sys
 import tempfile
-import time
-import urllib.request
+
+from kiln_fixture import expect, run, serving, train_tiny
 
 SKIP = 77
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -42,8 +40,6 @@ except ImportError as e:
     print(f"SKIP lm_eval_check: {e} (pip install 'lm-eval[api]' transformers numpy)")
     sys.exit(SKIP)
 
-TEXT = ("In the beginning God created the heaven and the earth. And the earth was without form, and void; "
-        "and darkness was upon the face of the deep. And God said, Let there be light: and there was light.\n") * 40
 
 # lm-eval joins context and choice with its target_delimiter, " ".
 EXAMPLES = [
@@ -69,26 +65,6 @@ metric_list:
 """
 
 
-def run(cmd, env=None):
-    p = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
-    if p.returncode != 0:
-        print(p.stdout[-6000:])
-        raise SystemExit(f"failed ({p.returncode}): {' '.join(cmd)}")
-    return p.stdout
-
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def expect(cond, what):
-    if not cond:
-        raise SystemExit(f"FAIL: {what}")
-    print(f"ok: {what}")
-
-
 def kiln_loglikelihood(kiln, model_dir, tokens, ctxlen, work):
     """Sum of log p(tokens[t] | tokens[<t]) for t >= ctxlen, from kiln eval's dense forward."""
     out = os.path.join(work, "logits.npy")
@@ -105,12 +81,7 @@ def main():
     ap.add_argument("--kiln", default=os.path.join(ROOT, "build", "kiln"))
     args = ap.parse_args()
     with tempfile.TemporaryDirectory() as work:
-        with open(os.path.join(work, "corpus.txt"), "w") as f:
-            f.write(TEXT)
-        model_dir = os.path.join(work, "tiny")
-        run([args.kiln, "--threads", "1", "train", "--preset", "llama-tiny", "--text", os.path.join(work, "corpus.txt"),
-             "--data", os.path.join(work, "data"), "--vocab-size", "300", "--steps", "20", "--batch", "4", "--seq", "32",
-             "--eval-every", "0", "--out", model_dir])
+        model_dir = train_tiny(args.kiln, work, steps=20, batch=4)
         # The model's own tokenizer.json, loaded by transformers as a plain fast tokenizer (lm-eval
         # encodes context and continuation with it and sends token ids).
         tok_dir = os.path.join(work, "tokenizer")
@@ -129,20 +100,8 @@ def main():
         with open(os.path.join(task_dir, "kiln_tiny_mc.yaml"), "w") as f:
             f.write(TASK_YAML.format(data=data))
 
-        port = free_port()
-        server = subprocess.Popen([args.kiln, "--threads", "1", "serve", "--model", model_dir, "--port", str(port),
-                                   "--served-model-name", "tiny", "--kv-cache-mem", "64M"],
-                                  stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-        try:
+        with serving(args.kiln, model_dir, "--served-model-name", "tiny", "--kv-cache-mem", "64M") as (_, port):
             base = f"http://127.0.0.1:{port}"
-            for _ in range(200):
-                try:
-                    urllib.request.urlopen(base + "/health", timeout=1)
-                    break
-                except OSError:
-                    if server.poll() is not None:
-                        raise SystemExit("kiln serve exited:\n" + server.stdout.read())
-                    time.sleep(0.05)
             env = dict(os.environ, HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1", TRANSFORMERS_OFFLINE="1",
                        HF_DATASETS_CACHE=os.path.join(work, "hf_datasets"), TOKENIZERS_PARALLELISM="false")
             out_dir = os.path.join(work, "out")
@@ -154,12 +113,6 @@ def main():
             print("$ " + " ".join(cmd))
             log = run(cmd, env=env)
             print("\n".join(line for line in log.splitlines() if "|" in line))  # lm-eval's result table
-        finally:
-            server.terminate()
-            try:
-                server.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                server.kill()
 
         samples = glob.glob(os.path.join(out_dir, "**", "samples_kiln_tiny_mc_*.jsonl"), recursive=True)
         expect(len(samples) == 1, f"lm-eval wrote its per-example samples ({samples})")

@@ -14,12 +14,11 @@ Run:  /usr/bin/python3 tests/reference/openai_client_check.py [--kiln build/kiln
 import argparse
 import json
 import os
-import socket
-import subprocess
 import sys
 import tempfile
-import time
 import urllib.request
+
+from kiln_fixture import expect, serving, train_tiny
 
 SKIP = 77
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -31,62 +30,15 @@ except ImportError:
           "(/usr/bin/python3 -m pip install --break-system-packages openai)")
     sys.exit(SKIP)
 
-TEXT = ("In the beginning God created the heaven and the earth. And the earth was without form, and void; "
-        "and darkness was upon the face of the deep. And God said, Let there be light: and there was light.\n") * 40
-
-
-def run(cmd):
-    p = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    if p.returncode != 0:
-        print(p.stdout)
-        raise SystemExit(f"failed ({p.returncode}): {' '.join(cmd)}")
-    return p.stdout
-
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def expect(cond, what):
-    if not cond:
-        raise SystemExit(f"FAIL: {what}")
-    print(f"ok: {what}")
-
-
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--kiln", default=os.path.join(ROOT, "build", "kiln"))
     args = ap.parse_args()
     with tempfile.TemporaryDirectory() as work:
-        with open(os.path.join(work, "corpus.txt"), "w") as f:
-            f.write(TEXT)
-        model_dir = os.path.join(work, "tiny")
-        run([args.kiln, "--threads", "1", "train", "--preset", "llama-tiny", "--text", os.path.join(work, "corpus.txt"),
-             "--data", os.path.join(work, "data"), "--vocab-size", "300", "--steps", "2", "--batch", "2", "--seq", "32",
-             "--eval-every", "0", "--out", model_dir])
-        port = free_port()
-        server = subprocess.Popen([args.kiln, "--threads", "1", "serve", "--model", model_dir, "--port", str(port),
-                                   "--api-key", "test-key", "--served-model-name", "tiny", "--kv-cache-mem", "64M"],
-                                  stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-        try:
-            base = f"http://127.0.0.1:{port}"
-            for _ in range(200):
-                try:
-                    urllib.request.urlopen(base + "/health", timeout=1)
-                    break
-                except OSError:
-                    if server.poll() is not None:
-                        raise SystemExit("kiln serve exited:\n" + server.stdout.read())
-                    time.sleep(0.05)
-            check(base)
-        finally:
-            server.terminate()
-            try:
-                server.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                server.kill()
+        model_dir = train_tiny(args.kiln, work)
+        with serving(args.kiln, model_dir, "--api-key", "test-key", "--served-model-name", "tiny",
+                     "--kv-cache-mem", "64M") as (_, port):
+            check(f"http://127.0.0.1:{port}")
     print("PASS openai_client_check")
 
 

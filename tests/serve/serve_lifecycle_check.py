@@ -19,32 +19,17 @@ import argparse
 import http.client
 import json
 import os
-import re
 import signal
 import socket
-import subprocess
 import sys
 import tempfile
 import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-TEXT = ("In the beginning God created the heaven and the earth. And the earth was without form, and void; "
-        "and darkness was upon the face of the deep. And God said, Let there be light: and there was light.\n") * 40
+sys.path.insert(0, os.path.join(ROOT, "tests", "reference"))
+from kiln_fixture import expect, serving, train_tiny  # noqa: E402
+
 LIVENESS_S = 20
-
-
-def run(cmd):
-    p = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    if p.returncode != 0:
-        print(p.stdout)
-        raise SystemExit(f"failed ({p.returncode}): {' '.join(cmd)}")
-    return p.stdout
-
-
-def expect(cond, what):
-    if not cond:
-        raise SystemExit(f"FAIL: {what}")
-    print(f"ok: {what}")
 
 
 def request(port, method, path, body=None, timeout=LIVENESS_S):
@@ -79,29 +64,11 @@ def main():
     ap.add_argument("--kiln", default=os.path.join(ROOT, "build", "kiln"))
     args = ap.parse_args()
     with tempfile.TemporaryDirectory() as work:
-        with open(os.path.join(work, "corpus.txt"), "w") as f:
-            f.write(TEXT)
-        model = os.path.join(work, "tiny")
-        run([args.kiln, "--threads", "1", "train", "--preset", "llama-tiny", "--text", os.path.join(work, "corpus.txt"),
-             "--data", os.path.join(work, "data"), "--vocab-size", "300", "--steps", "2", "--batch", "2", "--seq", "32",
-             "--eval-every", "0", "--out", model])
-        server = subprocess.Popen([args.kiln, "--threads", "1", "serve", "--model", model, "--port", "0",
-                                   "--served-model-name", "tiny", "--kv-cache-mem", "64M", "--http-threads", "4",
-                                   "--request-timeout", "2", "--max-connections", "200", "--drain-timeout", "3"],
-                                  stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-        port = None
-        for line in server.stdout:
-            m = re.search(r"listening on http://127\.0\.0\.1:(\d+)", line)
-            if m:
-                port = int(m.group(1))
-                break
-        expect(port is not None, "kiln serve listens")
-        try:
+        model = train_tiny(args.kiln, work)
+        with serving(args.kiln, model, "--served-model-name", "tiny", "--kv-cache-mem", "64M", "--http-threads", "4",
+                     "--request-timeout", "2", "--max-connections", "200", "--drain-timeout", "3") as (server, port):
+            expect(True, "kiln serve listens")
             check(server, port)
-        finally:
-            if server.poll() is None:
-                server.kill()
-                server.wait()
 
 
 def check(server, port):

@@ -1,0 +1,67 @@
+"""What the Python checks and scripts share (standard library only): running kiln, training a
+tiny model in seconds, and `kiln serve` on a free loopback port.
+
+    from kiln_fixture import TEXT, run, expect, train_tiny, serving
+    with tempfile.TemporaryDirectory() as work:
+        model = train_tiny(kiln, work)
+        with serving(kiln, model, "--served-model-name", "tiny") as (server, port):
+            ...
+"""
+import contextlib
+import os
+import re
+import subprocess
+
+TEXT = ("In the beginning God created the heaven and the earth. And the earth was without form, and void; "
+        "and darkness was upon the face of the deep. And God said, Let there be light: and there was light.\n") * 40
+
+
+def run(cmd, env=None):
+    """Runs cmd; on failure prints its output's tail and exits naming the command."""
+    p = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
+    if p.returncode != 0:
+        print(p.stdout[-6000:])
+        raise SystemExit(f"failed ({p.returncode}): {' '.join(cmd)}")
+    return p.stdout
+
+
+def expect(cond, what):
+    if not cond:
+        raise SystemExit(f"FAIL: {what}")
+    print(f"ok: {what}")
+
+
+def train_tiny(kiln, work, steps=2, batch=2, preset="llama-tiny", name="tiny"):
+    """A model directory from `kiln train` on TEXT (BPE vocabulary 300, sequences of 32)."""
+    corpus = os.path.join(work, "corpus.txt")
+    with open(corpus, "w") as f:
+        f.write(TEXT)
+    out = os.path.join(work, name)
+    run([kiln, "--threads", "1", "train", "--preset", preset, "--text", corpus, "--data", os.path.join(work, "data"),
+         "--vocab-size", "300", "--steps", str(steps), "--batch", str(batch), "--seq", "32", "--eval-every", "0",
+         "--out", out])
+    return out
+
+
+@contextlib.contextmanager
+def serving(kiln, model, *args):
+    """`kiln serve --model MODEL --port 0 ARGS...`: yields (process, port) once it listens; kills
+    it on the way out unless it has exited."""
+    server = subprocess.Popen([kiln, "--threads", "1", "serve", "--model", model, "--port", "0", *args],
+                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        port = None
+        seen = []
+        for line in server.stdout:
+            seen.append(line)
+            m = re.search(r"listening on http://[^:]+:(\d+)", line)
+            if m:
+                port = int(m.group(1))
+                break
+        if port is None:
+            raise SystemExit("kiln serve exited before listening:\n" + "".join(seen))
+        yield server, port
+    finally:
+        if server.poll() is None:
+            server.kill()
+            server.wait()
