@@ -1,9 +1,13 @@
 // `kiln serve --model DIR`: the OpenAI-compatible server (src/kiln/serve/server.h) over the
 // serving engine, with the KV-cache and scheduler flags. Binds loopback unless --host says
-// otherwise; SIGINT/SIGTERM stop it cleanly.
+// otherwise; SIGINT/SIGTERM drain it: running requests end with an error, replies finish
+// within --drain-timeout, then it exits 0.
 #include <fmt/format.h>
 
-#include <atomic>
+#include <fcntl.h>
+#include <poll.h>
+#include <unistd.h>
+
 #include <csignal>
 #include <filesystem>
 
@@ -46,13 +50,31 @@ struct ServeArgs {
   EngineConfig engine;
   bool no_prefix_caching = false;
   bool no_packed_weights = false;
+  double request_timeout_s = 10, keep_alive_timeout_s = 5, drain_timeout_s = 10;
 };
 
-// SIGINT/SIGTERM stop the server: httplib's stop() only swaps and shuts down the listening
-// socket (atomic exchange, shutdown, close), which is safe in a signal handler.
-std::atomic<Server*> g_server{nullptr};
-extern "C" void on_stop_signal(int) {
-  if (Server* s = g_server.load()) s->stop();
+// SIGINT/SIGTERM: the handler only writes the signal's number to a pipe (async-signal-safe,
+// whichever thread it lands on); the main thread reads it and drains the server.
+int g_signal_pipe[2] = {-1, -1};
+extern "C" void on_stop_signal(int sig) {
+  const char c = static_cast<char>(sig);
+  [[maybe_unused]] const ssize_t n = ::write(g_signal_pipe[1], &c, 1);
+}
+
+// Blocks until SIGINT/SIGTERM (returns its number) or until the server stopped by itself (0).
+int wait_for_stop_signal(const Server& server) {
+  for (;;) {
+    pollfd p{g_signal_pipe[0], POLLIN, 0};
+    if (::poll(&p, 1, 500) > 0) {
+      char c = 0;
+      if (::read(g_signal_pipe[0], &c, 1) == 1) return c;
+    }
+    if (!server.running()) return 0;
+  }
+}
+
+std::chrono::milliseconds millis(double seconds) {
+  return std::chrono::milliseconds(static_cast<int64_t>(seconds * 1000));
 }
 
 void run_serve(ServeArgs a) {
@@ -62,6 +84,8 @@ void run_serve(ServeArgs a) {
   a.engine.enable_prefix_caching = !a.no_prefix_caching;
   a.engine.packed_weights = !a.no_packed_weights;
   a.engine.scheduler.batching = *parse_batching_mode(a.batching);
+  a.server.request_timeout = millis(a.request_timeout_s);
+  a.server.keep_alive_timeout = millis(a.keep_alive_timeout_s);
   auto served = load_served_model(a.model);
   if (!served.ok()) fail(served.status());
   const ModelConfig cfg = served->model->config();
@@ -90,13 +114,23 @@ void run_serve(ServeArgs a) {
              a.engine.scheduler.max_batched_tokens, a.engine.scheduler.prefill_chunk, a.engine.scheduler.max_running);
   fmt::print("kiln serve: listening on http://{}:{}\n", a.server.host, (*server)->port());
   std::fflush(stdout);
-  g_server = server->get();
-  std::signal(SIGINT, on_stop_signal);
-  std::signal(SIGTERM, on_stop_signal);
-  (*server)->listen();
-  std::signal(SIGINT, SIG_DFL);
-  std::signal(SIGTERM, SIG_DFL);
-  g_server = nullptr;
+  if (::pipe2(g_signal_pipe, O_CLOEXEC | O_NONBLOCK) != 0) fail(internal_error("cannot create the signal pipe"));
+  struct sigaction sa {};
+  sa.sa_handler = on_stop_signal;
+  sa.sa_flags = SA_RESTART;
+  sigemptyset(&sa.sa_mask);
+  sigaction(SIGINT, &sa, nullptr);
+  sigaction(SIGTERM, &sa, nullptr);
+  (*server)->start();
+  const int sig = wait_for_stop_signal(**server);
+  if (sig != 0) {
+    fmt::print("kiln serve: {} received: draining (running requests end with an error; at most {} s)\n",
+               sig == SIGTERM ? "SIGTERM" : "SIGINT", a.drain_timeout_s);
+    std::fflush(stdout);
+  }
+  (*server)->drain(millis(a.drain_timeout_s));
+  signal(SIGINT, SIG_DFL);
+  signal(SIGTERM, SIG_DFL);
   (*engine)->stop();
   fmt::print("kiln serve: stopped\n");
 }
@@ -131,8 +165,19 @@ void register_serve(CLI::App& app) {
   s->add_flag("--no-prefix-caching", a->no_prefix_caching, "Do not reuse cached prompt blocks");
   s->add_flag("--no-packed-weights", a->no_packed_weights,
               "Do not pack the fp32 weights once at start (the GEMM then packs them per call)");
-  s->add_option("--http-threads", a->server.num_http_threads, "Connections served at once")
+  s->add_option("--http-threads", a->server.num_http_threads, "Requests served at once (a stream holds one)")
       ->check(CLI::Range(1, 4096));
+  s->add_option("--max-connections", a->server.max_connections,
+                "Open connections at most (idle and slow ones included); more are answered 503")
+      ->check(CLI::Range(1, 1 << 20));
+  s->add_option("--request-timeout", a->request_timeout_s,
+                "Seconds within which a request's bytes must all arrive (else 408)")
+      ->check(CLI::Range(0.001, 3600.0));
+  s->add_option("--keep-alive-timeout", a->keep_alive_timeout_s, "Seconds an idle kept-alive connection stays open")
+      ->check(CLI::Range(0.001, 3600.0));
+  s->add_option("--drain-timeout", a->drain_timeout_s,
+                "On SIGTERM/SIGINT: seconds replies may take to finish before their connections are closed")
+      ->check(CLI::Range(0.0, 3600.0));
   s->callback([a] { run_serve(*a); });
 }
 

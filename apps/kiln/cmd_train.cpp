@@ -174,6 +174,11 @@ void run_train(const TrainArgs& a) {
   auto cfg = preset(a.preset);
   if (!cfg.ok()) fail("train", cfg.status());
   cfg->vocab_size = train_data->vocab_size;
+  {  // config.json gets the end-of-text id as bos and eos (what generation stops at)
+    auto tk = tok::Tokenizer::load_hf_json(paths->tokenizer);
+    if (!tk.ok()) fail("train", tk.status());
+    cfg->bos_token_id = cfg->eos_token_id = tk->eot_id();  // -1 (written as null) when it has none
+  }
   if (Status st = check_train_memory(*cfg, opt); !st.ok()) fail("train", st);
   const AllocatorStats mem_base = default_allocator().stats();
   auto model = Transformer::create(*cfg, a.opt.seed);
@@ -341,32 +346,26 @@ void run_generate(const GenArgs& a) {
   if (!tk.ok()) fail("generate", tk.status());
   Transformer& m = **model;
   if (!a.draft_model.empty()) return run_speculative(a, m, *tk);
-  const int64_t ctx = m.config().max_seq_len, V = m.config().vocab_size;
-  Rng rng(a.seed);
+  // The library's decode loop (serve/speculative.h: prefill, then one token per KV-cache step),
+  // the one speculative decoding is measured against; sample i is seeded seed + i.
+  const int64_t ctx = m.config().max_seq_len;
+  const std::vector<int32_t> ids = tk->encode(a.prompt);
+  if (ids.empty()) fail("generate", invalid_argument("--prompt is empty"));
+  if (static_cast<int64_t>(ids.size()) >= ctx)
+    fail("generate", invalid_argument("--prompt has {} tokens; the context is {}", ids.size(), ctx));
   for (int sample = 0; sample < a.samples; ++sample) {
-    std::vector<int32_t> ids = tk->encode(a.prompt);
-    if (ids.empty()) fail("generate", invalid_argument("--prompt is empty"));
-    if (static_cast<int64_t>(ids.size()) >= ctx)
-      fail("generate", invalid_argument("--prompt has {} tokens; the context is {}", ids.size(), ctx));
     fmt::print("{}", a.prompt);
-    // Prefill the prompt once, then one token per step through the KV cache.
-    KVCache cache = m.make_kv_cache(ctx);
-    auto logits = m.forward_cached(ids.data(), static_cast<int64_t>(ids.size()), cache);
-    if (!logits.ok()) fail("generate", logits.status());
-    const float* last = *logits + (static_cast<int64_t>(ids.size()) - 1) * V;
     std::string text;
-    for (int64_t i = 0; i < a.max_tokens && cache.len < cache.max_len; ++i) {
-      const int32_t next = sample_token(last, V, a.sampling, rng);
-      if (next == tk->eot_id()) break;
+    auto on_token = [&](int32_t next) {
+      if (next == tk->eot_id()) return false;
       const std::string piece(tk->token_bytes(next));
       text += piece;
       fmt::print("{}", piece);
       std::fflush(stdout);
-      if (!a.stop.empty() && text.find(a.stop) != std::string::npos) break;
-      auto step = m.forward_cached(&next, 1, cache);
-      if (!step.ok()) fail("generate", step.status());
-      last = *step;
-    }
+      return a.stop.empty() || text.find(a.stop) == std::string::npos;
+    };
+    auto r = autoregressive_generate(m, ids, a.max_tokens, a.sampling, a.seed + static_cast<uint64_t>(sample), on_token);
+    if (!r.ok()) fail("generate", r.status());
     fmt::print("\n---\n");
   }
 }

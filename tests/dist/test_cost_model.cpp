@@ -85,6 +85,23 @@ TEST(DistCostModel, HandComputedTerms) {
   EXPECT_DOUBLE_EQ(c.steps + c.bw_bytes, 0);
 }
 
+// Every algorithm has terms for every op it implements, at every p and size: one without them
+// would be priced 0 and chosen by `auto` (algo_cost aborts naming it).
+TEST(DistCostModel, EveryImplementedOpHasTerms) {
+  for (const AlgoInfo& info : kAlgoInfos) {
+    if (info.algo == Algo::kAuto || info.algo == Algo::kMpi) continue;
+    for (int op = 0; op < kNumCollOps; ++op) {
+      if (!algo_implements(info.algo, static_cast<CollOp>(op))) continue;
+      for (int p : {2, 3, 4, 5, 8, 64})
+        for (double n : {8.0, 4096.0, 1048576.0}) {
+          const AlgoCost c = algo_cost(static_cast<CollOp>(op), info.algo, p, n, 2);
+          EXPECT_GT(c.steps, 0) << info.name << " " << kCollOpNames[static_cast<size_t>(op)] << " p " << p;
+          EXPECT_GT(c.bw_bytes, 0) << info.name << " " << kCollOpNames[static_cast<size_t>(op)] << " p " << p;
+        }
+    }
+  }
+}
+
 TEST(DistCostModel, PredictAndSelect) {
   AlphaBetaTable t;
   t.link = {1e-6, 1e-9};

@@ -13,6 +13,7 @@
 #include <nlohmann/json.hpp>
 
 #include "kiln/core/cpu_features.h"
+#include "kiln/model/safetensors.h"
 #include "kiln/model/weights.h"
 
 namespace kiln {
@@ -50,31 +51,23 @@ struct Dump {
   std::vector<int64_t> i64(const std::string& n) const { return get<int64_t>(n, "I64"); }
 };
 
-// Empty on failure (the test then fails naming the file).
+// Empty on failure (the test then fails naming the file). Read with kiln's one safetensors reader.
 std::optional<Dump> read_dump(const std::string& path) {
-  std::ifstream f(path, std::ios::binary);
-  if (!f) return std::nullopt;
-  std::vector<char> all((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
-  uint64_t header_bytes = 0;
-  if (all.size() < 8) return std::nullopt;
-  std::memcpy(&header_bytes, all.data(), 8);
-  if (header_bytes > all.size() - 8) return std::nullopt;
-  const auto header = nlohmann::json::parse(all.begin() + 8, all.begin() + 8 + static_cast<int64_t>(header_bytes),
-                                            nullptr, false);
-  if (header.is_discarded()) return std::nullopt;
-  const size_t data0 = 8 + header_bytes;
+  auto f = SafetensorsFile::open(path);
+  if (!f.ok()) {
+    ADD_FAILURE() << f.status().message();
+    return std::nullopt;
+  }
   Dump d;
-  for (const auto& [name, v] : header.items()) {
-    if (name == "__metadata__") {
-      d.metadata = v;
-      continue;
-    }
-    const auto off = v["data_offsets"].get<std::vector<size_t>>();
-    if (off.size() != 2 || off[0] > off[1] || data0 + off[1] > all.size()) return std::nullopt;
-    Dump::Entry e{v["dtype"].get<std::string>(), v["shape"].get<std::vector<int64_t>>(),
-                  std::vector<char>(all.begin() + static_cast<int64_t>(data0 + off[0]),
-                                    all.begin() + static_cast<int64_t>(data0 + off[1]))};
-    d.tensors.emplace(name, std::move(e));
+  d.metadata = nlohmann::json::object();
+  if (f->header().metadata)
+    for (const auto& [k, v] : *f->header().metadata) d.metadata[k] = v;
+  for (const SafetensorsTensor& t : f->header().tensors) {
+    auto bytes = f->read(t);
+    if (!bytes.ok()) return std::nullopt;
+    Dump::Entry e{t.dtype, std::vector<int64_t>(t.shape.begin(), t.shape.end()),
+                  std::vector<char>(bytes->begin(), bytes->end())};
+    d.tensors.emplace(t.name, std::move(e));
   }
   return d;
 }

@@ -27,8 +27,8 @@ ModelConfig tiny(ModelFamily f) {
   return c;
 }
 
-void check_gradients(ModelFamily family) {
-  auto model = Transformer::create(tiny(family), 3).value();
+void check_gradients(const ModelConfig& config) {
+  auto model = Transformer::create(config, 3).value();
   // Larger weights than the 0.02 init so every path carries signal.
   Rng rng(5);
   for (float& w : model->params()) w += 0.3f * rng.normal();
@@ -55,15 +55,67 @@ void check_gradients(ModelFamily family) {
       const double lm = loss();
       w = saved;
       const double fd = (lp - lm) / (2.0 * h);
-      EXPECT_NEAR(grads[i], fd, 2e-3 + 3e-2 * std::fabs(fd)) << e.name << " element " << i - e.offset;
+      EXPECT_NEAR(grads[i], fd, 2e-3 + 3e-2 * std::fabs(fd)) << config.describe() << ": " << e.name << " element "
+                                                             << i - e.offset;
       ++checked;
     }
   }
   EXPECT_GT(checked, 20);
 }
 
-TEST(Transformer, Gpt2GradientsMatchFiniteDifferences) { check_gradients(ModelFamily::kGpt2); }
-TEST(Transformer, LlamaGradientsMatchFiniteDifferences) { check_gradients(ModelFamily::kLlama); }
+TEST(Transformer, Gpt2GradientsMatchFiniteDifferences) { check_gradients(tiny(ModelFamily::kGpt2)); }
+TEST(Transformer, LlamaGradientsMatchFiniteDifferences) { check_gradients(tiny(ModelFamily::kLlama)); }
+
+// The HF config options (hf_config.h) in forward and backward: Llama's biases and each RoPE
+// scaling (yarn's attention factor scales cos and sin), GPT-2's attention scales.
+std::vector<ModelConfig> option_configs() {
+  std::vector<ModelConfig> out;
+  ModelConfig l = tiny(ModelFamily::kLlama);
+  l.attention_bias = true;
+  l.mlp_bias = true;
+  l.rope_scaling = RopeScaling{RopeType::kYarn, 4.0};
+  l.rope_scaling.original_max_positions = 4;
+  l.rope_scaling.beta_fast = 2.0;  // the ramp inside the 2 pairs of head_dim 4
+  out.push_back(l);
+  l.attention_bias = false;
+  l.rope_scaling = RopeScaling{RopeType::kLlama3, 8.0, 1.0, 4.0, 4};
+  out.push_back(l);
+  l.mlp_bias = false;
+  l.attention_bias = true;
+  l.rope_scaling = RopeScaling{RopeType::kLinear, 2.0};
+  out.push_back(l);
+  ModelConfig g = tiny(ModelFamily::kGpt2);
+  g.scale_attn_weights = false;
+  out.push_back(g);
+  g.scale_attn_weights = true;
+  g.scale_attn_by_inverse_layer_idx = true;
+  out.push_back(g);
+  g.scale_attn_weights = false;
+  out.push_back(g);
+  return out;
+}
+
+TEST(Transformer, ConfigOptionGradientsMatchFiniteDifferences) {
+  for (const ModelConfig& c : option_configs()) check_gradients(c);
+}
+
+TEST(Transformer, BiasesHaveHfNamesAndCount) {
+  ModelConfig c = tiny(ModelFamily::kLlama);
+  c.attention_bias = true;
+  c.mlp_bias = true;
+  auto model = Transformer::create(c, 1).value();
+  for (const char* name : {"self_attn.q_proj.bias", "self_attn.k_proj.bias", "self_attn.v_proj.bias",
+                           "self_attn.o_proj.bias", "mlp.gate_proj.bias", "mlp.up_proj.bias", "mlp.down_proj.bias"})
+    for (int layer = 0; layer < 2; ++layer)
+      EXPECT_NE(model->param(fmt::format("model.layers.{}.{}", layer, name)), nullptr) << name;
+  int64_t total = 0;
+  for (const auto& e : model->param_entries()) total += e.shape.numel();
+  EXPECT_EQ(total, c.num_params());
+  EXPECT_EQ(model->param("model.layers.0.self_attn.k_proj.bias") + c.n_kv_heads * c.head_dim(),
+            model->param("model.layers.0.self_attn.v_proj.weight"));  // (Hkv·D,) before the next weight
+  auto plain = Transformer::create(tiny(ModelFamily::kLlama), 1).value();
+  EXPECT_EQ(plain->param("model.layers.0.self_attn.q_proj.bias"), nullptr);
+}
 
 TEST(Transformer, PresetsAndParameterCounts) {
   const ModelConfig g = preset("gpt2-124m").value();
@@ -125,8 +177,9 @@ namespace {
 // Greedy decoding through the KV cache gives the same tokens (and nearly the same logits) as
 // recomputing the whole sequence every step.
 TEST(Transformer, KvCacheMatchesFullRecompute) {
-  for (ModelFamily f : {ModelFamily::kGpt2, ModelFamily::kLlama}) {
-    ModelConfig c = tiny(f);
+  std::vector<ModelConfig> configs = {tiny(ModelFamily::kGpt2), tiny(ModelFamily::kLlama)};
+  for (const ModelConfig& c : option_configs()) configs.push_back(c);  // the decode path has the options too
+  for (ModelConfig c : configs) {
     c.max_seq_len = 24;
     auto model = Transformer::create(c, 9).value();
     Rng rng(2);
@@ -139,7 +192,7 @@ TEST(Transformer, KvCacheMatchesFullRecompute) {
     for (int step = 0; step < 12; ++step) {
       ASSERT_TRUE(model->forward(full.data(), nullptr, 1, static_cast<int64_t>(full.size())).ok());
       const float* fl = model->logits() + (static_cast<int64_t>(full.size()) - 1) * V;
-      for (int64_t i = 0; i < V; ++i) ASSERT_NEAR(cached_last[i], fl[i], 1e-4f) << family_name(f) << " step " << step;
+      for (int64_t i = 0; i < V; ++i) ASSERT_NEAR(cached_last[i], fl[i], 1e-4f) << c.describe() << " step " << step;
       const int32_t next = static_cast<int32_t>(std::max_element(fl, fl + V) - fl);
       EXPECT_EQ(next, static_cast<int32_t>(std::max_element(cached_last.begin(), cached_last.end()) - cached_last.begin()));
       full.push_back(next);
@@ -198,6 +251,53 @@ TEST(Transformer, LinearBackendReplacesTheFp32Path) {
     linears.back()->backend = nullptr;
     ASSERT_TRUE(model->forward(tokens.data(), nullptr, 1, 4).ok());
     for (size_t i = 0; i < before.size(); ++i) EXPECT_EQ(model->logits()[i], before[i]) << i;
+  }
+}
+
+}  // namespace
+}  // namespace kiln
+
+namespace kiln {
+namespace {
+
+// The serving path (forward_paged: paged KV cache, split-KV decode, gathered prefill chunks)
+// gives the logits of the full forward, with every config option: one model code path.
+TEST(Transformer, PagedForwardMatchesFullForwardWithOptions) {
+  std::vector<ModelConfig> configs = {tiny(ModelFamily::kGpt2), tiny(ModelFamily::kLlama)};
+  for (const ModelConfig& c : option_configs()) configs.push_back(c);
+  for (ModelConfig c : configs) {
+    c.max_seq_len = 24;
+    auto model = Transformer::create(c, 4).value();
+    Rng rng(6);
+    for (float& w : model->params()) w += 0.2f * rng.normal();
+    const int64_t V = c.vocab_size, kBlock = 4, kMaxBlocks = 6;
+    // Two sequences: a prefill of 10 (longer than kSplitKvMaxQueries: the gathered flash path)
+    // and of 3, then each decodes 4 tokens, both in one batch per step.
+    std::vector<std::vector<int32_t>> seqs = {{1, 5, 2, 7, 3, 9, 4, 8, 6, 0}, {10, 3, 7}};
+    std::vector<std::vector<float>> full(2);
+    std::vector<int32_t> table = {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11};  // (2, kMaxBlocks)
+    PagedKvCache cache = model->make_paged_kv_cache(12, kBlock);
+    std::vector<int32_t> cached = {0, 0};
+    std::vector<int32_t> feed = {static_cast<int32_t>(seqs[0].size()), static_cast<int32_t>(seqs[1].size())};
+    for (int step = 0; step < 5; ++step) {
+      std::vector<int32_t> tokens;
+      for (int s = 0; s < 2; ++s)
+        tokens.insert(tokens.end(), seqs[s].end() - feed[s], seqs[s].end());
+      const std::vector<int32_t> rows = {feed[0] - 1, feed[0] + feed[1] - 1};  // each sequence's last token
+      PagedBatch b{tokens, cached, feed, table, kMaxBlocks, rows};
+      const float* logits = model->forward_paged(b, cache).value();
+      std::vector<float> paged(logits, logits + 2 * V);
+      for (int s = 0; s < 2; ++s) {
+        const int64_t T = static_cast<int64_t>(seqs[s].size());
+        ASSERT_TRUE(model->forward(seqs[s].data(), nullptr, 1, T).ok());
+        const float* last = model->logits() + (T - 1) * V;
+        for (int64_t i = 0; i < V; ++i)
+          ASSERT_NEAR(paged[s * V + i], last[i], 1e-4f) << c.describe() << " step " << step << " seq " << s;
+        cached[s] += feed[s];
+        feed[s] = 1;
+        seqs[s].push_back(static_cast<int32_t>(std::max_element(last, last + V) - last));
+      }
+    }
   }
 }
 

@@ -1,6 +1,8 @@
 #!/usr/bin/env python3
 """The official `openai` Python client drives `kiln serve`: completions, chat completions,
-streaming (SSE), n > 1, usage, and the client's error classes for bad requests.
+streaming (SSE), n > 1, usage, logprobs / top_logprobs (both endpoints, streamed and not), echo,
+logit_bias, frequency / presence penalties, an absent model, and the client's error classes for
+bad requests and for the OpenAI parameters kiln refuses (suffix, tools, response_format, ...).
 
 A model directory comes from `kiln train` (llama-tiny, two steps on a small text, as
 hf_load_check does); `kiln serve` runs it on a free loopback port with an API key. Greedy
@@ -10,6 +12,7 @@ SKIP_RETURN_CODE) when the `openai` package is not installed.
 Run:  /usr/bin/python3 tests/reference/openai_client_check.py [--kiln build/kiln]
 """
 import argparse
+import json
 import os
 import socket
 import subprocess
@@ -145,6 +148,101 @@ def check(base):
            "a wrong API key")
     c2 = client.completions.create(model="tiny", prompt="And", max_tokens=3, temperature=0)
     expect(len(c2.choices) == 1, "the server still serves after the errors")
+    check_new_parameters(client, base, raises)
+
+
+def check_new_parameters(client, base, raises):
+    # logprobs on completions: one entry per token, the sampled token among its top_logprobs.
+    c = client.completions.create(model="tiny", prompt="And God said", max_tokens=6, temperature=0, logprobs=3)
+    lp = c.choices[0].logprobs
+    expect(len(lp.tokens) == c.usage.completion_tokens == len(lp.token_logprobs) == len(lp.top_logprobs)
+           == len(lp.text_offset), f"completions logprobs: one entry per generated token ({len(lp.tokens)})")
+    expect(all(v <= 0 for v in lp.token_logprobs), "token_logprobs are log-probabilities")
+    expect(all(tok in top and len(top) <= 4 for tok, top in zip(lp.tokens, lp.top_logprobs)),
+           "top_logprobs hold the 3 most likely and the token itself")
+    expect(all(abs(v - max(top.values())) < 1e-6 for v, top in zip(lp.token_logprobs, lp.top_logprobs)),
+           "greedy tokens are the most likely ones")
+    streamed = []
+    for ch in client.completions.create(model="tiny", prompt="And God said", max_tokens=6, temperature=0, logprobs=3,
+                                        stream=True):
+        if ch.choices and ch.choices[0].logprobs:
+            streamed += ch.choices[0].logprobs.token_logprobs
+    expect(len(streamed) == len(lp.token_logprobs) and all(abs(a - b) < 1e-4 for a, b in zip(streamed, lp.token_logprobs)),
+           "streamed logprobs equal the non-streamed ones")
+
+    # echo + logprobs with max_tokens 1: lm-evaluation-harness's loglikelihood request.
+    e = client.completions.create(model="tiny", prompt="And the earth was without form", max_tokens=1, temperature=0,
+                                  logprobs=1, echo=True, seed=1234)
+    elp = e.choices[0].logprobs
+    n_prompt = e.usage.prompt_tokens
+    expect(e.choices[0].text.startswith("And the earth was without form"), "echo puts the prompt before the completion")
+    expect(len(elp.token_logprobs) == n_prompt + 1 and elp.token_logprobs[0] is None and elp.top_logprobs[0] is None,
+           f"echo: the prompt's {n_prompt} tokens (the first without a logprob) and the generated one")
+    expect(all(v is not None and v <= 0 for v in elp.token_logprobs[1:]), "echo: prompt token logprobs")
+    expect("".join(elp.tokens).startswith(e.choices[0].text) and elp.text_offset[0] == 0, "echo: tokens and offsets cover the text")
+    zero = client.completions.create(model="tiny", prompt="And the earth was without form", max_tokens=0, logprobs=0,
+                                     echo=True)
+    expect(zero.choices[0].text == "And the earth was without form" and zero.usage.completion_tokens == 0 and
+           all(abs(a - b) < 1e-4 for a, b in zip(zero.choices[0].logprobs.token_logprobs[1:], elp.token_logprobs[1:n_prompt])),
+           "echo with max_tokens 0 scores the prompt alone, with the same logprobs")
+
+    # chat logprobs.
+    msgs = [{"role": "user", "content": "Who made light?"}]
+    ch = client.chat.completions.create(model="tiny", messages=msgs, max_tokens=5, temperature=0, logprobs=True,
+                                        top_logprobs=2)
+    content = ch.choices[0].logprobs.content
+    expect(len(content) >= 1 and all(len(t.top_logprobs) == 2 and t.top_logprobs[0].token == t.token and
+                                     bytes(t.bytes).decode("utf-8", "replace") == t.token for t in content),
+           f"chat logprobs: {len(content)} tokens with token, logprob, bytes and 2 top_logprobs")
+    parts = []
+    for chunk in client.chat.completions.create(model="tiny", messages=msgs, max_tokens=5, temperature=0, logprobs=True,
+                                                top_logprobs=2, stream=True):
+        if chunk.choices and chunk.choices[0].logprobs and chunk.choices[0].logprobs.content:
+            parts += [t.token for t in chunk.choices[0].logprobs.content]
+    expect(parts == [t.token for t in content], "streamed chat logprobs equal the non-streamed ones")
+
+    # logit_bias: +100 on one token makes greedy decoding repeat it. (Its text: echo of the id.)
+    probe = client.completions.create(model="tiny", prompt=[65], max_tokens=0, logprobs=0, echo=True)
+    token_text = probe.choices[0].logprobs.tokens[0]
+    b = client.completions.create(model="tiny", prompt="And God said", max_tokens=5, temperature=0,
+                                  logit_bias={"65": 100}, logprobs=0)
+    expect(b.choices[0].logprobs.tokens == [token_text] * 5, f"logit_bias +100 forces token 65 ({token_text!r})")
+    # Penalties change greedy text on this repetitive model; a repeated run gives the same.
+    plain = client.completions.create(model="tiny", prompt="And God said", max_tokens=24, temperature=0).choices[0].text
+    for kw in ({"presence_penalty": 2.0}, {"frequency_penalty": 2.0}):
+        t1 = client.completions.create(model="tiny", prompt="And God said", max_tokens=24, temperature=0, **kw)
+        t2 = client.completions.create(model="tiny", prompt="And God said", max_tokens=24, temperature=0, **kw)
+        expect(t1.choices[0].text != plain and t1.choices[0].text == t2.choices[0].text,
+               f"{kw} changes the greedy text, deterministically")
+
+    # model may be omitted (the openai client always sends it: a raw request).
+    req = urllib.request.Request(base + "/v1/completions", data=json.dumps({"prompt": "And", "max_tokens": 2}).encode(),
+                                 headers={"Content-Type": "application/json", "Authorization": "Bearer test-key"})
+    with urllib.request.urlopen(req, timeout=30) as r:
+        expect(json.loads(r.read())["model"] == "tiny", "a request without 'model' is served by the served model")
+
+    # Refused by name.
+    for what, fn in [
+        ("suffix", lambda: client.completions.create(model="tiny", prompt="x", max_tokens=2, suffix="y")),
+        ("best_of != n", lambda: client.completions.create(model="tiny", prompt="x", max_tokens=2, best_of=2)),
+        ("logprobs 6", lambda: client.completions.create(model="tiny", prompt="x", max_tokens=2, logprobs=6)),
+        ("a logit_bias id past the vocabulary",
+         lambda: client.completions.create(model="tiny", prompt="x", max_tokens=2, logit_bias={"100000": 1})),
+        ("presence_penalty 3", lambda: client.completions.create(model="tiny", prompt="x", max_tokens=2,
+                                                                  presence_penalty=3)),
+        ("tools", lambda: client.chat.completions.create(
+            model="tiny", messages=msgs, max_tokens=2,
+            tools=[{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}])),
+        ("response_format json_object", lambda: client.chat.completions.create(
+            model="tiny", messages=msgs, max_tokens=2, response_format={"type": "json_object"})),
+        ("top_logprobs without logprobs", lambda: client.chat.completions.create(
+            model="tiny", messages=msgs, max_tokens=2, top_logprobs=2)),
+        ("an unknown parameter", lambda: client.completions.create(model="tiny", prompt="x", max_tokens=2,
+                                                                    extra_body={"min_p": 0.1})),
+    ]:
+        raises(openai.BadRequestError, fn, what)
+    ok = client.chat.completions.create(model="tiny", messages=msgs, max_tokens=2, response_format={"type": "text"})
+    expect(len(ok.choices) == 1, "response_format {'type': 'text'} is the default and accepted")
 
 
 if __name__ == "__main__":

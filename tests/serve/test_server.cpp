@@ -7,6 +7,7 @@
 #include <httplib.h>
 
 #include <filesystem>
+#include <limits>
 #include <map>
 #include <nlohmann/json.hpp>
 #include <sstream>
@@ -284,7 +285,16 @@ TEST_F(ServerTest, BadRequestsGet4xxAndServerStaysUp) {
       {"{not json", 400},
       {"[1, 2]", 400},
       {json{{"model", "gpt-9"}, {"prompt", "x"}}.dump(), 404},
-      {json{{"prompt", "x"}}.dump(), 400},
+      {json{{"model", 5}, {"prompt", "x"}}.dump(), 400},
+      {json{{"model", "tiny"}, {"prompt", "In"}, {"max_tokens", std::numeric_limits<int64_t>::max()}}.dump(), 400},
+      {json{{"model", "tiny"}, {"prompt", "In"}, {"max_tokens", std::numeric_limits<uint64_t>::max()}}.dump(), 400},
+      {json{{"model", "tiny"}, {"prompt", "In"}, {"stream", true}, {"stream_options", {{"include_usage", "yes"}}}}.dump(), 400},
+      {json{{"model", "tiny"}, {"prompt", "In"}, {"suffix", "x"}}.dump(), 400},
+      {json{{"model", "tiny"}, {"prompt", "In"}, {"logprobs", 6}}.dump(), 400},
+      {json{{"model", "tiny"}, {"prompt", "In"}, {"logit_bias", {{"100000", 1}}}}.dump(), 400},
+      {json{{"model", "tiny"}, {"prompt", "In"}, {"frequency_penalty", 1e308}}.dump(), 400},
+      {json{{"model", "tiny"}, {"prompt", "In"}, {"not_a_parameter", 1}}.dump(), 400},
+      {std::string(100000, '['), 400},
       {json{{"model", "tiny"}, {"prompt", "In"}, {"max_tokens", -5}}.dump(), 400},
       {json{{"model", "tiny"}, {"prompt", "In"}, {"max_tokens", 0}}.dump(), 400},
       {json{{"model", "tiny"}, {"prompt", "In"}, {"max_tokens", 1000000000}}.dump(), 400},
@@ -318,6 +328,122 @@ TEST_F(ServerTest, BadRequestsGet4xxAndServerStaysUp) {
   ASSERT_TRUE(ok);
   EXPECT_EQ(ok->status, 200);
   EXPECT_EQ(metric_settled("kiln_kv_blocks_used", 0), 0);
+}
+
+// No "model": the served one (as vLLM and llama-server).
+TEST_F(ServerTest, ModelIsOptional) {
+  auto r = post("/v1/completions", json{{"prompt", "In the"}, {"max_tokens", 2}}.dump());
+  ASSERT_TRUE(r);
+  EXPECT_EQ(r->status, 200) << r->body;
+  EXPECT_EQ(json::parse(r->body)["model"], "tiny");
+}
+
+// echo + logprobs, the request lm-evaluation-harness sends for a loglikelihood: the reply's
+// text is the prompt's then the completion's; token_logprobs has one entry per prompt token
+// (the first null) and one per generated token; top_logprobs holds the token itself; streamed
+// chunks carry the same tokens and logprobs.
+TEST_F(ServerTest, EchoLogprobsStreamedAndNot) {
+  const std::string prompt = "And God said, Let there be light";
+  const auto ids = tokenizer_->encode(prompt);
+  const json body = {{"model", "tiny"}, {"prompt", prompt}, {"max_tokens", 3}, {"temperature", 0},
+                     {"logprobs", 2}, {"echo", true}};
+  auto r = post("/v1/completions", body.dump());
+  ASSERT_TRUE(r);
+  ASSERT_EQ(r->status, 200) << r->body;
+  const json c = json::parse(r->body)["choices"][0];
+  const size_t n_gen = json::parse(r->body)["usage"]["completion_tokens"].get<size_t>();
+  ASSERT_GE(n_gen, 1u);
+  const json& lp = c["logprobs"];
+  const std::string text = c["text"].get<std::string>();
+  EXPECT_EQ(text.rfind(prompt, 0), 0u) << text;
+  EXPECT_EQ(text.substr(prompt.size()), reference_text(prompt, 3));
+  ASSERT_EQ(lp["tokens"].size(), ids.size() + n_gen);
+  ASSERT_EQ(lp["token_logprobs"].size(), ids.size() + n_gen);
+  EXPECT_TRUE(lp["token_logprobs"][0].is_null());
+  EXPECT_TRUE(lp["top_logprobs"][0].is_null());
+  std::string joined;
+  for (size_t i = 0; i < lp["tokens"].size(); ++i) {
+    EXPECT_EQ(lp["text_offset"][i].get<size_t>(), joined.size()) << i;
+    joined += lp["tokens"][i].get<std::string>();
+    if (i == 0) continue;
+    const double v = lp["token_logprobs"][i].get<double>();
+    EXPECT_LE(v, 0.0);
+    const json& top = lp["top_logprobs"][i];
+    EXPECT_TRUE(top.contains(lp["tokens"][i].get<std::string>())) << top.dump();
+    EXPECT_GE(top.size(), 2u);
+    EXPECT_LE(top.size(), 3u);
+    if (i >= ids.size() && lp["tokens"][i] != "<|endoftext|>") {  // greedy: the generated token is the most likely
+      double best = -1e9;
+      for (auto it = top.begin(); it != top.end(); ++it) best = std::max(best, it->get<double>());
+      EXPECT_DOUBLE_EQ(v, best) << i;
+    }
+  }
+  EXPECT_EQ(joined.substr(0, text.size()), text);
+  // Streamed: the prompt's chunk first, then the completion; the same tokens and logprobs.
+  json sb = body;
+  sb["stream"] = true;
+  SseResult st = post_stream(server_->port(), "/v1/completions", sb);
+  ASSERT_TRUE(st.done);
+  std::string stext;
+  json stokens = json::array(), slps = json::array();
+  for (const json& ch : st.chunks) {
+    for (const json& choice : ch["choices"]) {
+      stext += choice["text"].get<std::string>();
+      if (choice["logprobs"].is_null()) continue;
+      for (const json& t : choice["logprobs"]["tokens"]) stokens.push_back(t);
+      for (const json& t : choice["logprobs"]["token_logprobs"]) slps.push_back(t);
+    }
+  }
+  EXPECT_EQ(stext, text);
+  EXPECT_EQ(stokens, lp["tokens"]);
+  ASSERT_EQ(slps.size(), lp["token_logprobs"].size());
+  for (size_t i = 1; i < slps.size(); ++i) EXPECT_NEAR(slps[i].get<double>(), lp["token_logprobs"][i].get<double>(), 1e-4);
+  // max_tokens 0 with echo scores the prompt alone.
+  json zero = body;
+  zero["max_tokens"] = 0;
+  auto z = post("/v1/completions", zero.dump());
+  ASSERT_TRUE(z);
+  ASSERT_EQ(z->status, 200) << z->body;
+  const json zc = json::parse(z->body);
+  EXPECT_EQ(zc["choices"][0]["text"], prompt);
+  EXPECT_EQ(zc["choices"][0]["logprobs"]["tokens"].size(), ids.size());
+  EXPECT_EQ(zc["usage"]["completion_tokens"], 0);
+  for (size_t i = 1; i < ids.size(); ++i)
+    EXPECT_NEAR(zc["choices"][0]["logprobs"]["token_logprobs"][i].get<double>(), lp["token_logprobs"][i].get<double>(), 1e-4);
+}
+
+TEST_F(ServerTest, ChatLogprobsStreamedAndNot) {
+  const json body = {{"messages", json::array({{{"role", "user"}, {"content", "Who made light?"}}})},
+                     {"max_tokens", 4}, {"temperature", 0}, {"logprobs", true}, {"top_logprobs", 3}, {"ignore_eos", true}};
+  auto r = post("/v1/chat/completions", body.dump());
+  ASSERT_TRUE(r);
+  ASSERT_EQ(r->status, 200) << r->body;
+  const json c = json::parse(r->body)["choices"][0];
+  const json& content = c["logprobs"]["content"];
+  std::string joined;
+  for (const json& t : content) {
+    joined += t["token"].get<std::string>();
+    ASSERT_EQ(t["top_logprobs"].size(), 3u);
+    EXPECT_EQ(t["top_logprobs"][0]["token"], t["token"]);  // greedy
+    EXPECT_DOUBLE_EQ(t["top_logprobs"][0]["logprob"].get<double>(), t["logprob"].get<double>());
+    std::string bytes;
+    for (const json& b : t["bytes"]) bytes += static_cast<char>(b.get<int>());
+    EXPECT_EQ(bytes, t["token"].get<std::string>());
+  }
+  const std::string text = c["message"]["content"].get<std::string>();
+  EXPECT_EQ(joined.substr(0, text.size()), text);
+  json sb = body;
+  sb["stream"] = true;
+  SseResult st = post_stream(server_->port(), "/v1/chat/completions", sb);
+  ASSERT_TRUE(st.done);
+  json scontent = json::array();
+  for (const json& ch : st.chunks)
+    for (const json& choice : ch["choices"])
+      if (!choice["logprobs"].is_null())
+        for (const json& t : choice["logprobs"]["content"]) scontent.push_back(t["token"]);
+  json want = json::array();
+  for (const json& t : content) want.push_back(t["token"]);
+  EXPECT_EQ(scontent, want);
 }
 
 // A client that reads two chunks and hangs up: its sequence is freed long before max_tokens.

@@ -17,6 +17,8 @@
 
 #include <nlohmann/json.hpp>
 
+#include "kiln/core/file_io.h"
+#include "kiln/core/json.h"
 #include "kiln/dist/communicator.h"
 #include "kiln/dist/detail.h"
 
@@ -100,6 +102,11 @@ AlgoCost algo_cost(CollOp op, Algo algo, int p, double n, int ranks_per_node) {
     default:
       break;
   }
+  // An algorithm that implements the op must have terms here: one without them would be
+  // priced 0 and chosen by `auto` for every size (a broken invariant, not a user error).
+  KILN_CHECK_MSG(!algo_implements(algo, op) || c.steps > 0,
+                 "algo_cost has no terms for {} {} (p = {}): add them beside the others", algo_name(algo),
+                 coll_op_name(op), p);
   return c;
 }
 
@@ -368,14 +375,14 @@ AlphaBetaTable from_flat(const double* v) {
 }
 
 json read_json_file(const std::string& path) {
-  std::ifstream in(path);
-  if (!in) return json::object();
-  json j = json::parse(in, nullptr, /*allow_exceptions=*/false);
-  if (j.is_discarded() || !j.is_object()) {
+  auto text = read_file(path, int64_t{64} << 20);
+  if (!text.ok()) return json::object();  // absent: no calibration yet
+  auto j = parse_json(*text, path);
+  if (!j.ok() || !j->is_object()) {
     std::fprintf(stderr, "kiln: ignoring malformed calibration file %s\n", path.c_str());
     return json::object();
   }
-  return j;
+  return std::move(*j);
 }
 
 // A fit is {"knots": [[bytes, alpha_s, beta_s_per_byte], ...]} with ascending bytes; anything

@@ -23,7 +23,8 @@ struct AlgoCost {
   double reduce_bytes = 0;  // bytes a rank reduces in sequence, each costing gamma
 };
 // `ranks_per_node` only matters for the hierarchical algorithm (0 or >= p: one node).
-// Returns all-zero terms for Algo::kAuto / kMpi (not modelled).
+// Returns all-zero terms for Algo::kAuto / kMpi (not modelled) and for an algorithm that does
+// not implement op; an algorithm that implements op without terms here aborts (file:line).
 AlgoCost algo_cost(CollOp op, Algo algo, int p, double nbytes, int ranks_per_node = 0);
 
 struct AlphaBeta {

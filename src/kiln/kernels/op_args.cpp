@@ -10,7 +10,8 @@
 
 namespace kiln {
 
-Expected<RopeTable> make_rope_table(int64_t head_dim, int64_t max_positions, double theta) {
+Expected<RopeTable> make_rope_table(int64_t head_dim, int64_t max_positions, double theta,
+                                    const RopeScaling& scaling) {
   if (head_dim <= 0 || head_dim % 2 != 0) {
     return invalid_argument("[rope] head_dim must be even and positive, got {}", head_dim);
   }
@@ -20,19 +21,22 @@ Expected<RopeTable> make_rope_table(int64_t head_dim, int64_t max_positions, dou
   if (!(theta > 1.0) || !std::isfinite(theta)) {
     return invalid_argument("[rope] theta must be finite and > 1, got {}", theta);
   }
+  KILN_RETURN_IF_ERROR(check_rope_scaling(scaling));
   RopeTable t;
   t.head_dim = head_dim;
   t.max_positions = max_positions;
   t.theta = theta;
+  t.scaling = scaling;
+  t.attention_factor = rope_attention_factor(scaling);
   const int64_t half = head_dim / 2;
   t.cos.resize(static_cast<size_t>(max_positions * half));
   t.sin.resize(static_cast<size_t>(max_positions * half));
+  const std::vector<double> freqs = rope_frequencies(head_dim, theta, scaling);
   for (int64_t i = 0; i < half; ++i) {
-    const double freq = std::pow(theta, -2.0 * static_cast<double>(i) / head_dim);
     for (int64_t p = 0; p < max_positions; ++p) {
-      const double angle = static_cast<double>(p) * freq;
-      t.cos[p * half + i] = static_cast<float>(std::cos(angle));
-      t.sin[p * half + i] = static_cast<float>(std::sin(angle));
+      const double angle = static_cast<double>(p) * freqs[static_cast<size_t>(i)];
+      t.cos[p * half + i] = static_cast<float>(t.attention_factor * std::cos(angle));
+      t.sin[p * half + i] = static_cast<float>(t.attention_factor * std::sin(angle));
     }
   }
   return t;

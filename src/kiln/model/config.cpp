@@ -1,29 +1,67 @@
 // Presets, parameter counts and FLOP estimates for ModelConfig.
 #include "kiln/model/config.h"
 
+#include <unistd.h>
+
+#include <cmath>
+#include <limits>
+#include <utility>
+
+#include "kiln/core/checked_math.h"
+
 namespace kiln {
 
 std::string_view family_name(ModelFamily f) { return f == ModelFamily::kGpt2 ? "gpt2" : "llama"; }
 
-int64_t ModelConfig::num_params() const {
-  const int64_t C = d_model, D = head_dim(), L = n_layers;
-  int64_t per_layer, other;
-  if (family == ModelFamily::kGpt2) {
-    per_layer = 2 * 2 * C                     // two LayerNorms (weight, bias)
-                + C * 3 * C + 3 * C           // c_attn
-                + C * C + C                   // attn c_proj
-                + C * d_ff + d_ff             // c_fc
-                + d_ff * C + C;               // mlp c_proj
-    other = vocab_size * C + max_seq_len * C + 2 * C;  // wte, wpe, ln_f
+namespace {
+// An int64 size that turns empty on overflow, so a parameter count reads as the formula.
+struct Size {
+  std::optional<int64_t> v;
+  Size(int64_t x) : v(x) {}  // NOLINT: sizes convert implicitly, as in the formulas
+  Size(std::optional<int64_t> x) : v(x) {}
+};
+Size operator+(Size a, Size b) { return a.v && b.v ? Size(checked_add(*a.v, *b.v)) : Size(std::nullopt); }
+Size operator*(Size a, Size b) { return a.v && b.v ? Size(checked_mul(*a.v, *b.v)) : Size(std::nullopt); }
+}  // namespace
+
+std::optional<int64_t> checked_num_params(const ModelConfig& c) {
+  for (int64_t x : {c.vocab_size, c.d_model, c.n_layers, c.n_heads, c.n_kv_heads, c.d_ff, c.max_seq_len})
+    if (x < 0) return std::nullopt;
+  if (c.n_heads == 0) return std::nullopt;
+  const Size C = c.d_model, D = c.head_dim(), L = c.n_layers, F = c.d_ff, V = c.vocab_size;
+  const Size H = c.n_heads, Hkv = c.n_kv_heads;
+  Size per_layer = 0, other = 0;
+  if (c.family == ModelFamily::kGpt2) {
+    per_layer = Size(4) * C                  // two LayerNorms (weight, bias)
+                + C * 3 * C + 3 * C          // c_attn
+                + C * C + C                  // attn c_proj
+                + C * F + F                  // c_fc
+                + F * C + C;                 // mlp c_proj
+    other = V * C + Size(c.max_seq_len) * C + Size(2) * C;  // wte, wpe, ln_f
   } else {
-    per_layer = 2 * C                                  // two RMSNorms
-                + C * (n_heads + 2 * n_kv_heads) * D   // q, k, v
-                + n_heads * D * C                      // o
-                + 3 * C * d_ff;                        // gate, up, down
-    other = vocab_size * C + C;                        // embed_tokens, final norm
+    per_layer = Size(2) * C                  // two RMSNorms
+                + C * (H + Size(2) * Hkv) * D  // q, k, v
+                + H * D * C                  // o
+                + Size(3) * C * F;           // gate, up, down
+    if (c.attention_bias) per_layer = per_layer + (H + Size(2) * Hkv) * D + C;
+    if (c.mlp_bias) per_layer = per_layer + Size(2) * F + C;
+    other = V * C + C;                       // embed_tokens, final norm
   }
-  if (!tied_embeddings) other += vocab_size * C;
-  return L * per_layer + other;
+  if (!c.tied_embeddings) other = other + V * C;
+  return (L * per_layer + other).v;
+}
+
+std::optional<int64_t> model_bytes(const ModelConfig& c) {
+  const Size params = checked_num_params(c);
+  Size bytes = params * 8;  // fp32 weights and their gradients
+  if (c.is_llama()) bytes = bytes + Size(c.max_seq_len) * c.head_dim() * 4;  // cos, sin: (T, D/2) fp32 each
+  return bytes.v;
+}
+
+int64_t ModelConfig::num_params() const {
+  const std::optional<int64_t> n = checked_num_params(*this);
+  KILN_CHECK_MSG(n.has_value(), "num_params() of a config check_config rejects");
+  return *n;
 }
 
 int64_t ModelConfig::num_non_embedding_params() const {
@@ -38,25 +76,82 @@ double ModelConfig::train_flops_per_token(int64_t seq_len) const {
   return 6.0 * matmul_params + 12.0 * n_layers * seq_len * d_model;
 }
 
-std::string ModelConfig::describe() const {
-  return fmt::format("{} vocab {} d {} layers {} heads {} kv_heads {} ffn {} ctx {} ({:.2f}M params)",
-                     family_name(family), vocab_size, d_model, n_layers, n_heads, n_kv_heads, d_ff,
-                     max_seq_len, num_params() / 1e6);
+float ModelConfig::attention_scale(int64_t layer) const {
+  double s = scale_attn_weights ? 1.0 / std::sqrt(static_cast<double>(head_dim())) : 1.0;
+  if (scale_attn_by_inverse_layer_idx) s /= static_cast<double>(layer + 1);
+  return static_cast<float>(s);
 }
 
-Status check_config(const ModelConfig& c) {
-  if (c.vocab_size <= 0 || c.d_model <= 0 || c.n_layers <= 0 || c.n_heads <= 0 || c.n_kv_heads <= 0 ||
-      c.d_ff <= 0 || c.max_seq_len <= 0)
-    return invalid_argument("[model config] every size must be positive: {}", c.describe());
+std::string ModelConfig::describe() const {
+  const std::optional<int64_t> n = checked_num_params(*this);
+  std::string extra;
+  if (is_llama() && rope_scaling.type != RopeType::kDefault)
+    extra += fmt::format(" rope {} x{:g}", rope_type_name(rope_scaling.type), rope_scaling.factor);
+  if (attention_bias) extra += " attention_bias";
+  if (mlp_bias) extra += " mlp_bias";
+  if (!scale_attn_weights) extra += " unscaled-attention";
+  if (scale_attn_by_inverse_layer_idx) extra += " attention/(layer+1)";
+  return fmt::format("{} vocab {} d {} layers {} heads {} kv_heads {} ffn {} ctx {}{} ({} params)",
+                     family_name(family), vocab_size, d_model, n_layers, n_heads, n_kv_heads, d_ff, max_seq_len,
+                     extra, n ? fmt::format("{:.2f}M", static_cast<double>(*n) / 1e6) : std::string("overflowing"));
+}
+
+int64_t physical_memory_bytes() {
+  const long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGE_SIZE);
+  if (pages <= 0 || page <= 0) return std::numeric_limits<int64_t>::max();
+  return checked_mul<int64_t>(pages, page).value_or(std::numeric_limits<int64_t>::max());
+}
+
+Status check_config(const ModelConfig& c, int64_t memory_limit_bytes) {
+  const std::pair<const char*, int64_t> sizes[] = {{"vocab_size", c.vocab_size}, {"d_model", c.d_model},
+                                                   {"n_layers", c.n_layers},     {"n_heads", c.n_heads},
+                                                   {"n_kv_heads", c.n_kv_heads}, {"d_ff", c.d_ff},
+                                                   {"max_seq_len", c.max_seq_len}};
+  for (const auto& [name, v] : sizes)
+    if (v <= 0) return invalid_argument("[model config] {} must be positive, got {}", name, v);
+  // Token ids and positions are int32 everywhere (batches, the paged KV cache's tables).
+  for (const auto& [name, v] : {sizes[0], sizes[6]})
+    if (v > std::numeric_limits<int32_t>::max())
+      return invalid_argument("[model config] {} {} exceeds the int32 range of token ids and positions", name, v);
   if (c.d_model % c.n_heads != 0)
     return invalid_argument("[model config] d_model {} is not divisible by n_heads {}", c.d_model, c.n_heads);
   if (c.n_heads % c.n_kv_heads != 0)
     return invalid_argument("[model config] n_heads {} is not a multiple of n_kv_heads {}", c.n_heads, c.n_kv_heads);
-  if (c.family == ModelFamily::kGpt2 && c.n_kv_heads != c.n_heads)
-    return invalid_argument("[model config] GPT-2 has no grouped-query attention (n_kv_heads {} != n_heads {})",
-                            c.n_kv_heads, c.n_heads);
-  if (c.is_llama() && c.head_dim() % 2 != 0)
-    return invalid_argument("[model config] RoPE needs an even head_dim, got {}", c.head_dim());
+  if (!(c.norm_eps > 0.0f) || !std::isfinite(c.norm_eps))
+    return invalid_argument("[model config] norm_eps must be finite and > 0, got {}", c.norm_eps);
+  for (const auto& [name, id] : {std::pair{"bos_token_id", c.bos_token_id}, std::pair{"eos_token_id", c.eos_token_id}})
+    // Not checked against vocab_size: transformers' GPT2Config() keeps 50256 at any vocabulary.
+    if (id < -1 || id > std::numeric_limits<int32_t>::max())
+      return invalid_argument("[model config] {} {} is not a token id (-1: none)", name, id);
+  if (c.family == ModelFamily::kGpt2) {
+    if (c.n_kv_heads != c.n_heads)
+      return invalid_argument("[model config] GPT-2 has no grouped-query attention (n_kv_heads {} != n_heads {})",
+                              c.n_kv_heads, c.n_heads);
+    if (c.attention_bias || c.mlp_bias)
+      return invalid_argument("[model config] attention_bias and mlp_bias are Llama options (GPT-2 always has biases)");
+    if (c.rope_scaling.type != RopeType::kDefault)
+      return invalid_argument("[model config] GPT-2 has no RoPE (rope scaling {})", rope_type_name(c.rope_scaling.type));
+  } else {
+    if (c.head_dim() % 2 != 0)
+      return invalid_argument("[model config] RoPE needs an even head_dim, got {}", c.head_dim());
+    if (!(c.rope_theta > 1.0) || !std::isfinite(c.rope_theta))
+      return invalid_argument("[model config] rope_theta must be finite and > 1, got {}", c.rope_theta);
+    if (!c.scale_attn_weights || c.scale_attn_by_inverse_layer_idx)
+      return invalid_argument("[model config] scale_attn_weights and scale_attn_by_inverse_layer_idx are GPT-2 options");
+    if (Status s = check_rope_scaling(c.rope_scaling); !s.ok())
+      return invalid_argument("[model config] {}", s.message());
+  }
+  // The memory the weights need, before anything is allocated.
+  const std::optional<int64_t> bytes = model_bytes(c);
+  const int64_t limit = memory_limit_bytes > 0 ? memory_limit_bytes : physical_memory_bytes();
+  constexpr double kGiB = 1024.0 * 1024.0 * 1024.0;
+  if (!bytes)
+    return resource_exhausted("[model config] the parameter count of {} layers × d_model {} × d_ff {}, vocab {} "
+                              "overflows int64", c.n_layers, c.d_model, c.d_ff, c.vocab_size);
+  if (*bytes > limit)
+    return resource_exhausted("[model config] {} parameters need {:.1f} GiB (fp32 weights and gradients), more than "
+                              "the {:.1f} GiB of memory here", *checked_num_params(c), static_cast<double>(*bytes) / kGiB,
+                              static_cast<double>(limit) / kGiB);
   return {};
 }
 

@@ -1,14 +1,16 @@
 // Model configuration for the two families behind one config: GPT-2 (learned positions,
-// LayerNorm, GELU MLP, tied embeddings, biases) and Llama (RMSNorm, RoPE, SwiGLU, GQA/MQA via
-// n_kv_heads, no biases), plus the named presets of BENCH.md.
+// LayerNorm, GELU MLP, tied embeddings, biases) and Llama (RMSNorm, RoPE with HF's scalings,
+// SwiGLU, GQA/MQA via n_kv_heads, optional biases), plus the named presets of BENCH.md.
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
 
 #include "kiln/core/status.h"
+#include "kiln/kernels/rope.h"
 
 namespace kiln {
 
@@ -25,12 +27,26 @@ struct ModelConfig {
   int64_t d_ff = 1536;      // GPT-2: 4·d_model; Llama: SwiGLU hidden size
   int64_t max_seq_len = 256;
   double rope_theta = 10000.0;
+  RopeScaling rope_scaling;  // Llama: HF rope_parameters' rope_type and its fields
   float norm_eps = 1e-5f;
   bool tied_embeddings = true;
+  // Llama (HF attention_bias, mlp_bias): q, k, v, o and gate, up, down get biases.
+  bool attention_bias = false;
+  bool mlp_bias = false;
+  // GPT-2 (HF scale_attn_weights, scale_attn_by_inverse_layer_idx): scores are scaled by
+  // 1/sqrt(head_dim) (or not), and also divided by layer index + 1.
+  bool scale_attn_weights = true;
+  bool scale_attn_by_inverse_layer_idx = false;
+  // Special token ids written to config.json (generation stops at eos); -1: none.
+  int64_t bos_token_id = -1;
+  int64_t eos_token_id = -1;
 
   int64_t head_dim() const { return d_model / n_heads; }
   bool is_llama() const { return family == ModelFamily::kLlama; }
-  // Parameter count; non-embedding excludes token (and position) embeddings.
+  // The attention scores' multiplier in layer `layer` (0-based).
+  float attention_scale(int64_t layer) const;
+  // Parameter count (call on a config check_config accepted: it does not check overflow);
+  // non-embedding excludes token (and position) embeddings.
   int64_t num_params() const;
   int64_t num_non_embedding_params() const;
   // Training FLOPs per token: 6·N (matmuls, forward + backward) + 12·L·T·d attention scores
@@ -39,8 +55,20 @@ struct ModelConfig {
   std::string describe() const;
 };
 
-// InvalidArgument naming the field that is inconsistent (e.g. d_model not divisible by n_heads).
-Status check_config(const ModelConfig& c);
+// Parameters, or nothing when a size is negative or the count overflows int64.
+std::optional<int64_t> checked_num_params(const ModelConfig& c);
+// Bytes Transformer::create allocates for c (fp32 weights and gradients, the RoPE table), or
+// nothing on overflow.
+std::optional<int64_t> model_bytes(const ModelConfig& c);
+
+// Every rule on a config, for configs from files, presets and flags alike: InvalidArgument
+// naming the field that is out of range or inconsistent (a size <= 0, d_model not divisible by
+// n_heads, an option of the other family, a bad RoPE scaling), ResourceExhausted when the
+// weights would not fit in `memory_limit_bytes` (0: the machine's physical memory), saying
+// how much they need. Nothing is allocated.
+Status check_config(const ModelConfig& c, int64_t memory_limit_bytes = 0);
+// The machine's physical memory (sysconf), or int64 max when it cannot be read.
+int64_t physical_memory_bytes();
 
 // Named presets: gpt2-124m, w1a, llama-tiny (default), w2-s, w2-l.
 Expected<ModelConfig> preset(std::string_view name);

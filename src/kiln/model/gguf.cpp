@@ -8,11 +8,13 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <set>
 
 #include <nlohmann/json.hpp>
 
 #include "kiln/core/dtype.h"
 #include "kiln/core/file_io.h"
+#include "kiln/core/json.h"
 
 namespace kiln::gguf {
 namespace {
@@ -21,6 +23,10 @@ constexpr uint32_t kMagic = 0x46554747;  // "GGUF" read as a little-endian u32
 constexpr uint64_t kMaxStringBytes = uint64_t{1} << 24;
 constexpr int kMaxGgufDims = 4;              // GGML_MAX_DIMS
 constexpr int64_t kMaxElements = int64_t{1} << 40;
+// Elements of one metadata array: a tokenizer's tokens and merges are under a million; the cap
+// keeps a small file from claiming an array that would need 8x its size in memory.
+constexpr uint64_t kMaxArrayElements = uint64_t{1} << 24;
+constexpr size_t kMaxTensorName = 63;  // GGML_MAX_NAME - 1: llama.cpp refuses longer names
 constexpr int64_t kQK = 32;              // elements per Q8_0 / Q4_0 block
 
 // ---- the bounded cursor -----------------------------------------------------------------------
@@ -279,6 +285,7 @@ Expected<File> parse(std::string_view bytes, std::string_view what) {
     return data_loss("{}: {} tensors cannot fit in {} bytes", what, num_tensors, c.left());
 
   f.metadata.reserve(num_kv);
+  std::set<std::string> keys, names;
   for (uint64_t n = 0; n < num_kv; ++n) {
     std::string key;
     uint32_t type = 0;
@@ -301,6 +308,8 @@ Expected<File> parse(std::string_view bytes, std::string_view what) {
       const size_t min_size = v.elem == ValueType::kString ? 8 : scalar_size(v.elem);
       if (count > c.left() / min_size)
         return data_loss("{}: metadata '{}' claims {} elements, more than the {} bytes left", what, key, count, c.left());
+      if (count > kMaxArrayElements)
+        return data_loss("{}: metadata '{}' has {} elements (at most {} read)", what, key, count, kMaxArrayElements);
       if (v.elem == ValueType::kString) {
         v.strings.resize(count);
         for (uint64_t e = 0; e < count && ok; ++e) ok = c.get_string(v.strings[e]);
@@ -317,6 +326,8 @@ Expected<File> parse(std::string_view bytes, std::string_view what) {
       ok = read_scalar(c, v.type, v.i, v.f);
     }
     if (!ok) return data_loss("{}: metadata '{}' is truncated or too long", what, key);
+    // llama.cpp refuses a repeated key; find() would silently take the first.
+    if (!keys.insert(key).second) return data_loss("{}: metadata key '{}' appears twice", what, key);
     f.metadata.emplace_back(std::move(key), std::move(v));
   }
   if (const Value* a = f.find("general.alignment")) {
@@ -330,6 +341,9 @@ Expected<File> parse(std::string_view bytes, std::string_view what) {
     TensorInfo& t = f.tensors[n];
     uint32_t n_dims = 0, type = 0;
     if (!c.get_string(t.name) || !c.get(n_dims)) return data_loss("{}: tensor info {} is truncated", what, n);
+    if (t.name.size() > kMaxTensorName)
+      return data_loss("{}: tensor {} has a name of {} bytes (at most {})", what, n, t.name.size(), kMaxTensorName);
+    if (!names.insert(t.name).second) return data_loss("{}: tensor '{}' appears twice", what, t.name);
     if (n_dims < 1 || n_dims > kMaxGgufDims)
       return data_loss("{}: tensor '{}' has {} dimensions (1 to {} allowed)", what, t.name, n_dims, kMaxGgufDims);
     int64_t numel = 1;
@@ -354,15 +368,22 @@ Expected<File> parse(std::string_view bytes, std::string_view what) {
   if (data_start > bytes.size() && num_tensors > 0)
     return data_loss("{}: the tensor data section is missing (file truncated?)", what);
   const uint64_t data_size = data_start <= bytes.size() ? bytes.size() - data_start : 0;
+  // As llama.cpp requires: the tensors lie in file order, each at the previous one's end rounded
+  // up to the alignment, so none overlaps another.
+  uint64_t expected_offset = 0;
   for (TensorInfo& t : f.tensors) {
     const uint64_t nbytes = static_cast<uint64_t>(t.numel() / block_elems(t.type) * block_bytes(t.type));
     if (t.offset % f.alignment != 0)
       return data_loss("{}: tensor '{}' offset {} is not a multiple of the alignment {}", what, t.name, t.offset,
                        f.alignment);
+    if (t.offset != expected_offset)
+      return data_loss("{}: tensor '{}' offset {} is not {}, where the previous tensor ends (aligned to {})", what,
+                       t.name, t.offset, expected_offset, f.alignment);
     if (t.offset > data_size || nbytes > data_size - t.offset)
       return data_loss("{}: tensor '{}' data [{}, {}) lies outside the {} data bytes (file truncated?)", what, t.name,
                        t.offset, t.offset + nbytes, data_size);
     t.data.assign(bytes.data() + data_start + t.offset, nbytes);
+    expected_offset = align_up(t.offset + nbytes, f.alignment);  // both within the file: no overflow
   }
   return f;
 }
@@ -495,8 +516,10 @@ uint32_t file_type_of(TensorType t) {  // general.file_type: ALL_F32, MOSTLY_F16
 
 // tokenizer.json (kiln / HF byte-level BPE) -> tokenizer.ggml.* metadata, padded to vocab_size.
 Status add_tokenizer(File& f, std::string_view json_text, int64_t vocab_size) {
-  const nlohmann::json j = nlohmann::json::parse(json_text, nullptr, false);
-  if (j.is_discarded() || !j.is_object() || !j.contains("model") || !j["model"].is_object())
+  auto parsed = parse_json(json_text, "tokenizer.json");
+  if (!parsed.ok()) return data_loss("{}", parsed.status().message());
+  const nlohmann::json& j = *parsed;
+  if (!j.is_object() || !j.contains("model") || !j["model"].is_object())
     return data_loss("tokenizer.json is not a tokenizer");
   const auto& model = j["model"];
   if (!model.contains("vocab") || !model["vocab"].is_object() || !model.contains("merges") || !model["merges"].is_array())
@@ -615,6 +638,8 @@ Expected<File> llama_to_gguf(Transformer& model, std::string_view tokenizer_json
                              std::string_view name) {
   const ModelConfig& c = model.config();
   if (!c.is_llama()) return unimplemented("GGUF export of a {} model (kiln writes the Llama family)", family_name(c.family));
+  if (c.rope_scaling.type != RopeType::kDefault || c.attention_bias || c.mlp_bias)  // not written: refuse, not drop
+    return unimplemented("GGUF export of a Llama with RoPE scaling or biases ({})", c.describe());
   File f;
   f.metadata.emplace_back("general.architecture", Value::str("llama"));
   f.metadata.emplace_back("general.name", Value::str(std::string(name)));

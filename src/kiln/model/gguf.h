@@ -87,7 +87,11 @@ struct File {
   const TensorInfo* tensor(std::string_view name) const;
 };
 
-// Parses a whole GGUF image (version 2 or 3, little-endian). `what` names it in errors.
+// Fuzzer entry point. Parses a whole GGUF image (version 2 or 3, little-endian) from memory;
+// `what` names it in errors. Refuses what llama.cpp refuses: a repeated metadata key or tensor
+// name, a tensor name over 63 bytes, tensors not laid out in order at aligned offsets (so none
+// overlaps), data past the end; and any count or size that does not fit the bytes left (metadata
+// arrays at most 2^24 elements). Never throws.
 Expected<File> parse(std::string_view bytes, std::string_view what = "gguf");
 Expected<File> read(const std::string& path);
 // Serializes (offsets and padding computed here; general.alignment written when it is not 32).

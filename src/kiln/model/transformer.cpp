@@ -1,4 +1,6 @@
-// Transformer forward and backward for GPT-2 and Llama blocks over flat buffers.
+// Transformer forward and backward for GPT-2 and Llama blocks over flat buffers; the HF config
+// options (Llama biases, GPT-2 attention scales, RoPE scalings via the table) live in the one
+// layer code that training, the KV-cache decode and the paged serving path all run.
 #include "kiln/model/transformer.h"
 
 #include <cmath>
@@ -126,6 +128,7 @@ struct Transformer::PagedScratch {
 struct Transformer::Layer {
   const ModelConfig* cfg = nullptr;
   const RopeTable* rope = nullptr;
+  int64_t index = 0;      // 0-based (GPT-2's scale_attn_by_inverse_layer_idx divides by index + 1)
   // Parameters (and gradients) of this block.
   float *norm1_w = nullptr, *norm1_b = nullptr, *dnorm1_w = nullptr, *dnorm1_b = nullptr;
   float *norm2_w = nullptr, *norm2_b = nullptr, *dnorm2_w = nullptr, *dnorm2_b = nullptr;
@@ -143,6 +146,7 @@ struct Transformer::Layer {
     p.batch = B; p.q_len = T; p.kv_len = kv_len;
     p.n_heads = cfg->n_heads; p.n_kv_heads = cfg->n_kv_heads; p.head_dim = cfg->head_dim();
     p.causal = true;
+    p.scale = cfg->attention_scale(index);
     if (!cfg->is_llama()) {
       p.q_row_stride = 3 * cfg->d_model;
       if (!cached) p.k_row_stride = p.v_row_stride = 3 * cfg->d_model;
@@ -183,6 +187,7 @@ struct Transformer::Layer {
     }
     AttentionParams base;
     base.n_heads = H; base.n_kv_heads = cfg->n_kv_heads; base.head_dim = D; base.causal = true;
+    base.scale = cfg->attention_scale(index);
     base.q_row_stride = q_stride; base.k_row_stride = base.v_row_stride = W;
     for (int64_t i = 0; i < S;) {
       const int64_t r0 = ps.row_begin[i], n = b.num_new[i];
@@ -330,8 +335,8 @@ Transformer::Transformer(const ModelConfig& c) : config_(c) {}
 Transformer::~Transformer() = default;
 
 // ---- parameters ----------------------------------------------------------------------------
-void Transformer::build_params(uint64_t seed) {
-  const ModelConfig& c = config_;
+std::vector<ParamEntry> Transformer::param_entries_for(const ModelConfig& c) {
+  std::vector<ParamEntry> entries_;
   const int64_t C = c.d_model, F = c.d_ff, D = c.head_dim(), V = c.vocab_size, L = c.n_layers;
   int64_t offset = 0;
   auto add = [&](std::string name, Shape shape, bool decay) {
@@ -362,15 +367,20 @@ void Transformer::build_params(uint64_t seed) {
       add(p + "mlp.c_proj.bias", {C}, false);
     } else {
       const std::string p = fmt::format("model.layers.{}.", i);
+      // (name, out, in) of each projection; its bias (out,) follows it when the config has one.
+      auto proj = [&](const char* name, int64_t out, int64_t in, bool bias) {
+        add(p + name + ".weight", {out, in}, true);
+        if (bias) add(p + name + ".bias", {out}, false);
+      };
       add(p + "input_layernorm.weight", {C}, false);
-      add(p + "self_attn.q_proj.weight", {c.n_heads * D, C}, true);
-      add(p + "self_attn.k_proj.weight", {c.n_kv_heads * D, C}, true);
-      add(p + "self_attn.v_proj.weight", {c.n_kv_heads * D, C}, true);
-      add(p + "self_attn.o_proj.weight", {C, c.n_heads * D}, true);
+      proj("self_attn.q_proj", c.n_heads * D, C, c.attention_bias);
+      proj("self_attn.k_proj", c.n_kv_heads * D, C, c.attention_bias);
+      proj("self_attn.v_proj", c.n_kv_heads * D, C, c.attention_bias);
+      proj("self_attn.o_proj", C, c.n_heads * D, c.attention_bias);
       add(p + "post_attention_layernorm.weight", {C}, false);
-      add(p + "mlp.gate_proj.weight", {F, C}, true);
-      add(p + "mlp.up_proj.weight", {F, C}, true);
-      add(p + "mlp.down_proj.weight", {C, F}, true);
+      proj("mlp.gate_proj", F, C, c.mlp_bias);
+      proj("mlp.up_proj", F, C, c.mlp_bias);
+      proj("mlp.down_proj", C, F, c.mlp_bias);
     }
   }
   if (gpt2) {
@@ -380,7 +390,15 @@ void Transformer::build_params(uint64_t seed) {
     add("model.norm.weight", {C}, false);
   }
   if (!c.tied_embeddings) add("lm_head.weight", {V, C}, true);
+  return entries_;
+}
 
+void Transformer::build_params(uint64_t seed) {
+  const ModelConfig& c = config_;
+  const int64_t C = c.d_model, F = c.d_ff, D = c.head_dim(), V = c.vocab_size, L = c.n_layers;
+  const bool gpt2 = c.family == ModelFamily::kGpt2;
+  entries_ = param_entries_for(c);
+  const int64_t offset = entries_.empty() ? 0 : entries_.back().offset + entries_.back().shape.numel();
   params_ = Tensor::zeros({offset});
   grads_ = Tensor::zeros({offset});
   // GPT-2 initialization: N(0, 0.02); projections into the residual stream scaled by
@@ -414,6 +432,7 @@ void Transformer::build_params(uint64_t seed) {
     auto layer = std::make_unique<Layer>();
     layer->cfg = &config_;
     layer->rope = &rope_;
+    layer->index = i;
     if (gpt2) {
       const std::string p = fmt::format("transformer.h.{}.", i);
       layer->norm1_w = P(p + "ln_1.weight"); layer->norm1_b = P(p + "ln_1.bias");
@@ -429,13 +448,17 @@ void Transformer::build_params(uint64_t seed) {
       layer->norm1_w = P(p + "input_layernorm.weight"); layer->dnorm1_w = G(p + "input_layernorm.weight");
       layer->norm2_w = P(p + "post_attention_layernorm.weight");
       layer->dnorm2_w = G(p + "post_attention_layernorm.weight");
-      layer->q = lin(p + "self_attn.q_proj.weight", "", C, c.n_heads * D);
-      layer->k = lin(p + "self_attn.k_proj.weight", "", C, c.n_kv_heads * D);
-      layer->v = lin(p + "self_attn.v_proj.weight", "", C, c.n_kv_heads * D);
-      layer->o = lin(p + "self_attn.o_proj.weight", "", c.n_heads * D, C);
-      layer->gate = lin(p + "mlp.gate_proj.weight", "", C, F);
-      layer->up = lin(p + "mlp.up_proj.weight", "", C, F);
-      layer->down = lin(p + "mlp.down_proj.weight", "", F, C);
+      // A projection's Linear: its weight and, when the config has them, its bias.
+      auto llama_lin = [&](const char* name, bool bias, int64_t in, int64_t out) {
+        return lin(p + name + ".weight", bias ? p + name + ".bias" : std::string(), in, out);
+      };
+      layer->q = llama_lin("self_attn.q_proj", c.attention_bias, C, c.n_heads * D);
+      layer->k = llama_lin("self_attn.k_proj", c.attention_bias, C, c.n_kv_heads * D);
+      layer->v = llama_lin("self_attn.v_proj", c.attention_bias, C, c.n_kv_heads * D);
+      layer->o = llama_lin("self_attn.o_proj", c.attention_bias, c.n_heads * D, C);
+      layer->gate = llama_lin("mlp.gate_proj", c.mlp_bias, C, F);
+      layer->up = llama_lin("mlp.up_proj", c.mlp_bias, C, F);
+      layer->down = llama_lin("mlp.down_proj", c.mlp_bias, F, C);
     }
     layers_.push_back(std::move(layer));
   }
@@ -475,7 +498,8 @@ Expected<std::unique_ptr<Transformer>> Transformer::create(const ModelConfig& co
   KILN_RETURN_IF_ERROR(check_config(config));
   std::unique_ptr<Transformer> t(new Transformer(config));  // private constructor
   if (config.is_llama()) {
-    KILN_ASSIGN_OR_RETURN(t->rope_, make_rope_table(config.head_dim(), config.max_seq_len, config.rope_theta));
+    KILN_ASSIGN_OR_RETURN(t->rope_, make_rope_table(config.head_dim(), config.max_seq_len, config.rope_theta,
+                                                     config.rope_scaling));
   }
   t->build_params(seed);
   return t;

@@ -100,6 +100,9 @@ struct PagedBatch {
 class Transformer {
  public:
   static Expected<std::unique_ptr<Transformer>> create(const ModelConfig& config, uint64_t seed);
+  // The parameters create(config) allocates (names, kiln shapes, offsets), computed without
+  // allocating anything, so a loader checks a file against them first. config passes check_config.
+  static std::vector<ParamEntry> param_entries_for(const ModelConfig& config);
   ~Transformer();
   Transformer(const Transformer&) = delete;
   Transformer& operator=(const Transformer&) = delete;

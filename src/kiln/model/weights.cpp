@@ -1,20 +1,22 @@
-// safetensors writer/reader and HF config.json mapping.
+// Model directories: save_model writes config.json + model.safetensors; load_model checks the
+// file against the config (safetensors.h reads it) before allocating the model.
 #include "kiln/model/weights.h"
 
 #include <cstring>
 #include <filesystem>
-#include <fstream>
+#include <optional>
+#include <set>
 
 #include <nlohmann/json.hpp>
 
 #include "kiln/core/file_io.h"
 #include "kiln/model/gguf.h"
+#include "kiln/model/safetensors.h"
 
 namespace kiln {
 namespace {
 
 namespace fs = std::filesystem;
-constexpr uint64_t kMaxHeaderBytes = 100ull << 20;
 
 // HF GPT-2 keeps these as Conv1D weights, (in, out): transposed from kiln's (out, in).
 bool hf_transposed(const ModelConfig& c, const std::string& name) {
@@ -24,7 +26,72 @@ bool hf_transposed(const ModelConfig& c, const std::string& name) {
 }
 
 
+// The float dtypes load_model converts to fp32.
+std::optional<DType> float_dtype(std::string_view name) {
+  if (name == "F32") return DType::kF32;
+  if (name == "F16") return DType::kF16;
+  if (name == "BF16") return DType::kBF16;
+  return std::nullopt;
+}
+
+// Tensors a checkpoint may hold that are no parameter: buffers transformers derives from the
+// config (RoPE inverse frequencies; GPT-2's causal masks), which kiln computes itself.
+bool is_derived_buffer(const ModelConfig& c, std::string_view name) {
+  if (name.ends_with(".rotary_emb.inv_freq")) return true;
+  return c.family == ModelFamily::kGpt2 && (name.ends_with(".attn.bias") || name.ends_with(".attn.masked_bias"));
+}
+
 }  // namespace
+
+Expected<std::vector<const SafetensorsTensor*>> match_params(SafetensorsFile& st, const ModelConfig& c,
+                                                              const std::vector<ParamEntry>& entries) {
+  const std::string& path = st.path();
+  std::vector<const SafetensorsTensor*> out;
+  std::set<std::string_view> used;
+  for (const ParamEntry& e : entries) {
+    const SafetensorsTensor* t = st.header().find(e.name);
+    if (t == nullptr) {
+      if (st.header().find(e.name.substr(0, e.name.rfind('.')) + ".qweight"))  // kiln quantized format
+        return failed_precondition("{} holds a quantized model: load it with quant::load_any_model (kiln eval and "
+                                   "generate do)", path);
+      return data_loss("{}: tensor {} is missing (config.json: {})", path, e.name, c.describe());
+    }
+    if (!float_dtype(t->dtype))
+      return unimplemented("{}: tensor {} has dtype '{}' (F32, F16 and BF16 load)", path, e.name, t->dtype);
+    std::vector<int64_t> want(e.shape.begin(), e.shape.end());
+    if (hf_transposed(c, e.name)) std::swap(want[0], want[1]);
+    if (!t->shape_is(want))
+      return invalid_argument("{}: tensor {} has shape [{}], the config needs [{}]", path, e.name,
+                              fmt::join(t->shape, ", "), fmt::join(want, ", "));
+    out.push_back(t);
+    used.insert(t->name);
+  }
+  // A tensor the config does not use means config.json misdescribes the file (a bias, a layer,
+  // an untied head kiln would silently drop): an error naming them.
+  std::vector<std::string_view> extra;
+  for (const SafetensorsTensor& t : st.header().tensors) {
+    if (used.count(t.name) || is_derived_buffer(c, t.name)) continue;
+    if (c.tied_embeddings && t.name == "lm_head.weight" && !entries.empty()) {
+      // A tied head stored anyway is fine when it is the embedding's copy.
+      const SafetensorsTensor* emb = st.header().find(entries[0].name);
+      if (emb && emb->dtype == t.dtype && emb->shape == t.shape) {
+        KILN_ASSIGN_OR_RETURN(const std::string a, st.read(*emb));
+        KILN_ASSIGN_OR_RETURN(const std::string b, st.read(t));
+        if (a == b) continue;
+      }
+      return invalid_argument("{}: config.json ties the LM head to the embedding (tie_word_embeddings), but the file "
+                              "holds an lm_head.weight that differs from {}", path, entries[0].name);
+    }
+    extra.push_back(t.name);
+  }
+  if (!extra.empty()) {
+    const size_t shown = std::min<size_t>(extra.size(), 5);
+    return invalid_argument("{}: {} tensor(s) the config does not use: {}{} (config.json: {})", path, extra.size(),
+                            fmt::join(extra.begin(), extra.begin() + static_cast<std::ptrdiff_t>(shown), ", "),
+                            extra.size() > shown ? ", ..." : "", c.describe());
+  }
+  return out;
+}
 
 Status save_model(const std::string& dir, Transformer& model) {
   std::error_code ec;
@@ -71,66 +138,30 @@ Expected<std::unique_ptr<Transformer>> load_model(const std::string& dir) {
     return Status(cfg_text.status().code(),
                   fmt::format("{} (a model directory holds config.json and model.safetensors)", cfg_text.status().message()));
   auto cfg = config_from_hf_json(*cfg_text);
+  if (cfg.ok()) {
+    if (Status s = check_config(*cfg); !s.ok()) cfg = s;
+  }
   if (!cfg.ok()) return Status(cfg.status().code(), fmt::format("{}: {}", cfg_path.string(), cfg.status().message()));
+  KILN_ASSIGN_OR_RETURN(SafetensorsFile st, SafetensorsFile::open(st_path.string()));
+  if (!st.header().metadata_value("kiln.quant.method").empty())
+    return failed_precondition("{} holds a quantized model: load it with quant::load_any_model (kiln eval and "
+                               "generate do)", st_path.string());
+  // Every name, dtype and shape against the header before the model is allocated.
+  const std::vector<ParamEntry> entries = Transformer::param_entries_for(*cfg);
+  KILN_ASSIGN_OR_RETURN(std::vector<const SafetensorsTensor*> tensors, match_params(st, *cfg, entries));
   KILN_ASSIGN_OR_RETURN(auto model, Transformer::create(*cfg, 0));
+  KILN_CHECK(model->param_entries().size() == entries.size());
 
-  std::error_code ec;
-  const uint64_t size = fs::file_size(st_path, ec);
-  if (ec) return not_found("{}: {}", st_path.string(), ec.message());
-  std::ifstream in(st_path, std::ios::binary);
-  uint64_t hlen = 0;
-  if (size < 8 || !in.read(reinterpret_cast<char*>(&hlen), 8)) return data_loss("{}: too short", st_path.string());
-  if (hlen > kMaxHeaderBytes || hlen > size - 8)
-    return data_loss("{}: header length {} does not fit the file of {} bytes", st_path.string(), hlen, size);
-  std::string h(hlen, '\0');
-  if (!in.read(h.data(), static_cast<std::streamsize>(hlen))) return data_loss("{}: truncated header", st_path.string());
-  const nlohmann::json header = nlohmann::json::parse(h, nullptr, false);
-  if (header.is_discarded() || !header.is_object()) return data_loss("{}: header is not JSON", st_path.string());
-  const uint64_t data_start = 8 + hlen, data_bytes = size - data_start;
-  const ModelConfig& c = model->config();
-  std::vector<char> raw;
-  for (const ParamEntry& e : model->param_entries()) {
-    if (!header.contains(e.name)) {
-      if (header.contains(e.name.substr(0, e.name.rfind('.')) + ".qweight"))  // kiln quantized format
-        return failed_precondition("{} holds a quantized model: load it with quant::load_any_model (kiln eval and "
-                                   "generate do)", st_path.string());
-      return data_loss("{}: tensor {} is missing", st_path.string(), e.name);
-    }
-    const auto& t = header[e.name];
-    if (!t.is_object() || !t.contains("dtype") || !t.contains("shape") || !t.contains("data_offsets"))
-      return data_loss("{}: tensor {} has a malformed entry", st_path.string(), e.name);
-    const std::string dt = t["dtype"].is_string() ? t["dtype"].get<std::string>() : "";
-    DType dtype;
-    if (dt == "F32") dtype = DType::kF32;
-    else if (dt == "F16") dtype = DType::kF16;
-    else if (dt == "BF16") dtype = DType::kBF16;
-    else return unimplemented("{}: tensor {} has dtype '{}' (F32, F16 and BF16 load)", st_path.string(), e.name, dt);
-    std::vector<int64_t> want(e.shape.begin(), e.shape.end());
-    if (hf_transposed(c, e.name)) std::swap(want[0], want[1]);
-    std::vector<int64_t> got;
-    if (!t["shape"].is_array()) return data_loss("{}: tensor {} shape is not a list", st_path.string(), e.name);
-    for (const auto& d : t["shape"]) {
-      if (!d.is_number_integer()) return data_loss("{}: tensor {} shape is not integers", st_path.string(), e.name);
-      got.push_back(d.get<int64_t>());
-    }
-    if (got != want)
-      return invalid_argument("{}: tensor {} has shape [{}], the config needs [{}]", st_path.string(), e.name,
-                              fmt::join(got, ", "), fmt::join(want, ", "));
-    const auto& off = t["data_offsets"];
-    if (!off.is_array() || off.size() != 2 || !off[0].is_number_unsigned() || !off[1].is_number_unsigned())
-      return data_loss("{}: tensor {} has malformed data_offsets", st_path.string(), e.name);
-    const uint64_t b = off[0].get<uint64_t>(), en = off[1].get<uint64_t>();
-    const uint64_t need = static_cast<uint64_t>(e.shape.numel()) * static_cast<uint64_t>(dtype_bits(dtype) / 8);
-    if (b > en || en > data_bytes || en - b != need)
-      return data_loss("{}: tensor {} data [{}, {}) is outside the file or not {} bytes (file truncated?)",
-                       st_path.string(), e.name, b, en, need);
-    raw.resize(need);
-    in.seekg(static_cast<std::streamoff>(data_start + b));
-    if (!in.read(raw.data(), static_cast<std::streamsize>(need)))
-      return data_loss("{}: short read of tensor {}", st_path.string(), e.name);
+  std::string raw;
+  for (size_t k = 0; k < entries.size(); ++k) {
+    const ParamEntry& e = model->param_entries()[k];
+    const SafetensorsTensor& t = *tensors[k];
+    const DType dtype = *float_dtype(t.dtype);
+    raw.resize(t.num_bytes());
+    KILN_RETURN_IF_ERROR(st.read_into(t, raw));
     float* w = model->params().data() + e.offset;
     const int64_t n = e.shape.numel();
-    if (hf_transposed(c, e.name)) {
+    if (hf_transposed(*cfg, e.name)) {
       const int64_t rows = e.shape[0], cols = e.shape[1];  // kiln (rows, cols) from HF (cols, rows)
       for (int64_t j = 0; j < cols; ++j)
         for (int64_t i = 0; i < rows; ++i) w[i * cols + j] = load_as_f32(raw.data(), dtype, j * rows + i);

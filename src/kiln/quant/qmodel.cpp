@@ -5,10 +5,12 @@
 #include <cstring>
 #include <filesystem>
 #include <regex>
+#include <set>
 
 #include <nlohmann/json.hpp>
 
 #include "kiln/core/file_io.h"
+#include "kiln/model/safetensors.h"
 #include "kiln/model/weights.h"
 #include "kiln/quant/smooth.h"
 
@@ -209,8 +211,7 @@ Status save_quantized_model(const std::string& dir, Transformer& model, const Qu
   std::string data;
   auto add = [&](const std::string& name, const char* dtype, std::vector<int64_t> shape, std::string_view bytes) {
     const uint64_t begin = data.size();
-    data.append(bytes);
-    while (data.size() % 8) data.push_back('\0');  // keep every tensor 8-byte aligned
+    data.append(bytes);  // no padding: the tensors must tile the data exactly (safetensors.h)
     header[name] = {{"dtype", dtype}, {"shape", shape}, {"data_offsets", {begin, begin + bytes.size()}}};
   };
   for (const ParamEntry& e : model.param_entries()) {
@@ -255,89 +256,54 @@ Status save_quantized_model(const std::string& dir, Transformer& model, const Qu
 }
 
 namespace {
-// One tensor of a parsed safetensors file: its bytes (checked against dtype × shape).
-struct StFile {
-  std::string path, bytes;
-  nlohmann::json header;
-  uint64_t data_start = 0;
+// The file's entry `name`, checked to be of `dtype` and `shape` (before anything is allocated).
+Expected<const SafetensorsTensor*> expect_tensor(const SafetensorsFile& f, const std::string& name,
+                                                 std::string_view dtype, const std::vector<int64_t>& shape) {
+  KILN_ASSIGN_OR_RETURN(const SafetensorsTensor* t, f.tensor(name));
+  if (t->dtype != dtype)
+    return invalid_argument("{}: tensor {} has dtype '{}', expected {}", f.path(), name, t->dtype, dtype);
+  if (!t->shape_is(shape))
+    return invalid_argument("{}: tensor {} has shape [{}], the config and scheme need [{}]", f.path(), name,
+                            fmt::join(t->shape, ", "), fmt::join(shape, ", "));
+  return t;
+}
 
-  Expected<std::string_view> tensor(const std::string& name, const std::string& dtype, int elem_bytes,
-                                    const std::vector<int64_t>& shape) const {
-    if (!header.contains(name)) return data_loss("{}: tensor {} is missing", path, name);
-    const auto& t = header[name];
-    if (!t.is_object() || !t.contains("dtype") || !t.contains("shape") || !t.contains("data_offsets"))
-      return data_loss("{}: tensor {} has a malformed entry", path, name);
-    const std::string dt = t["dtype"].is_string() ? t["dtype"].get<std::string>() : "";
-    if (dt != dtype) return invalid_argument("{}: tensor {} has dtype '{}', expected {}", path, name, dt, dtype);
-    std::vector<int64_t> got;
-    if (!t["shape"].is_array()) return data_loss("{}: tensor {} shape is not a list", path, name);
-    for (const auto& d : t["shape"]) {
-      if (!d.is_number_integer()) return data_loss("{}: tensor {} shape is not integers", path, name);
-      got.push_back(d.get<int64_t>());
-    }
-    if (got != shape)
-      return invalid_argument("{}: tensor {} has shape [{}], the config and scheme need [{}]", path, name,
-                              fmt::join(got, ", "), fmt::join(shape, ", "));
-    const auto& off = t["data_offsets"];
-    if (!off.is_array() || off.size() != 2 || !off[0].is_number_unsigned() || !off[1].is_number_unsigned())
-      return data_loss("{}: tensor {} has malformed data_offsets", path, name);
-    const uint64_t b = off[0].get<uint64_t>(), e = off[1].get<uint64_t>();
-    uint64_t need = static_cast<uint64_t>(elem_bytes);
-    for (int64_t d : shape) need *= static_cast<uint64_t>(d);
-    if (b > e || e > bytes.size() - data_start || e - b != need)
-      return data_loss("{}: tensor {} data [{}, {}) is outside the file or not {} bytes (file truncated?)", path, name,
-                       b, e, need);
-    return std::string_view(bytes).substr(data_start + b, need);
-  }
+// Where one parameter comes from: a plain F32 tensor, or a quantized Linear's three tensors.
+struct ParamSource {
+  const SafetensorsTensor* plain = nullptr;
+  const SafetensorsTensor *qweight = nullptr, *scales = nullptr, *zeros = nullptr;
 };
-
-Expected<StFile> read_st(const std::string& path) {
-  StFile f;
-  f.path = path;
-  KILN_ASSIGN_OR_RETURN(f.bytes, read_file(path, int64_t{64} << 30));
-  uint64_t hlen = 0;
-  if (f.bytes.size() < 8) return data_loss("{}: too short for a safetensors file", path);
-  std::memcpy(&hlen, f.bytes.data(), 8);
-  if (hlen > (100ull << 20) || hlen > f.bytes.size() - 8)
-    return data_loss("{}: header length {} does not fit the file of {} bytes", path, hlen, f.bytes.size());
-  f.header = nlohmann::json::parse(f.bytes.substr(8, hlen), nullptr, false);
-  if (f.header.is_discarded() || !f.header.is_object()) return data_loss("{}: header is not JSON", path);
-  f.data_start = 8 + hlen;
-  return f;
-}
-
-std::string meta(const nlohmann::json& h, const char* key) {
-  if (!h.contains("__metadata__") || !h["__metadata__"].is_object()) return "";
-  const auto& m = h["__metadata__"];
-  return m.contains(key) && m[key].is_string() ? m[key].get<std::string>() : "";
-}
 }  // namespace
 
 Expected<std::unique_ptr<Transformer>> load_any_model(const std::string& dir, QuantizedState* state) {
   const fs::path st_path = fs::path(dir) / "model.safetensors";
   // Plain (or unreadable) files go to load_model, whose errors name the file and the tensor.
-  auto parsed = read_st(st_path.string());
-  if (!parsed.ok() || meta(parsed->header, kMetaMethod).empty()) {
+  auto opened = SafetensorsFile::open(st_path.string());
+  if (!opened.ok() || opened->header().metadata_value(kMetaMethod).empty()) {
     if (state) *state = QuantizedState{};
     return load_model(dir);
   }
-  StFile f = std::move(*parsed);
+  SafetensorsFile f = std::move(*opened);
+  const SafetensorsHeader& h = f.header();
   const fs::path cfg_path = fs::path(dir) / "config.json";
   KILN_ASSIGN_OR_RETURN(std::string cfg_text, read_file(cfg_path.string(), int64_t{1} << 20));
   auto cfg = config_from_hf_json(cfg_text);
+  if (cfg.ok()) {
+    if (Status s = check_config(*cfg); !s.ok()) cfg = s;
+  }
   if (!cfg.ok()) return Status(cfg.status().code(), fmt::format("{}: {}", cfg_path.string(), cfg.status().message()));
-  KILN_ASSIGN_OR_RETURN(auto model, Transformer::create(*cfg, 0));
+  const ModelConfig& c = *cfg;
 
   QuantizedState st;
-  KILN_ASSIGN_OR_RETURN(st.method, parse_method(meta(f.header, kMetaMethod)));
-  const std::string fmt_name = meta(f.header, "kiln.quant.format"), act = meta(f.header, "kiln.quant.act");
+  KILN_ASSIGN_OR_RETURN(st.method, parse_method(h.metadata_value(kMetaMethod)));
+  const std::string fmt_name = h.metadata_value("kiln.quant.format"), act = h.metadata_value("kiln.quant.act");
   try {
-    st.scheme.bits = std::stoi(meta(f.header, "kiln.quant.bits"));
-    st.scheme.group = std::stoll(meta(f.header, "kiln.quant.group"));
+    st.scheme.bits = std::stoi(h.metadata_value("kiln.quant.bits"));
+    st.scheme.group = std::stoll(h.metadata_value("kiln.quant.group"));
   } catch (const std::exception&) {
     return data_loss("{}: kiln.quant.bits / kiln.quant.group metadata are not integers", st_path.string());
   }
-  st.scheme.symmetric = meta(f.header, "kiln.quant.symmetric") == "true";
+  st.scheme.symmetric = h.metadata_value("kiln.quant.symmetric") == "true";
   if (fmt_name == "fp8e4m3") st.scheme.format = QFormat::kFp8E4M3;
   else if (fmt_name != "int") return unimplemented("{}: quantized format '{}' (int, fp8e4m3)", st_path.string(), fmt_name);
   if (act == "none") st.act = ActQuant::kNone;
@@ -345,35 +311,73 @@ Expected<std::unique_ptr<Transformer>> load_any_model(const std::string& dir, Qu
   else if (act == act_quant_name(ActQuant::kFp8)) st.act = ActQuant::kFp8;
   else return unimplemented("{}: activation quantization '{}'", st_path.string(), act);
 
-  const ModelConfig& c = model->config();
-  for (const ParamEntry& e : model->param_entries()) {
-    float* w = model->params().data() + e.offset;
+  // Every tensor's name, dtype and shape against the header before the model is allocated.
+  const std::vector<ParamEntry> entries = Transformer::param_entries_for(c);
+  std::vector<ParamSource> sources(entries.size());
+  std::set<std::string_view> used;
+  for (size_t k = 0; k < entries.size(); ++k) {
+    const ParamEntry& e = entries[k];
     const std::string b = base_name(e.name);
-    if (!f.header.contains(e.name) && f.header.contains(b + ".qweight") && e.shape.rank() == 2) {
+    ParamSource& src = sources[k];
+    if (!h.find(e.name) && h.find(b + ".qweight") && e.shape.rank() == 2) {
       const int64_t rows = e.shape[0], cols = e.shape[1];
       KILN_RETURN_IF_ERROR(check_scheme(st.scheme, cols));
+      QTensor shape_of;
+      shape_of.scheme = st.scheme;
+      shape_of.rows = rows;
+      shape_of.cols = cols;
+      if (st.scheme.format == QFormat::kFp8E4M3) {
+        KILN_ASSIGN_OR_RETURN(src.qweight, expect_tensor(f, b + ".qweight", "F8_E4M3", {rows, cols}));
+      } else {
+        KILN_ASSIGN_OR_RETURN(src.qweight,
+                              expect_tensor(f, b + ".qweight", "U8", {rows, packed_row_bytes(cols, st.scheme.bits)}));
+      }
+      const std::vector<int64_t> pshape = st.scheme.group == QuantScheme::kPerTensor
+                                              ? std::vector<int64_t>{1}
+                                              : std::vector<int64_t>{rows, shape_of.groups_per_row()};
+      KILN_ASSIGN_OR_RETURN(src.scales, expect_tensor(f, b + ".scales", "F32", pshape));
+      if (st.scheme.format == QFormat::kInt && !st.scheme.symmetric) {
+        KILN_ASSIGN_OR_RETURN(src.zeros, expect_tensor(f, b + ".zeros", "F32", pshape));
+      }
+    } else {
+      std::vector<int64_t> want(e.shape.begin(), e.shape.end());
+      if (hf_transposed(c, e.name)) std::swap(want[0], want[1]);
+      KILN_ASSIGN_OR_RETURN(src.plain, expect_tensor(f, e.name, "F32", want));
+    }
+    for (const SafetensorsTensor* t : {src.plain, src.qweight, src.scales, src.zeros})
+      if (t) used.insert(t->name);
+  }
+  std::vector<std::string_view> extra;
+  for (const SafetensorsTensor& t : h.tensors)
+    if (!used.count(t.name)) extra.push_back(t.name);
+  if (!extra.empty())
+    return invalid_argument("{}: {} tensor(s) the config and scheme do not use: {} (config.json: {})", st_path.string(),
+                            extra.size(), fmt::join(extra, ", "), c.describe());
+
+  KILN_ASSIGN_OR_RETURN(auto model, Transformer::create(c, 0));
+  KILN_CHECK(model->param_entries().size() == entries.size());
+  std::string raw;
+  for (size_t k = 0; k < entries.size(); ++k) {
+    const ParamEntry& e = model->param_entries()[k];
+    const ParamSource& src = sources[k];
+    float* w = model->params().data() + e.offset;
+    const std::string b = base_name(e.name);
+    if (src.qweight) {
+      const int64_t rows = e.shape[0], cols = e.shape[1];
       QTensor q;
       q.scheme = st.scheme;
       q.rows = rows;
       q.cols = cols;
-      if (st.scheme.format == QFormat::kFp8E4M3) {
-        KILN_ASSIGN_OR_RETURN(auto raw, f.tensor(b + ".qweight", "F8_E4M3", 1, {rows, cols}));
-        q.codes.assign(raw.begin(), raw.end());
-      } else {
-        const int64_t rb = packed_row_bytes(cols, st.scheme.bits);
-        KILN_ASSIGN_OR_RETURN(auto raw, f.tensor(b + ".qweight", "U8", 1, {rows, rb}));
-        q.codes = unpack_codes(reinterpret_cast<const uint8_t*>(raw.data()), rows, cols, st.scheme.bits);
-      }
-      const std::vector<int64_t> pshape = st.scheme.group == QuantScheme::kPerTensor
-                                              ? std::vector<int64_t>{1}
-                                              : std::vector<int64_t>{rows, q.groups_per_row()};
-      KILN_ASSIGN_OR_RETURN(auto sc, f.tensor(b + ".scales", "F32", 4, pshape));
-      q.scales.resize(sc.size() / 4);
-      std::memcpy(q.scales.data(), sc.data(), sc.size());
-      if (st.scheme.format == QFormat::kInt && !st.scheme.symmetric) {
-        KILN_ASSIGN_OR_RETURN(auto z, f.tensor(b + ".zeros", "F32", 4, pshape));
-        q.zeros.resize(z.size() / 4);
-        std::memcpy(q.zeros.data(), z.data(), z.size());
+      KILN_ASSIGN_OR_RETURN(raw, f.read(*src.qweight));
+      if (st.scheme.format == QFormat::kFp8E4M3) q.codes.assign(raw.begin(), raw.end());
+      else q.codes = unpack_codes(reinterpret_cast<const uint8_t*>(raw.data()), rows, cols, st.scheme.bits);
+      KILN_ASSIGN_OR_RETURN(raw, f.read(*src.scales));
+      q.scales.resize(raw.size() / 4);
+      std::memcpy(q.scales.data(), raw.data(), raw.size());
+      if (src.zeros) {
+        KILN_ASSIGN_OR_RETURN(raw, f.read(*src.zeros));
+        q.zeros.resize(raw.size() / 4);
+        std::memcpy(q.zeros.data(), raw.data(), raw.size());
       } else {
         const float z = st.scheme.format == QFormat::kInt ? static_cast<float>(1 << (st.scheme.bits - 1)) : 0.0f;
         q.zeros.assign(q.scales.size(), z);
@@ -386,14 +390,12 @@ Expected<std::unique_ptr<Transformer>> load_any_model(const std::string& dir, Qu
       st.weights.emplace(e.name, std::move(q));
       continue;
     }
-    std::vector<int64_t> want(e.shape.begin(), e.shape.end());
-    if (hf_transposed(c, e.name)) std::swap(want[0], want[1]);
-    KILN_ASSIGN_OR_RETURN(auto raw, f.tensor(e.name, "F32", 4, want));
+    KILN_ASSIGN_OR_RETURN(raw, f.read(*src.plain));
     if (hf_transposed(c, e.name)) {
       const int64_t rows = e.shape[0], cols = e.shape[1];
-      const float* src = reinterpret_cast<const float*>(raw.data());
+      const float* from = reinterpret_cast<const float*>(raw.data());
       for (int64_t j = 0; j < cols; ++j)
-        for (int64_t i = 0; i < rows; ++i) std::memcpy(&w[i * cols + j], &src[j * rows + i], 4);
+        for (int64_t i = 0; i < rows; ++i) std::memcpy(&w[i * cols + j], &from[j * rows + i], 4);
     } else {
       std::memcpy(w, raw.data(), raw.size());
     }

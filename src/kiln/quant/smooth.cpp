@@ -93,6 +93,7 @@ Status apply_smoothing(Transformer& model, const SmoothGroup& g, const std::vect
     float* w = model.param(g.prev_linear);
     if (prev == nullptr || w == nullptr) return not_found("[smooth] no Linear {}", g.prev_linear);
     // Output row r of prev feeds input channels {r + t·kv_width} after the tie (GQA).
+    float* bias = prev->b != nullptr ? model.param(g.prev_linear.substr(0, g.prev_linear.rfind('.')) + ".bias") : nullptr;
     const int64_t tie = std::max<int64_t>(1, g.tie);
     if (prev->out * tie != static_cast<int64_t>(s.size()))
       return invalid_argument("[smooth] {} has {} outputs, the consumer {} inputs (tie {})", g.prev_linear, prev->out,
@@ -104,6 +105,7 @@ Status apply_smoothing(Transformer& model, const SmoothGroup& g, const std::vect
         sr = s[(kvh * tie) * g.head_dim + d];
       }
       for (int64_t c = 0; c < prev->in; ++c) w[r * prev->in + c] /= sr;
+      if (bias != nullptr) bias[r] /= sr;  // HF attention_bias / mlp_bias: the whole output row scales
     }
   }
   return {};

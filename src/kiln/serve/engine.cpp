@@ -7,6 +7,7 @@
 
 #include <algorithm>
 
+#include "kiln/core/checked_math.h"
 #include "kiln/core/dtype.h"
 #include "kiln/core/thread_pool.h"
 #include "kiln/model/packed_linear.h"
@@ -32,6 +33,16 @@ bool RequestStream::finished() const {
   return num_finished_ >= n_;
 }
 
+std::vector<LogprobEntry> RequestStream::prompt_logprobs() const {
+  std::lock_guard lk(mu_);
+  return prompt_logprobs_;
+}
+
+void RequestStream::set_prompt_logprobs(std::vector<LogprobEntry> lp) {
+  std::lock_guard lk(mu_);
+  prompt_logprobs_ = std::move(lp);
+}
+
 void RequestStream::push(const TokenEvent& e) {
   {
     std::lock_guard lk(mu_);
@@ -39,6 +50,16 @@ void RequestStream::push(const TokenEvent& e) {
     if (e.finish != FinishReason::kNone) ++num_finished_;
   }
   cv_.notify_all();
+}
+
+void RequestStream::set_error(std::string message) {
+  std::lock_guard lk(mu_);
+  error_ = std::move(message);
+}
+
+std::string RequestStream::error() const {
+  std::lock_guard lk(mu_);
+  return error_;
 }
 
 void Histogram::observe(double v) {
@@ -50,13 +71,14 @@ void Histogram::observe(double v) {
 
 // ---- engine state ----------------------------------------------------------------------------
 struct Engine::Command {
-  enum Kind { kAdd, kAbort, kFinishSample } kind = kAdd;
+  enum Kind { kAdd, kAbort, kFinishSample, kFailAll } kind = kAdd;
   int64_t request_id = 0;
   std::vector<int32_t> prompt;
   GenerationParams params;
   std::shared_ptr<RequestStream> stream;
   int64_t index = 0;
   FinishReason reason = FinishReason::kNone;
+  std::string message;  // kFailAll
   Clock::time_point arrival;
 };
 
@@ -71,6 +93,8 @@ struct Engine::RequestState {
   std::vector<int64_t> seq_ids;    // its scheduler sequences (the first, then forks)
   int64_t num_done = 0;
   bool got_first = false;
+  std::vector<LogprobEntry> prompt_lp;  // (prompt_len,) params.prompt_logprobs: filled during prefill
+  bool prompt_lp_done = false;          // every prompt position computed and reported
   Clock::time_point arrival;
 };
 
@@ -167,8 +191,51 @@ void Engine::loop() {
       cv_.wait(lk, [&] { return stopping_ || busy || !commands_.empty(); });
       if (stopping_) return;
     }
-    busy = step_locked_out();
+    // A step that throws (out of memory, a library error) fails every request it could have
+    // touched; the process and the requests that come later go on.
+    try {
+      busy = step_locked_out();
+    } catch (const std::exception& e) {
+      fail_every_request(fmt::format("[engine] step failed: {}", e.what()));
+      busy = false;
+    }
   }
+}
+
+void Engine::fail_all(std::string message) {
+  {
+    std::lock_guard lk(mu_);
+    Command cmd;
+    cmd.kind = Command::kFailAll;
+    cmd.message = std::move(message);
+    commands_.push_back(std::move(cmd));
+  }
+  cv_.notify_all();
+}
+
+void Engine::fail_next_step(Status status) {
+  KILN_CHECK(!status.ok());
+  std::lock_guard lk(mu_);
+  injected_failure_ = std::move(status);
+}
+
+void Engine::fail_requests(const std::vector<int64_t>& request_ids, const std::string& message) {
+  for (const int64_t id : request_ids) {
+    auto it = requests_.find(id);
+    if (it == requests_.end()) continue;
+    RequestState& r = *it->second;
+    scheduler_->abort_request(r.sched_id);
+    r.stream->set_error(message);
+    end_request(id, r, FinishReason::kError);
+    requests_.erase(it);
+  }
+  refresh_gauges();
+}
+
+void Engine::fail_every_request(const std::string& message) {
+  std::vector<int64_t> ids;
+  for (const auto& [id, r] : requests_) ids.push_back(id);
+  fail_requests(ids, message);
 }
 
 bool Engine::step() {
@@ -191,11 +258,24 @@ Expected<std::shared_ptr<RequestStream>> Engine::add_request(std::vector<int32_t
   if (p.max_tokens < 1) return invalid_argument("[engine] max_tokens {} must be >= 1", p.max_tokens);
   const int64_t ctx = context_len();
   if (len > ctx) return out_of_range("[engine] the prompt has {} tokens; the context is {}", len, ctx);
-  if (len + p.max_tokens > ctx)
+  // (len <= ctx, so ctx - len cannot overflow where len + max_tokens could: max_tokens = 2^63 - 1)
+  if (p.max_tokens > ctx - len)
     return out_of_range("[engine] {} prompt tokens + max_tokens {} exceed the context of {}", len, p.max_tokens, ctx);
   if (!(p.sampling.temperature >= 0) || !(p.sampling.top_p > 0 && p.sampling.top_p <= 1) || p.sampling.top_k < 0)
     return invalid_argument("[engine] temperature {} must be >= 0, top_p {} in (0, 1], top_k {} >= 0",
                             p.sampling.temperature, p.sampling.top_p, p.sampling.top_k);
+  if (p.num_logprobs < -1 || p.num_logprobs > kMaxLogprobs)
+    return invalid_argument("[engine] num_logprobs {} must be in [-1, {}]", p.num_logprobs, kMaxLogprobs);
+  if (p.prompt_logprobs && p.num_logprobs < 0) return invalid_argument("[engine] prompt_logprobs needs num_logprobs >= 0");
+  const LogitAdjust& a = p.adjust;
+  if (!(a.frequency_penalty >= -2 && a.frequency_penalty <= 2) || !(a.presence_penalty >= -2 && a.presence_penalty <= 2))
+    return invalid_argument("[engine] frequency_penalty {} and presence_penalty {} must be in [-2, 2]", a.frequency_penalty,
+                            a.presence_penalty);
+  for (const auto& [id, bias] : a.logit_bias) {
+    if (id < 0 || id >= c.vocab_size)
+      return invalid_argument("[engine] logit_bias token id {} outside the vocabulary of {}", id, c.vocab_size);
+    if (!(bias >= -100 && bias <= 100)) return invalid_argument("[engine] logit_bias {} must be in [-100, 100]", bias);
+  }
   const int64_t blocks = (len + p.max_tokens - 1 + config_.block_size - 1) / config_.block_size;
   if (blocks > num_blocks_)
     return resource_exhausted("[engine] {} prompt tokens + max_tokens {} need {} KV blocks, the cache has {} "
@@ -248,12 +328,14 @@ void Engine::end_request(int64_t id, RequestState& r, FinishReason reason) {
   for (int64_t i = 0; i < r.params.n; ++i) {
     if (r.done[static_cast<size_t>(i)]) continue;
     r.done[static_cast<size_t>(i)] = 1;
-    r.stream->push({i, -1, reason});
+    r.stream->push({i, -1, reason, std::nullopt});
   }
   sched_to_request_.erase(r.sched_id);
   for (int64_t seq : r.seq_ids) seq_index_.erase(seq);
   std::lock_guard lk(metrics_mu_);
-  ++(reason == FinishReason::kAborted ? metrics_.requests_aborted : metrics_.requests_finished);
+  ++(reason == FinishReason::kAborted ? metrics_.requests_aborted
+     : reason == FinishReason::kError ? metrics_.requests_failed
+                                       : metrics_.requests_finished);
   (void)id;
 }
 
@@ -279,6 +361,10 @@ void Engine::apply_commands() {
       req.max_tokens = cmd.params.max_tokens;
       req.n = cmd.params.n;
       req.stop_token_ids = cmd.params.stop_token_ids;
+      // The prompt's logprobs need the logits of every prompt position: none may come from
+      // the prefix cache.
+      req.skip_prefix_cache = cmd.params.prompt_logprobs;
+      if (cmd.params.prompt_logprobs) r->prompt_lp.resize(req.prompt.size());
       {
         std::lock_guard lk(metrics_mu_);
         ++metrics_.requests_added;
@@ -295,6 +381,10 @@ void Engine::apply_commands() {
       requests_[cmd.request_id] = std::move(r);
       continue;
     }
+    if (cmd.kind == Command::kFailAll) {
+      fail_every_request(cmd.message);
+      continue;
+    }
     auto it = requests_.find(cmd.request_id);
     if (it == requests_.end()) continue;  // finished already
     RequestState& r = *it->second;
@@ -302,7 +392,7 @@ void Engine::apply_commands() {
       if (cmd.index < 0 || cmd.index >= r.params.n || r.done[static_cast<size_t>(cmd.index)]) continue;
       r.done[static_cast<size_t>(cmd.index)] = 1;
       ++r.num_done;
-      r.stream->push({cmd.index, -1, cmd.reason});
+      r.stream->push({cmd.index, -1, cmd.reason, std::nullopt});
       if (r.num_done < r.params.n) {
         // Its siblings go on; this sample's sequence stops computing now.
         for (int64_t seq : r.seq_ids) {
@@ -341,49 +431,150 @@ bool Engine::step_locked_out() {
     return false;
   }
   SchedulerOutput out = scheduler_->schedule();
+  // A step that fails (the model returns an error, or something throws: out of memory, a
+  // library error) fails the requests it scheduled with the reason; the others go on.
+  std::string failure;
+  try {
+    Status st = run_step(out);
+    if (st.ok()) return true;
+    failure = st.to_string();
+  } catch (const std::exception& e) {
+    failure = fmt::format("exception: {}", e.what());
+  }
+  std::vector<int64_t> ids;
+  if (scheduler_->awaiting_update()) {
+    for (const int64_t sched_id : scheduler_->fail_step(out)) ids.push_back(sched_to_request_.at(sched_id));
+  } else {  // it threw after update(): the requests of the step are in an unknown state
+    for (const ScheduledSeq& e : out.seqs)
+      if (auto it = sched_to_request_.find(e.request_id); it != sched_to_request_.end()) ids.push_back(it->second);
+  }
+  std::sort(ids.begin(), ids.end());
+  ids.erase(std::unique(ids.begin(), ids.end()), ids.end());
+  fail_requests(ids, fmt::format("[engine] step {} failed: {}", out.step, failure));
+  return true;
+}
+
+Status Engine::run_step(const SchedulerOutput& out) {
   const int64_t V = model_->config().vocab_size;
   auto request_of = [&](const ScheduledSeq& e) -> RequestState& { return *requests_.at(sched_to_request_.at(e.request_id)); };
+  // The draft proposes from its logits adjusted like the target's (bias, and penalties over the
+  // sample's tokens and the draft tokens so far), so it proposes what the target would accept;
+  // the rejection rule holds for whatever q it drew from.
+  std::vector<std::vector<int32_t>> draft_history(out.seqs.size());
+  std::vector<float> draft_adjusted;
   auto draft_sampler = [&](size_t k, int64_t, const float* logits, float* q) {
     const ScheduledSeq& e = out.seqs[k];
     RequestState& r = request_of(e);
+    auto& hist = draft_history[k];
+    if (r.params.adjust.active()) {
+      if (hist.empty()) {
+        const auto prompt_len = std::min<int64_t>(r.stream->prompt_len(), static_cast<int64_t>(e.tokens.size()));
+        hist.assign(e.tokens.begin() + prompt_len, e.tokens.end());
+      }
+      draft_adjusted.resize(static_cast<size_t>(V));
+      adjust_logits(logits, V, r.params.adjust, hist, draft_adjusted.data());
+      logits = draft_adjusted.data();
+    }
     sampling_distribution(logits, V, r.params.sampling, q);
     Rng& rng = r.rngs[static_cast<size_t>(seq_index_.at(e.seq_id))];
-    return r.params.sampling.temperature <= 0.0f ? static_cast<int32_t>(std::max_element(q, q + V) - q)
-                                                 : sample_from_probs(q, V, rng);
+    const int32_t t = r.params.sampling.temperature <= 0.0f ? static_cast<int32_t>(std::max_element(q, q + V) - q)
+                                                            : sample_from_probs(q, V, rng);
+    if (r.params.adjust.active()) hist.push_back(t);
+    return t;
   };
+  // Requests that report their prompt's logprobs (echo) need the logits of every prompt
+  // position while they prefill; the executor computes them for those sequences only.
+  all_rows_.assign(out.seqs.size(), 0);
+  for (size_t k = 0; k < out.seqs.size(); ++k) {
+    const RequestState& r = request_of(out.seqs[k]);
+    if (r.params.prompt_logprobs && !r.prompt_lp_done && out.seqs[k].num_lookahead == 0) all_rows_[k] = 1;
+  }
   // Draft tokens are drawn from each sequence's own generator, like its samples.
-  auto step_logits = executor_.execute(out, draft_sampler);
-  KILN_CHECK_MSG(step_logits.ok(), "[engine] step {}: {}", out.step, step_logits.status().to_string());
+  Expected<StepLogits> step_logits = executor_.execute(out, draft_sampler, all_rows_);
+  {
+    std::lock_guard lk(mu_);
+    if (injected_failure_) {
+      step_logits = *injected_failure_;
+      injected_failure_.reset();
+    }
+  }
+  if (!step_logits.ok()) return step_logits.status();
   const StepLogits& logits = *step_logits;
   // Sample (or verify draft tokens) per sequence. Each uses only its own generator, so they
   // run in parallel with the same result.
   std::vector<std::vector<int32_t>> drawn(out.seqs.size());
+  std::vector<std::vector<LogprobEntry>> drawn_lp(out.seqs.size());  // per drawn token, when asked
   std::vector<SpeculativeVerdict> verdicts(out.seqs.size());
   parallel_for(static_cast<int64_t>(out.seqs.size()), 1, [&](int64_t k0, int64_t k1) {
-    std::vector<float> p;
+    std::vector<float> p, adjusted;
+    std::vector<int32_t> history;
     for (int64_t k = k0; k < k1; ++k) {
       const ScheduledSeq& e = out.seqs[static_cast<size_t>(k)];
-      if (e.num_samples == 0) continue;
       RequestState& r = request_of(e);
+      const int64_t prompt_len = r.stream->prompt_len();
+      if (all_rows_[static_cast<size_t>(k)]) {
+        // Row i follows position num_computed + i: the distribution of the token after it.
+        // (Only the request's one sequence prefills before its first sample.)
+        const float* first = logits.all_rows[static_cast<size_t>(k)];
+        for (int64_t i = 0; i < e.num_new_tokens; ++i) {
+          const int64_t next = e.num_computed_tokens + i + 1;
+          if (next >= prompt_len) break;
+          LogprobEntry& lp = r.prompt_lp[static_cast<size_t>(next)];
+          lp.logprob = token_logprobs(first + i * V, V, e.tokens[static_cast<size_t>(next)], r.params.num_logprobs, &lp.top);
+        }
+        if (e.num_computed_tokens + e.num_new_tokens >= prompt_len) {
+          r.prompt_lp_done = true;
+          r.stream->set_prompt_logprobs(std::move(r.prompt_lp));
+          r.prompt_lp = {};
+        }
+      }
+      if (e.num_samples == 0) continue;
       auto& toks = drawn[static_cast<size_t>(k)];
+      auto& lps = drawn_lp[static_cast<size_t>(k)];
       const float* rows = logits.rows[static_cast<size_t>(k)];
+      // The logits sampling sees: bias and penalties over the sample's own tokens so far.
+      const LogitAdjust& adjust = r.params.adjust;
+      history.assign(e.tokens.begin() + std::min<int64_t>(prompt_len, static_cast<int64_t>(e.tokens.size())), e.tokens.end());
+      auto report = [&](const float* raw, int32_t token) {
+        if (r.params.num_logprobs < 0) return;
+        LogprobEntry lp;
+        lp.logprob = token_logprobs(raw, V, token, r.params.num_logprobs, &lp.top);
+        lps.push_back(std::move(lp));
+      };
       if (e.num_lookahead > 0) {
-        // (γ+1, V) target distributions after the pending token and each draft token.
-        p.resize(static_cast<size_t>((e.num_lookahead + 1) * V));
-        for (int64_t i = 0; i <= e.num_lookahead; ++i)
-          sampling_distribution(rows + i * V, V, r.params.sampling, p.data() + i * V);
+        // (γ+1, V) target distributions after the pending token and each draft token; row i's
+        // penalties count the draft tokens before it as generated.
         const auto& x = logits.proposals[static_cast<size_t>(k)];
+        p.resize(static_cast<size_t>((e.num_lookahead + 1) * V));
+        for (int64_t i = 0; i <= e.num_lookahead; ++i) {
+          const float* row = rows + i * V;
+          if (adjust.active()) {
+            adjusted.resize(static_cast<size_t>(V));
+            adjust_logits(row, V, adjust, history, adjusted.data());
+            row = adjusted.data();
+            if (i < e.num_lookahead) history.push_back(x[static_cast<size_t>(i)]);
+          }
+          sampling_distribution(row, V, r.params.sampling, p.data() + i * V);
+        }
         Rng& rng = r.rngs[static_cast<size_t>(seq_index_.at(e.seq_id))];
         const SpeculativeVerdict v = verify_draft(x, logits.draft_probs[static_cast<size_t>(k)].data(), p.data(), V,
                                                   r.params.sampling.temperature <= 0.0f, rng);
         verdicts[static_cast<size_t>(k)] = v;
         toks.assign(x.begin(), x.begin() + v.num_accepted);
         toks.push_back(v.next_token);
+        for (size_t t = 0; t < toks.size(); ++t) report(rows + static_cast<int64_t>(t) * V, toks[t]);
         continue;
+      }
+      const float* row = rows;
+      if (adjust.active()) {
+        adjusted.resize(static_cast<size_t>(V));
+        adjust_logits(rows, V, adjust, history, adjusted.data());
+        row = adjusted.data();
       }
       for (int64_t j = 0; j < e.num_samples; ++j) {
         const int64_t index = e.num_samples > 1 ? j : seq_index_.at(e.seq_id);
-        toks.push_back(sample_token(rows, V, r.params.sampling, r.rngs[static_cast<size_t>(index)]));
+        toks.push_back(sample_token(row, V, r.params.sampling, r.rngs[static_cast<size_t>(index)]));
+        report(rows, toks.back());
       }
     }
   });
@@ -458,7 +649,9 @@ bool Engine::step_locked_out() {
       } else {
         r.last_token[i] = now;
       }
-      r.stream->push({static_cast<int64_t>(i), toks[t], finish});
+      TokenEvent ev{static_cast<int64_t>(i), toks[t], finish, std::nullopt};
+      if (!drawn_lp[k].empty()) ev.logprobs = std::move(drawn_lp[k][t]);
+      r.stream->push(ev);
       if (finish == FinishReason::kNone) continue;
       r.done[i] = 1;
       if (++r.num_done == r.params.n) completed.push_back(req_id);
@@ -492,7 +685,7 @@ bool Engine::step_locked_out() {
   m.spec.num_rejected += spec.num_rejected;
   for (double t : ttfts) m.ttft.observe(t);
   for (double t : tpots) m.tpot.observe(t);
-  return true;
+  return {};
 }
 
 EngineMetrics Engine::metrics() const {
@@ -541,6 +734,7 @@ std::string Engine::metrics_text() const {
   put_metric(s, "kiln_requests_finished_total", "counter", "Requests finished (length or stop).",
              double(m.requests_finished));
   put_metric(s, "kiln_requests_aborted_total", "counter", "Requests aborted (client gone).", double(m.requests_aborted));
+  put_metric(s, "kiln_requests_failed_total", "counter", "Requests ended by an engine error.", double(m.requests_failed));
   put_metric(s, "kiln_computed_tokens_total", "counter", "Tokens run through the model (prefill and decode).",
              double(m.prompt_tokens));
   put_metric(s, "kiln_generation_tokens_total", "counter", "Tokens generated (sampled).", double(m.generation_tokens));

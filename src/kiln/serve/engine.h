@@ -42,20 +42,38 @@ struct EngineConfig {
 
 inline constexpr int64_t kMaxParallelSamples = 64;  // the largest n one request may ask for
 
+inline constexpr int64_t kMaxLogprobs = 20;        // the most alternatives one position may report
+
 struct GenerationParams {
   int64_t n = 1;
   int64_t max_tokens = 16;
   SamplingParams sampling;              // temperature (0: greedy), top_k, top_p
+  LogitAdjust adjust;                   // logit_bias, frequency and presence penalties
   std::optional<uint64_t> seed;         // none: a fresh seed per request
   std::vector<int32_t> stop_token_ids;  // finish after sampling one of these (it is emitted)
+  // Log-probabilities to report. They are the model's own distribution: the log-softmax, in
+  // double over the whole vocabulary, of the raw logits, before logit_bias, penalties,
+  // temperature, top-k and top-p. That is vLLM's default (logprobs_mode "raw_logprobs"; its v1
+  // sampler changed to it from v0's processed logits); OpenAI documents no choice. So a token's
+  // logprob does not depend on how it was sampled, and an echoed prompt's logprobs are the
+  // model's per-token loss (what lm-evaluation-harness scores with).
+  int64_t num_logprobs = -1;     // -1: none; k in [0, kMaxLogprobs]: each sampled token's and the k most likely
+  bool prompt_logprobs = false;  // also every prompt token's from the second on (echo), same k
+};
+
+// The log-probability of one token at one position and the most likely tokens there.
+struct LogprobEntry {
+  float logprob = 0.0f;
+  std::vector<TokenLogprob> top;  // (num_logprobs,) most likely first
 };
 
 // One event of a request's stream: sample `index` got `token` (-1: none) and, when finish is
-// not kNone, that sample is done.
+// not kNone, that sample is done. logprobs: set for a token of a request that asked for them.
 struct TokenEvent {
   int64_t index = 0;
   int32_t token = -1;
   FinishReason finish = FinishReason::kNone;
+  std::optional<LogprobEntry> logprobs;
 };
 
 // The consumer side of a request: thread-safe; the engine pushes, one reader waits.
@@ -71,13 +89,24 @@ class RequestStream {
   // Every sample has finished (its last events may still be unread).
   bool finished() const;
 
+  // GenerationParams::prompt_logprobs: entry p is prompt token p's (entry 0, which has no
+  // context, is empty). The engine sets them before the request's first token event.
+  std::vector<LogprobEntry> prompt_logprobs() const;
+
   void push(const TokenEvent& e);  // engine side
+  // Why the engine failed the request (samples that finished with kError); set before their
+  // finish events are pushed.
+  void set_error(std::string message);
+  std::string error() const;
+  void set_prompt_logprobs(std::vector<LogprobEntry> lp);
 
  private:
   const int64_t id_, n_, prompt_len_;
+  std::string error_;
   mutable std::mutex mu_;
   std::condition_variable cv_;
   std::deque<TokenEvent> events_;
+  std::vector<LogprobEntry> prompt_logprobs_;
   int64_t num_finished_ = 0;
 };
 
@@ -100,6 +129,7 @@ struct EngineMetrics {
   double prefix_cache_hit_rate = 0;
   int64_t prefix_query_tokens = 0, prefix_hit_tokens = 0;
   int64_t requests_added = 0, requests_finished = 0, requests_aborted = 0;
+  int64_t requests_failed = 0;  // ended by an engine error (FinishReason::kError)
   int64_t prompt_tokens = 0;      // tokens computed by prefill (prefix hits excluded)
   int64_t generation_tokens = 0;  // tokens sampled
   int64_t num_preemptions = 0;
@@ -130,7 +160,8 @@ class Engine {
   void stop();
 
   // Queues a request. InvalidArgument for an empty prompt, ids outside the vocabulary, n or
-  // max_tokens out of range, prompt + max_tokens beyond the context, bad sampling values;
+  // max_tokens out of range, prompt + max_tokens beyond the context, bad sampling values,
+  // logit adjustments or logprob counts;
   // ResourceExhausted when one sequence could never fit in the whole KV cache.
   Expected<std::shared_ptr<RequestStream>> add_request(std::vector<int32_t> prompt, const GenerationParams& params);
   // Frees every sequence of the request (the client went away); its stream ends (kAborted).
@@ -138,6 +169,13 @@ class Engine {
   // Ends one sample early (a stop string matched): its stream gets a last event with `reason`;
   // the request's sequences are freed once all its samples ended.
   void finish_sample(int64_t request_id, int64_t index, FinishReason reason = FinishReason::kStop);
+
+  // Ends every request with FinishReason::kError and `message` (a server that drains on
+  // SIGTERM); requests added later are served as usual.
+  void fail_all(std::string message);
+  // Fault injection: the next step's model execution fails with `status`, the path a real
+  // execution error takes (its requests fail with the message; the engine goes on).
+  void fail_next_step(Status status);
 
   // One step on the calling thread (only when the loop is not running). False when idle.
   bool step();
@@ -163,7 +201,11 @@ class Engine {
   void loop();
   void apply_commands();
   bool step_locked_out();  // one step; scheduler state touched by one thread only
+  Status run_step(const SchedulerOutput& out);  // execute, sample, update: after schedule()
   void end_request(int64_t id, RequestState& r, FinishReason reason);
+  // Aborts the requests in the scheduler and ends their streams with kError and `message`.
+  void fail_requests(const std::vector<int64_t>& request_ids, const std::string& message);
+  void fail_every_request(const std::string& message);
   void refresh_gauges();  // running/waiting, KV blocks, prefix cache, preemptions
 
   std::unique_ptr<Transformer> model_;
@@ -180,6 +222,7 @@ class Engine {
   int64_t next_request_id_ = 0;
   uint64_t seed_counter_ = 0x5eed;
   bool stopping_ = false;
+  std::optional<Status> injected_failure_;  // fail_next_step
   std::thread thread_;
 
   // Loop-thread state.
@@ -187,7 +230,8 @@ class Engine {
   std::unordered_map<int64_t, int64_t> sched_to_request_;                // scheduler request id -> engine id
   std::unordered_map<int64_t, int64_t> seq_index_;                       // seq id -> sample index
   std::vector<int32_t> sampled_;
-  std::vector<int64_t> counts_;  // per scheduled sequence: its tokens in sampled_
+  std::vector<int64_t> counts_;      // per scheduled sequence: its tokens in sampled_
+  std::vector<uint8_t> all_rows_;    // per scheduled sequence: 1 = logits of every new token (echo)
 
   mutable std::mutex metrics_mu_;
   EngineMetrics metrics_;

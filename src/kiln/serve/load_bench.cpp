@@ -14,6 +14,8 @@
 
 #include <fmt/format.h>
 
+#include "kiln/core/json.h"
+
 namespace kiln {
 
 namespace {
@@ -79,8 +81,10 @@ std::string first_model(const ParsedUrl& u, const LoadBenchOptions& o) {
   cli.set_read_timeout(10);
   auto res = cli.Get(u.prefix + "/v1/models", auth_headers(o));
   if (!res || res->status != 200) return "";
-  auto j = nlohmann::json::parse(res->body, nullptr, false);
-  if (j.is_discarded() || !j.contains("data") || !j["data"].is_array() || j["data"].empty()) return "";
+  auto parsed = parse_json(res->body, "/v1/models");
+  if (!parsed.ok()) return "";
+  const nlohmann::json& j = *parsed;
+  if (!j.is_object() || !j.contains("data") || !j["data"].is_array() || j["data"].empty()) return "";
   const auto& m = j["data"][0];
   return m.contains("id") && m["id"].is_string() ? m["id"].get<std::string>() : "";
 }
@@ -299,8 +303,9 @@ StreamChunk parse_stream_chunk(std::string_view data) {
     c.done = true;
     return c;
   }
-  const auto j = nlohmann::json::parse(data, nullptr, false);
-  if (j.is_discarded() || !j.is_object()) {
+  auto parsed = parse_json(data, "an SSE chunk");
+  const nlohmann::json j = parsed.ok() ? std::move(*parsed) : nlohmann::json();
+  if (!j.is_object()) {
     c.error = "unparsable chunk: " + truncated(std::string(data), 200);
     return c;
   }
@@ -488,3 +493,4 @@ Expected<LoadBenchReport> run_load_bench(const LoadBenchOptions& o) {
 }
 
 }  // namespace kiln
+

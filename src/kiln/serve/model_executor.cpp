@@ -51,10 +51,14 @@ Expected<std::vector<const float*>> ModelExecutor::forward(Transformer& model, P
   return first_row;
 }
 
-Expected<StepLogits> ModelExecutor::execute(const SchedulerOutput& out, const DraftSampler& draft_sampler) {
+Expected<StepLogits> ModelExecutor::execute(const SchedulerOutput& out, const DraftSampler& draft_sampler,
+                                            std::span<const uint8_t> all_rows) {
   StepLogits step;
   const size_t S = out.seqs.size();
+  KILN_CHECK_MSG(all_rows.empty() || all_rows.size() == S, "execute(): {} all_rows flags for {} sequences",
+                 all_rows.size(), S);
   step.rows.assign(S, nullptr);
+  step.all_rows.assign(S, nullptr);
   for (const BlockCopy& c : out.block_copies) {
     cache_.copy_block(c.src, c.dst, c.num_tokens);
     if (draft_) draft_cache_.copy_block(c.src, c.dst, c.num_tokens);
@@ -109,6 +113,7 @@ Expected<StepLogits> ModelExecutor::execute(const SchedulerOutput& out, const Dr
     std::span<const int32_t> toks = e.tokens.subspan(static_cast<size_t>(e.num_computed_tokens),
                                                      static_cast<size_t>(e.num_new_tokens));
     int64_t rows = e.num_samples > 0 ? 1 : 0;
+    if (!all_rows.empty() && all_rows[k] && e.num_lookahead == 0) rows = e.num_new_tokens;
     if (e.num_lookahead > 0) {
       auto& v = verify_tokens_[k];
       v.assign(toks.begin(), toks.end());
@@ -119,6 +124,15 @@ Expected<StepLogits> ModelExecutor::execute(const SchedulerOutput& out, const Dr
     seqs_.push_back({toks, e.num_computed_tokens, e.block_ids, rows});
   }
   KILN_ASSIGN_OR_RETURN(step.rows, forward(model_, cache_, seqs_));
+  if (!all_rows.empty()) {
+    const int64_t V = model_.config().vocab_size;
+    for (size_t k = 0; k < S; ++k) {
+      const ScheduledSeq& e = out.seqs[k];
+      if (!all_rows[k] || e.num_lookahead > 0) continue;
+      step.all_rows[k] = step.rows[k];
+      step.rows[k] = e.num_samples > 0 ? step.rows[k] + (e.num_new_tokens - 1) * V : nullptr;
+    }
+  }
   return step;
 }
 

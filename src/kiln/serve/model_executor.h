@@ -22,6 +22,9 @@ struct StepLogits {
   // (after the pending token, then after each draft token), one row for a sequence that
   // samples, null for a prefill chunk that does not reach the end. Valid until the next step.
   std::vector<const float*> rows;
+  // Entries execute() was asked for all rows of: num_new_tokens consecutive (V,) rows, one
+  // after each new token (rows[k] is then the last of them, or null before the end); else null.
+  std::vector<const float*> all_rows;
   std::vector<std::vector<int32_t>> proposals;  // speculative decodes: the draft tokens x_1..x_γ
   std::vector<std::vector<float>> draft_probs;  // speculative decodes: (γ, V) q rows they were drawn from
   int64_t num_draft_forwards = 0;
@@ -40,8 +43,11 @@ class ModelExecutor {
   // Copies the step's copy-on-write blocks (in both caches), runs the draft's proposals when a
   // sequence has num_lookahead > 0 (draft_sampler required then), then every scheduled
   // sequence's new tokens, and the draft tokens after them, in one ragged target forward
-  // (decodes first, so they share one paged split-KV call).
-  Expected<StepLogits> execute(const SchedulerOutput& out, const DraftSampler& draft_sampler = {});
+  // (decodes first, so they share one paged split-KV call). all_rows (empty, or one per
+  // out.seqs entry): 1 = the logits after every new token of that entry (echo's prompt
+  // logprobs), not only after its last; ignored for a speculative decode.
+  Expected<StepLogits> execute(const SchedulerOutput& out, const DraftSampler& draft_sampler = {},
+                               std::span<const uint8_t> all_rows = {});
 
   Transformer& model() { return model_; }
   Transformer* draft() { return draft_; }

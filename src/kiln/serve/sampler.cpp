@@ -9,6 +9,44 @@
 
 namespace kiln {
 
+void adjust_logits(const float* logits, int64_t vocab, const LogitAdjust& a, std::span<const int32_t> history,
+                   float* out) {
+  if (out != logits) std::copy(logits, logits + vocab, out);
+  for (const auto& [id, bias] : a.logit_bias) out[id] += bias;
+  if (a.frequency_penalty == 0.0f && a.presence_penalty == 0.0f) return;
+  for (const int32_t t : history) out[t] -= a.frequency_penalty;  // c[j] times
+  if (a.presence_penalty == 0.0f) return;
+  thread_local std::vector<int32_t> seen;
+  seen.assign(history.begin(), history.end());
+  std::sort(seen.begin(), seen.end());
+  seen.erase(std::unique(seen.begin(), seen.end()), seen.end());
+  for (const int32_t t : seen) out[t] -= a.presence_penalty;  // once per distinct token
+}
+
+float token_logprobs(const float* logits, int64_t vocab, int32_t token, int64_t num_top,
+                     std::vector<TokenLogprob>* top) {
+  double mx = logits[0];
+  for (int64_t i = 1; i < vocab; ++i) mx = std::max(mx, double(logits[i]));
+  double sum = 0;
+  for (int64_t i = 0; i < vocab; ++i) sum += std::exp(double(logits[i]) - mx);
+  const double log_z = mx + std::log(sum);
+  if (top) {
+    top->clear();
+    const int64_t k = std::min(num_top, vocab);
+    if (k > 0) {
+      thread_local std::vector<int32_t> idx;
+      idx.resize(static_cast<size_t>(vocab));
+      std::iota(idx.begin(), idx.end(), 0);
+      std::partial_sort(idx.begin(), idx.begin() + k, idx.end(), [&](int32_t x, int32_t y) {
+        return logits[x] > logits[y] || (logits[x] == logits[y] && x < y);
+      });
+      for (int64_t i = 0; i < k; ++i)
+        top->push_back({idx[static_cast<size_t>(i)], static_cast<float>(double(logits[idx[static_cast<size_t>(i)]]) - log_z)});
+    }
+  }
+  return static_cast<float>(double(logits[token]) - log_z);
+}
+
 int32_t sample_token(const float* logits, int64_t vocab, const SamplingParams& p, Rng& rng) {
   if (p.temperature <= 0.0f) return static_cast<int32_t>(std::max_element(logits, logits + vocab) - logits);
   if ((p.top_k <= 0 || p.top_k >= vocab) && p.top_p >= 1.0f) {

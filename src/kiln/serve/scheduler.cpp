@@ -5,6 +5,9 @@
 #include "kiln/serve/scheduler.h"
 
 #include <algorithm>
+#include <limits>
+
+#include "kiln/core/checked_math.h"
 
 namespace kiln {
 
@@ -24,6 +27,8 @@ const char* finish_reason_name(FinishReason r) {
       return "stop";
     case FinishReason::kAborted:
       return "abort";
+    case FinishReason::kError:
+      return "error";
   }
   return "?";
 }
@@ -64,9 +69,9 @@ Expected<int64_t> Scheduler::add_request(Request request) {
     return invalid_argument("[scheduler] add_request: n {} must be >= 1", request.n);
   // The last sampled token is never fed back, so a sequence holds at most
   // prompt + max_tokens - 1 tokens of K/V; it must fit when it runs alone.
-  const int64_t max_kv_tokens = prompt_len + request.max_tokens - 1;
-  const int64_t blocks = kv_.blocks_for(max_kv_tokens);
-  if (blocks > kv_.pool().num_blocks()) {
+  const std::optional<int64_t> max_kv_tokens = checked_add(prompt_len, request.max_tokens - 1);
+  const int64_t blocks = max_kv_tokens ? kv_.blocks_for(*max_kv_tokens) : std::numeric_limits<int64_t>::max();
+  if (!max_kv_tokens || blocks > kv_.pool().num_blocks() || blocks < 0) {
     return resource_exhausted(
         "[scheduler] add_request: a {}-token prompt with max_tokens {} needs {} KV blocks of {} "
         "tokens, the whole cache has {} (raise --kv-cache-mem or lower max_tokens)",
@@ -78,6 +83,7 @@ Expected<int64_t> Scheduler::add_request(Request request) {
   seq->prompt_len = prompt_len;
   seq->max_tokens = request.max_tokens;
   seq->stop_token_ids = std::move(request.stop_token_ids);
+  seq->skip_prefix_cache = request.skip_prefix_cache;
   seq->forks_pending = request.n - 1;
   waiting_.push_back(seq.get());
   seqs_.emplace(id, std::move(seq));
@@ -123,7 +129,8 @@ void Scheduler::preempt(Sequence& s, SchedulerOutput& out) {
 
 std::optional<int64_t> Scheduler::admit(Sequence& s, int64_t max_new, SchedulerOutput& out) {
   KILN_CHECK(s.num_computed == 0 && s.table.num_blocks() == 0);
-  const std::vector<BlockId> hit = kv_.find_cached_prefix(s.tokens, s.block_hashes);
+  const std::vector<BlockId> hit =
+      s.skip_prefix_cache ? std::vector<BlockId>{} : kv_.find_cached_prefix(s.tokens, s.block_hashes);
   const int64_t num_cached = static_cast<int64_t>(hit.size()) * kv_.config().block_size;
   const int64_t take = std::min(s.num_tokens() - num_cached, max_new);
   if (!kv_.allocate_slots(s.table, hit, take, out.block_copies)) return std::nullopt;
@@ -315,6 +322,18 @@ UpdateResult Scheduler::update(const SchedulerOutput& output, std::span<const in
   std::erase_if(running_, [](const Sequence* s) { return s->status == SeqStatus::kFinished; });
   for (const FinishedSeq& f : result.finished) seqs_.erase(f.seq_id);
   return result;
+}
+
+std::vector<int64_t> Scheduler::fail_step(const SchedulerOutput& output) {
+  KILN_CHECK_MSG(awaiting_update_ && output.step == step_ - 1, "fail_step() of step {} after step {}", output.step,
+                 step_ - 1);
+  awaiting_update_ = false;
+  std::vector<int64_t> ids;
+  for (const ScheduledSeq& e : output.seqs) ids.push_back(e.request_id);
+  std::sort(ids.begin(), ids.end());
+  ids.erase(std::unique(ids.begin(), ids.end()), ids.end());
+  for (const int64_t id : ids) abort_request(id);
+  return ids;
 }
 
 bool Scheduler::abort_sequence(int64_t seq_id) {

@@ -47,10 +47,11 @@ struct Request {
   int64_t max_tokens = 16;
   int64_t n = 1;                        // parallel samples sharing the prompt's blocks
   std::vector<int32_t> stop_token_ids;  // finish after sampling one of these
+  bool skip_prefix_cache = false;       // compute every prompt position (its logits are wanted)
 };
 
 enum class SeqStatus { kWaiting, kRunning, kFinished };
-enum class FinishReason { kNone, kLength, kStop, kAborted };
+enum class FinishReason { kNone, kLength, kStop, kAborted, kError };  // kError: the engine failed it
 const char* finish_reason_name(FinishReason r);
 
 struct Sequence {
@@ -63,6 +64,7 @@ struct Sequence {
   int64_t prompt_len = 0;
   int64_t max_tokens = 0;
   std::vector<int32_t> stop_token_ids;
+  bool skip_prefix_cache = false;
   int64_t num_computed = 0;       // tokens whose K/V is in the cache (or being computed now)
   int64_t num_cached_tokens = 0;  // prefix-cache hit at its last admission
   int64_t num_preemptions = 0;
@@ -152,6 +154,11 @@ class Scheduler {
   // then the target's own). counts (one per output.seqs entry) may be empty without lookahead.
   UpdateResult update(const SchedulerOutput& output, std::span<const int32_t> sampled,
                       std::span<const int64_t> counts = {});
+  // Instead of update(), when the step's execution failed: every request with a sequence in
+  // the step is aborted (its K/V for the step was never written, so nothing of it is cached)
+  // and the next schedule() may follow. Returns those request ids, sorted.
+  std::vector<int64_t> fail_step(const SchedulerOutput& output);
+  bool awaiting_update() const { return awaiting_update_; }
 
   bool has_unfinished() const { return !running_.empty() || !waiting_.empty(); }
   int64_t num_running() const { return static_cast<int64_t>(running_.size()); }

@@ -1,6 +1,6 @@
-// Server: request parsing and validation (OpenAI fields, errors as {"error": {...}}), prompt
-// tokenization and chat rendering, incremental detokenization with stop strings (text that may
-// begin a stop string or a UTF-8 character is held back), JSON replies and SSE streams.
+// Server: requests parsed by parse_request (request.h; errors as {"error": {...}}), incremental
+// detokenization with stop strings (text that may begin a stop string or a UTF-8 character is
+// held back), echo and logprobs in OpenAI's two formats, JSON replies and SSE streams.
 #include "kiln/serve/server.h"
 
 #include <httplib.h>
@@ -13,7 +13,10 @@
 
 #include "kiln/core/json.h"
 #include "kiln/model/weights.h"
+#include "kiln/serve/http_gate.h"
 #include "kiln/serve/http_listen.h"
+#include "kiln/serve/request.h"
+#include "kiln/tokenizer/unicode.h"
 
 namespace kiln {
 
@@ -21,22 +24,7 @@ using json = nlohmann::json;
 
 namespace {
 
-// A request body is at most 64 MiB and 32 levels deep (a chat request with content parts
-// needs 5); the HTTP layer already refuses larger payloads (payload_max_length).
-constexpr JsonLimits kRequestJsonLimits{.max_depth = 32, .max_bytes = int64_t{64} << 20};
-
 std::string dump(const json& j) { return j.dump(-1, ' ', false, json::error_handler_t::replace); }
-
-// An error a client caused, answered as HTTP `status` with OpenAI's error object.
-struct ApiError {
-  ApiError(int s, std::string m, std::string p = "", std::string c = "", std::string t = "invalid_request_error")
-      : status(s), message(std::move(m)), param(std::move(p)), code(std::move(c)), type(std::move(t)) {}
-  int status;
-  std::string message;
-  std::string param;  // empty: null
-  std::string code;   // empty: null
-  std::string type;
-};
 
 void send_error(httplib::Response& res, const ApiError& e) {
   json err = {{"message", e.message}, {"type", e.type}, {"param", nullptr}, {"code", nullptr}};
@@ -57,14 +45,12 @@ size_t utf8_safe_end(const std::string& s, size_t end) {
   return end;
 }
 
-// Sampling and output options common to both endpoints.
-struct ParsedRequest {
-  std::vector<int32_t> prompt;
-  GenerationParams gen;
-  std::vector<std::string> stop;
-  bool stream = false;
-  bool include_usage = false;
-  bool chat = false;
+// One reported token of a reply with logprobs: where its text starts in the sample's text and
+// how long it is (0 for a special token), and its logprob entry (none: the first prompt token).
+struct TokenRecord {
+  int32_t token = 0;
+  size_t offset = 0, length = 0;
+  std::optional<LogprobEntry> lp;
 };
 
 // The text side of one sample: bytes so far, what was sent, stop-string matching.
@@ -74,7 +60,34 @@ struct SampleText {
   int64_t num_tokens = 0;
   bool done = false;
   std::string finish_reason;
+  std::vector<TokenRecord> records;  // with logprobs: the sampled tokens in order
+  size_t records_sent = 0;           // streaming: records already in a chunk
+  bool echo_sent = false;            // streaming with echo: the prompt's chunk went out
 };
+
+// A reply's delta for one sample: text, finish reason ("" while running), and the end of the
+// sample's text sent so far (the tokens that start before it go with this delta).
+struct Delta {
+  int64_t index = 0;
+  std::string text;
+  std::string finish;
+  size_t end = 0;
+};
+
+// A token's text for a logprobs reply: its bytes when they are UTF-8, else OpenAI's
+// "bytes:\xNN..." spelling of them.
+std::string token_string(std::string_view b) {
+  for (size_t i = 0; i < b.size();) {
+    const tok::CodePoint cp = tok::decode_utf8(b.substr(i));
+    if (cp.cp == tok::kInvalidCodePoint) {
+      std::string out = "bytes:";
+      for (const char c : b) out += fmt::format("\\x{:02x}", static_cast<unsigned char>(c));
+      return out;
+    }
+    i += static_cast<size_t>(cp.nbytes);
+  }
+  return std::string(b);
+}
 
 }  // namespace
 
@@ -85,152 +98,26 @@ struct Server::Impl {
   ServerConfig config;
   std::atomic<int64_t> next_id{0};
   std::vector<int32_t> special_ids;  // never rendered as text
+  std::atomic<bool> draining{false};  // Server::drain: no new generation
 
   Impl(Engine& e, tok::Tokenizer t, ChatTemplate c, ServerConfig cfg)
       : engine(e), tokenizer(std::move(t)), chat(std::move(c)), config(std::move(cfg)) {
     if (tokenizer.eot_id() >= 0) special_ids.push_back(tokenizer.eot_id());
   }
 
-  // ---- parsing --------------------------------------------------------------------------------
-  static std::optional<ApiError> get_number(const json& body, const char* key, double lo, double hi, double& out) {
-    if (!body.contains(key) || body[key].is_null()) return std::nullopt;
-    if (!body[key].is_number()) return ApiError{400, fmt::format("'{}' must be a number", key), key};
-    const double v = body[key].get<double>();
-    if (!(v >= lo && v <= hi))
-      return ApiError{400, fmt::format("'{}' is {}; it must be in [{}, {}]", key, v, lo, hi), key};
-    out = v;
-    return std::nullopt;
-  }
-  static std::optional<ApiError> get_int(const json& body, const char* key, int64_t lo, int64_t hi, int64_t& out) {
-    if (!body.contains(key) || body[key].is_null()) return std::nullopt;
-    if (!body[key].is_number_integer()) return ApiError{400, fmt::format("'{}' must be an integer", key), key};
-    const auto v = body[key].get<int64_t>();
-    if (v < lo || v > hi) return ApiError{400, fmt::format("'{}' is {}; it must be in [{}, {}]", key, v, lo, hi), key};
-    out = v;
-    return std::nullopt;
+  RequestContext request_context() const {
+    return RequestContext{config.model_name, engine.context_len(), engine.model_config().vocab_size, &tokenizer, &chat};
   }
 
-  std::optional<ApiError> parse(const httplib::Request& req, bool is_chat, ParsedRequest& out) {
-    auto parsed = parse_json(req.body, "The request body", kRequestJsonLimits);
-    if (!parsed.ok()) return ApiError{400, std::string(parsed.status().message()) + "."};
-    const json body = std::move(*parsed);
-    if (!body.is_object()) return ApiError{400, "The request body must be a JSON object."};
-    out.chat = is_chat;
-    if (!body.contains("model") || !body["model"].is_string())
-      return ApiError{400, "'model' is required and must be a string", "model"};
-    if (body["model"].get<std::string>() != config.model_name)
-      return ApiError{404, fmt::format("The model '{}' does not exist; this server serves '{}'.",
-                                       body["model"].get<std::string>(), config.model_name),
-                      "model", "model_not_found"};
-    const int64_t ctx = engine.model_config().max_seq_len;
-    // The prompt.
-    std::string text;
-    if (is_chat) {
-      if (!body.contains("messages") || !body["messages"].is_array() || body["messages"].empty())
-        return ApiError{400, "'messages' must be a non-empty array", "messages"};
-      std::vector<ChatMessage> msgs;
-      for (size_t i = 0; i < body["messages"].size(); ++i) {
-        const json& m = body["messages"][i];
-        const std::string where = fmt::format("messages[{}]", i);
-        if (!m.is_object() || !m.contains("role") || !m["role"].is_string())
-          return ApiError{400, where + " must be an object with a string 'role'", where};
-        ChatMessage cm{m["role"].get<std::string>(), ""};
-        const json& c = m.contains("content") ? m["content"] : json();
-        if (c.is_string()) {
-          cm.content = c.get<std::string>();
-        } else if (c.is_array()) {  // content parts: only text
-          for (const json& part : c) {
-            if (!part.is_object() || part.value("type", "") != "text" || !part.contains("text") || !part["text"].is_string())
-              return ApiError{400, where + ".content parts must be {\"type\": \"text\", \"text\": ...}", where + ".content"};
-            cm.content += part["text"].get<std::string>();
-          }
-        } else if (!c.is_null()) {
-          return ApiError{400, where + ".content must be a string or an array of text parts", where + ".content"};
-        }
-        msgs.push_back(std::move(cm));
-      }
-      auto rendered = chat.render(msgs);
-      if (!rendered.ok()) return ApiError{400, std::string(rendered.status().message()), "messages"};
-      text = *rendered;
-      out.prompt = tokenizer.encode(text);
-    } else {
-      if (!body.contains("prompt")) return ApiError{400, "'prompt' is required", "prompt"};
-      json p = body["prompt"];
-      if (p.is_array() && p.size() == 1 && (p[0].is_string() || p[0].is_array())) p = p[0];
-      if (p.is_string()) {
-        out.prompt = tokenizer.encode(p.get<std::string>());
-      } else if (p.is_array() && !p.empty() && std::all_of(p.begin(), p.end(), [](const json& x) { return x.is_number_integer(); })) {
-        for (const json& x : p) {
-          const auto id = x.get<int64_t>();
-          if (id < 0 || id >= engine.model_config().vocab_size)
-            return ApiError{400, fmt::format("token id {} is outside the vocabulary of {}", id, engine.model_config().vocab_size), "prompt"};
-          out.prompt.push_back(static_cast<int32_t>(id));
-        }
-      } else {
-        return ApiError{400, "'prompt' must be a string, a list of token ids, or a list with one of them (one prompt per request)", "prompt"};
-      }
-    }
-    const auto len = static_cast<int64_t>(out.prompt.size());
-    if (len == 0) return ApiError{400, "The prompt is empty.", is_chat ? "messages" : "prompt"};
-    if (len >= ctx)
-      return ApiError{400, fmt::format("This model's maximum context length is {} tokens; the prompt has {}.", ctx, len),
-                      is_chat ? "messages" : "prompt", "context_length_exceeded"};
-    // Lengths and sampling.
-    GenerationParams& g = out.gen;
-    g.max_tokens = is_chat ? ctx - len : 16;
-    const char* max_key = is_chat && body.contains("max_completion_tokens") ? "max_completion_tokens" : "max_tokens";
-    if (body.contains(max_key) && !body[max_key].is_null()) {
-      if (!body[max_key].is_number_integer()) return ApiError{400, fmt::format("'{}' must be an integer", max_key), max_key};
-      const auto m = body[max_key].get<int64_t>();
-      if (m < 1) return ApiError{400, fmt::format("'{}' is {}; it must be at least 1", max_key, m), max_key};
-      if (m > ctx - len)  // (len < ctx here; len + m could overflow)
-        return ApiError{400, fmt::format("This model's maximum context length is {} tokens; the prompt has {} and "
-                                         "'{}' asks for {} more.", ctx, len, max_key, m),
-                        max_key, "context_length_exceeded"};
-      g.max_tokens = m;
-    }
-    double temperature = 1.0, top_p = 1.0;
-    int64_t top_k = 0, n = 1, seed = 0;
-    if (auto e = get_number(body, "temperature", 0.0, 2.0, temperature)) return e;
-    if (auto e = get_number(body, "top_p", 1e-9, 1.0, top_p)) return e;
-    if (auto e = get_int(body, "top_k", -1, int64_t{1} << 30, top_k)) return e;
-    if (auto e = get_int(body, "n", 1, kMaxParallelSamples, n)) return e;
-    if (body.contains("seed") && !body["seed"].is_null()) {
-      if (auto e = get_int(body, "seed", std::numeric_limits<int64_t>::min(), std::numeric_limits<int64_t>::max(), seed))
-        return e;
-      g.seed = static_cast<uint64_t>(seed);
-    }
-    g.sampling.temperature = static_cast<float>(temperature);
-    g.sampling.top_p = static_cast<float>(top_p);
-    g.sampling.top_k = std::max<int64_t>(top_k, 0);
-    g.n = n;
-    if (body.contains("best_of") && !body["best_of"].is_null() && body["best_of"] != n)
-      return ApiError{400, "'best_of' other than n is not supported", "best_of"};
-    if (body.contains("logprobs") && !body["logprobs"].is_null() && body["logprobs"] != false && body["logprobs"] != 0)
-      return ApiError{400, "'logprobs' is not supported", "logprobs"};
-    // Stop strings and the end-of-text token.
-    if (body.contains("stop") && !body["stop"].is_null()) {
-      const json& s = body["stop"];
-      if (s.is_string()) {
-        out.stop.push_back(s.get<std::string>());
-      } else if (s.is_array() && s.size() <= 16 && std::all_of(s.begin(), s.end(), [](const json& x) { return x.is_string(); })) {
-        for (const json& x : s) out.stop.push_back(x.get<std::string>());
-      } else {
-        return ApiError{400, "'stop' must be a string or an array of at most 16 strings", "stop"};
-      }
-      for (const auto& st : out.stop)
-        if (st.empty()) return ApiError{400, "'stop' strings must not be empty", "stop"};
-    }
-    if (is_chat) out.stop.insert(out.stop.end(), chat.stop.begin(), chat.stop.end());
-    const bool ignore_eos = body.contains("ignore_eos") && body["ignore_eos"].is_boolean() && body["ignore_eos"].get<bool>();
-    if (!ignore_eos && tokenizer.eot_id() >= 0) g.stop_token_ids.push_back(tokenizer.eot_id());
-    if (body.contains("stream") && !body["stream"].is_null()) {
-      if (!body["stream"].is_boolean()) return ApiError{400, "'stream' must be a boolean", "stream"};
-      out.stream = body["stream"].get<bool>();
-    }
-    if (body.contains("stream_options") && body["stream_options"].is_object())
-      out.include_usage = body["stream_options"].value("include_usage", false);
-    return std::nullopt;
+  // A token's text in the reply (special tokens and ids past the tokenizer have none) and its
+  // name in a logprobs entry.
+  std::string_view token_text(int32_t t) const {
+    if (t < 0 || t >= tokenizer.vocab_size() || std::find(special_ids.begin(), special_ids.end(), t) != special_ids.end())
+      return {};
+    return tokenizer.token_bytes(t);
+  }
+  std::string_view token_name(int32_t t) const {
+    return t >= 0 && t < tokenizer.vocab_size() ? tokenizer.token_bytes(t) : std::string_view();
   }
 
   // ---- generation state of one HTTP request ---------------------------------------------------
@@ -245,6 +132,11 @@ struct Server::Impl {
     bool include_usage = false;
     bool role_sent = false;
     bool finished_sent = false;
+    int64_t num_logprobs = -1;     // -1: no logprobs in the reply
+    bool echo = false;             // completions: the prompt's text (and logprobs) first
+    bool discard_output = false;   // echo with max_tokens 0: the generated token is dropped
+    std::vector<int32_t> prompt;   // echo: its tokens
+    std::string prompt_text;       // echo: their text
   };
 
   static const char* reason_name(FinishReason r) {
@@ -252,22 +144,23 @@ struct Server::Impl {
       case FinishReason::kLength: return "length";
       case FinishReason::kStop: return "stop";
       case FinishReason::kAborted: return "abort";
+      case FinishReason::kError: return "error";
       default: return nullptr;
     }
   }
 
-  // Applies events; returns (index, text delta, finish reason or "") per sample that changed.
-  std::vector<std::tuple<int64_t, std::string, std::string>> apply(Generation& g, const std::vector<TokenEvent>& events) {
-    std::vector<std::tuple<int64_t, std::string, std::string>> out;
+  // Applies events; returns a Delta per event that changed a sample's text or ended it.
+  std::vector<Delta> apply(Generation& g, const std::vector<TokenEvent>& events) {
+    std::vector<Delta> out;
     for (const TokenEvent& e : events) {
       SampleText& s = g.samples[static_cast<size_t>(e.index)];
       if (s.done) continue;
-      if (e.token >= 0) {
+      if (e.token >= 0 && !g.discard_output) {
         ++s.num_tokens;
         // Special tokens, and ids past the tokenizer (a model vocabulary padded beyond it), have no text.
-        if (e.token < tokenizer.vocab_size() &&
-            std::find(special_ids.begin(), special_ids.end(), e.token) == special_ids.end())
-          s.bytes += tokenizer.token_bytes(e.token);
+        const std::string_view text = token_text(e.token);
+        if (g.num_logprobs >= 0) s.records.push_back({e.token, s.bytes.size(), text.size(), e.logprobs});
+        s.bytes += text;
       }
       std::string finish = e.finish != FinishReason::kNone ? reason_name(e.finish) : "";
       // Stop strings: the earliest match ends the sample, its text cut before the match.
@@ -296,8 +189,95 @@ struct Server::Impl {
         s.done = true;
         s.finish_reason = finish;
       }
-      if (!delta.empty() || !finish.empty()) out.emplace_back(e.index, std::move(delta), finish);
+      if (!delta.empty() || !finish.empty()) out.push_back({e.index, std::move(delta), finish, s.sent});
     }
+    return out;
+  }
+
+  // The engine failed the request (FinishReason::kError): OpenAI's error object, with the
+  // engine's reason, replaces the reply (or ends the stream).
+  static bool failed(const Generation& g) {
+    return std::any_of(g.samples.begin(), g.samples.end(), [](const SampleText& s) { return s.finish_reason == "error"; });
+  }
+  static json engine_error(const Generation& g) {
+    return {{"error", {{"message", g.stream->error()}, {"type", "server_error"}, {"param", nullptr}, {"code", "engine_error"}}}};
+  }
+
+  // ---- logprobs -------------------------------------------------------------------------------
+  // The records of the echoed prompt (its text starts at offset 0; the first token has no
+  // logprob). Called once the engine has set the prompt's logprobs (before any token event).
+  std::vector<TokenRecord> prompt_records(const Generation& g) const {
+    std::vector<TokenRecord> r;
+    const std::vector<LogprobEntry> lp = g.num_logprobs >= 0 ? g.stream->prompt_logprobs() : std::vector<LogprobEntry>{};
+    size_t offset = 0;
+    for (size_t i = 0; i < g.prompt.size(); ++i) {
+      const std::string_view name = token_name(g.prompt[i]);
+      TokenRecord rec{g.prompt[i], offset, name.size(), std::nullopt};
+      if (i > 0 && i < lp.size()) rec.lp = lp[i];
+      r.push_back(std::move(rec));
+      offset += name.size();
+    }
+    return r;
+  }
+
+  // Whether a record's token belongs to the text sent up to `end`: it starts before it (or is
+  // an empty special token at it). Tokens of a stop string that was cut off start after it.
+  static bool record_within(const TokenRecord& r, size_t end) {
+    return r.offset < end || (r.length == 0 && r.offset <= end);
+  }
+
+  // The completions `logprobs` object of records, offsets shifted by `base` (the prompt's
+  // text before the sample's with echo). top_logprobs holds the k most likely and the token
+  // itself, as OpenAI's (so up to k + 1 entries).
+  json completion_logprobs(const std::vector<TokenRecord>& recs, size_t base) const {
+    json tokens = json::array(), token_lps = json::array(), tops = json::array(), offsets = json::array();
+    for (const TokenRecord& r : recs) {
+      tokens.push_back(token_string(token_name(r.token)));
+      offsets.push_back(r.offset + base);
+      if (!r.lp) {
+        token_lps.push_back(nullptr);
+        tops.push_back(nullptr);
+        continue;
+      }
+      token_lps.push_back(r.lp->logprob);
+      json top = json::object();
+      for (const TokenLogprob& t : r.lp->top) {
+        const std::string name = token_string(token_name(t.token));
+        if (!top.contains(name)) top[name] = t.logprob;
+      }
+      const std::string self = token_string(token_name(r.token));
+      if (!top.contains(self)) top[self] = r.lp->logprob;
+      tops.push_back(std::move(top));
+    }
+    return {{"tokens", tokens}, {"token_logprobs", token_lps}, {"top_logprobs", tops}, {"text_offset", offsets}};
+  }
+
+  json chat_token(int32_t token, float logprob) const {
+    const std::string_view b = token_name(token);
+    json bytes = json::array();
+    for (const char c : b) bytes.push_back(static_cast<unsigned char>(c));
+    return {{"token", token_string(b)}, {"logprob", logprob}, {"bytes", bytes}};
+  }
+
+  // Chat's `logprobs`: {"content": [{token, logprob, bytes, top_logprobs: [k most likely]}]}.
+  json chat_logprobs(const std::vector<TokenRecord>& recs) const {
+    json content = json::array();
+    for (const TokenRecord& r : recs) {
+      if (!r.lp) continue;
+      json c = chat_token(r.token, r.lp->logprob);
+      json top = json::array();
+      for (const TokenLogprob& t : r.lp->top) top.push_back(chat_token(t.token, t.logprob));
+      c["top_logprobs"] = std::move(top);
+      content.push_back(std::move(c));
+    }
+    return {{"content", content}, {"refusal", nullptr}};
+  }
+
+  // The records of sample s that go with text sent up to `end`, from the first not yet sent.
+  std::vector<TokenRecord> take_records(SampleText& s, size_t end) const {
+    std::vector<TokenRecord> out;
+    while (s.records_sent < s.records.size() && record_within(s.records[s.records_sent], end))
+      out.push_back(s.records[s.records_sent++]);
     return out;
   }
 
@@ -317,28 +297,45 @@ struct Server::Impl {
             {"model", config.model_name}, {"choices", std::move(choices)}};
   }
 
-  json choice_delta(const Generation& g, int64_t index, const std::string& text, const std::string& finish) const {
-    json fr = finish.empty() ? json(nullptr) : json(finish);
+  json choice_delta(Generation& g, const Delta& d) const {
+    json fr = d.finish.empty() ? json(nullptr) : json(d.finish);
+    json lp = nullptr;
+    SampleText& s = g.samples[static_cast<size_t>(d.index)];
+    if (g.num_logprobs >= 0) {
+      const std::vector<TokenRecord> recs = take_records(s, d.end);
+      lp = g.chat ? chat_logprobs(recs) : completion_logprobs(recs, g.echo ? g.prompt_text.size() : 0);
+    }
     if (g.chat) {
       json delta = json::object();
-      if (!text.empty()) delta["content"] = text;
-      return {{"index", index}, {"delta", delta}, {"logprobs", nullptr}, {"finish_reason", fr}};
+      if (!d.text.empty()) delta["content"] = d.text;
+      return {{"index", d.index}, {"delta", delta}, {"logprobs", lp}, {"finish_reason", fr}};
     }
-    return {{"index", index}, {"text", text}, {"logprobs", nullptr}, {"finish_reason", fr}};
+    return {{"index", d.index}, {"text", d.text}, {"logprobs", lp}, {"finish_reason", fr}};
   }
 
   // ---- handlers -------------------------------------------------------------------------------
   void handle_generate(const httplib::Request& req, httplib::Response& res, bool is_chat) {
-    ParsedRequest p;
-    if (auto err = parse(req, is_chat, p)) return send_error(res, *err);
+    const ApiError shutting_down{503, "The server is shutting down.", "", "", "server_error"};
+    if (draining) return send_error(res, shutting_down);
+    ParseResult parsed = parse_request(req.body, is_chat, request_context());
+    if (const ApiError* err = std::get_if<ApiError>(&parsed)) return send_error(res, *err);
+    ParsedRequest& p = std::get<ParsedRequest>(parsed);
+    auto g = std::make_shared<Generation>();
+    if (p.echo) {
+      g->prompt = p.prompt;
+      for (const int32_t t : p.prompt) g->prompt_text += token_name(t);
+    }
     auto stream = engine.add_request(p.prompt, p.gen);
+    if (stream.ok() && draining) {  // drain's fail_all may have run before this request was added
+      engine.abort((*stream)->id());
+      return send_error(res, shutting_down);
+    }
     if (!stream.ok()) {
       const Status& st = stream.status();
       const bool ctx = st.code() == StatusCode::kOutOfRange;
       return send_error(res, ApiError{400, std::string(st.message()), ctx ? "max_tokens" : "",
                                       ctx ? "context_length_exceeded" : ""});
     }
-    auto g = std::make_shared<Generation>();
     g->stream = *stream;
     g->samples.resize(static_cast<size_t>(p.gen.n));
     g->stop = p.stop;
@@ -347,6 +344,9 @@ struct Server::Impl {
     g->created = static_cast<int64_t>(std::time(nullptr));
     g->chat = is_chat;
     g->include_usage = p.include_usage;
+    g->num_logprobs = p.num_logprobs;
+    g->echo = p.echo;
+    g->discard_output = p.discard_output;
     if (!p.stream) {
       // The whole reply is one JSON object, written when the request completes. Until then a
       // space (JSON allows leading whitespace) every 250 ms probes the connection, so a client
@@ -381,7 +381,7 @@ struct Server::Impl {
     }
     apply(g, events);
     if (!all_done(g)) return sink.write(" ", 1);  // (every sample's stream ends with a finish event)
-    const std::string body = whole_body(g);
+    const std::string body = failed(g) ? dump(engine_error(g)) : whole_body(g);
     if (!sink.write(body.data(), body.size())) return false;
     sink.done();
     return true;
@@ -389,14 +389,29 @@ struct Server::Impl {
 
   std::string whole_body(Generation& g) {
     json choices = json::array();
+    const std::vector<TokenRecord> echo_records =
+        g.echo && g.num_logprobs >= 0 ? prompt_records(g) : std::vector<TokenRecord>{};
     for (size_t i = 0; i < g.samples.size(); ++i) {
-      const SampleText& s = g.samples[i];
+      SampleText& s = g.samples[i];
       json fr = s.finish_reason.empty() ? json(nullptr) : json(s.finish_reason);
+      json lp = nullptr;
+      if (g.num_logprobs >= 0) {
+        const std::vector<TokenRecord> recs = take_records(s, s.bytes.size());
+        if (g.chat) {
+          lp = chat_logprobs(recs);
+        } else {
+          lp = completion_logprobs(echo_records, 0);
+          const json gen = completion_logprobs(recs, g.echo ? g.prompt_text.size() : 0);
+          for (const char* key : {"tokens", "token_logprobs", "top_logprobs", "text_offset"})
+            for (const json& x : gen[key]) lp[key].push_back(x);
+        }
+      }
       if (g.chat) {
         choices.push_back({{"index", i}, {"message", {{"role", "assistant"}, {"content", s.bytes}}},
-                           {"logprobs", nullptr}, {"finish_reason", fr}});
+                           {"logprobs", lp}, {"finish_reason", fr}});
       } else {
-        choices.push_back({{"index", i}, {"text", s.bytes}, {"logprobs", nullptr}, {"finish_reason", fr}});
+        choices.push_back({{"index", i}, {"text", (g.echo ? g.prompt_text : std::string()) + s.bytes},
+                           {"logprobs", lp}, {"finish_reason", fr}});
       }
     }
     json r = {{"id", g.id}, {"object", g.chat ? "chat.completion" : "text_completion"}, {"created", g.created},
@@ -429,8 +444,27 @@ struct Server::Impl {
       static const std::string ping = ": ping\n\n";
       return sink.write(ping.data(), ping.size());
     }
-    for (auto& [index, text, finish] : apply(g, events)) {
-      if (!send(chunk(g, json::array({choice_delta(g, index, text, finish)})))) return false;
+    if (g.echo && (!events.empty() || all_done(g))) {
+      // The prompt first, one chunk per sample (its logprobs are set before any token event).
+      const std::vector<TokenRecord> recs = g.num_logprobs >= 0 ? prompt_records(g) : std::vector<TokenRecord>{};
+      for (size_t i = 0; i < g.samples.size(); ++i) {
+        if (g.samples[i].echo_sent) continue;
+        g.samples[i].echo_sent = true;
+        json c = {{"index", i}, {"text", g.prompt_text},
+                  {"logprobs", g.num_logprobs >= 0 ? completion_logprobs(recs, 0) : json(nullptr)},
+                  {"finish_reason", nullptr}};
+        if (!send(chunk(g, json::array({c})))) return false;
+      }
+    }
+    for (const Delta& d : apply(g, events)) {
+      if (d.finish == "error") continue;  // the error event below ends the stream
+      if (!send(chunk(g, json::array({choice_delta(g, d)})))) return false;
+    }
+    if (all_done(g) && failed(g)) {
+      static const std::string done = "data: [DONE]\n\n";
+      if (!send(engine_error(g)) || !sink.write(done.data(), done.size())) return false;
+      sink.done();
+      return true;
     }
     if (all_done(g)) {
       if (g.include_usage) {
@@ -477,15 +511,21 @@ struct Server::Impl {
                                                 : fmt::format("HTTP {} for {} {}.", res.status, req.method, req.path);
       send_error(res, ApiError{res.status, msg, "", res.status == 404 ? "not_found" : ""});
     });
+    // The last line of defence: a JSON type error can only come from the request's values (a
+    // client error, 400); anything else is the server's (500). Either way the server goes on.
     s.set_exception_handler([](const httplib::Request&, httplib::Response& res, std::exception_ptr ep) {
-      std::string what = "internal error";
       try {
         if (ep) std::rethrow_exception(ep);
+        send_error(res, ApiError{500, "internal error", "", "", "server_error"});
+      } catch (const nlohmann::json::exception& e) {
+        send_error(res, ApiError{400, fmt::format("The request has a value of the wrong type ({}).", e.what())});
+      } catch (const std::bad_alloc&) {
+        send_error(res, ApiError{503, "The server is out of memory for this request.", "", "", "server_error"});
       } catch (const std::exception& e) {
-        what = e.what();
+        send_error(res, ApiError{500, e.what(), "", "", "server_error"});
       } catch (...) {
+        send_error(res, ApiError{500, "internal error", "", "", "server_error"});
       }
-      send_error(res, ApiError{500, what, "", "", "server_error"});
     });
   }
 };
@@ -498,11 +538,15 @@ Expected<std::unique_ptr<Server>> Server::create(Engine& engine, tok::Tokenizer 
   if (config.num_http_threads < 1) return invalid_argument("[serve] --http-threads must be >= 1");
   std::unique_ptr<Server> s(new Server());
   s->impl_ = std::make_unique<Impl>(engine, std::move(tokenizer), std::move(chat), config);
-  s->http_ = std::make_unique<httplib::Server>();
-  const size_t threads = static_cast<size_t>(config.num_http_threads);
-  // httplib owns and deletes the queue it gets from this factory.
-  s->http_->new_task_queue = [threads] { return new httplib::ThreadPool(threads); };
-  s->http_->set_keep_alive_timeout(2);
+  if (config.max_connections < 1) return invalid_argument("[serve] --max-connections must be >= 1");
+  if (config.request_timeout.count() < 1 || config.keep_alive_timeout.count() < 1)
+    return invalid_argument("[serve] the request and keep-alive timeouts must be positive");
+  HttpGateConfig gate;
+  gate.num_workers = config.num_http_threads;
+  gate.max_connections = config.max_connections;
+  gate.request_timeout = config.request_timeout;
+  gate.keep_alive_timeout = config.keep_alive_timeout;
+  s->http_ = std::make_unique<GatedHttpServer>(gate);
   s->impl_->install(*s->http_);
   engine.start();
   return s;
@@ -518,13 +562,20 @@ Status Server::bind() {
 
 void Server::listen() { http_->listen_after_bind(); }
 
+bool Server::running() const { return http_ && http_->is_running(); }
+
 void Server::start() {
   thread_ = std::thread([this] { listen(); });
   for (int i = 0; i < 5000 && !http_->is_running(); ++i) std::this_thread::sleep_for(std::chrono::milliseconds(1));
 }
 
-void Server::stop() {
-  if (http_) http_->stop();
+void Server::stop() { drain(std::chrono::milliseconds(0)); }
+
+void Server::drain(std::chrono::milliseconds grace) {
+  if (!http_) return;
+  impl_->draining = true;  // handlers answer 503 from here on
+  impl_->engine.fail_all("The server is shutting down.");
+  http_->shutdown_gate(grace);
   if (thread_.joinable()) thread_.join();
 }
 

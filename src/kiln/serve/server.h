@@ -4,6 +4,7 @@
 // mid-stream has its sequences freed; the server keeps serving everyone else.
 #pragma once
 
+#include <chrono>
 #include <memory>
 #include <string>
 #include <thread>
@@ -13,18 +14,20 @@
 #include "kiln/serve/engine.h"
 #include "kiln/tokenizer/bpe.h"
 
-namespace httplib {
-class Server;
-}
-
 namespace kiln {
+
+class GatedHttpServer;
 
 struct ServerConfig {
   std::string host = "127.0.0.1";  // loopback unless asked otherwise
   int port = 8000;                 // 0: any free port (see Server::port())
   std::string api_key;             // non-empty: /v1/* needs "Authorization: Bearer <key>"
   std::string model_name = "kiln";
-  int num_http_threads = 128;      // connections served at once (a stream holds one)
+  int num_http_threads = 128;      // requests served at once (a stream holds one); --http-threads
+  // Slow or idle clients (serve/http_gate.h): they hold a connection, never a thread.
+  int max_connections = 1024;                           // --max-connections
+  std::chrono::milliseconds request_timeout{10000};     // a request's bytes must all arrive in this
+  std::chrono::milliseconds keep_alive_timeout{5000};   // idle kept-alive connections are closed
 };
 
 class Server {
@@ -39,17 +42,22 @@ class Server {
   // Binds host:port; Unavailable when it cannot.
   Status bind();
   int port() const { return port_; }
+  bool running() const;  // listening (after start() or inside listen())
   // Serves until stop() (blocks). start(): the same on a background thread.
   void listen();
   void start();
   void stop();
+  // Graceful shutdown (SIGTERM): stops accepting, answers new requests 503, ends every running
+  // request with an engine error (a stream gets a final error event), lets replies finish for
+  // up to `grace`, then closes what is left. Returns within about grace + 1 s.
+  void drain(std::chrono::milliseconds grace);
 
   struct Impl;  // handlers (server.cpp)
 
  private:
   Server() = default;
   std::unique_ptr<Impl> impl_;
-  std::unique_ptr<httplib::Server> http_;
+  std::unique_ptr<GatedHttpServer> http_;
   std::thread thread_;
   int port_ = 0;
 };

@@ -1,4 +1,4 @@
-// Training loop and checkpoints.
+// Training loop and checkpoints (the file format is checkpoint.h).
 #include "kiln/train/trainer.h"
 
 #include <chrono>
@@ -9,7 +9,9 @@
 
 #include <nlohmann/json.hpp>
 
+#include "kiln/core/crc32c.h"
 #include "kiln/core/file_io.h"
+#include "kiln/train/checkpoint.h"
 
 namespace kiln {
 
@@ -109,7 +111,7 @@ StepStats Trainer::step() {
 }
 
 namespace {
-constexpr char kCkptMagic[8] = {'K', 'I', 'L', 'N', 'C', 'K', 'P', 'T'};
+constexpr const char* kSectionNames[3] = {"params", "m", "v"};
 
 nlohmann::json options_json(const TrainOptions& o) {
   return {{"batch", o.batch}, {"seq_len", o.seq_len}, {"grad_accum", o.grad_accum}, {"lr", o.lr},
@@ -127,53 +129,82 @@ nlohmann::json options_json_with_precision(const TrainOptions& o) {
 }  // namespace
 
 Status Trainer::save_checkpoint(const std::string& path) const {
-  nlohmann::json header = {{"format", "kiln-checkpoint-1"}, {"step", step_}, {"num_params", m_.numel()},
-                           {"model", model_.config().describe()}, {"options", options_json_with_precision(o_)},
-                           {"loss_scale", scaler_.scale()}, {"loss_scale_good_steps", scaler_.good_steps()}};
-  // A step count derived from a time budget is part of the schedule; --steps comes from the flags.
-  if (o_.max_seconds > 0) header["time_budget_steps"] = total_steps_;
-  const std::string h = header.dump();
-  const uint64_t hlen = h.size();
-  const float* params = model_.params().data();
   const auto n = static_cast<size_t>(m_.numel());
-  return write_file_atomic(path, {std::string_view(kCkptMagic, 8), as_bytes(&hlen, 1), h, as_bytes(params, n),
-                                  as_bytes(m_.data<float>(), n), as_bytes(v_.data<float>(), n)});
+  const std::string_view sections[3] = {as_bytes(model_.params().data(), n), as_bytes(m_.data<float>(), n),
+                                        as_bytes(v_.data<float>(), n)};
+  CheckpointHeader h;
+  h.step = step_;
+  h.num_params = m_.numel();
+  h.model = model_.config().describe();
+  h.options = options_json_with_precision(o_);
+  h.loss_scale = scaler_.scale();
+  h.loss_scale_good_steps = scaler_.good_steps();
+  // A step count derived from a time budget is part of the schedule; --steps comes from the flags.
+  if (o_.max_seconds > 0) h.time_budget_steps = total_steps_;
+  for (int i = 0; i < 3; ++i) h.sections.push_back({kSectionNames[i], 0, sections[i].size(), crc32c(sections[i])});
+  const std::string prefix = encode_checkpoint_prefix(h);
+  return write_file_atomic(path, {prefix, sections[0], sections[1], sections[2]});
 }
+
+namespace {
+// Reads a section in 4 MiB pieces into dst (or only checksums it when dst is null) and checks
+// its CRC-32C, so nothing is overwritten before every section is known to be intact.
+Status read_section(std::ifstream& in, const std::string& path, const CheckpointSection& s, char* dst) {
+  constexpr uint64_t kChunk = uint64_t{4} << 20;
+  std::string buf;
+  in.clear();
+  in.seekg(static_cast<std::streamoff>(s.offset));
+  uint32_t crc = 0;
+  for (uint64_t done = 0; done < s.bytes;) {
+    const uint64_t len = std::min(kChunk, s.bytes - done);
+    char* to = dst;
+    if (to) to += done;
+    else {
+      buf.resize(len);
+      to = buf.data();
+    }
+    if (!in.read(to, static_cast<std::streamsize>(len))) return data_loss("{}: short read in section {}", path, s.name);
+    crc = crc32c(std::string_view(to, len), crc);
+    done += len;
+  }
+  if (crc != s.crc32c)
+    return data_loss("{}: section {}: CRC-32C mismatch (stored {:08x}, computed {:08x}): the file is corrupted", path,
+                     s.name, s.crc32c, crc);
+  return {};
+}
+}  // namespace
 
 Status Trainer::load_checkpoint(const std::string& path) {
   std::error_code ec;
   const uint64_t size = std::filesystem::file_size(path, ec);
   if (ec) return not_found("checkpoint {}: {}", path, ec.message());
   std::ifstream in(path, std::ios::binary);
-  char magic[8];
-  uint64_t hlen = 0;
-  if (size < 16 || !in.read(magic, 8) || std::memcmp(magic, kCkptMagic, 8) != 0 ||
-      !in.read(reinterpret_cast<char*>(&hlen), 8))
-    return data_loss("{} is not a kiln checkpoint", path);
-  if (hlen > (1u << 20) || 16 + hlen > size) return data_loss("{}: header length {} is corrupt", path, hlen);
-  std::string h(hlen, '\0');
-  in.read(h.data(), static_cast<std::streamsize>(hlen));
-  const nlohmann::json header = nlohmann::json::parse(h, nullptr, false);
-  if (header.is_discarded() || !header.contains("step") || !header.contains("num_params") || !header.contains("options"))
-    return data_loss("{}: malformed header", path);
-  const uint64_t n = header["num_params"].get<uint64_t>();
-  if (n != static_cast<uint64_t>(m_.numel()))
-    return invalid_argument("{} holds {} parameters; this model has {} ({})", path, n, m_.numel(),
-                            header.value("model", std::string("?")));
-  if (16 + hlen + 3 * n * sizeof(float) != size) return data_loss("{}: size does not match its header (truncated?)", path);
-  if (header["options"] != options_json_with_precision(o_))
+  if (!in) return not_found("cannot open checkpoint {}", path);
+  auto with_path = [&](const Status& s) { return Status(s.code(), fmt::format("{}: {}", path, s.message())); };
+  std::string prefix(16, '\0');
+  if (size >= 16 && !in.read(prefix.data(), 16)) return data_loss("{}: short read", path);
+  auto need = checkpoint_prefix_bytes(size >= 16 ? std::string_view(prefix) : std::string_view(), size);
+  if (!need.ok()) return with_path(need.status());
+  prefix.resize(std::min(*need, size));
+  if (!in.read(prefix.data() + 16, static_cast<std::streamsize>(prefix.size() - 16)))
+    return data_loss("{}: short read", path);
+  auto parsed = parse_checkpoint_header(prefix, size);
+  if (!parsed.ok()) return with_path(parsed.status());
+  const CheckpointHeader& h = *parsed;
+  if (h.num_params != m_.numel())
+    return invalid_argument("{} holds {} parameters; this model has {} ({})", path, h.num_params, m_.numel(), h.model);
+  if (h.options != options_json_with_precision(o_))
     return invalid_argument("{} was written with options {}; resume with the same ones (now {})", path,
-                            header["options"].dump(), options_json_with_precision(o_).dump());
-  const auto bytes = static_cast<std::streamsize>(n * sizeof(float));
-  in.read(reinterpret_cast<char*>(model_.params().data()), bytes);
-  in.read(reinterpret_cast<char*>(m_.data<float>()), bytes);
-  in.read(reinterpret_cast<char*>(v_.data<float>()), bytes);
-  if (!in) return data_loss("{}: short read", path);
-  step_ = header["step"].get<int64_t>();
-  if (header.contains("loss_scale"))
-    scaler_.restore(header["loss_scale"].get<double>(), header.value("loss_scale_good_steps", int64_t{0}));
+                            h.options.dump(), options_json_with_precision(o_).dump());
+  for (const CheckpointSection& s : h.sections) KILN_RETURN_IF_ERROR(read_section(in, path, s, nullptr));
+  // Verified: now into place (checked again, in case the file changed between the two reads).
+  char* dst[3] = {reinterpret_cast<char*>(model_.params().data()), reinterpret_cast<char*>(m_.data<float>()),
+                  reinterpret_cast<char*>(v_.data<float>())};
+  for (size_t i = 0; i < 3; ++i) KILN_RETURN_IF_ERROR(read_section(in, path, h.sections[i], dst[i]));
+  step_ = h.step;
+  scaler_.restore(h.loss_scale, h.loss_scale_good_steps);
   sync_backends(model_);
-  if (o_.max_seconds > 0 && header.contains("time_budget_steps")) total_steps_ = header["time_budget_steps"].get<int64_t>();
+  if (o_.max_seconds > 0 && h.time_budget_steps) total_steps_ = *h.time_budget_steps;
   return {};
 }
 

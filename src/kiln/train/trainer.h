@@ -68,8 +68,10 @@ class Trainer {
   const LossScaler& loss_scaler() const { return scaler_; }
   const PrecisionContext& precision_context() const { return *precision_; }
 
-  // params, AdamW m and v, the step and the options that decide the losses; written to a
-  // temporary file and renamed. Loading checks that the model and those options match.
+  // params, AdamW m and v, the step and the options that decide the losses, each section with
+  // its CRC-32C (checkpoint.h); written to a temporary file and renamed. Loading checks that the
+  // model and those options match and refuses a checksum mismatch naming the section, before
+  // overwriting anything.
   Status save_checkpoint(const std::string& path) const;
   Status load_checkpoint(const std::string& path);
 

@@ -21,6 +21,7 @@
 #include "kiln/core/huge_pages.h"
 #include "kiln/core/thread_pool.h"
 #include "kiln/core/file_io.h"
+#include "kiln/core/json.h"
 #include "kiln/kernels/cpu/gemm_cpu.h"
 #include "kiln/kernels/cpu/gemm_simd.h"
 #include "kiln/kernels/dispatch.h"
@@ -126,10 +127,12 @@ void load_tuning_locked(BlockingState& s) {
   s.current[1] = default_gemm_blocking(GemmPath::kBF16);
   s.loaded = true;
   const std::string path = gemm_tune_file();
-  std::ifstream in(path);
-  if (!in) return;  // absent: defaults, silently
+  auto text = read_file(path, int64_t{1} << 20);
+  if (!text.ok()) return;  // absent: defaults, silently
   try {
-    const nlohmann::json j = nlohmann::json::parse(in);
+    auto parsed = parse_json(*text, path);
+    if (!parsed.ok()) throw std::runtime_error(parsed.status().message());
+    const nlohmann::json& j = *parsed;
     for (int i = 0; i < 2; ++i) {
       const char* key = i == 0 ? "f32" : "bf16";
       if (!j.contains(key)) continue;
