@@ -137,3 +137,29 @@ out("request", "chat.txt", "1" + json.dumps({
     "max_tokens": 4, "logprobs": True, "top_logprobs": 2, "stop": "end"}))
 out("request", "chat_parts.txt", "1" + json.dumps({
     "messages": [{"role": "user", "content": [{"type": "text", "text": "the dog"}]}], "max_completion_tokens": 3}))
+
+# ---- checkpoint (kiln-checkpoint-2): 3 params; sections params, m, v ---------------------------
+def crc32c(b, crc=0):
+    crc ^= 0xFFFFFFFF
+    for x in b:
+        crc ^= x
+        for _ in range(8):
+            crc = (crc >> 1) ^ (0x82F63B78 if crc & 1 else 0)
+    return crc ^ 0xFFFFFFFF
+
+
+def checkpoint(num_params, time_budget=None):
+    secs = [np.arange(num_params, dtype=np.float32).tobytes(), np.zeros(num_params, np.float32).tobytes(),
+            np.ones(num_params, np.float32).tobytes()]
+    h = {"format": "kiln-checkpoint-2", "step": 7, "num_params": num_params, "model": "llama tiny",
+         "options": {"batch": 2, "lr": 0.001}, "loss_scale": 1.0, "loss_scale_good_steps": 0}
+    if time_budget is not None:
+        h["time_budget_steps"] = time_budget
+    h["sections"] = [{"name": n, "bytes": len(s), "crc32c": crc32c(s)} for n, s in zip(["params", "m", "v"], secs)]
+    text = json.dumps(h, separators=(",", ":")).encode()
+    prefix = b"KILNCKPT" + len(text).to_bytes(8, "little") + text
+    return prefix + crc32c(prefix).to_bytes(4, "little") + b"".join(secs)
+
+
+out("checkpoint", "three_params.bin", checkpoint(3))
+out("checkpoint", "time_budget.bin", checkpoint(1, 40))
