@@ -109,6 +109,9 @@ TEST(DType, Bf16RoundsToNearestEven) {
 
 TEST(DType, F16MatchesHardwareConversionOnRandomValues) {
   // The compiler's _Float16 conversion is IEEE round-to-nearest-even: an independent reference.
+#ifndef __FLT16_MAX__  // clang < 15 has no _Float16 on baseline x86-64 (the sanitizer build); gcc does
+  GTEST_SKIP() << "this compiler has no _Float16 on this target";
+#else
   Rng rng(1);
   for (int i = 0; i < 200000; ++i) {
     const float f = f32_from_bits(static_cast<uint32_t>(rng.next_u64()));
@@ -118,6 +121,7 @@ TEST(DType, F16MatchesHardwareConversionOnRandomValues) {
     std::memcpy(&bits, &h, 2);
     ASSERT_EQ(f32_to_f16(f), bits) << f;
   }
+#endif
 }
 
 }  // namespace

@@ -51,7 +51,8 @@ KILN_KERNEL_CASES(cross_entropy) {
   std::vector<KernelCase> cases;
   const std::pair<int64_t, int64_t> shapes[] = {{1, 1},    {3, 7},    {17, 65},   {64, 257},
                                                 {4, 1000}, {5, 1025}, {3, 50257}, {64, 1}};
-  for (auto [rows, vocab] : shapes) {
+  for (const auto& shape : shapes) {
+    const int64_t rows = shape.first, vocab = shape.second;  // not a structured binding: clang 14 cannot capture one
     cases.push_back(
         {fmt::format("rows={} V={}", rows, vocab), [rows, vocab] {
            const CeInputs in = ce_inputs(rows, vocab, 1600 + rows + vocab);
@@ -80,7 +81,8 @@ KILN_KERNEL_CASES(cross_entropy) {
 
 KILN_GRAD_CASES(cross_entropy) {
   std::vector<GradCase> cases;
-  for (auto [rows, vocab] : {std::pair<int64_t, int64_t>{3, 7}, {4, 65}}) {
+  for (const auto& shape : {std::pair<int64_t, int64_t>{3, 7}, {4, 65}}) {
+    const int64_t rows = shape.first, vocab = shape.second;  // not a structured binding: clang 14 cannot capture one
     CeInputs in = ce_inputs(rows, vocab, 1700 + vocab);
     for (float& x : in.logits) x = std::fmod(x, 10.0f);  // no +90 rows: FD steps are relative
     cases.push_back({fmt::format("dlogits rows={} V={}", rows, vocab), in.logits,

@@ -142,7 +142,8 @@ KILN_KERNEL_CASES(rmsnorm) {
 
 KILN_GRAD_CASES(layernorm) {
   std::vector<GradCase> cases;
-  for (auto [rows, cols] : {std::pair<int64_t, int64_t>{3, 7}, {2, 33}}) {
+  for (const auto& shape : {std::pair<int64_t, int64_t>{3, 7}, {2, 33}}) {
+    const int64_t rows = shape.first, cols = shape.second;  // not a structured binding: clang 14 cannot capture one
     const NormInputs in = norm_inputs(rows, cols, 300 + cols);
     // The reference backward for the given (x, w, b), returning dinp, dweight or dbias.
     auto backward = [=](const std::vector<float>& x, const std::vector<float>& w, int which) {
@@ -178,7 +179,8 @@ KILN_GRAD_CASES(layernorm) {
 
 KILN_GRAD_CASES(rmsnorm) {
   std::vector<GradCase> cases;
-  for (auto [rows, cols] : {std::pair<int64_t, int64_t>{3, 7}, {2, 33}}) {
+  for (const auto& shape : {std::pair<int64_t, int64_t>{3, 7}, {2, 33}}) {
+    const int64_t rows = shape.first, cols = shape.second;  // not a structured binding: clang 14 cannot capture one
     const NormInputs in = norm_inputs(rows, cols, 400 + cols);
     auto backward = [=](const std::vector<float>& x, const std::vector<float>& w, int which) {
       std::vector<float> y(x.size()), rstd(rows), dx(x.size()), dw(cols, 0.0f);

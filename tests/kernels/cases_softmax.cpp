@@ -69,7 +69,8 @@ KILN_KERNEL_CASES(softmax) {
 
 KILN_GRAD_CASES(softmax) {
   std::vector<GradCase> cases;
-  for (auto [rows, cols] : {std::pair<int64_t, int64_t>{3, 7}, {2, 65}}) {
+  for (const auto& shape : {std::pair<int64_t, int64_t>{3, 7}, {2, 65}}) {
+    const int64_t rows = shape.first, cols = shape.second;  // not a structured binding: clang 14 cannot capture one
     Rng rng(600 + cols);
     const std::vector<float> x = random_vector(rng, rows * cols, -3.0f, 3.0f);
     const std::vector<float> dy = random_vector(rng, x.size());

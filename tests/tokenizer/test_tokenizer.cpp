@@ -133,6 +133,20 @@ TEST(Tokenizer, BadFilesGiveClearErrors) {
   EXPECT_FALSE(Tokenizer::parse_hf_json(j2.dump()).ok());
 }
 
+TEST(Tokenizer, WrongJsonTypesAreErrorsNotExceptions) {  // found by fuzz/fuzz_tokenizer
+  const std::string good = trained(300).to_hf_json();
+  const std::pair<const char*, nlohmann::json> cases[] = {
+      {"/pre_tokenizer/use_regex", "-1"}, {"/pre_tokenizer/add_prefix_space", 1},
+      {"/pre_tokenizer/type", 7},         {"/model/type", nlohmann::json::array()}};
+  for (const auto& [pointer, value] : cases) {
+    auto j = nlohmann::json::parse(good);
+    j[nlohmann::json::json_pointer(pointer)] = value;
+    auto t = Tokenizer::parse_hf_json(j.dump());  // threw nlohmann type_error before
+    ASSERT_FALSE(t.ok()) << pointer;
+    EXPECT_EQ(t.status().code(), StatusCode::kDataLoss) << pointer << ": " << t.status().message();
+  }
+}
+
 TEST(Tokenizer, LoadsGpt2StyleFiles) {
   const Tokenizer t = trained(300);
   const auto j = nlohmann::json::parse(t.to_hf_json());

@@ -124,7 +124,8 @@ class Keys {
   }
   // The first key that was neither read nor listed harmless (nor starts with "_").
   Status no_unknown(std::span<const std::string_view> harmless1, std::span<const std::string_view> harmless2) const {
-    for (const auto& [key, value] : j_.items()) {
+    for (const auto& item : j_.items()) {
+      const std::string& key = item.key();  // not a structured binding: clang 14 cannot capture one
       if (used_.count(key) || key.starts_with("_")) continue;
       const auto listed = [&](std::span<const std::string_view> t) { return std::find(t.begin(), t.end(), key) != t.end(); };
       if (listed(harmless1) || listed(harmless2)) continue;

@@ -8,6 +8,7 @@
 #include <filesystem>
 #include <queue>
 #include <sstream>
+#include <type_traits>
 
 #include <nlohmann/json.hpp>
 
@@ -343,6 +344,19 @@ Status Tokenizer::save_hf_json(const std::string& path) const {
   return write_file_atomic(path, {to_hf_json()});
 }
 
+namespace {
+// obj[key] when present (a string or a bool, as T), else `fallback`; DataLoss naming the key when
+// it has another type (nlohmann's value() would throw).
+template <class T>
+Expected<T> field_or(const nlohmann::json& obj, const char* where, const char* key, T fallback) {
+  if (!obj.is_object() || !obj.contains(key) || obj[key].is_null()) return fallback;
+  const nlohmann::json& v = obj[key];
+  const bool right = std::is_same_v<T, bool> ? v.is_boolean() : v.is_string();
+  if (!right) return data_loss("tokenizer.json {}.{} must be a {}", where, key, std::is_same_v<T, bool> ? "boolean" : "string");
+  return v.get<T>();
+}
+}  // namespace
+
 Expected<Tokenizer> Tokenizer::parse_hf_json(std::string_view text) {
   auto parsed = parse_json(text, "tokenizer.json");
   if (!parsed.ok()) return data_loss("{}", parsed.status().message());
@@ -350,15 +364,16 @@ Expected<Tokenizer> Tokenizer::parse_hf_json(std::string_view text) {
   if (!j.is_object()) return data_loss("tokenizer.json is not a JSON object");
   if (!j.contains("model") || !j["model"].is_object()) return data_loss("tokenizer.json has no model");
   const auto& model = j["model"];
-  if (model.value("type", std::string("BPE")) != "BPE")
-    return unimplemented("tokenizer model type '{}' (only BPE is supported)", model.value("type", std::string()));
-  bool add_prefix_space = false;
+  KILN_ASSIGN_OR_RETURN(const std::string model_type, field_or(model, "model", "type", std::string("BPE")));
+  if (model_type != "BPE") return unimplemented("tokenizer model type '{}' (only BPE is supported)", model_type);
   const auto& pre = j.contains("pre_tokenizer") ? j["pre_tokenizer"] : nlohmann::json();
-  if (!pre.is_object() || pre.value("type", std::string()) != "ByteLevel")
+  KILN_ASSIGN_OR_RETURN(const std::string pre_type, field_or(pre, "pre_tokenizer", "type", std::string("?")));
+  if (!pre.is_object() || pre_type != "ByteLevel")
     return unimplemented("pre-tokenizer {} (only a plain ByteLevel pre-tokenizer is supported)",
-                         pre.is_object() ? pre.value("type", std::string("?")) : std::string("null"));
-  if (!pre.value("use_regex", true)) return unimplemented("ByteLevel pre-tokenizer without its regex");
-  add_prefix_space = pre.value("add_prefix_space", false);
+                         pre.is_object() ? pre_type : std::string("null"));
+  KILN_ASSIGN_OR_RETURN(const bool use_regex, field_or(pre, "pre_tokenizer", "use_regex", true));
+  if (!use_regex) return unimplemented("ByteLevel pre-tokenizer without its regex");
+  KILN_ASSIGN_OR_RETURN(const bool add_prefix_space, field_or(pre, "pre_tokenizer", "add_prefix_space", false));
   if (j.contains("normalizer") && !j["normalizer"].is_null())
     return unimplemented("tokenizer.json normalizers are not supported");
   if (!model.contains("vocab") || !model["vocab"].is_object()) return data_loss("tokenizer.json model has no vocab");
