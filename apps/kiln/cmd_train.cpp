@@ -18,6 +18,9 @@
 #include "kiln/perf/peak.h"
 #include "kiln/perf/svg.h"
 #include "kiln/serve/chat_template.h"
+#include "kiln/serve/engine.h"
+#include "kiln/serve/generate.h"
+#include "kiln/serve/kv_cache_manager.h"
 #include "kiln/serve/sampler.h"
 #include "kiln/serve/speculative.h"
 #include "kiln/tokenizer/bpe.h"
@@ -296,75 +299,116 @@ struct GenArgs {
 
 // `generate --draft-model`: speculative decoding, then plain generation of the same prompt
 // (not printed) for the speed comparison.
-void run_speculative(const GenArgs& a, Transformer& m, const tok::Tokenizer& tk) {
+// An engine for one request at a time: KV blocks for a whole context (target and draft), the
+// draft speculating whatever the batch.
+std::unique_ptr<Engine> generation_engine(std::unique_ptr<Transformer> model, std::unique_ptr<Transformer> draft,
+                                          const GenArgs& a) {
+  EngineConfig ec;
+  ec.num_speculative = a.num_speculative;
+  ec.speculative_max_batch = 0;
+  const int64_t ctx = std::max(model->config().max_seq_len, draft ? draft->config().max_seq_len : 0);
+  const int64_t per_token = kv_bytes_per_token(model->config(), DType::kF32) +
+                            (draft ? kv_bytes_per_token(draft->config(), DType::kF32) : 0);
+  ec.kv_cache_mem_bytes = (ctx + 2 * ec.block_size) * per_token;
+  auto e = Engine::create(std::move(model), ec, std::move(draft));
+  if (!e.ok()) fail("generate", e.status());
+  return std::move(*e);
+}
+
+// Sample `sample` of the prompt: seeded seed + sample, ends at the end-of-text token, at the
+// stop string, at --max-tokens or at the context.
+GenerationParams generation_params(const GenArgs& a, const Engine& e, int64_t prompt_len, int sample,
+                                   const tok::Tokenizer& tk) {
+  GenerationParams p;
+  p.max_tokens = std::min(a.max_tokens, e.context_len() - prompt_len);
+  p.sampling = a.sampling;
+  p.seed = a.seed + static_cast<uint64_t>(sample);
+  if (tk.eot_id() >= 0) p.stop_token_ids.push_back(tk.eot_id());
+  return p;
+}
+
+// Prints (when asked) and collects each token's text; false once the stop string appears.
+SampleCallback text_sink(const GenArgs& a, const tok::Tokenizer& tk, std::string& text, bool print) {
+  return [&a, &tk, &text, print](int64_t, int32_t t) {
+    if (t == tk.eot_id() || t >= tk.vocab_size()) return true;  // (the stop token ends it anyway)
+    const std::string piece(tk.token_bytes(t));
+    text += piece;
+    if (print) {
+      fmt::print("{}", piece);
+      std::fflush(stdout);
+    }
+    return a.stop.empty() || text.find(a.stop) == std::string::npos;
+  };
+}
+
+std::vector<int32_t> prompt_ids(const GenArgs& a, const tok::Tokenizer& tk, const Engine& e) {
+  std::vector<int32_t> ids = tk.encode(a.prompt);
+  if (ids.empty()) fail("generate", invalid_argument("--prompt is empty"));
+  if (static_cast<int64_t>(ids.size()) >= e.context_len())
+    fail("generate", invalid_argument("--prompt has {} tokens; the context is {}", ids.size(), e.context_len()));
+  return ids;
+}
+
+// Speculative decoding beside plain decoding of the same target (a second copy of it), each
+// sample both ways: acceptance, tokens per target pass against the formula, tokens/s.
+void run_speculative(const GenArgs& a, std::unique_ptr<Transformer> target, const tok::Tokenizer& tk) {
   auto draft = load_model(a.draft_model);
   if (!draft.ok()) fail("generate", draft.status());
-  fmt::print("target: {}\ndraft:  {}\n", m.config().describe(), (*draft)->config().describe());
-  const std::vector<int32_t> ids = tk.encode(a.prompt);
-  // Warm both models up (first-touch page faults, packed weights) so neither timing pays it.
-  for (Transformer* model : {&m, draft->get()}) (void)autoregressive_generate(*model, ids, 8, a.sampling, a.seed);
+  auto plain_target = quant::load_any_model(a.model);
+  if (!plain_target.ok()) fail("generate", plain_target.status());
+  fmt::print("target: {}\ndraft:  {}\n", target->config().describe(), (*draft)->config().describe());
+  auto spec_engine = generation_engine(std::move(target), std::move(*draft), a);
+  auto plain_engine = generation_engine(std::move(*plain_target), nullptr, a);
+  const std::vector<int32_t> ids = prompt_ids(a, tk, *spec_engine);
+  // Warm both up (first-touch page faults, packed weights) so neither timing pays it.
+  for (Engine* e : {spec_engine.get(), plain_engine.get()}) {
+    GenerationParams warm = generation_params(a, *e, static_cast<int64_t>(ids.size()), 0, tk);
+    warm.max_tokens = std::min<int64_t>(warm.max_tokens, 8);
+    if (auto w = generate(*e, ids, warm); !w.ok()) fail("generate", w.status());
+  }
   for (int sample = 0; sample < a.samples; ++sample) {
-    const uint64_t seed = a.seed + static_cast<uint64_t>(sample);
     std::string text;
-    auto stop_at = [&](bool print) {
-      return [&, print](int32_t t) {
-        if (t == tk.eot_id()) return false;
-        const std::string piece(tk.token_bytes(t));
-        text += piece;
-        if (print) {
-          fmt::print("{}", piece);
-          std::fflush(stdout);
-        }
-        return a.stop.empty() || text.find(a.stop) == std::string::npos;
-      };
-    };
     fmt::print("{}", a.prompt);
-    auto spec = speculative_generate(m, **draft, ids, a.max_tokens, a.num_speculative, a.sampling, seed, stop_at(true));
+    auto spec = generate(*spec_engine, ids, generation_params(a, *spec_engine, static_cast<int64_t>(ids.size()), sample, tk),
+                         text_sink(a, tk, text, true));
     if (!spec.ok()) fail("generate", spec.status());
     text.clear();
-    auto plain = autoregressive_generate(m, ids, a.max_tokens, a.sampling, seed, stop_at(false));
+    auto plain = generate(*plain_engine, ids, generation_params(a, *spec_engine, static_cast<int64_t>(ids.size()), sample, tk),
+                          text_sink(a, tk, text, false));
     if (!plain.ok()) fail("generate", plain.status());
-    const SpeculativeStats& s = spec->stats;
+    const SpeculativeStats& s = spec->spec;
     const double alpha = s.acceptance_rate();
-    const double spec_tps = s.num_generated / s.seconds, plain_tps = plain->stats.num_generated / plain->stats.seconds;
+    const auto spec_n = static_cast<double>(spec->samples[0].tokens.size());
+    const auto plain_n = static_cast<double>(plain->samples[0].tokens.size());
+    const double spec_tps = spec_n / spec->seconds, plain_tps = plain_n / plain->seconds;
     fmt::print("\n---\nspeculative γ {}: α {:.3f} ({} of {} proposed accepted), {:.2f} tokens/target pass "
                "(predicted (1 − α^(γ+1))/(1 − α) = {:.2f}), {} tokens in {:.3f} s = {:.1f} tok/s\n",
                a.num_speculative, alpha, s.num_accepted, s.num_proposed, s.tokens_per_pass(),
-               expected_tokens_per_pass(alpha, a.num_speculative), s.num_generated, s.seconds, spec_tps);
-    fmt::print("plain:            {} tokens in {:.3f} s = {:.1f} tok/s; speculative / plain = {:.2f}×{}\n",
-               plain->stats.num_generated, plain->stats.seconds, plain_tps, spec_tps / plain_tps,
+               expected_tokens_per_pass(alpha, a.num_speculative), spec_n, spec->seconds, spec_tps);
+    fmt::print("plain:            {} tokens in {:.3f} s = {:.1f} tok/s; speculative / plain = {:.2f}×{}\n", plain_n,
+               plain->seconds, plain_tps, spec_tps / plain_tps,
                a.sampling.temperature <= 0.0f
-                   ? (spec->tokens == plain->tokens ? "; greedy output identical" : "; greedy output DIFFERS")
+                   ? (spec->samples[0].tokens == plain->samples[0].tokens ? "; greedy output identical"
+                                                                          : "; greedy output DIFFERS")
                    : "");
   }
 }
 
+// `kiln generate`: each sample is one request through the serving engine (the decode loop
+// `kiln serve` runs), printed as it is sampled.
 void run_generate(const GenArgs& a) {
   auto model = quant::load_any_model(a.model);  // fp32 or kiln-quantized
   if (!model.ok()) fail("generate", model.status());
   auto tk = tok::Tokenizer::load_hf_json((std::filesystem::path(a.model) / "tokenizer.json").string());
   if (!tk.ok()) fail("generate", tk.status());
-  Transformer& m = **model;
-  if (!a.draft_model.empty()) return run_speculative(a, m, *tk);
-  // The library's decode loop (serve/speculative.h: prefill, then one token per KV-cache step),
-  // the one speculative decoding is measured against; sample i is seeded seed + i.
-  const int64_t ctx = m.config().max_seq_len;
-  const std::vector<int32_t> ids = tk->encode(a.prompt);
-  if (ids.empty()) fail("generate", invalid_argument("--prompt is empty"));
-  if (static_cast<int64_t>(ids.size()) >= ctx)
-    fail("generate", invalid_argument("--prompt has {} tokens; the context is {}", ids.size(), ctx));
+  if (!a.draft_model.empty()) return run_speculative(a, std::move(*model), *tk);
+  auto engine = generation_engine(std::move(*model), nullptr, a);
+  const std::vector<int32_t> ids = prompt_ids(a, *tk, *engine);
   for (int sample = 0; sample < a.samples; ++sample) {
     fmt::print("{}", a.prompt);
     std::string text;
-    auto on_token = [&](int32_t next) {
-      if (next == tk->eot_id()) return false;
-      const std::string piece(tk->token_bytes(next));
-      text += piece;
-      fmt::print("{}", piece);
-      std::fflush(stdout);
-      return a.stop.empty() || text.find(a.stop) == std::string::npos;
-    };
-    auto r = autoregressive_generate(m, ids, a.max_tokens, a.sampling, a.seed + static_cast<uint64_t>(sample), on_token);
+    auto r = generate(*engine, ids, generation_params(a, *engine, static_cast<int64_t>(ids.size()), sample, *tk),
+                      text_sink(a, *tk, text, true));
     if (!r.ok()) fail("generate", r.status());
     fmt::print("\n---\n");
   }
@@ -443,7 +487,7 @@ void register_train(CLI::App& app) {
       ->each([](const std::string& s) { set_attention_impl(parse_attention_impl(s).value()); });
   g->add_option("--samples", ga->samples, "Number of samples")->check(CLI::Range(1, 100));
   g->add_option("--draft-model", ga->draft_model, "Speculative decoding with this draft model (same tokenizer)");
-  g->add_option("--num-speculative", ga->num_speculative, "Draft tokens per target pass (γ)")->check(CLI::Range(1, 64));
+  g->add_option("--num-speculative", ga->num_speculative, "Draft tokens per target pass (γ)")->check(CLI::Range(1, 16));
   g->callback([ga] { run_generate(*ga); });
 }
 

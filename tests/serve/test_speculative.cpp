@@ -14,10 +14,14 @@
 #include "kiln/serve/sampler.h"
 #include "kiln/serve/engine.h"
 #include "kiln/serve/speculative.h"
+#include "tests/serve/batch1_reference.h"
 #include "tests/serve/serve_test_util.h"
 
 namespace kiln {
 namespace {
+
+using test::autoregressive_generate;
+using test::speculative_generate;
 
 ModelConfig tiny_llama(int64_t layers, int64_t d) {
   ModelConfig c;

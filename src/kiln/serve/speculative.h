@@ -53,26 +53,4 @@ struct SpeculativeStats {
   double tokens_per_pass() const;    // generated / target passes
 };
 
-struct GenerationResult {
-  std::vector<int32_t> tokens;  // the generated tokens (prompt excluded)
-  SpeculativeStats stats;
-};
-
-// Called with each generated token in order; return false to stop (end-of-text, a stop string).
-using TokenCallback = std::function<bool(int32_t)>;
-
-// Up to max_new_tokens after `prompt` (and no further than the smaller context), batch 1, over
-// each model's own KV cache; a rejected suffix is rolled back by resetting cache.len. gamma >= 1.
-// Errors: vocabularies differ, empty or too long prompt, bad token ids.
-Expected<GenerationResult> speculative_generate(Transformer& target, Transformer& draft,
-                                                std::span<const int32_t> prompt, int64_t max_new_tokens,
-                                                int64_t gamma, const SamplingParams& sampling, uint64_t seed,
-                                                const TokenCallback& on_token = {});
-
-// Plain autoregressive generation with the same conventions (prefill, then one token per
-// forward_cached step): the baseline speculative decoding is compared with.
-Expected<GenerationResult> autoregressive_generate(Transformer& model, std::span<const int32_t> prompt,
-                                                   int64_t max_new_tokens, const SamplingParams& sampling,
-                                                   uint64_t seed, const TokenCallback& on_token = {});
-
 }  // namespace kiln
