@@ -5,6 +5,8 @@
 
 #include <cstring>
 
+#include "kiln/core/allocator.h"
+#include "kiln/core/file_io.h"
 #include "kiln/model/gguf.h"
 
 namespace kiln {
@@ -128,6 +130,29 @@ TEST(GgufBounds, CountsAndSizesAtTheEdgeOfTheirTypes) {
     EXPECT_FALSE(gguf::parse(dims.out).ok()) << n;
     EXPECT_FALSE(gguf::parse(two_tensors("a", 0, "b", n)).ok()) << n;
   }
+}
+
+// Two files the GGUF fuzzer found (fuzz/): metadata that claims a 16,136-token vocabulary over an
+// 8-token embedding made the loader allocate the whole model (6 GB, 26 s) before it read the
+// tensor shapes; a token string that is not UTF-8 threw from the tokenizer.json it builds.
+TEST(GgufBounds, FuzzerFindingsFailAtOnceOrLoad) {
+  const std::string dir = std::string(KILN_SOURCE_DIR) + "/tests/reference/data/";
+  auto huge = gguf::parse(read_file(dir + "gguf_claims_a_huge_vocab.gguf").value(), "huge");
+  ASSERT_TRUE(huge.ok()) << huge.status().message();
+  default_allocator().reset_peak();
+  const int64_t before = default_allocator().stats().bytes_in_use;
+  auto m = gguf::llama_from_gguf(*huge);
+  ASSERT_FALSE(m.ok());
+  EXPECT_NE(m.status().message().find("token_embd.weight has dims [8, 32]"), std::string::npos) << m.status().message();
+  EXPECT_LT(default_allocator().stats().peak_bytes_in_use - before, int64_t{64} << 20)
+      << "the model was allocated before its tensors were checked";
+
+  auto odd = gguf::parse(read_file(dir + "gguf_token_not_utf8.gguf").value(), "odd");
+  ASSERT_TRUE(odd.ok()) << odd.status().message();
+  auto loaded = gguf::llama_from_gguf(*odd);  // must not throw
+  ASSERT_TRUE(loaded.ok()) << loaded.status().message();
+  EXPECT_TRUE(loaded->tokenizer_json.empty());
+  EXPECT_NE(loaded->tokenizer_note.find("not UTF-8"), std::string::npos) << loaded->tokenizer_note;
 }
 
 }  // namespace

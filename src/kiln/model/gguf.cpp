@@ -579,6 +579,26 @@ Status add_tokenizer(File& f, std::string_view json_text, int64_t vocab_size) {
   return {};
 }
 
+// Well-formed UTF-8: no stray continuation bytes, no truncated or overlong sequences, no
+// surrogates, nothing past U+10FFFF.
+bool valid_utf8(std::string_view s) {
+  for (size_t i = 0; i < s.size();) {
+    const auto c = static_cast<unsigned char>(s[i]);
+    const size_t n = c < 0x80 ? 1 : (c >> 5) == 0x6 ? 2 : (c >> 4) == 0xE ? 3 : (c >> 3) == 0x1E ? 4 : 0;
+    if (n == 0 || i + n > s.size()) return false;
+    uint32_t cp = n == 1 ? c : n == 2 ? (c & 0x1F) : n == 3 ? (c & 0x0F) : (c & 0x07);
+    for (size_t k = 1; k < n; ++k) {
+      const auto cc = static_cast<unsigned char>(s[i + k]);
+      if ((cc & 0xC0) != 0x80) return false;
+      cp = (cp << 6) | (cc & 0x3F);
+    }
+    constexpr uint32_t kMin[5] = {0, 0, 0x80, 0x800, 0x10000};
+    if (cp < kMin[n] || cp > 0x10FFFF || (cp >= 0xD800 && cp <= 0xDFFF)) return false;
+    i += n;
+  }
+  return true;
+}
+
 // tokenizer.ggml.* (model "gpt2") -> tokenizer.json text in kiln's format; unused pads dropped.
 Expected<std::string> tokenizer_json_from(const File& f) {
   const Value* model = f.find("tokenizer.ggml.model");
@@ -594,6 +614,12 @@ Expected<std::string> tokenizer_json_from(const File& f) {
     return data_loss("tokenizer.ggml.merges is missing or not a string array");
   if (types && (types->type != ValueType::kArray || types->ints.size() != tokens->strings.size()))
     return data_loss("tokenizer.ggml.token_type does not match the tokens");
+  // tokenizer.json is JSON: every token and merge must be UTF-8 (byte-level BPE's always are).
+  for (const auto* list : {&tokens->strings, &merges->strings})
+    for (const std::string& t : *list)
+      if (!valid_utf8(t))
+        return data_loss("tokenizer.ggml.{} holds a string that is not UTF-8",
+                         list == &tokens->strings ? "tokens" : "merges");
   nlohmann::ordered_json vocab = nlohmann::ordered_json::object(), added = nlohmann::ordered_json::array();
   for (size_t i = 0; i < tokens->strings.size(); ++i) {
     const int64_t type = types ? types->ints[i] : kTokenNormal;
@@ -708,10 +734,11 @@ Expected<LoadedModel> llama_from_gguf(const File& f) {
       c.max_seq_len > (1 << 24))
     return data_loss("gguf: model sizes are absurd ({})", c.describe());
   if (Status s = check_config(c); !s.ok()) return Status(s.code(), fmt::format("gguf: {}", s.message()));
-  KILN_ASSIGN_OR_RETURN(auto model, Transformer::create(c, 0));
-
-  std::vector<float> tmp;
-  for (const ParamEntry& e : model->param_entries()) {
+  // Every tensor the config needs against the file before the model is allocated (a file
+  // whose metadata claims a huge model must fail at once, not after allocating it).
+  const std::vector<ParamEntry> entries = Transformer::param_entries_for(c);
+  std::vector<const TensorInfo*> infos;
+  for (const ParamEntry& e : entries) {
     const std::string gname = llama_tensor_name(e.name);
     const TensorInfo* t = f.tensor(gname);
     if (!t) return data_loss("gguf: tensor {} (kiln's {}) is missing", gname, e.name);
@@ -720,6 +747,15 @@ Expected<LoadedModel> llama_from_gguf(const File& f) {
     if (t->dims != want)
       return invalid_argument("gguf: tensor {} has dims [{}], the config needs [{}] (fastest first)", gname,
                               fmt::join(t->dims, ", "), fmt::join(want, ", "));
+    infos.push_back(t);
+  }
+  KILN_ASSIGN_OR_RETURN(auto model, Transformer::create(c, 0));
+  KILN_CHECK(model->param_entries().size() == entries.size());
+
+  std::vector<float> tmp;
+  for (size_t k = 0; k < entries.size(); ++k) {
+    const ParamEntry& e = model->param_entries()[k];
+    const TensorInfo* t = infos[k];
     float* w = model->params().data() + e.offset;
     const int64_t n = e.shape.numel();
     const bool is_q = e.name.ends_with("q_proj.weight"), is_k = e.name.ends_with("k_proj.weight");
