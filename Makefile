@@ -15,7 +15,7 @@ SAN_CMAKE_FLAGS = -DCMAKE_BUILD_TYPE=Release -DCMAKE_C_COMPILER=$(SAN_CC) -DCMAK
 	-DCMAKE_C_FLAGS=-gline-tables-only -DCMAKE_CXX_FLAGS=-gline-tables-only
 # A UBSan finding aborts its test (-fno-sanitize-recover); the stack says where.
 export UBSAN_OPTIONS ?= print_stacktrace=1:halt_on_error=1
-export TSAN_OPTIONS ?= halt_on_error=1:second_deadlock_stack=1
+export TSAN_OPTIONS ?= halt_on_error=1:second_deadlock_stack=1:suppressions=$(CURDIR)/tests/tsan.supp
 # `make fuzz`: minutes per target; `make test` (CI): a short bounded run of each.
 FUZZ_SECONDS ?= 300
 FUZZ_CI_SECONDS ?= 20
