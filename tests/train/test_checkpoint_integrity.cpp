@@ -39,7 +39,10 @@ struct Fixture {
     for (int i = 0; i < 600; ++i) data.tokens.push_back(static_cast<int32_t>(rng.below(13)));
     o.batch = 2; o.seq_len = 8; o.max_steps = 10; o.warmup_steps = 3;
     model = Transformer::create(tiny(), 8).value();
-    const fs::path dir = fs::temp_directory_path() / "kiln_ckpt_integrity";
+    // One folder per test: CTest runs this file's tests as parallel processes.
+    const fs::path dir = fs::temp_directory_path() /
+                         (std::string("kiln_ckpt_integrity_") +
+                          ::testing::UnitTest::GetInstance()->current_test_info()->name());
     fs::create_directories(dir);
     path = (dir / "checkpoint.bin").string();
     Trainer t(*model, data, nullptr, o);
