@@ -38,7 +38,7 @@ build: configure
 test: test-release sanitize fuzz-ci tsan
 
 test-release: build
-	@start=$$(date +%s); cd $(BUILD_DIR) && ctest --output-on-failure -j $(JOBS); \
+	@start=$$(date +%s); cd $(BUILD_DIR) && ctest --output-on-failure -j $(JOBS) && \
 	echo "make test: release suite $$(( $$(date +%s) - start )) s"
 
 sanitize: deps
