@@ -15,6 +15,7 @@
 #include "kiln/core/dtype.h"
 #include "kiln/core/file_io.h"
 #include "kiln/core/json.h"
+#include "kiln/core/utf8.h"
 
 namespace kiln::gguf {
 namespace {
@@ -577,26 +578,6 @@ Status add_tokenizer(File& f, std::string_view json_text, int64_t vocab_size) {
   }
   f.metadata.emplace_back("tokenizer.ggml.add_bos_token", Value::boolean(false));
   return {};
-}
-
-// Well-formed UTF-8: no stray continuation bytes, no truncated or overlong sequences, no
-// surrogates, nothing past U+10FFFF.
-bool valid_utf8(std::string_view s) {
-  for (size_t i = 0; i < s.size();) {
-    const auto c = static_cast<unsigned char>(s[i]);
-    const size_t n = c < 0x80 ? 1 : (c >> 5) == 0x6 ? 2 : (c >> 4) == 0xE ? 3 : (c >> 3) == 0x1E ? 4 : 0;
-    if (n == 0 || i + n > s.size()) return false;
-    uint32_t cp = n == 1 ? c : n == 2 ? (c & 0x1F) : n == 3 ? (c & 0x0F) : (c & 0x07);
-    for (size_t k = 1; k < n; ++k) {
-      const auto cc = static_cast<unsigned char>(s[i + k]);
-      if ((cc & 0xC0) != 0x80) return false;
-      cp = (cp << 6) | (cc & 0x3F);
-    }
-    constexpr uint32_t kMin[5] = {0, 0, 0x80, 0x800, 0x10000};
-    if (cp < kMin[n] || cp > 0x10FFFF || (cp >= 0xD800 && cp <= 0xDFFF)) return false;
-    i += n;
-  }
-  return true;
 }
 
 // tokenizer.ggml.* (model "gpt2") -> tokenizer.json text in kiln's format; unused pads dropped.
