@@ -23,6 +23,8 @@ import subprocess
 import sys
 import tempfile
 
+from kiln_fixture import train_tiny
+
 SKIP = 77
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 MAX_REL_ERROR = 1e-4
@@ -181,12 +183,8 @@ def refused(kiln, work, name, edit, needle):
 
 
 def trained_ids(kiln, work):
-    text = os.path.join(work, "corpus.txt")
-    with open(text, "w", encoding="utf-8") as f:
-        f.write(open(os.path.join(ROOT, "tests", "reference", "data", "tokenizer_corpus.txt"), encoding="utf-8").read() * 5)
-    out = os.path.join(work, "trained")
-    run([kiln, "--threads", "1", "train", "--preset", "llama-tiny", "--text", text, "--data", os.path.join(work, "data"),
-         "--vocab-size", "300", "--steps", "1", "--batch", "1", "--seq", "16", "--eval-every", "0", "--out", out])
+    corpus = open(os.path.join(ROOT, "tests", "reference", "data", "tokenizer_corpus.txt"), encoding="utf-8").read()
+    out = train_tiny(kiln, work, steps=1, batch=1, seq=16, name="trained", text=corpus * 5)
     cfg = transformers.AutoConfig.from_pretrained(out)
     tok = json.load(open(os.path.join(out, "tokenizer.json"), encoding="utf-8"))
     eot = [t["id"] for t in tok.get("added_tokens", []) if t["content"] == "<|endoftext|>"]

@@ -12,9 +12,10 @@ Run:  /usr/bin/python3 tests/reference/hf_load_check.py [--kiln build/kiln] [--k
 """
 import argparse
 import os
-import subprocess
 import sys
 import tempfile
+
+from kiln_fixture import run, train_tiny
 
 SKIP = 77
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -30,19 +31,8 @@ except ImportError as e:
     sys.exit(SKIP)
 
 
-def run(cmd):
-    p = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    if p.returncode != 0:
-        print(p.stdout)
-        raise SystemExit(f"failed ({p.returncode}): {' '.join(cmd)}")
-    return p.stdout
-
-
-def check(kiln, work, preset, arch):
-    text = os.path.join(work, "corpus.txt")
-    out = os.path.join(work, preset)
-    run([kiln, "--threads", "1", "train", "--preset", preset, "--text", text, "--data", os.path.join(work, "data"),
-         "--vocab-size", "300", "--steps", "2", "--batch", "2", "--seq", "32", "--eval-every", "0", "--out", out])
+def check(kiln, work, preset, arch, text):
+    out = train_tiny(kiln, work, preset=preset, name=preset, text=text)
     vocab = int(__import__("json").load(open(os.path.join(out, "config.json")))["vocab_size"])
     tokens = [(7 + 37 * i * i + 11 * i) % vocab for i in range(24)]
     npy = os.path.join(work, f"{preset}_logits.npy")
@@ -79,10 +69,9 @@ def main():
         os.makedirs(work, exist_ok=True)
         parts = [open(os.path.join(ROOT, "tests", "reference", "data", f), encoding="utf-8").read()
                  for f in ("tokenizer_corpus.txt", "multilingual.txt")]
-        with open(os.path.join(work, "corpus.txt"), "w", encoding="utf-8") as f:
-            f.write("\n".join(parts) * 20)
-        ok = check(a.kiln, work, "w1a", "GPT2LMHeadModel")
-        ok = check(a.kiln, work, "llama-tiny", "LlamaForCausalLM") and ok
+        text = "\n".join(parts) * 20
+        ok = check(a.kiln, work, "w1a", "GPT2LMHeadModel", text)
+        ok = check(a.kiln, work, "llama-tiny", "LlamaForCausalLM", text) and ok
     return 0 if ok else 1
 
 

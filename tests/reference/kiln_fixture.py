@@ -31,14 +31,15 @@ def expect(cond, what):
     print(f"ok: {what}")
 
 
-def train_tiny(kiln, work, steps=2, batch=2, preset="llama-tiny", name="tiny"):
-    """A model directory from `kiln train` on TEXT (BPE vocabulary 300, sequences of 32)."""
+def train_tiny(kiln, work, steps=2, batch=2, seq=32, preset="llama-tiny", name="tiny", text=TEXT):
+    """A model directory WORK/NAME from `kiln train` on `text` (BPE vocabulary 300); the
+    prepared data goes to WORK/data, so models trained in one folder share a tokenizer."""
     corpus = os.path.join(work, "corpus.txt")
-    with open(corpus, "w") as f:
-        f.write(TEXT)
+    with open(corpus, "w", encoding="utf-8") as f:
+        f.write(text)
     out = os.path.join(work, name)
     run([kiln, "--threads", "1", "train", "--preset", preset, "--text", corpus, "--data", os.path.join(work, "data"),
-         "--vocab-size", "300", "--steps", str(steps), "--batch", str(batch), "--seq", "32", "--eval-every", "0",
+         "--vocab-size", "300", "--steps", str(steps), "--batch", str(batch), "--seq", str(seq), "--eval-every", "0",
          "--out", out])
     return out
 

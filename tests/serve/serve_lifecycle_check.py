@@ -67,7 +67,7 @@ def main():
         model = train_tiny(args.kiln, work)
         with serving(args.kiln, model, "--served-model-name", "tiny", "--kv-cache-mem", "64M", "--http-threads", "4",
                      "--request-timeout", "2", "--max-connections", "200", "--drain-timeout", "3") as (server, port):
-            expect(True, "kiln serve listens")
+            print(f"kiln serve listens on port {port}")
             check(server, port)
 
 

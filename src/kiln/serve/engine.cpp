@@ -191,8 +191,9 @@ void Engine::loop() {
       cv_.wait(lk, [&] { return stopping_ || busy || !commands_.empty(); });
       if (stopping_) return;
     }
-    // A step that throws (out of memory, a library error) fails every request it could have
-    // touched; the process and the requests that come later go on.
+    // step_locked_out fails a step's own requests when the step fails; this catches what
+    // throws around it (applying commands, scheduling): every open request fails, and the
+    // process and the requests that come later go on.
     try {
       busy = step_locked_out();
     } catch (const std::exception& e) {
