@@ -16,7 +16,7 @@
 #include "kiln/serve/http_gate.h"
 #include "kiln/serve/http_listen.h"
 #include "kiln/serve/request.h"
-#include "kiln/tokenizer/unicode.h"
+#include "kiln/core/utf8.h"
 
 namespace kiln {
 
@@ -77,16 +77,10 @@ struct Delta {
 // A token's text for a logprobs reply: its bytes when they are UTF-8, else OpenAI's
 // "bytes:\xNN..." spelling of them.
 std::string token_string(std::string_view b) {
-  for (size_t i = 0; i < b.size();) {
-    const tok::CodePoint cp = tok::decode_utf8(b.substr(i));
-    if (cp.cp == tok::kInvalidCodePoint) {
-      std::string out = "bytes:";
-      for (const char c : b) out += fmt::format("\\x{:02x}", static_cast<unsigned char>(c));
-      return out;
-    }
-    i += static_cast<size_t>(cp.nbytes);
-  }
-  return std::string(b);
+  if (valid_utf8(b)) return std::string(b);
+  std::string out = "bytes:";
+  for (const char c : b) out += fmt::format("\\x{:02x}", static_cast<unsigned char>(c));
+  return out;
 }
 
 }  // namespace
