@@ -16,17 +16,17 @@
 
 #include "bench/bench_util.h"
 #include "bench/comm_rounds.h"
-#include "kiln/dist/collectives.h"
-#include "kiln/dist/cost_model.h"
-#include "kiln/dist/reduce.h"
+#include "kiln/comm/collectives.h"
+#include "kiln/comm/cost_model.h"
+#include "kiln/comm/reduce.h"
 
 namespace kiln::bench {
 namespace {
 
-using dist::Algo;
-using dist::CollOp;
-using dist::Communicator;
-using dist::ReduceOp;
+using comm::Algo;
+using comm::CollOp;
+using comm::Communicator;
+using comm::ReduceOp;
 
 // Element i of the data of `who`: a small integer, so every algorithm's result is exact.
 float value_of(int who, int64_t i) { return static_cast<float>((i * 7 + who * 3 + i / 5) % 9 - 4); }
@@ -67,16 +67,16 @@ int64_t auto_key_bytes(CollOp op, int64_t count, int p, size_t es) {
   return (op == CollOp::kAllReduce || op == CollOp::kBroadcast) ? n : n * p;
 }
 // Most `auto` calls the warm-up makes for the probe to pin (auto_probe.h: probe_calls).
-constexpr int kMaxProbeWarmupCalls = 4 * dist::probe_calls(dist::kProbeMaxCandidates);
+constexpr int kMaxProbeWarmupCalls = 4 * comm::probe_calls(comm::kProbeMaxCandidates);
 
 Status call(Communicator& c, CollOp op, Algo algo, const std::byte* send, std::byte* recv,
             int64_t count, DType t, ReduceOp rop) {
   switch (op) {
-    case CollOp::kAllReduce: return dist::all_reduce(c, send, recv, count, t, rop, algo);
-    case CollOp::kAllGather: return dist::all_gather(c, send, recv, count, t, algo);
-    case CollOp::kReduceScatter: return dist::reduce_scatter(c, send, recv, count, t, rop, algo);
-    case CollOp::kAllToAll: return dist::all_to_all(c, send, recv, count, t, algo);
-    case CollOp::kBroadcast: return dist::broadcast(c, recv, count, t, 0, algo);
+    case CollOp::kAllReduce: return comm::all_reduce(c, send, recv, count, t, rop, algo);
+    case CollOp::kAllGather: return comm::all_gather(c, send, recv, count, t, algo);
+    case CollOp::kReduceScatter: return comm::reduce_scatter(c, send, recv, count, t, rop, algo);
+    case CollOp::kAllToAll: return comm::all_to_all(c, send, recv, count, t, algo);
+    case CollOp::kBroadcast: return comm::broadcast(c, recv, count, t, 0, algo);
     default: return unimplemented("[bench comm] op");
   }
 }
@@ -172,7 +172,7 @@ std::vector<std::vector<double>> time_collectives(Communicator& c, CollOp op,
   // the pinned algorithm, not the probe.
   if (std::find(algos.begin(), algos.end(), Algo::kAuto) != algos.end()) {
     const int64_t key = auto_key_bytes(op, count, c.size(), dtype_bits(t) / 8);
-    for (int i = 0; i < kMaxProbeWarmupCalls && dist::auto_choice(c, op, key).probing(); ++i)
+    for (int i = 0; i < kMaxProbeWarmupCalls && comm::auto_choice(c, op, key).probing(); ++i)
       call(c, op, Algo::kAuto, send, recv, count, t, rop).check_ok(__FILE__, __LINE__);
   }
   auto one_call = [&](size_t k) {
@@ -211,18 +211,18 @@ struct Row {
   int rounds = 0;
   double vs_mpi = 0, vs_best = 0;  // paired ratios (see the table loop)
   int64_t wrong = 0;
-  dist::AutoChoice choice;  // the auto row: how auto chose
+  comm::AutoChoice choice;  // the auto row: how auto chose
 };
 
 // The auto row's note: who pinned it, and the probe's agreed times.
-std::string auto_note(const dist::AutoChoice& ch) {
+std::string auto_note(const comm::AutoChoice& ch) {
   if (ch.probing())
     return fmt::format("probe (running again after a drift, {} calls in)", ch.calls_done);
-  if (ch.source != dist::AutoSource::kProbe)
+  if (ch.source != comm::AutoSource::kProbe)
     return fmt::format("model ({})", ch.why.empty() ? "pinned" : ch.why);
-  std::string s = fmt::format("probe, model's pick {}:", dist::algo_name(ch.model_pick));
+  std::string s = fmt::format("probe, model's pick {}:", comm::algo_name(ch.model_pick));
   for (size_t i = 0; i < ch.candidates.size(); ++i)
-    s += fmt::format(" {} {:.1f} us (model {:.1f})", dist::algo_name(ch.candidates[i]),
+    s += fmt::format(" {} {:.1f} us (model {:.1f})", comm::algo_name(ch.candidates[i]),
                      ch.measured_s[i] * 1e6, ch.predicted_s[i] * 1e6);
   if (ch.reprobes > 0) s += fmt::format("; probed again {} time(s) after a drift", ch.reprobes);
   return s;
@@ -245,7 +245,7 @@ void print_placement_note(const std::string& now, const std::string& calibrated,
 }
 
 // One message each way between ranks 0 and 1: alpha + n beta from a fit over 8 B .. 4 MiB.
-dist::AlphaBeta ping_pong(Communicator& c, std::byte* buf) {
+comm::AlphaBeta ping_pong(Communicator& c, std::byte* buf) {
   std::vector<double> steps, bytes, secs;
   for (int64_t n = 8; n <= (int64_t{4} << 20); n *= 4) {
     double best = 1e30;
@@ -268,7 +268,7 @@ dist::AlphaBeta ping_pong(Communicator& c, std::byte* buf) {
     bytes.push_back(static_cast<double>(n));
     secs.push_back(best);
   }
-  return dist::fit_alpha_beta(steps.data(), bytes.data(), secs.data(), static_cast<int>(secs.size()));
+  return comm::fit_alpha_beta(steps.data(), bytes.data(), secs.data(), static_cast<int>(secs.size()));
 }
 
 double reduction_gamma() {
@@ -277,7 +277,7 @@ double reduction_gamma() {
   double best = 1e30;
   for (int rep = 0; rep < 5; ++rep) {
     const double t0 = now_seconds();
-    dist::combine(DType::kF32, ReduceOp::kSum, a.data(), a.data(), b.data(), n);
+    comm::combine(DType::kF32, ReduceOp::kSum, a.data(), a.data(), b.data(), n);
     best = std::min(best, now_seconds() - t0);
   }
   return best / (n * 4.0);
@@ -299,17 +299,17 @@ std::vector<int64_t> bench_sizes(int64_t min_bytes, int64_t max_bytes) {
 constexpr int kCalibrationPasses = 3;
 int calibrate(Communicator& c, const CommBenchOptions& opt, std::byte* send, std::byte* recv) {
   const int p = c.size();
-  dist::AlphaBetaTable table;
+  comm::AlphaBetaTable table;
   if (p >= 2) table.link = ping_pong(c, recv);
   table.gamma_s_per_byte = reduction_gamma();
   table.gamma_s_per_byte = max_over_ranks(c, table.gamma_s_per_byte);
   table.fitted_p = p;
   table.hier_ranks_per_node = c.hierarchical_node_size();
-  table.placement = dist::rank_placement(c);
+  table.placement = comm::rank_placement(c);
   const int reps = std::max(opt.reps, 5);
   std::vector<int64_t> sizes = bench_sizes(8, opt.max_bytes);
-  if (static_cast<int>(sizes.size()) > dist::PiecewiseAlphaBeta::kMaxKnots)
-    sizes.resize(dist::PiecewiseAlphaBeta::kMaxKnots);
+  if (static_cast<int>(sizes.size()) > comm::PiecewiseAlphaBeta::kMaxKnots)
+    sizes.resize(comm::PiecewiseAlphaBeta::kMaxKnots);
   if (c.rank() == 0)
     fmt::print("# calibrate, p = {}: ping-pong alpha = {:.2f} us, beta = {:.4f} ns/B ({:.2f} GB/s); "
                "reduction gamma = {:.4f} ns/B ({:.2f} GB/s); hierarchical node size {}; "
@@ -322,18 +322,18 @@ int calibrate(Communicator& c, const CommBenchOptions& opt, std::byte* send, std
   if (c.rank() == 0) print_placement_note(table.placement, "", p);
   // This launch's paired times, stored in the cache (the last kMaxPooledLaunches of this
   // placement); with --pool the fits go through the per-size medians over those launches.
-  dist::CalibrationLaunch launch;
+  comm::CalibrationLaunch launch;
   launch.placement = table.placement;
   launch.hier_ranks_per_node = table.hier_ranks_per_node;
-  std::vector<dist::CalibrationLaunch> launches;
+  std::vector<comm::CalibrationLaunch> launches;
   int num_pooled = 1;
   if (c.rank() == 0)
-    launches = dist::read_calibration_launches(dist::calibration_path(), p);
-  for (int o = 0; o < dist::kNumCollOps && p >= 2; ++o) {
+    launches = comm::read_calibration_launches(comm::calibration_path(), p);
+  for (int o = 0; o < comm::kNumCollOps && p >= 2; ++o) {
     const auto op = static_cast<CollOp>(o);
     std::vector<Algo> algos;
-    for (const dist::AlgoInfo& info : dist::kAlgoInfos) {
-      if (info.algo == Algo::kAuto || info.algo == Algo::kMpi || !dist::algo_implements(info.algo, op))
+    for (const comm::AlgoInfo& info : comm::kAlgoInfos) {
+      if (info.algo == Algo::kAuto || info.algo == Algo::kMpi || !comm::algo_implements(info.algo, op))
         continue;
       if (info.algo == Algo::kHierarchical && table.hier_ranks_per_node == 0) continue;
       algos.push_back(info.algo);
@@ -365,9 +365,9 @@ int calibrate(Communicator& c, const CommBenchOptions& opt, std::byte* send, std
     for (size_t si = 0; si < sizes.size(); ++si) {
       const int64_t size = sizes[si];
       if (pooled[si][0].empty()) continue;
-      const std::vector<double> paired = dist::paired_times(pooled[si]);
+      const std::vector<double> paired = comm::paired_times(pooled[si]);
       for (size_t k = 0; k < algos.size(); ++k) {
-        const dist::AlgoCost terms = dist::algo_cost(op, algos[k], p, static_cast<double>(size),
+        const comm::AlgoCost terms = comm::algo_cost(op, algos[k], p, static_cast<double>(size),
                                                      table.hier_ranks_per_node);
         ks[k].push_back(static_cast<double>(size));
         steps[k].push_back(terms.steps);
@@ -378,42 +378,42 @@ int calibrate(Communicator& c, const CommBenchOptions& opt, std::byte* send, std
     }
     for (size_t k = 0; k < algos.size(); ++k) {
       if (ks[k].empty()) continue;
-      const dist::PiecewiseAlphaBeta f = dist::fit_piecewise(
+      const comm::PiecewiseAlphaBeta f = comm::fit_piecewise(
           ks[k].data(), steps[k].data(), bw[k].data(), secs[k].data(), static_cast<int>(ks[k].size()));
       table.fit_of(op, algos[k]) = f;
       if (c.rank() != 0 || opt.pool) continue;
       std::string betas;
       for (double at : {32.0 * 1024, 512.0 * 1024, 8.0 * 1024 * 1024, ks[k].back()})
         betas += fmt::format(" {:8.4f}", f.at(at).beta_s_per_byte * 1e9);
-      fmt::print("#   {:<13} {:<19} alpha = {:6.2f} us/step  beta(ns/B) ={}\n", dist::coll_op_name(op),
-                 dist::algo_name(algos[k]), f.knots[0].ab.alpha_s * 1e6, betas);
+      fmt::print("#   {:<13} {:<19} alpha = {:6.2f} us/step  beta(ns/B) ={}\n", comm::coll_op_name(op),
+                 comm::algo_name(algos[k]), f.knots[0].ab.alpha_s * 1e6, betas);
     }
   }
   if (c.rank() == 0 && p >= 2) {
-    launches = dist::pool_launches(launches, launch);
+    launches = comm::pool_launches(launches, launch);
     num_pooled = static_cast<int>(launches.size());
   }
   if (c.rank() == 0 && opt.pool && p >= 2) {
     // Only rank 0 saves the table; the others load it back below.
     fmt::print("# pooled: per-size median over {} launch(es) at p = {}, placement {}\n", num_pooled,
                p, table.placement);
-    for (int o = 0; o < dist::kNumCollOps; ++o)
-      for (int a = 0; a < dist::kNumAlgos; ++a) {
+    for (int o = 0; o < comm::kNumCollOps; ++o)
+      for (int a = 0; a < comm::kNumAlgos; ++a) {
         if (launch.times[o][a].empty()) continue;
         const auto op = static_cast<CollOp>(o);
-        const dist::PiecewiseAlphaBeta f = dist::fit_pooled(launches, op, static_cast<Algo>(a), p);
+        const comm::PiecewiseAlphaBeta f = comm::fit_pooled(launches, op, static_cast<Algo>(a), p);
         table.fits[o][a] = f;
         std::string betas;
         for (double at : {32.0 * 1024, 512.0 * 1024, 8.0 * 1024 * 1024, launch.times[o][a].back().first})
           betas += fmt::format(" {:8.4f}", f.at(at).beta_s_per_byte * 1e9);
-        fmt::print("#   {:<13} {:<19} alpha = {:6.2f} us/step  beta(ns/B) ={}\n", dist::coll_op_name(op),
-                   dist::algo_name(static_cast<Algo>(a)), f.knots[0].ab.alpha_s * 1e6, betas);
+        fmt::print("#   {:<13} {:<19} alpha = {:6.2f} us/step  beta(ns/B) ={}\n", comm::coll_op_name(op),
+                   comm::algo_name(static_cast<Algo>(a)), f.knots[0].ab.alpha_s * 1e6, betas);
       }
   }
   int rc = 0;
   if (c.rank() == 0) {
-    const std::string path = dist::calibration_path();
-    const Status st = dist::save_cost_table(table, path, launches);
+    const std::string path = comm::calibration_path();
+    const Status st = comm::save_cost_table(table, path, launches);
     if (!st.ok()) {
       fmt::print(stderr, "kiln bench comm: {}\n", st.to_string());
       rc = 1;
@@ -422,14 +422,14 @@ int calibrate(Communicator& c, const CommBenchOptions& opt, std::byte* send, std
     }
   }
   MPI_Bcast(&rc, 1, MPI_INT, 0, c.handle());
-  if (rc == 0) c.set_cost_table(dist::load_cost_table(c));
+  if (rc == 0) c.set_cost_table(comm::load_cost_table(c));
   return rc;
 }
 
 }  // namespace
 
 int run_comm_bench(const CommBenchOptions& opt) {
-  dist::init();
+  comm::init();
   int rc = 0;
   {
     Communicator& c = Communicator::world();
@@ -438,28 +438,28 @@ int run_comm_bench(const CommBenchOptions& opt) {
       if (r == 0) fmt::print(stderr, "kiln bench comm: {}\n", msg);
       return 2;
     };
-    const auto op = dist::parse_coll_op(opt.op);
+    const auto op = comm::parse_coll_op(opt.op);
     const auto dtype = parse_dtype(opt.dtype);
-    const auto rop = dist::parse_reduce_op(opt.redop);
+    const auto rop = comm::parse_reduce_op(opt.redop);
     if (!op) rc = fail("unknown --op " + opt.op);
-    else if (!dtype || !dist::is_collective_dtype(*dtype)) rc = fail("--dtype must be f32, bf16 or f16");
+    else if (!dtype || !comm::is_collective_dtype(*dtype)) rc = fail("--dtype must be f32, bf16 or f16");
     else if (!rop) rc = fail("--redop must be sum, avg or max");
     else if (opt.min_bytes < 1 || opt.max_bytes < opt.min_bytes) rc = fail("need 1 <= --min-bytes <= --max-bytes");
     std::vector<Algo> algos;
     if (rc == 0) {
       if (opt.algo == "all") {
-        for (const dist::AlgoInfo& a : dist::kAlgoInfos)
-          if (a.algo != Algo::kMpi && dist::algo_implements(a.algo, *op)) algos.push_back(a.algo);
+        for (const comm::AlgoInfo& a : comm::kAlgoInfos)
+          if (a.algo != Algo::kMpi && comm::algo_implements(a.algo, *op)) algos.push_back(a.algo);
       } else {
-        const auto a = dist::parse_algo(opt.algo);
-        if (!a || !dist::algo_implements(*a, *op)) rc = fail(fmt::format("--algo {} does not implement {}", opt.algo, opt.op));
+        const auto a = comm::parse_algo(opt.algo);
+        if (!a || !comm::algo_implements(*a, *op)) rc = fail(fmt::format("--algo {} does not implement {}", opt.algo, opt.op));
         else if (*a != Algo::kMpi) algos.push_back(*a);
       }
       algos.push_back(Algo::kMpi);  // the peer, always measured
     }
     c.set_ranks_per_node(opt.ranks_per_node);
     c.set_auto_probe(opt.auto_probe);
-    dist::set_pipeline_chunk_override(static_cast<size_t>(opt.chunk_bytes));
+    comm::set_pipeline_chunk_override(static_cast<size_t>(opt.chunk_bytes));
     const size_t es = rc == 0 ? dtype_bits(*dtype) / 8 : 4;
     const size_t buf_bytes = static_cast<size_t>(std::max<int64_t>(opt.max_bytes, 64 << 20)) + 64;
     // Allocated and touched once; every algorithm and every size reuses them.
@@ -473,7 +473,7 @@ int run_comm_bench(const CommBenchOptions& opt) {
       rc = calibrate(c, opt, send.get(), recv.get());
     } else if (rc == 0) {
       const std::vector<int64_t> sizes = bench_sizes(opt.min_bytes, opt.max_bytes);
-      const std::string placement = dist::rank_placement(c);
+      const std::string placement = comm::rank_placement(c);
       const std::string calibrated = c.cost_table().fitted_p == p ? c.cost_table().placement : "";
       if (r == 0 && !opt.json) {
         fmt::print("# kiln bench comm: {} on p = {} ranks, {} {}, out-of-place; time = median over "
@@ -483,11 +483,11 @@ int run_comm_bench(const CommBenchOptions& opt) {
                    opt.op, p, opt.dtype, is_reducing(*op) ? opt.redop : "-", std::max(opt.reps, 1),
                    std::max(opt.reps, kMaxRounds), kWindowSeconds * 1e3, kWarmCallsPerTurn,
                    busbw_factor(*op, p),
-                   opt.chunk_bytes > 0 ? fmt::format("; pipeline chunk {} B", dist::pipeline_chunk_override()) : "");
+                   opt.chunk_bytes > 0 ? fmt::format("; pipeline chunk {} B", comm::pipeline_chunk_override()) : "");
         fmt::print("# auto: {}\n", opt.auto_probe
                                         ? fmt::format("the model's pick, or an in-process probe when runners-up are "
                                                       "predicted within {:.1f}x (>= {} B; --no-auto-probe: model only)",
-                                                      dist::kProbeCandidateFactor, dist::kProbeMinBytes)
+                                                      comm::kProbeCandidateFactor, comm::kProbeMinBytes)
                                         : std::string("the model's pick only (--no-auto-probe)"));
         if (p > 1) print_placement_note(placement, calibrated, p);
         fmt::print("#{:>11} {:>11} {:>5} {:>5}  {:<24} {:>10} {:>17} {:>8} {:>8} {:>7} {:>9} {:>7}\n", "size", "count",
@@ -508,7 +508,7 @@ int run_comm_bench(const CommBenchOptions& opt) {
           row.size = size;
           row.count = count;
           row.algo = algos[k];
-          if (algos[k] == Algo::kAuto) row.choice = dist::auto_choice(c, *op, auto_key_bytes(*op, count, p, es));
+          if (algos[k] == Algo::kAuto) row.choice = comm::auto_choice(c, *op, auto_key_bytes(*op, count, p, es));
           row.resolved = algos[k] == Algo::kAuto ? row.choice.algo : algos[k];
           row.t = summarize(rounds[k]);
           row.rounds = static_cast<int>(rounds[k].size());
@@ -532,33 +532,33 @@ int run_comm_bench(const CommBenchOptions& opt) {
               (best < 0 || rows[k].t.median < rows[best].t.median))
             best = static_cast<int>(k);
         for (size_t k = 0; k < rows.size(); ++k) {
-          rows[k].vs_mpi = dist::median_ratio(rounds.back(), rounds[k]);
-          rows[k].vs_best = best >= 0 ? dist::median_ratio(rounds[best], rounds[k]) : 0.0;
+          rows[k].vs_mpi = comm::median_ratio(rounds.back(), rounds[k]);
+          rows[k].vs_best = best >= 0 ? comm::median_ratio(rounds[best], rounds[k]) : 0.0;
         }
         for (const Row& row : rows) {
           const double algbw = size / row.t.median / 1e9;
           const double busbw = algbw * busbw_factor(*op, p);
           const std::string name = row.algo == Algo::kAuto
-                                       ? fmt::format("auto>{}", dist::algo_name(row.resolved))
-                                       : std::string(dist::algo_name(row.algo));
+                                       ? fmt::format("auto>{}", comm::algo_name(row.resolved))
+                                       : std::string(comm::algo_name(row.algo));
           if (row.wrong != 0) rc = 1;
           if (r != 0) continue;
           if (opt.json) {
             nlohmann::json j = {{"op", opt.op}, {"p", p}, {"size", size}, {"count", count},
                                 {"type", opt.dtype}, {"redop", is_reducing(*op) ? opt.redop : "none"},
-                                {"algo", dist::algo_name(row.algo)}, {"resolved", dist::algo_name(row.resolved)},
+                                {"algo", comm::algo_name(row.algo)}, {"resolved", comm::algo_name(row.resolved)},
                                 {"time_us", row.t.median * 1e6}, {"time_us_min", row.t.min * 1e6},
                                 {"time_us_max", row.t.max * 1e6}, {"algbw_GBps", algbw},
                                 {"busbw_GBps", busbw}, {"wrong", row.wrong},
                                 {"busbw_vs_mpi", row.vs_mpi}, {"vs_best", row.vs_best},
                                 {"rounds", row.rounds}};
             if (row.algo == Algo::kAuto) {
-              j["auto_by"] = dist::auto_source_name(row.choice.source);
-              j["model_pick"] = dist::algo_name(row.choice.model_pick);
+              j["auto_by"] = comm::auto_source_name(row.choice.source);
+              j["model_pick"] = comm::algo_name(row.choice.model_pick);
               if (!row.choice.why.empty()) j["auto_why"] = row.choice.why;
               nlohmann::json probe = nlohmann::json::object();
               for (size_t i = 0; i < row.choice.measured_s.size(); ++i)
-                probe[std::string(dist::algo_name(row.choice.candidates[i]))] = row.choice.measured_s[i] * 1e6;
+                probe[std::string(comm::algo_name(row.choice.candidates[i]))] = row.choice.measured_s[i] * 1e6;
               if (!probe.empty()) j["probe_us"] = probe;
               if (row.choice.reprobes > 0) j["auto_reprobes"] = row.choice.reprobes;
             }
@@ -578,7 +578,7 @@ int run_comm_bench(const CommBenchOptions& opt) {
       }
     }
   }
-  dist::finalize();
+  comm::finalize();
   return rc;
 }
 

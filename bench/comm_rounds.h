@@ -1,5 +1,5 @@
 // The interleaved round schedule of `kiln bench comm` (and its --calibrate), header-only so
-// that tests/dist can drive it with a fake clock: every algorithm takes one turn per round, in
+// that tests/comm can drive it with a fake clock: every algorithm takes one turn per round, in
 // a fresh shuffled order, with the same call counts, and the first calls of a turn are untimed.
 #pragma once
 

@@ -3,7 +3,7 @@
 // across nodes, one torus link per hop. Link figures are the vendors' published per-direction
 // bandwidths; latencies are assumptions (stated in the table) of a few microseconds.
 // One model with the collectives layer's: where every step crosses the same link (one switched
-// node), an algorithm's steps and bytes are dist::algo_cost's, the terms `auto` selects with on
+// node), an algorithm's steps and bytes are comm::algo_cost's, the terms `auto` selects with on
 // this machine; across nodes and on tori the steps are priced per link as below.
 #include "kiln/perf/comm_model.h"
 
@@ -12,8 +12,8 @@
 #include <cmath>
 #include <string>
 
-#include "kiln/dist/cost_model.h"
-#include "kiln/dist/detail.h"
+#include "kiln/comm/cost_model.h"
+#include "kiln/comm/detail.h"
 
 namespace kiln::perf {
 namespace {
@@ -35,23 +35,23 @@ struct Step {
   double alpha, bw;
 };
 
-using dist::Algo;
-std::string name_of(Algo a) { return std::string(dist::algo_name(a)); }
+using comm::Algo;
+std::string name_of(Algo a) { return std::string(comm::algo_name(a)); }
 
-dist::CollOp coll_op_of(ModelOp op) {
+comm::CollOp coll_op_of(ModelOp op) {
   switch (op) {
-    case ModelOp::kAllReduce: return dist::CollOp::kAllReduce;
-    case ModelOp::kAllGather: return dist::CollOp::kAllGather;
-    case ModelOp::kReduceScatter: return dist::CollOp::kReduceScatter;
-    case ModelOp::kAllToAll: return dist::CollOp::kAllToAll;
+    case ModelOp::kAllReduce: return comm::CollOp::kAllReduce;
+    case ModelOp::kAllGather: return comm::CollOp::kAllGather;
+    case ModelOp::kReduceScatter: return comm::CollOp::kReduceScatter;
+    case ModelOp::kAllToAll: return comm::CollOp::kAllToAll;
   }
-  return dist::CollOp::kAllReduce;
+  return comm::CollOp::kAllReduce;
 }
 
 // The collectives layer's terms priced on one link (the reduction's arithmetic is not a link
 // cost: GPUs reduce at far above link speed).
 double on_one_link(ModelOp op, Algo a, int p, double n, const Step& link) {
-  const dist::AlgoCost c = dist::algo_cost(coll_op_of(op), a, p, n);
+  const comm::AlgoCost c = comm::algo_cost(coll_op_of(op), a, p, n);
   return c.steps * link.alpha + c.bw_bytes / link.bw;
 }
 
@@ -228,7 +228,7 @@ Expected<std::vector<CommPrediction>> predict_comm(const Topology& t, ModelOp op
       const double intra_part = (std::min(p, g) - 1.0) / p * n / in.bw;
       const double bisect = p * n / 4 / bisection_bandwidth(t, p);
       for (const Algo a : {Algo::kPairwise, Algo::kScattered}) {
-        const double steps = dist::algo_cost(dist::CollOp::kAllToAll, a, p, n).steps;
+        const double steps = comm::algo_cost(comm::CollOp::kAllToAll, a, p, n).steps;
         const double injection = steps * (multi ? across.alpha : in.alpha) + std::max(inter_part, intra_part);
         out.push_back(make(name_of(a), std::max(injection, bisect), n, op, p,
                            bisect > injection ? "bisection-bound" : "injection-bound"));
@@ -274,7 +274,7 @@ Expected<std::vector<CommPrediction>> predict_comm(const Topology& t, ModelOp op
     const double inj = 2.0 * t.torus_dims * B;  // every link of the chip
     const double bisect = p * n / 4 / bisection_bandwidth(t, p);
     for (const Algo alg : {Algo::kPairwise, Algo::kScattered}) {
-      const double injection = dist::algo_cost(dist::CollOp::kAllToAll, alg, p, n).steps * a + fp * n / inj;
+      const double injection = comm::algo_cost(comm::CollOp::kAllToAll, alg, p, n).steps * a + fp * n / inj;
       out.push_back(make(name_of(alg), std::max(injection, bisect), n, op, p,
                          bisect > injection ? "bisection-bound (" + shape_s + ")" : "injection-bound"));
     }

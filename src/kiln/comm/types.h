@@ -9,7 +9,7 @@
 
 #include "kiln/core/dtype.h"
 
-namespace kiln::dist {
+namespace kiln::comm {
 
 enum class ReduceOp : uint8_t { kSum, kAvg, kMax, kCount };
 inline constexpr std::array<std::string_view, 3> kReduceOpNames = {"sum", "avg", "max"};
@@ -91,4 +91,4 @@ constexpr bool is_collective_dtype(DType t) {
   return t == DType::kF32 || t == DType::kBF16 || t == DType::kF16;
 }
 
-}  // namespace kiln::dist
+}  // namespace kiln::comm

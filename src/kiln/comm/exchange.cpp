@@ -2,9 +2,9 @@
 // messages of up to two eager pieces (kExchangeSplitMaxBytes) cut into them (see detail.h).
 #include <array>
 
-#include "kiln/dist/detail.h"
+#include "kiln/comm/detail.h"
 
-namespace kiln::dist::detail {
+namespace kiln::comm::detail {
 namespace {
 
 // A pairwise exchange cuts only messages of up to two eager pieces. Measured at p = 2 on the
@@ -51,4 +51,4 @@ void exchange(const Communicator& c, const std::byte* send, size_t send_nbytes, 
     abort_job("exchange: MPI_Waitall failed");
 }
 
-}  // namespace kiln::dist::detail
+}  // namespace kiln::comm::detail

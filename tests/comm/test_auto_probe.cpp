@@ -12,10 +12,10 @@
 
 #include <gtest/gtest.h>
 
-#include "kiln/dist/collectives.h"
-#include "kiln/dist/cost_model.h"
+#include "kiln/comm/collectives.h"
+#include "kiln/comm/cost_model.h"
 
-namespace kiln::dist {
+namespace kiln::comm {
 
 // gtest prints these by name.
 void PrintTo(Algo a, std::ostream* os) { *os << algo_name(a); }
@@ -347,4 +347,4 @@ TEST(DistAutoProbe, ConfidentAndSmallSizesAreNotProbed) {
 }
 
 }  // namespace
-}  // namespace kiln::dist
+}  // namespace kiln::comm

@@ -11,10 +11,10 @@
 #include <unordered_map>
 #include <vector>
 
-#include "kiln/dist/communicator.h"
-#include "kiln/dist/types.h"
+#include "kiln/comm/communicator.h"
+#include "kiln/comm/types.h"
 
-namespace kiln::dist {
+namespace kiln::comm {
 
 // Tuning constants, measured on the 2-core AMD EPYC (Zen 4) VM with OpenMPI's vader BTL
 // (docs/results/collectives-2026-11-30-b.txt, -c.txt):
@@ -185,4 +185,4 @@ inline void auto_finish(Communicator& comm, CollOp op, const AutoTicket& t) {
 AutoChoice auto_choice(Communicator& comm, CollOp op, int64_t nbytes_total);
 
 }  // namespace detail
-}  // namespace kiln::dist
+}  // namespace kiln::comm

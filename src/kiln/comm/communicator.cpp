@@ -1,14 +1,14 @@
 // MPI start-up and the Communicator: splits, node groups for the hierarchical algorithm,
 // byte-level point-to-point helpers and reusable scratch memory.
-#include "kiln/dist/communicator.h"
+#include "kiln/comm/communicator.h"
 
 #include <climits>
 #include <cstdio>
 
-#include "kiln/dist/auto_probe.h"
-#include "kiln/dist/cost_model.h"
+#include "kiln/comm/auto_probe.h"
+#include "kiln/comm/cost_model.h"
 
-namespace kiln::dist {
+namespace kiln::comm {
 namespace {
 
 bool g_started_here = false;
@@ -59,7 +59,7 @@ void abort_job(const std::string& message, int code) {
   std::fflush(stdout);
   int rank = -1;
   if (is_initialized()) MPI_Comm_rank(MPI_COMM_WORLD, &rank);
-  std::fprintf(stderr, "kiln dist: rank %d: %s\n", rank, message.c_str());
+  std::fprintf(stderr, "kiln comm: rank %d: %s\n", rank, message.c_str());
   std::fflush(stderr);
   if (is_initialized()) MPI_Abort(MPI_COMM_WORLD, code);
   std::abort();
@@ -248,4 +248,4 @@ void Communicator::clear_auto_decisions() {
   }
 }
 
-}  // namespace kiln::dist
+}  // namespace kiln::comm

@@ -2,9 +2,9 @@
 // recursive doubling (lg p exchanges of doubling ranges); MPI's own as the peer.
 #include <cstring>
 
-#include "kiln/dist/detail.h"
+#include "kiln/comm/detail.h"
 
-namespace kiln::dist::detail {
+namespace kiln::comm::detail {
 // Send before copy: a rank's own block is sent from the caller's send buffer, and copied into
 // recv only after that send. Copying first and sending from recv made the partner read cache
 // lines this core had just written (OpenMPI's shared-memory transport copies straight from the
@@ -85,4 +85,4 @@ void allgather_mpi(Communicator& c, const std::byte* send, std::byte* recv, int6
                 static_cast<int>(block), MPI_BYTE, c.handle());
 }
 
-}  // namespace kiln::dist::detail
+}  // namespace kiln::comm::detail

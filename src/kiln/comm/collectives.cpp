@@ -1,14 +1,14 @@
 // The public collectives: argument checks (the same verdict on every rank, before any
 // message), `auto` resolution, and dispatch to the algorithm; MPI types for the peer.
-#include "kiln/dist/collectives.h"
+#include "kiln/comm/collectives.h"
 
 #include <climits>
 #include <cstring>
 
-#include "kiln/dist/cost_model.h"
-#include "kiln/dist/detail.h"
+#include "kiln/comm/cost_model.h"
+#include "kiln/comm/detail.h"
 
-namespace kiln::dist {
+namespace kiln::comm {
 
 std::optional<Algo> parse_algo(std::string_view name) {
   for (const AlgoInfo& info : kAlgoInfos)
@@ -226,4 +226,4 @@ Status broadcast(Communicator& comm, void* buf, int64_t count, DType dtype, int 
   return Status::ok_status();
 }
 
-}  // namespace kiln::dist
+}  // namespace kiln::comm

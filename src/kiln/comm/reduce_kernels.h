@@ -6,9 +6,9 @@
 
 #include <cstddef>
 
-#include "kiln/dist/types.h"
+#include "kiln/comm/types.h"
 
-namespace kiln::dist::detail {
+namespace kiln::comm::detail {
 
 // dst[i] = a[i] (op) b[i]; dst may alias a or b (the same element only). op: sum or max
 // (max as reduce.h specifies: NaN-propagating, canonical NaN, max(+0, -0) = +0).
@@ -21,4 +21,4 @@ void combine_f32_avx2(ReduceOp op, float* dst, const float* a, const float* b, s
 void divide_f32_scalar(float* x, size_t n, float d);
 void divide_f32_avx2(float* x, size_t n, float d);
 
-}  // namespace kiln::dist::detail
+}  // namespace kiln::comm::detail

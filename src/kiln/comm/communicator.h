@@ -22,7 +22,7 @@
 
 #include "kiln/core/status.h"
 
-namespace kiln::dist {
+namespace kiln::comm {
 
 // Starts MPI once (thread level FUNNELED); later calls do nothing. Communicator::world()
 // calls it lazily with no arguments, so a program that never calls it still works.
@@ -138,4 +138,4 @@ class Communicator {
   void clear_auto_decisions();
 };
 
-}  // namespace kiln::dist
+}  // namespace kiln::comm

@@ -2,10 +2,10 @@
 // and the override that `kiln bench comm --chunk-bytes` uses to sweep them.
 #include <atomic>
 
-#include "kiln/dist/collectives.h"
-#include "kiln/dist/detail.h"
+#include "kiln/comm/collectives.h"
+#include "kiln/comm/detail.h"
 
-namespace kiln::dist {
+namespace kiln::comm {
 namespace {
 
 // 0: the per-size defaults below. Set only by the bench, identically on every rank.
@@ -64,4 +64,4 @@ size_t chain_chunk_bytes(size_t nbytes) {
 }
 
 }  // namespace detail
-}  // namespace kiln::dist
+}  // namespace kiln::comm

@@ -8,11 +8,11 @@
 #include <cstdint>
 #include <vector>
 
-#include "kiln/dist/communicator.h"
-#include "kiln/dist/reduce.h"
-#include "kiln/dist/types.h"
+#include "kiln/comm/communicator.h"
+#include "kiln/comm/reduce.h"
+#include "kiln/comm/types.h"
 
-namespace kiln::dist::detail {
+namespace kiln::comm::detail {
 
 // Message tags, one per family, so concurrent phases never match each other's messages.
 enum Tag : int {
@@ -213,4 +213,4 @@ void bcast_mpi(Communicator& c, std::byte* buf, size_t nbytes, int root);
 MPI_Datatype mpi_type(DType dtype);
 MPI_Op mpi_op(DType dtype, ReduceOp op);
 
-}  // namespace kiln::dist::detail
+}  // namespace kiln::comm::detail

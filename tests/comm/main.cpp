@@ -1,4 +1,4 @@
-// The dist tests' main: runs every test on every rank of an mpirun job (p = 1..5 in CTest).
+// The comm tests' main: runs every test on every rank of an mpirun job (p = 1..5 in CTest).
 // After each test all ranks agree on pass/fail; a test that fails on some ranks only, or that
 // hangs past the watchdog, ends the whole job with a message instead of deadlocking it.
 #include <csignal>
@@ -11,7 +11,7 @@
 
 #include <gtest/gtest.h>
 
-#include "kiln/dist/communicator.h"
+#include "kiln/comm/communicator.h"
 
 namespace {
 
@@ -21,7 +21,7 @@ constexpr unsigned kTestTimeoutSeconds = 60;
 char g_current_test[256] = "(none)";
 
 void on_alarm(int) {
-  const char head[] = "kiln dist test: watchdog: a test hung (rank stuck in a collective?): ";
+  const char head[] = "kiln comm test: watchdog: a test hung (rank stuck in a collective?): ";
   ssize_t ignored = write(2, head, sizeof(head) - 1);
   ignored = write(2, g_current_test, std::strlen(g_current_test));
   ignored = write(2, "\n", 1);
@@ -43,7 +43,7 @@ class MpiAgreement : public testing::EmptyTestEventListener {
     MPI_Allreduce(&failed, &any, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
     MPI_Allreduce(&failed, &all, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
     if (any != all) {
-      kiln::dist::abort_job(std::string("test ") + info.test_suite_name() + "." + info.name() +
+      kiln::comm::abort_job(std::string("test ") + info.test_suite_name() + "." + info.name() +
                             (failed ? " failed on this rank but passed on others"
                                     : " passed on this rank but failed on others"));
     }
@@ -69,9 +69,9 @@ class FailurePrinter : public testing::EmptyTestEventListener {
 
 int main(int argc, char** argv) {
   testing::InitGoogleTest(&argc, argv);
-  kiln::dist::init(&argc, &argv);
+  kiln::comm::init(&argc, &argv);
   std::signal(SIGALRM, on_alarm);
-  const int rank = kiln::dist::Communicator::world().rank();
+  const int rank = kiln::comm::Communicator::world().rank();
   testing::TestEventListeners& listeners = testing::UnitTest::GetInstance()->listeners();
   if (rank != 0) {
     std::unique_ptr<testing::TestEventListener> quiet(listeners.Release(listeners.default_result_printer()));
@@ -79,6 +79,6 @@ int main(int argc, char** argv) {
   }
   listeners.Append(new MpiAgreement);
   const int rc = RUN_ALL_TESTS();
-  kiln::dist::finalize();
+  kiln::comm::finalize();
   return rc;
 }

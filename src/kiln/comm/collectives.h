@@ -9,11 +9,11 @@
 
 #include "kiln/core/dtype.h"
 #include "kiln/core/status.h"
-#include "kiln/dist/auto_probe.h"
-#include "kiln/dist/communicator.h"
-#include "kiln/dist/types.h"
+#include "kiln/comm/auto_probe.h"
+#include "kiln/comm/communicator.h"
+#include "kiln/comm/types.h"
 
-namespace kiln::dist {
+namespace kiln::comm {
 
 // Buffers hold `count` elements of `dtype` (f32, bf16, f16). In-place follows NCCL:
 //  * all_reduce: send == recv;
@@ -56,4 +56,4 @@ AutoChoice auto_choice(Communicator& comm, CollOp op, int64_t nbytes_total);
 void set_pipeline_chunk_override(size_t bytes);
 size_t pipeline_chunk_override();
 
-}  // namespace kiln::dist
+}  // namespace kiln::comm

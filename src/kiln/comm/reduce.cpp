@@ -1,16 +1,16 @@
 // Reduction kernels of the collectives: the reduction reads two buffers and writes one, so it
 // is memory-bound; f32 goes to the SIMD kernels (reduce_kernels.h), 16-bit floats are plain
 // loops through f32.
-#include "kiln/dist/reduce.h"
+#include "kiln/comm/reduce.h"
 
 #include <cstring>
 #include <limits>
 
 #include "kiln/core/status.h"
-#include "kiln/dist/reduce_kernels.h"
+#include "kiln/comm/reduce_kernels.h"
 #include "kiln/kernels/dispatch.h"
 
-namespace kiln::dist {
+namespace kiln::comm {
 namespace {
 
 // max that is symmetric bit for bit (a max b == b max a), so every rank of a collective ends
@@ -105,4 +105,4 @@ void divide(DType dtype, void* buf, size_t n, int divisor) {
   }
 }
 
-}  // namespace kiln::dist
+}  // namespace kiln::comm

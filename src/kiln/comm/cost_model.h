@@ -9,9 +9,9 @@
 #include <vector>
 
 #include "kiln/core/status.h"
-#include "kiln/dist/types.h"
+#include "kiln/comm/types.h"
 
-namespace kiln::dist {
+namespace kiln::comm {
 
 class Communicator;
 
@@ -157,4 +157,4 @@ AlphaBetaTable load_cost_table(Communicator& comm);
 Status save_cost_table(const AlphaBetaTable& t, const std::string& path,
                        const std::vector<CalibrationLaunch>& launches = {});
 
-}  // namespace kiln::dist
+}  // namespace kiln::comm

@@ -3,9 +3,9 @@
 // scattered (the same exchanges all in flight at once, in windows of peers).
 #include <cstring>
 
-#include "kiln/dist/detail.h"
+#include "kiln/comm/detail.h"
 
-namespace kiln::dist::detail {
+namespace kiln::comm::detail {
 
 namespace {
 // Both algorithms: an in-place call sends from a copy (a block may be overwritten before it is
@@ -69,4 +69,4 @@ void alltoall_mpi(Communicator& c, const std::byte* send, std::byte* recv, int64
                c.handle());
 }
 
-}  // namespace kiln::dist::detail
+}  // namespace kiln::comm::detail

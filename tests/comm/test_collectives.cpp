@@ -8,11 +8,11 @@
 #include <gtest/gtest.h>
 
 #include "kiln/core/cpu_features.h"
-#include "kiln/dist/collectives.h"
-#include "kiln/dist/reduce.h"
-#include "kiln/dist/reduce_kernels.h"
+#include "kiln/comm/collectives.h"
+#include "kiln/comm/reduce.h"
+#include "kiln/comm/reduce_kernels.h"
 
-namespace kiln::dist {
+namespace kiln::comm {
 namespace {
 
 Communicator& world() { return Communicator::world(); }
@@ -374,4 +374,4 @@ TEST(DistCollectives, NamesParse) {
 }
 
 }  // namespace
-}  // namespace kiln::dist
+}  // namespace kiln::comm

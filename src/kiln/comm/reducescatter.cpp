@@ -2,9 +2,9 @@
 // their owner) and recursive halving (lg p exchanges of halving ranges); MPI's own as peer.
 #include <cstring>
 
-#include "kiln/dist/detail.h"
+#include "kiln/comm/detail.h"
 
-namespace kiln::dist::detail {
+namespace kiln::comm::detail {
 
 void ring_reduce_scatter(Communicator& c, const std::byte* send, std::byte* out,
                          const Partition& part, const RedSpec& s, int avg_divisor) {
@@ -98,4 +98,4 @@ void reducescatter_mpi(Communicator& c, const std::byte* send, std::byte* recv, 
   if (avg_divisor > 0) divide(s.dtype, recv, count, avg_divisor);
 }
 
-}  // namespace kiln::dist::detail
+}  // namespace kiln::comm::detail

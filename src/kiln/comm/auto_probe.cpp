@@ -2,14 +2,14 @@
 // candidates whose per-rank times are agreed across ranks (MAX) before one is pinned.
 // Every decision depends only on the sequence of calls and on agreed values, never on a
 // rank-local time, so every rank runs the same algorithm at every call.
-#include "kiln/dist/auto_probe.h"
+#include "kiln/comm/auto_probe.h"
 
 #include <algorithm>
 
-#include "kiln/dist/communicator.h"
-#include "kiln/dist/cost_model.h"
+#include "kiln/comm/communicator.h"
+#include "kiln/comm/cost_model.h"
 
-namespace kiln::dist {
+namespace kiln::comm {
 
 std::string_view auto_source_name(AutoSource s) {
   switch (s) {
@@ -223,4 +223,4 @@ AutoChoice auto_choice(Communicator& comm, CollOp op, int64_t nbytes_total) {
 }
 
 }  // namespace detail
-}  // namespace kiln::dist
+}  // namespace kiln::comm

@@ -3,9 +3,9 @@
 // back down, in chunks, so that every level of both trees works at once.
 #include <cstring>
 
-#include "kiln/dist/detail.h"
+#include "kiln/comm/detail.h"
 
-namespace kiln::dist::detail {
+namespace kiln::comm::detail {
 namespace {
 
 // In-order binary tree on positions 1..p: node x with lowest set bit b has children
@@ -144,4 +144,4 @@ void allreduce_double_binary_tree(Communicator& c, const std::byte* send, std::b
   Communicator::wait_all(down_sends);
 }
 
-}  // namespace kiln::dist::detail
+}  // namespace kiln::comm::detail

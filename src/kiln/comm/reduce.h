@@ -6,9 +6,9 @@
 #include <cstdint>
 
 #include "kiln/core/dtype.h"
-#include "kiln/dist/types.h"
+#include "kiln/comm/types.h"
 
-namespace kiln::dist {
+namespace kiln::comm {
 
 // dst[i] = a[i] (op) b[i] for n elements; dst may alias a or b. avg combines as sum.
 // max keeps the larger value; a NaN in either operand gives a NaN (the canonical quiet NaN, so
@@ -26,4 +26,4 @@ inline int64_t block_begin(int64_t n, int p, int i) {
   return i * base + (i < rem ? i : rem);
 }
 
-}  // namespace kiln::dist
+}  // namespace kiln::comm

@@ -6,8 +6,8 @@
 
 #include <gtest/gtest.h>
 
-#include "kiln/dist/cost_model.h"
-#include "kiln/dist/types.h"
+#include "kiln/comm/cost_model.h"
+#include "kiln/comm/types.h"
 #include "kiln/perf/comm_model.h"
 
 namespace kiln::perf {
@@ -94,21 +94,21 @@ TEST(CommModel, AllToAllBisectionBound) {
 // prediction on every topology (a new algorithm without one fails here), and on one switched
 // node (every step on NVLink) its time is the collectives layer's own terms on that link.
 TEST(CommModel, EveryCollectiveAlgorithmIsModelledAndOneNodeUsesTheLayersTerms) {
-  const std::pair<ModelOp, dist::CollOp> ops[] = {{ModelOp::kAllReduce, dist::CollOp::kAllReduce},
-                                                  {ModelOp::kAllGather, dist::CollOp::kAllGather},
-                                                  {ModelOp::kReduceScatter, dist::CollOp::kReduceScatter},
-                                                  {ModelOp::kAllToAll, dist::CollOp::kAllToAll}};
+  const std::pair<ModelOp, comm::CollOp> ops[] = {{ModelOp::kAllReduce, comm::CollOp::kAllReduce},
+                                                  {ModelOp::kAllGather, comm::CollOp::kAllGather},
+                                                  {ModelOp::kReduceScatter, comm::CollOp::kReduceScatter},
+                                                  {ModelOp::kAllToAll, comm::CollOp::kAllToAll}};
   for (const Topology& t : topologies()) {
     for (const int p : {2, 3, 6, 8, 64}) {
       if (p > t.max_ranks) continue;
       for (const auto& [op, coll] : ops) {
         const auto v = predict_comm(t, op, p, 3.0 * (1 << 20));
         ASSERT_TRUE(v.ok()) << v.status().message();
-        for (const dist::AlgoInfo& info : dist::kAlgoInfos) {
-          if (info.algo == dist::Algo::kAuto || info.algo == dist::Algo::kMpi || !dist::algo_implements(info.algo, coll))
+        for (const comm::AlgoInfo& info : comm::kAlgoInfos) {
+          if (info.algo == comm::Algo::kAuto || info.algo == comm::Algo::kMpi || !comm::algo_implements(info.algo, coll))
             continue;
           // The hierarchical algorithm exists only across several nodes.
-          if (info.algo == dist::Algo::kHierarchical && (t.kind != TopologyKind::kSwitched || p <= t.ranks_per_node))
+          if (info.algo == comm::Algo::kHierarchical && (t.kind != TopologyKind::kSwitched || p <= t.ranks_per_node))
             continue;
           const bool found = std::any_of(v->begin(), v->end(), [&](const CommPrediction& c) { return c.algo == info.name; });
           EXPECT_TRUE(found) << t.name << " p " << p << " " << model_op_name(op) << ": no prediction for " << info.name;
@@ -124,9 +124,9 @@ TEST(CommModel, EveryCollectiveAlgorithmIsModelledAndOneNodeUsesTheLayersTerms) 
       ASSERT_TRUE(v.ok());
       for (const CommPrediction& c : *v) {
         if (c.algo == "double_binary_tree") continue;  // NCCL-style trees, not kiln's chunked ones
-        const auto a = dist::parse_algo(c.algo);
+        const auto a = comm::parse_algo(c.algo);
         ASSERT_TRUE(a.has_value()) << c.algo;
-        const dist::AlgoCost terms = dist::algo_cost(coll, *a, p, n);
+        const comm::AlgoCost terms = comm::algo_cost(coll, *a, p, n);
         EXPECT_NEAR(c.seconds, terms.steps * node.intra.latency_s + terms.bw_bytes / node.intra.bw_bytes_per_s,
                     1e-15) << c.algo << " p " << p;
       }

@@ -10,11 +10,11 @@
 
 #include <gtest/gtest.h>
 
-#include "kiln/dist/communicator.h"
-#include "kiln/dist/cost_model.h"
-#include "kiln/dist/detail.h"
+#include "kiln/comm/communicator.h"
+#include "kiln/comm/cost_model.h"
+#include "kiln/comm/detail.h"
 
-namespace kiln::dist {
+namespace kiln::comm {
 namespace {
 
 TEST(DistCostModel, HandComputedTerms) {
@@ -248,7 +248,7 @@ TEST(DistCostModel, FitRecoversAlphaBeta) {
 
 TEST(DistCostModel, CalibrationFileRoundTrip) {
   Communicator& c = Communicator::world();
-  const std::string path = std::string(KILN_BINARY_DIR) + "/test_dist_calibration_p" +
+  const std::string path = std::string(KILN_BINARY_DIR) + "/test_comm_calibration_p" +
                            std::to_string(c.size()) + ".json";
   setenv("KILN_COMM_CALIBRATION", path.c_str(), 1);
   EXPECT_EQ(calibration_path(), path);
@@ -355,7 +355,7 @@ TEST(DistCostModel, PoolKeepsLastLaunchesOfThePlacement) {
 
 TEST(DistCostModel, CalibrationLaunchesRoundTrip) {
   Communicator& c = Communicator::world();
-  const std::string path = std::string(KILN_BINARY_DIR) + "/test_dist_launches_p" +
+  const std::string path = std::string(KILN_BINARY_DIR) + "/test_comm_launches_p" +
                            std::to_string(c.size()) + ".json";
   const std::vector<CalibrationLaunch> pool = {synthetic_launch("0|1", 1.0, 1.0),
                                                synthetic_launch("0|1", 2.0, 1.5)};
@@ -462,7 +462,7 @@ TEST(DistCostModel, PairedTimesCancelRoundStates) {
 // file drops that fit only.
 TEST(DistCostModel, CorruptCalibrationFileFallsBack) {
   Communicator& c = Communicator::world();
-  const std::string path = std::string(KILN_BINARY_DIR) + "/test_dist_corrupt_p" +
+  const std::string path = std::string(KILN_BINARY_DIR) + "/test_comm_corrupt_p" +
                            std::to_string(c.size()) + ".json";
   setenv("KILN_COMM_CALIBRATION", path.c_str(), 1);
   const AlphaBetaTable defaults;
@@ -539,4 +539,4 @@ TEST(DistTree, TwoTreesSpanAndNoRankInnerInBoth) {
 }
 
 }  // namespace
-}  // namespace kiln::dist
+}  // namespace kiln::comm

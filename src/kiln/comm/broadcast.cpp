@@ -3,9 +3,9 @@
 // chunks); MPI's own as the peer.
 #include <array>
 
-#include "kiln/dist/detail.h"
+#include "kiln/comm/detail.h"
 
-namespace kiln::dist::detail {
+namespace kiln::comm::detail {
 
 void bcast_binomial(Communicator& c, std::byte* buf, size_t nbytes, int root) {
   const int p = c.size(), r = c.rank();
@@ -80,4 +80,4 @@ void bcast_mpi(Communicator& c, std::byte* buf, size_t nbytes, int root) {
   MPI_Bcast(buf, static_cast<int>(nbytes), MPI_BYTE, root, c.handle());
 }
 
-}  // namespace kiln::dist::detail
+}  // namespace kiln::comm::detail

@@ -3,9 +3,9 @@
 // doubling), hierarchical (in node, across nodes, in node) and MPI's own as the peer.
 #include <cstring>
 
-#include "kiln/dist/detail.h"
+#include "kiln/comm/detail.h"
 
-namespace kiln::dist::detail {
+namespace kiln::comm::detail {
 namespace {
 
 void copy_if_needed(std::byte* dst, const std::byte* src, size_t nbytes) {
@@ -174,4 +174,4 @@ void allreduce_mpi(Communicator& c, const std::byte* send, std::byte* recv, int6
   if (avg_divisor > 0) divide(s.dtype, recv, n, avg_divisor);
 }
 
-}  // namespace kiln::dist::detail
+}  // namespace kiln::comm::detail

@@ -2,9 +2,9 @@
 // the scalar kernel for the tail so the results match it bit for bit.
 #include <immintrin.h>
 
-#include "kiln/dist/reduce_kernels.h"
+#include "kiln/comm/reduce_kernels.h"
 
-namespace kiln::dist::detail {
+namespace kiln::comm::detail {
 
 void combine_f32_avx2(ReduceOp op, float* dst, const float* a, const float* b, size_t n) {
   size_t i = 0;
@@ -37,4 +37,4 @@ void divide_f32_avx2(float* x, size_t n, float d) {
   if (i < n) divide_f32_scalar(x + i, n - i, d);
 }
 
-}  // namespace kiln::dist::detail
+}  // namespace kiln::comm::detail

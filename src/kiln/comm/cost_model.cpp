@@ -1,6 +1,6 @@
 // The alpha-beta model: each algorithm's latency and bandwidth terms, the selection that
 // `auto` uses, the relative-error fit of measured times and the calibration cache file.
-#include "kiln/dist/cost_model.h"
+#include "kiln/comm/cost_model.h"
 
 #include <algorithm>
 #include <cmath>
@@ -19,10 +19,10 @@
 
 #include "kiln/core/file_io.h"
 #include "kiln/core/json.h"
-#include "kiln/dist/communicator.h"
-#include "kiln/dist/detail.h"
+#include "kiln/comm/communicator.h"
+#include "kiln/comm/detail.h"
 
-namespace kiln::dist {
+namespace kiln::comm {
 namespace {
 
 int ilog2(int x) {
@@ -548,4 +548,4 @@ Status save_cost_table(const AlphaBetaTable& t, const std::string& path,
   return Status::ok_status();
 }
 
-}  // namespace kiln::dist
+}  // namespace kiln::comm
