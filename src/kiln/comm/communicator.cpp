@@ -2,16 +2,24 @@
 // byte-level point-to-point helpers and reusable scratch memory.
 #include "kiln/comm/communicator.h"
 
+#include <sys/prctl.h>
+
+#include <chrono>
 #include <climits>
 #include <cstdio>
+#include <thread>
 
 #include "kiln/comm/auto_probe.h"
 #include "kiln/comm/cost_model.h"
+#include "kiln/comm/work.h"
+#include "kiln/core/env.h"
 
 namespace kiln::comm {
 namespace {
 
 bool g_started_here = false;
+bool g_thread_multiple = false;
+thread_local bool t_polite = false;
 
 void check_mpi(int rc, const char* what) {
   if (rc != MPI_SUCCESS) {
@@ -35,13 +43,69 @@ void init(int* argc, char*** argv) {
   MPI_Initialized(&done);
   if (done) return;
   int provided = 0;
-  check_mpi(MPI_Init_thread(argc, argv, MPI_THREAD_FUNNELED, &provided), "MPI_Init_thread");
+  check_mpi(MPI_Init_thread(argc, argv, MPI_THREAD_MULTIPLE, &provided), "MPI_Init_thread");
   g_started_here = true;
+  g_thread_multiple = provided >= MPI_THREAD_MULTIPLE;
   // Errors come back as codes and end the job with a message (check_mpi), never a hang.
   MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN);
 }
 
+bool thread_multiple() {
+  int done = 0;
+  MPI_Initialized(&done);
+  if (!done) return false;
+  if (!g_started_here) {  // MPI started by someone else: ask what it provides
+    int provided = 0;
+    MPI_Query_thread(&provided);
+    return provided >= MPI_THREAD_MULTIPLE;
+  }
+  return g_thread_multiple;
+}
+
+void set_polite_waiting(bool on) {
+  t_polite = on;
+  // Sleeps of tens of microseconds need a small timer slack (the default, 50 us, would make
+  // each poll interval about 70 us).
+  if (on) prctl(PR_SET_TIMERSLACK, 1000UL, 0, 0, 0);
+}
+bool polite_waiting() { return t_polite; }
+
+double comm_timeout_seconds() {
+  static const double seconds = [] {
+    auto v = env_int("KILN_COMM_TIMEOUT", 1, kMaxCommTimeoutSeconds);
+    if (!v.ok()) abort_job(v.status().message());
+    return v->has_value() ? static_cast<double>(**v) : 60.0;
+  }();
+  return seconds;
+}
+
+namespace {
+// Polls `reqs` until all complete: spins for the first 50 us (a reply that is already on its
+// way), then sleeps 20 us between polls; ends the job past comm_timeout_seconds().
+void polite_wait_all(int n, MPI_Request* reqs) {
+  using clock = std::chrono::steady_clock;
+  const auto t0 = clock::now();
+  for (int polls = 0;; ++polls) {
+    int done = 0;
+    check_mpi(MPI_Testall(n, reqs, &done, MPI_STATUSES_IGNORE), "MPI_Testall");
+    if (done) return;
+    const double waited = std::chrono::duration<double>(clock::now() - t0).count();
+    if (waited > comm_timeout_seconds())
+      abort_job(fmt::format("no progress for {:.0f} s waiting for another rank (KILN_COMM_TIMEOUT): "
+                            "a rank died or hangs; ending the job",
+                            waited));
+    if (waited > 50e-6) std::this_thread::sleep_for(std::chrono::microseconds(20));
+  }
+}
+}  // namespace
+
+void wait_all_requests(int n, MPI_Request* reqs) {
+  if (t_polite) return polite_wait_all(n, reqs);
+  check_mpi(MPI_Waitall(n, reqs, MPI_STATUSES_IGNORE), "MPI_Waitall");
+}
+
 void finalize() {
+  if (is_initialized()) Communicator::world().stop_comm_thread();
   int inited = 0, finished = 0;
   MPI_Initialized(&inited);
   MPI_Finalized(&finished);
@@ -78,6 +142,7 @@ Communicator::Communicator(MPI_Comm comm, bool owned) : comm_(comm), owned_(owne
 }
 
 Communicator::~Communicator() {
+  stop_comm_thread();
   if (owned_ && comm_ != MPI_COMM_NULL && is_initialized()) MPI_Comm_free(&comm_);
 }
 
@@ -85,6 +150,7 @@ Communicator::Communicator(Communicator&& o) noexcept { *this = std::move(o); }
 
 Communicator& Communicator::operator=(Communicator&& o) noexcept {
   if (this == &o) return *this;
+  KILN_CHECK_MSG(!comm_thread_ && !o.comm_thread_, "a Communicator with a communication thread cannot move");
   if (owned_ && comm_ != MPI_COMM_NULL && is_initialized()) MPI_Comm_free(&comm_);
   comm_ = o.comm_;
   owned_ = o.owned_;
@@ -180,34 +246,57 @@ MPI_Request Communicator::irecv(void* data, size_t nbytes, int source, int tag) 
 }
 
 void Communicator::send(const void* data, size_t nbytes, int dest, int tag) const {
+  if (t_polite) {
+    MPI_Request r = isend(data, nbytes, dest, tag);
+    return wait(r);
+  }
   check_mpi(MPI_Send(data, as_int_bytes(nbytes), MPI_BYTE, dest, tag, comm_), "MPI_Send");
 }
 
 void Communicator::recv(void* data, size_t nbytes, int source, int tag) const {
+  if (t_polite) {
+    MPI_Request r = irecv(data, nbytes, source, tag);
+    return wait(r);
+  }
   check_mpi(MPI_Recv(data, as_int_bytes(nbytes), MPI_BYTE, source, tag, comm_, MPI_STATUS_IGNORE),
             "MPI_Recv");
 }
 
 void Communicator::sendrecv(const void* send_data, size_t send_nbytes, int dest, void* recv_data,
                             size_t recv_nbytes, int source, int tag) const {
+  if (t_polite) {
+    MPI_Request r[2] = {irecv(recv_data, recv_nbytes, source, tag), isend(send_data, send_nbytes, dest, tag)};
+    return wait_all_requests(2, r);
+  }
   check_mpi(MPI_Sendrecv(send_data, as_int_bytes(send_nbytes), MPI_BYTE, dest, tag, recv_data,
                          as_int_bytes(recv_nbytes), MPI_BYTE, source, tag, comm_,
                          MPI_STATUS_IGNORE),
             "MPI_Sendrecv");
 }
 
-void Communicator::wait(MPI_Request& req) {
-  check_mpi(MPI_Wait(&req, MPI_STATUS_IGNORE), "MPI_Wait");
-}
+void Communicator::wait(MPI_Request& req) { wait_all_requests(1, &req); }
 
 void Communicator::wait_all(std::vector<MPI_Request>& reqs) {
   if (reqs.empty()) return;
-  check_mpi(MPI_Waitall(static_cast<int>(reqs.size()), reqs.data(), MPI_STATUSES_IGNORE),
-            "MPI_Waitall");
+  wait_all_requests(static_cast<int>(reqs.size()), reqs.data());
   reqs.clear();
 }
 
-void Communicator::barrier() const { check_mpi(MPI_Barrier(comm_), "MPI_Barrier"); }
+void Communicator::barrier() const {
+  if (t_polite) {
+    MPI_Request r = MPI_REQUEST_NULL;
+    check_mpi(MPI_Ibarrier(comm_, &r), "MPI_Ibarrier");
+    return wait(r);
+  }
+  check_mpi(MPI_Barrier(comm_), "MPI_Barrier");
+}
+
+CommThread& Communicator::comm_thread() {
+  if (!comm_thread_) comm_thread_ = std::make_unique<CommThread>(*this);
+  return *comm_thread_;
+}
+
+void Communicator::stop_comm_thread() { comm_thread_.reset(); }
 
 std::byte* Communicator::scratch(int slot, size_t nbytes) {
   KILN_CHECK(slot >= 0 && slot < kNumScratch);

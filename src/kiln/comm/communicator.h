@@ -24,10 +24,15 @@
 
 namespace kiln::comm {
 
-// Starts MPI once (thread level FUNNELED); later calls do nothing. Communicator::world()
-// calls it lazily with no arguments, so a program that never calls it still works.
+// Starts MPI once, asking for MPI_THREAD_MULTIPLE (the communication threads of work.h, one
+// per communicator, may be inside MPI at the same time); later calls do nothing.
+// Communicator::world() calls it lazily with no arguments, so a program that never calls it
+// still works.
 void init(int* argc = nullptr, char*** argv = nullptr);
-// Ends MPI if this process started it and it is not finalized yet; safe to call twice.
+// True when MPI provides MPI_THREAD_MULTIPLE (else nonblocking calls run on the caller).
+bool thread_multiple();
+// Ends MPI if this process started it and it is not finalized yet; stops the world's
+// communication thread first. Safe to call twice.
 void finalize();
 bool is_initialized();
 // Ends the whole job with a message (MPI_Abort): the path for a rank that cannot go on,
@@ -43,6 +48,17 @@ int single_node_split(int p);
 struct AlphaBetaTable;
 // The `auto` probe's per-key state (auto_probe.h).
 struct AutoProbeState;
+class CommThread;  // work.h
+
+// Polite waiting, per thread (the communication threads turn it on): every wait of this
+// layer polls with MPI_Test and sleeps between polls instead of spinning in MPI_Wait, and ends
+// the job with a message after comm_timeout_seconds() without progress.
+void set_polite_waiting(bool on);
+bool polite_waiting();
+// KILN_COMM_TIMEOUT (seconds, default 60): how long a polite wait lasts before it ends the job.
+double comm_timeout_seconds();
+// Waits for n requests: MPI_Waitall, or polite polling on a thread that turned it on.
+void wait_all_requests(int n, MPI_Request* reqs);
 
 class Communicator {
  public:
@@ -51,7 +67,7 @@ class Communicator {
 
   // Wraps `comm`; takes ownership (MPI_Comm_free on destruction) when `owned`.
   Communicator(MPI_Comm comm, bool owned);
-  ~Communicator();
+  ~Communicator();  // stops its communication thread first
   Communicator(const Communicator&) = delete;
   Communicator& operator=(const Communicator&) = delete;
   Communicator(Communicator&&) noexcept;
@@ -86,6 +102,12 @@ class Communicator {
     bool uniform = true;                   // every node has the same number of ranks
   };
   NodeGroups& node_groups();
+
+  // This communicator's communication thread (work.h), started on first use. From then on
+  // the blocking collectives called from other threads run on it too (queued in order).
+  CommThread& comm_thread();
+  CommThread* started_comm_thread() const { return comm_thread_.get(); }
+  void stop_comm_thread();
 
   // Point-to-point on bytes. Non-blocking calls return a request the caller waits on.
   MPI_Request isend(const void* data, size_t nbytes, int dest, int tag) const;
@@ -135,6 +157,7 @@ class Communicator {
   std::unordered_map<uint64_t, uint8_t> auto_cache_;
   bool auto_probe_ = true;
   std::unique_ptr<AutoProbeState> auto_probe_state_;
+  std::unique_ptr<CommThread> comm_thread_;
   void clear_auto_decisions();
 };
 

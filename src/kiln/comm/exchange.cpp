@@ -47,8 +47,7 @@ void exchange(const Communicator& c, const std::byte* send, size_t send_nbytes, 
     for (off = 0; off < send_nbytes; off += sp)
       reqs[num++] = c.isend(send + off, std::min(sp, send_nbytes - off), to, tag);
   }
-  if (MPI_Waitall(num, reqs.data(), MPI_STATUSES_IGNORE) != MPI_SUCCESS)
-    abort_job("exchange: MPI_Waitall failed");
+  wait_all_requests(num, reqs.data());
 }
 
 }  // namespace kiln::comm::detail

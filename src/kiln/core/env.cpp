@@ -47,6 +47,7 @@ Status check_file_var(const char* name) {
 
 Status validate_environment() {
   if (auto n = env_int("KILN_NUM_THREADS", 1, kMaxThreads); !n.ok()) return n.status();
+  if (auto n = env_int("KILN_COMM_TIMEOUT", 1, kMaxCommTimeoutSeconds); !n.ok()) return n.status();
   if (auto s = simd_target_from_env(); !s.ok()) return s.status();
   if (auto p = pin_mode_from_env(); !p.ok()) return p.status();
   for (const char* name : {"KILN_TUNE_FILE", "KILN_COMM_CALIBRATION"})

@@ -1,4 +1,4 @@
-// kiln's environment variables (KILN_NUM_THREADS, KILN_SIMD, KILN_PIN_THREADS, KILN_TUNE_FILE,
+// kiln's environment variables (KILN_NUM_THREADS, KILN_COMM_TIMEOUT, KILN_SIMD, KILN_PIN_THREADS, KILN_TUNE_FILE,
 // KILN_COMM_CALIBRATION), validated like flags: `kiln` calls validate_environment() before any
 // work, so a bad value is one clear error naming the variable, not a silent default.
 #pragma once
@@ -19,6 +19,8 @@ Expected<std::optional<long long>> env_int(const char* name, long long lo, long 
 
 // KILN_NUM_THREADS: worker threads, the same range as `--threads`.
 inline constexpr long long kMaxThreads = 1024;
+// KILN_COMM_TIMEOUT: seconds a communication thread waits for another rank before it ends the job.
+inline constexpr long long kMaxCommTimeoutSeconds = 86400;
 
 // Every KILN_* variable kiln reads: its value parses and is in range (KILN_SIMD names a target
 // this CPU supports; KILN_PIN_THREADS is auto|on|off|1|0; the file variables do not name a
