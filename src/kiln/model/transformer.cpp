@@ -470,9 +470,79 @@ void Transformer::build_params(uint64_t seed) {
     dfinal_norm_b_ = G(final_norm + "bias");
   }
   head_ = lin(c.tied_embeddings ? entries_[0].name : "lm_head.weight", "", C, V);
+  wte_ = P(entries_[0].name);
+  dwte_ = G(entries_[0].name);
+  if (gpt2) {
+    wpe_ = P(entries_[1].name);
+    dwpe_ = G(entries_[1].name);
+  }
+  num_params_ = offset;
+  // Blocks: the same number of entries each, after the embeddings.
+  const size_t head_entries = gpt2 ? 2 : 1;
+  const size_t per_block = L > 0 ? (entries_.size() - head_entries - (gpt2 ? 2 : 1) - (c.tied_embeddings ? 0 : 1)) /
+                                       static_cast<size_t>(L)
+                                 : 0;
+  block_begin_.clear();
+  for (int64_t i = 0; i <= L; ++i) block_begin_.push_back(entries_[head_entries + static_cast<size_t>(i) * per_block].offset);
+  record_pointer_offsets();
+}
+
+template <class F>
+void Transformer::for_each_pointer(F&& f) {
+  auto lin = [&](Linear& l) {
+    f(l.w, false);
+    f(l.b, false);
+    f(l.dw, true);
+    f(l.db, true);
+  };
+  for (auto& l : layers_) {
+    f(l->norm1_w, false); f(l->norm1_b, false); f(l->dnorm1_w, true); f(l->dnorm1_b, true);
+    f(l->norm2_w, false); f(l->norm2_b, false); f(l->dnorm2_w, true); f(l->dnorm2_b, true);
+    for (Linear* x : {&l->qkv, &l->q, &l->k, &l->v, &l->o, &l->fc, &l->proj, &l->gate, &l->up, &l->down}) lin(*x);
+  }
+  f(final_norm_w_, false); f(final_norm_b_, false); f(dfinal_norm_w_, true); f(dfinal_norm_b_, true);
+  lin(head_);
+  f(wte_, false); f(wpe_, false); f(dwte_, true); f(dwpe_, true);
+}
+
+void Transformer::record_pointer_offsets() {
+  pointer_offset_.clear();
+  const float* pb = params_.data<float>();
+  const float* gb = grads_.data<float>();
+  for_each_pointer([&](auto& ptr, bool is_grad) {
+    pointer_offset_.push_back(ptr == nullptr ? -1 : static_cast<int64_t>(ptr - (is_grad ? gb : pb)));
+  });
+}
+
+ParamRange Transformer::block_range(int64_t l) const {
+  KILN_CHECK(l >= 0 && l < num_blocks());
+  return {block_begin_[static_cast<size_t>(l)], block_begin_[static_cast<size_t>(l) + 1]};
+}
+
+void Transformer::bind(ParamRange r, const float* params, float* grads) {
+  size_t i = 0;
+  for_each_pointer([&](auto& ptr, bool is_grad) {
+    const int64_t off = pointer_offset_[i++];
+    if (off < r.begin || off >= r.end) return;
+    if (is_grad) {
+      if (grads != nullptr) ptr = grads + (off - r.begin);
+    } else {
+      ptr = const_cast<float*>(params) + (off - r.begin);  // a weight slot is const float* or float*
+    }
+  });
+}
+
+void Transformer::release_params() { params_ = Tensor(); }
+void Transformer::release_grads() { grads_ = Tensor(); }
+
+void Transformer::restore_storage() {
+  if (!params_.defined()) params_ = Tensor::zeros({num_params_});
+  if (!grads_.defined()) grads_ = Tensor::zeros({num_params_});
+  bind({0, num_params_}, params_.data<float>(), grads_.data<float>());
 }
 
 float* Transformer::param(std::string_view name) {
+  if (!params_.defined()) return nullptr;
   for (const ParamEntry& e : entries_)
     if (e.name == name) return params_.data<float>() + e.offset;
   return nullptr;
@@ -489,6 +559,7 @@ std::vector<Linear*> Transformer::linears() {
 }
 
 float* Transformer::grad(std::string_view name) {
+  if (!grads_.defined()) return nullptr;
   for (const ParamEntry& e : entries_)
     if (e.name == name) return grads_.data<float>() + e.offset;
   return nullptr;
@@ -574,13 +645,15 @@ Expected<float> Transformer::forward_impl(const int32_t* tokens, const int32_t* 
   a.tokens.assign(tokens, tokens + N);
   a.targets.assign(targets ? targets : tokens, (targets ? targets : tokens) + N);
   const bool gpt2 = c.family == ModelFamily::kGpt2;
-  const float* wte = params_.data<float>() + entries_[0].offset;
-  cpu::embedding_forward(a.resid[0].p, tokens, wte, N, V, C);
-  if (gpt2) cpu::positional_forward(a.resid[0].p, params_.data<float>() + entries_[1].offset + pos * C, B, T, C);
+  if (hooks_) hooks_->before_model(Pass::kForward);
+  cpu::embedding_forward(a.resid[0].p, tokens, wte_, N, V, C);
+  if (gpt2) cpu::positional_forward(a.resid[0].p, wpe_ + pos * C, B, T, C);
   for (size_t l = 0; l < layers_.size(); ++l) {
     float* ck = cache ? cache->k[l].data<float>() : nullptr;
     float* cv = cache ? cache->v[l].data<float>() : nullptr;
+    if (hooks_) hooks_->before_block(static_cast<int64_t>(l), Pass::kForward);
     layers_[l]->forward(a.resid[l + 1].p, a.resid[l].p, B, T, ck, cv, pos);
+    if (hooks_) hooks_->after_block(static_cast<int64_t>(l), Pass::kForward);
   }
   const float* x = a.resid.back().p;
   if (gpt2) {
@@ -607,7 +680,9 @@ Expected<float> Transformer::forward_impl(const int32_t* tokens, const int32_t* 
 
 const float* Transformer::logits() const { return acts_ ? acts_->logits.p : nullptr; }
 
-void Transformer::zero_grad() { std::memset(grads_.raw_data(), 0, static_cast<size_t>(grads_.nbytes())); }
+void Transformer::zero_grad() {
+  if (grads_.defined()) std::memset(grads_.raw_data(), 0, static_cast<size_t>(grads_.nbytes()));
+}
 
 void Transformer::backward(float loss_scale) {
   KILN_CHECK_MSG(acts_ && acts_->num_valid > 0, "backward() needs a forward() with targets first");
@@ -618,7 +693,7 @@ void Transformer::backward(float loss_scale) {
   // dlosses = 1/num_valid for the mean; dlogits overwrite the logits.
   for (int64_t i = 0; i < N; ++i) a.losses.p[i] = loss_scale / static_cast<float>(a.num_valid);
   cpu::cross_entropy_backward(a.logits.p, a.logits.p, a.targets.data(), a.losses.p, N, V);
-  const int64_t wte_off = entries_[0].offset;
+  if (hooks_) hooks_->before_model(Pass::kBackward);
   head_.backward(a.dnorm.p, a.logits.p, a.final_norm.p, N, false);
   const float* x = a.resid.back().p;
   if (gpt2) {
@@ -627,8 +702,11 @@ void Transformer::backward(float loss_scale) {
   } else {
     cpu::rmsnorm_backward(a.dresid.p, dfinal_norm_w_, a.dnorm.p, x, final_norm_w_, a.final_rstd.p, N, C);
   }
+  if (hooks_) hooks_->grads_ready(tail_range());
   KILN_CHECK_MSG(a.mode == ckpt_, "set_checkpointing() between forward() and backward()");
   for (size_t l = layers_.size(); l-- > 0;) {
+    const auto li = static_cast<int64_t>(l);
+    if (hooks_) hooks_->before_block(li, Pass::kBackward);
     // The last layer's buffers still hold its forward (the shared ones were written by it last):
     // only the layers below it recompute.
     const bool recompute = l + 1 < layers_.size();
@@ -636,9 +714,14 @@ void Transformer::backward(float loss_scale) {
     // same values, is no longer read), filling the shared buffers its backward reads.
     if (recompute && ckpt_ == CheckpointMode::kFull) layers_[l]->forward(a.resid[l + 1].p, a.resid[l].p, B, T);
     layers_[l]->backward(a.dresid.p, a.resid[l].p, B, T, a, recompute && ckpt_ == CheckpointMode::kSelective);
+    if (hooks_) {
+      hooks_->after_block(li, Pass::kBackward);
+      hooks_->grads_ready(block_range(li));
+    }
   }
-  cpu::embedding_backward(grads_.data<float>() + wte_off, a.dresid.p, a.tokens.data(), N, V, C);
-  if (gpt2) cpu::positional_backward(grads_.data<float>() + entries_[1].offset, a.dresid.p, B, T, C);
+  cpu::embedding_backward(dwte_, a.dresid.p, a.tokens.data(), N, V, C);
+  if (gpt2) cpu::positional_backward(dwpe_, a.dresid.p, B, T, C);
+  if (hooks_) hooks_->grads_ready(head_range());
 }
 
 
@@ -714,12 +797,11 @@ Expected<const float*> Transformer::forward_paged(const PagedBatch& b, PagedKvCa
   a.num_valid = 0;
   const size_t gather_floats = static_cast<size_t>(2 * gather_rows * cache.row_width);
   if (ps.gather.size() < gather_floats) ps.gather.resize(gather_floats);
-  const float* wte = params_.data<float>() + entries_[0].offset;
-  cpu::embedding_forward(a.resid[0].p, b.tokens.data(), wte, N, V, C);
+  cpu::embedding_forward(a.resid[0].p, b.tokens.data(), wte_, N, V, C);
   if (c.family == ModelFamily::kGpt2) {
     for (int64_t i = 0; i < S; ++i)
       cpu::positional_forward(a.resid[0].p + int64_t{ps.row_begin[i]} * C,
-                              params_.data<float>() + entries_[1].offset + int64_t{b.num_cached[i]} * C, 1,
+                              wpe_ + int64_t{b.num_cached[i]} * C, 1,
                               b.num_new[i], C);
   }
   PagedStep step;

@@ -26,6 +26,32 @@ struct ParamEntry {
 
 struct Linear;
 
+// A range [begin, end) of the flat parameter (and gradient) buffer.
+struct ParamRange {
+  int64_t begin = 0, end = 0;
+  int64_t size() const { return end - begin; }
+};
+
+enum class Pass : uint8_t { kForward, kBackward };
+
+// Callbacks the parallel layouts hang on the model (train/plan.h, src/kiln/parallel): where
+// parameters are gathered and released, and when a gradient range is final. Called in the
+// order the layers run; every default does nothing.
+class ModelHooks {
+ public:
+  virtual ~ModelHooks() = default;
+  // At the start of forward() (and forward_cached()) and of backward(): the embedding, the
+  // final norm and the head are used next.
+  virtual void before_model(Pass /*pass*/) {}
+  // Around block l's forward, and its backward (a checkpointed block's recomputed forward
+  // runs inside its backward's pair).
+  virtual void before_block(int64_t /*block*/, Pass /*pass*/) {}
+  virtual void after_block(int64_t /*block*/, Pass /*pass*/) {}
+  // During backward(), in backward order: the gradients of `range` are final for this
+  // backward (tail_range(), then block_range(L-1) ... block_range(0), then head_range()).
+  virtual void grads_ready(ParamRange /*range*/) {}
+};
+
 // How a Linear computes when its weight is used in another format than the fp32 master: a
 // bf16/fp16/fp8 copy for mixed-precision training, or a quantized weight (src/kiln/quant).
 // Installed per Linear (Transformer::linears()); the fp32 weight stays the master copy that
@@ -117,6 +143,28 @@ class Transformer {
   // Every Linear of the model (all layers, then the LM head), to install backends on.
   std::vector<Linear*> linears();
 
+  // ---- the parallel layouts' view (src/kiln/parallel) ----
+  int64_t num_params() const { return num_params_; }
+  int64_t num_blocks() const { return static_cast<int64_t>(layers_.size()); }
+  // Block l's parameters: one contiguous range. head_range(): the embeddings before the
+  // blocks; tail_range(): the final norm and the untied LM head after them.
+  ParamRange block_range(int64_t l) const;
+  ParamRange head_range() const { return {0, block_begin_.front()}; }
+  ParamRange tail_range() const { return {block_begin_.back(), num_params_}; }
+  void set_hooks(ModelHooks* hooks) { hooks_ = hooks; }
+  // Points every weight inside `range` at params + (offset - range.begin), and its gradient
+  // at grads + (offset - range.begin) (grads may be null: gradients left as they are). The
+  // buffers hold range.size() floats and must outlive their use. A tied LM head follows the
+  // embedding it shares.
+  void bind(ParamRange range, const float* params, float* grads);
+  // Frees the flat fp32 buffers (params() / grads() become empty) once a layout holds the
+  // values elsewhere (ZeRO-3 shards the parameters; ZeRO-2 and 3 the gradients); the layout
+  // binds every range before the model runs. restore_storage() allocates them again (zeros)
+  // and binds everything back to them.
+  void release_params();
+  void release_grads();
+  void restore_storage();
+
   // tokens, targets (B, T); targets may be null (no loss: logits only). Returns the mean loss
   // over targets that are not -1. Errors name bad ids or shapes; nothing is computed then.
   Expected<float> forward(const int32_t* tokens, const int32_t* targets, int64_t batch, int64_t seq_len);
@@ -147,6 +195,10 @@ class Transformer {
  private:
   explicit Transformer(const ModelConfig& c);
   void build_params(uint64_t seed);
+  // Calls f(pointer, is_grad) on every weight and gradient pointer, in one fixed order.
+  template <class F>
+  void for_each_pointer(F&& f);
+  void record_pointer_offsets();
   void ensure_activations(int64_t batch, int64_t seq_len);
   Expected<float> forward_impl(const int32_t* tokens, const int32_t* targets, int64_t batch, int64_t seq_len,
                                KVCache* cache);
@@ -158,6 +210,12 @@ class Transformer {
   // The final norm and the LM head (its weight is the token embedding when tied), wired once.
   float *final_norm_w_ = nullptr, *final_norm_b_ = nullptr, *dfinal_norm_w_ = nullptr, *dfinal_norm_b_ = nullptr;
   Linear head_;
+  const float *wte_ = nullptr, *wpe_ = nullptr;  // token and (GPT-2) position embeddings
+  float *dwte_ = nullptr, *dwpe_ = nullptr;
+  int64_t num_params_ = 0;
+  std::vector<int64_t> block_begin_;     // (L + 1,) offsets: block l is [block_begin_[l], block_begin_[l + 1])
+  std::vector<int64_t> pointer_offset_;  // for_each_pointer order: the flat offset (-1: null)
+  ModelHooks* hooks_ = nullptr;
   RopeTable rope_;
   struct Acts;
   std::unique_ptr<Acts> acts_;
