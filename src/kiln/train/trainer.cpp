@@ -35,40 +35,67 @@ double evaluate(Transformer& model, const TokenShard& data, int64_t batch, int64
   return n ? sum / n : -1;
 }
 
-Trainer::Trainer(Transformer& model, const TokenShard& train_data, const TokenShard* val_data, const TrainOptions& o)
-    : model_(model), val_(val_data), o_(o), loader_(&train_data, o.batch, o.seq_len, o.seed),
-      m_(Tensor::zeros({static_cast<int64_t>(model.params().size())})),
-      v_(Tensor::zeros({static_cast<int64_t>(model.params().size())})),
+Trainer::Trainer(Transformer& model, const TokenShard& train_data, const TokenShard* val_data, const TrainOptions& o,
+                 ParallelPlan* plan)
+    : model_(model), val_(val_data), o_(o), own_plan_(plan ? nullptr : std::make_unique<SingleProcessPlan>()),
+      plan_(plan ? plan : own_plan_.get()), loader_(&train_data, o.batch, o.seq_len, o.seed),
       scaler_(o.loss_scale, o.dynamic_loss_scale, o.loss_scale_window), total_steps_(o.max_steps) {
+  KILN_CHECK_MSG(o.batch % plan_->data_size() == 0, "batch {} does not divide over {} data-parallel ranks", o.batch,
+                 plan_->data_size());
+  rows_ = o.batch / plan_->data_size();
   model_.set_checkpointing(o.checkpoint);
   auto ctx = install_precision(model_, o.precision, o.amax_history);
   KILN_CHECK_MSG(ctx.ok(), "{}", ctx.status().message());
   precision_ = *ctx;
+  plan_->attach(model_);
+  model_.set_hooks(plan_);
+  m_ = Tensor::zeros({plan_->state_size()});
+  v_ = Tensor::zeros({plan_->state_size()});
+}
+
+Trainer::~Trainer() { model_.set_hooks(nullptr); }
+
+double Trainer::validation_loss() {
+  BatchLoader loader(val_, o_.batch, o_.seq_len, 0);
+  std::vector<int32_t> x, y;
+  double sum = 0;
+  int64_t n = 0;
+  const int64_t first = plan_->data_rank() * rows_ * o_.seq_len;
+  for (int64_t i = 0; i < o_.eval_batches && loader.eval_batch(i, x, y); ++i) {
+    sum += model_.forward(x.data() + first, y.data() + first, rows_, o_.seq_len).value();
+    ++n;
+  }
+  return n ? plan_->mean_over_data(sum / n) : -1;
 }
 
 StepStats Trainer::step() {
   using clock = std::chrono::steady_clock;
   const auto t0 = clock::now();
   ++step_;
-  model_.zero_grad();
+  plan_->begin_step();
   const int64_t flushed0 = precision_->grads_flushed, rounded0 = precision_->values_rounded;
   const double loss_scale = scaler_.scale();
+  const int64_t first = plan_->data_rank() * rows_ * o_.seq_len;  // this rank's rows of the global batch
   double loss = 0;
   for (int64_t micro = 0; micro < o_.grad_accum; ++micro) {
     loader_.batch_at((step_ - 1) * o_.grad_accum + micro, x_, y_);
-    loss += model_.forward(x_.data(), y_.data(), o_.batch, o_.seq_len).value();
+    plan_->begin_micro_batch(micro + 1 == o_.grad_accum);
+    loss += model_.forward(x_.data() + first, y_.data() + first, rows_, o_.seq_len).value();
     model_.backward(static_cast<float>(loss_scale));
   }
-  loss /= static_cast<double>(o_.grad_accum);
-  std::span<float> g = model_.grads();
+  plan_->finish_gradients();
+  loss = plan_->mean_over_data(loss / static_cast<double>(o_.grad_accum));
   // Unscale (1/S) and average over micro-batches in one multiply; S is a power of two in the
   // dynamic scaler, so unscaling is exact.
   const float inv = static_cast<float>(1.0 / (static_cast<double>(o_.grad_accum) * loss_scale));
   double sq = 0;
-  for (float& gi : g) {
-    gi *= inv;
-    sq += static_cast<double>(gi) * gi;
+  for (const OptimizerPiece& p : plan_->pieces()) {
+    for (int64_t i = 0; i < p.n; ++i) {
+      p.grads[i] *= inv;
+      sq += static_cast<double>(p.grads[i]) * p.grads[i];
+    }
   }
+  sq = plan_->sum_over_shards(sq);
   const double norm = std::sqrt(sq);
   const bool apply = scaler_.update(!std::isfinite(sq));  // an inf or NaN anywhere makes sq non-finite
   AdamWConfig cfg;
@@ -76,15 +103,15 @@ StepStats Trainer::step() {
   cfg.beta1 = o_.beta1;
   cfg.beta2 = o_.beta2;
   if (apply) {
-    if (o_.clip_norm > 0 && norm > o_.clip_norm) {
-      const float s = static_cast<float>(o_.clip_norm / (norm + 1e-6));
-      for (float& gi : g) gi *= s;
+    const float clip = o_.clip_norm > 0 && norm > o_.clip_norm ? static_cast<float>(o_.clip_norm / (norm + 1e-6)) : 1.0f;
+    for (const OptimizerPiece& p : plan_->pieces()) {
+      if (clip != 1.0f)
+        for (int64_t i = 0; i < p.n; ++i) p.grads[i] *= clip;
+      cfg.weight_decay = p.decay ? o_.weight_decay : 0.0;
+      cpu::adamw_step(p.params, p.grads, m_.data<float>() + p.state_offset, v_.data<float>() + p.state_offset, p.n,
+                      cfg, step_);
     }
-    for (const ParamEntry& e : model_.param_entries()) {
-      cfg.weight_decay = e.decay ? o_.weight_decay : 0.0;
-      cpu::adamw_step(model_.params().data() + e.offset, g.data() + e.offset, m_.data<float>() + e.offset,
-                      v_.data<float>() + e.offset, e.shape.numel(), cfg, step_);
-    }
+    plan_->after_optimizer_step();
     sync_backends(model_);  // low-precision copies (and any other backend's state) follow the master
   }
   StepStats s;
@@ -96,17 +123,20 @@ StepStats Trainer::step() {
   s.skipped = !apply;
   s.grads_flushed = precision_->grads_flushed - flushed0;
   s.grads_rounded = precision_->values_rounded - rounded0;
+  s.comm = plan_->take_comm_times();
   s.seconds = std::chrono::duration<double>(clock::now() - t0).count();
   elapsed_ += s.seconds;
   s.elapsed = elapsed_;
   s.tokens_per_second = static_cast<double>(o_.batch * o_.seq_len * o_.grad_accum) / s.seconds;
   // A time budget fixes the step count once the step time is known (after 5 steps), so the
-  // cosine schedule still ends at its floor.
-  if (o_.max_seconds > 0 && step_ == 5)
-    total_steps_ = std::min(total_steps_, step_ + static_cast<int64_t>((o_.max_seconds - elapsed_) / (elapsed_ / 5)));
-  if (o_.max_seconds > 0 && elapsed_ >= o_.max_seconds) stop_ = true;
-  if (val_ && o_.eval_every > 0 && (step_ % o_.eval_every == 0 || done()))
-    s.val_loss = evaluate(model_, *val_, o_.batch, o_.seq_len, o_.eval_batches);
+  // cosine schedule still ends at its floor. Ranks agree on it (rank 0's clock decides).
+  if (o_.max_seconds > 0) {
+    const double agreed = plan_->mean_over_data(elapsed_);  // bitwise the same on every rank
+    if (step_ == 5)
+      total_steps_ = std::min(total_steps_, step_ + static_cast<int64_t>((o_.max_seconds - agreed) / (agreed / 5)));
+    if (agreed >= o_.max_seconds) stop_ = true;
+  }
+  if (val_ && o_.eval_every > 0 && (step_ % o_.eval_every == 0 || done())) s.val_loss = validation_loss();
   return s;
 }
 

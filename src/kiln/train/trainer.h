@@ -12,6 +12,7 @@
 #include "kiln/kernels/adamw.h"
 #include "kiln/model/transformer.h"
 #include "kiln/train/data.h"
+#include "kiln/train/plan.h"
 #include "kiln/train/precision.h"
 
 namespace kiln {
@@ -48,6 +49,7 @@ struct StepStats {
   bool skipped = false;        // inf/NaN gradients: no optimizer step
   int64_t grads_flushed = 0;   // fp16: output-gradient values rounded to zero in this step
   int64_t grads_rounded = 0;   // fp16: output-gradient values rounded in this step
+  CommTimes comm;              // data-parallel layouts: communication of this step
 };
 
 // Learning rate at `step` (1-based): linear warm-up, then cosine decay to min_lr_fraction·lr.
@@ -55,10 +57,13 @@ double learning_rate(const TrainOptions& o, int64_t step, int64_t total_steps);
 
 // One training run's state: the model, AdamW moments and the step count. The data order is a
 // function of (seed, step), so a checkpoint of this state resumes to exactly the losses of
-// an uninterrupted run.
+// an uninterrupted run. The step runs over a parallel plan (plan.h): `options.batch` is the
+// global batch, of which each data-parallel rank computes its rows; null: one process.
 class Trainer {
  public:
-  Trainer(Transformer& model, const TokenShard& train_data, const TokenShard* val_data, const TrainOptions& options);
+  Trainer(Transformer& model, const TokenShard& train_data, const TokenShard* val_data, const TrainOptions& options,
+          ParallelPlan* plan = nullptr);
+  ~Trainer();
 
   // One optimizer step (grad_accum micro-batches); evaluates when due.
   StepStats step();
@@ -67,6 +72,9 @@ class Trainer {
   int64_t total_steps() const { return total_steps_; }
   const LossScaler& loss_scaler() const { return scaler_; }
   const PrecisionContext& precision_context() const { return *precision_; }
+  ParallelPlan& plan() { return *plan_; }
+  // Mean loss over the first eval_batches validation batches (each rank its rows).
+  double validation_loss();
 
   // params, AdamW m and v, the step and the options that decide the losses, each section with
   // its CRC-32C (checkpoint.h); written to a temporary file and renamed. Loading checks that the
@@ -79,6 +87,8 @@ class Trainer {
   Transformer& model_;
   const TokenShard* val_;
   TrainOptions o_;
+  std::unique_ptr<ParallelPlan> own_plan_;
+  ParallelPlan* plan_;
   BatchLoader loader_;
   Tensor m_, v_;  // AdamW moments (num_params,), from the caching allocator
   std::shared_ptr<PrecisionContext> precision_;
@@ -88,6 +98,7 @@ class Trainer {
   bool stop_ = false;
   double elapsed_ = 0;  // seconds of steps run by this process
   std::vector<int32_t> x_, y_;
+  int64_t rows_ = 0;  // rows of each batch this rank computes
 };
 
 // Trains to completion; calls on_step after each step. Returns the stats of every step.
