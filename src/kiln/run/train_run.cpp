@@ -1,0 +1,350 @@
+// One training run end to end (train_run.h): flags resolved, corpus and model, the Trainer's
+// loop, the progress line, the memory report, and the files saved at the end.
+#include "kiln/run/train_run.h"
+
+#include <cmath>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <memory>
+#include <optional>
+#include <vector>
+
+#include <unistd.h>
+
+#include "kiln/core/allocator.h"
+#include "kiln/core/thread_pool.h"
+#include "kiln/model/weights.h"
+#include "kiln/perf/memory_model.h"
+#include "kiln/perf/peak.h"
+#include "kiln/perf/svg.h"
+#include "kiln/quant/qat.h"
+#include "kiln/serve/chat_template.h"
+#include "kiln/tokenizer/bpe.h"
+
+namespace kiln::run {
+
+void RunOutput::flush() const {
+  if (is_main_rank_) std::fflush(stream_);
+}
+
+void RunOutput::write_text(const std::string& path, const std::string& text) const {
+  if (is_main_rank_) std::ofstream(path) << text;
+}
+
+Status RunOutput::save(const std::function<Status()>& write) const { return is_main_rank_ ? write() : Status(); }
+
+namespace {
+
+// The loss-scaling flags: fp16 defaults to dynamic from S0 = 2^16; other precisions to none.
+Status parse_loss_scale(const TrainRunOptions& o, TrainOptions& t) {
+  const std::string ls = o.loss_scale.empty() ? (t.precision == Precision::kF16 ? "dynamic" : "1") : o.loss_scale;
+  if (ls == "dynamic") {
+    t.dynamic_loss_scale = true;
+    t.loss_scale = o.loss_scale_init;
+    return {};
+  }
+  char* end = nullptr;
+  const double v = std::strtod(ls.c_str(), &end);
+  if (end == ls.c_str() || *end != '\0' || !(v > 0) || !std::isfinite(v))
+    return invalid_argument("--loss-scale '{}': expected 'dynamic' or a positive number", ls);
+  t.loss_scale = v;
+  t.dynamic_loss_scale = false;
+  return {};
+}
+
+// The memory one training step needs (the memory model: weights, gradients, AdamW, activations),
+// against this machine's RAM, before anything is allocated: a --batch × --seq too large for the
+// machine is one clear error, not an allocator abort minutes later.
+Status check_train_memory(const ModelConfig& cfg, const TrainOptions& t) {
+  const perf::MemoryPrediction pred = perf::predict_memory(cfg, t.batch, t.seq_len, t.precision, t.checkpoint);
+  const long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGESIZE);
+  if (pages <= 0 || page <= 0) return {};
+  const double ram = static_cast<double>(pages) * static_cast<double>(page);
+  const double need = static_cast<double>(pred.total_block_bytes());
+  if (!(need <= ram))
+    return resource_exhausted("--batch {} × --seq {} needs about {:.1f} GiB for a training step of this model; this "
+                              "machine has {:.1f} GiB (lower --batch or --seq, or use --checkpoint full)",
+                              t.batch, t.seq_len, need / (1 << 30), ram / (1 << 30));
+  return {};
+}
+
+// Entropy (nats) of the unigram distribution of a shard: the loss of a model that ignores context.
+double unigram_entropy(const TokenShard& s) {
+  std::map<int32_t, int64_t> counts;
+  for (int32_t t : s.tokens) ++counts[t];
+  double h = 0;
+  const double n = static_cast<double>(s.tokens.size());
+  for (const auto& [t, c] : counts) h -= c / n * std::log(c / n);
+  return h;
+}
+
+// The data of a run and the model config that fits it.
+struct RunData {
+  CorpusPaths paths;
+  TokenShard train, val;
+  ModelConfig config;  // the preset with the corpus's vocabulary and end-of-text id
+};
+
+Expected<RunData> load_run_data(const TrainRunOptions& o, const RunOutput& out) {
+  RunData d;
+  std::string log;
+  KILN_ASSIGN_OR_RETURN(d.paths, prepare_corpus(o.data, &log));
+  out.print("{}\n", log);
+  KILN_ASSIGN_OR_RETURN(d.train, read_shard(d.paths.train));
+  KILN_ASSIGN_OR_RETURN(d.val, read_shard(d.paths.val));
+  KILN_ASSIGN_OR_RETURN(d.config, preset(o.preset));
+  d.config.vocab_size = d.train.vocab_size;
+  // config.json gets the end-of-text id as bos and eos (what generation stops at)
+  KILN_ASSIGN_OR_RETURN(const tok::Tokenizer tk, tok::Tokenizer::load_hf_json(d.paths.tokenizer));
+  d.config.bos_token_id = d.config.eos_token_id = tk.eot_id();  // -1 (written as null) when it has none
+  return d;
+}
+
+// The one place a run's Trainer is made; a parallel plan (data parallelism, a sharded
+// optimizer) will be passed to it here.
+std::unique_ptr<Trainer> make_trainer(Transformer& model, const RunData& d, const TrainOptions& t) {
+  return std::make_unique<Trainer>(model, d.train, &d.val, t);
+}
+
+// The FMA peak MFU is quoted against: threads × the one-core peak, since a register-only loop
+// scales linearly over cores, and one core is less often disturbed by other processes than both
+// (no MFU above 100%). bf16 runs on the bf16 dot-product peak (when the CPU has one); fp16 and
+// fp8 are emulated in f32.
+struct MachinePeak {
+  double gflops = 0;
+  bool bf16 = false;  // the bf16 dot-product peak, else the f32 FMA peak
+};
+MachinePeak machine_peak(Precision p) {
+  const double bf16_peak = p == Precision::kBF16 ? perf::fma_peak_gflops(1, DType::kBF16) : 0.0;
+  return {(bf16_peak > 0 ? bf16_peak : perf::fma_peak_gflops(1)) * num_threads(), bf16_peak > 0};
+}
+
+// What the run is, before it starts: precision and peak, the model, the data, the unigram baseline.
+void print_run_header(const RunData& d, const TrainOptions& t, const MachinePeak& peak, const ProgressContext& progress,
+                      double unigram, const RunOutput& out) {
+  out.print("precision {}{}, checkpoint {}; MFU and HFU against {:.0f} GFLOP/s ({} peak){}\n", precision_name(t.precision),
+            t.precision == Precision::kF16 || t.precision == Precision::kFP8 ? " (emulated: rounded, f32 GEMM)" : "",
+            checkpoint_mode_name(t.checkpoint), peak.gflops, peak.bf16 ? "bf16" : "f32",
+            t.checkpoint == CheckpointMode::kNone
+                ? ""
+                : fmt::format("; recomputation {:.1f} MFLOP/token", progress.recompute_flops_per_token / 1e6));
+  out.print("model: {}\n", d.config.describe());
+  out.print("train: {} tokens, val: {} tokens; batch {} × seq {} × accum {}; {} threads\n", d.train.tokens.size(),
+            d.val.tokens.size(), t.batch, t.seq_len, t.grad_accum, num_threads());
+  out.print("unigram entropy of the validation text: {:.3f} nats/token (loss of a context-free model)\n", unigram);
+}
+
+// --qat: fake quantization on every block Linear, refreshed after each step.
+Expected<quant::QatConfig> install_qat(const std::string& name, Transformer& model, const RunOutput& out) {
+  KILN_ASSIGN_OR_RETURN(quant::QatConfig q, quant::parse_qat(name));
+  KILN_RETURN_IF_ERROR(quant::install_qat(model, q));
+  out.print("QAT: fake-quantized {} weights{}, straight-through estimator\n", q.weight.describe(),
+            q.act_int8 ? " and int8 per-token activations" : "");
+  return q;
+}
+
+// The model's memory by kind, after one forward of a (batch, seq) probe sized the activations.
+void print_model_memory(Transformer& model, const TrainOptions& t, double flops_per_token, const RunOutput& out) {
+  std::vector<int32_t> probe(static_cast<size_t>(t.batch * t.seq_len), 0);  // (B, T)
+  (void)model.forward(probe.data(), nullptr, t.batch, t.seq_len);
+  out.print("memory: weights {:.1f} MiB, grads {:.1f} MiB, AdamW {:.1f} MiB, activations {:.1f} MiB; "
+            "{:.1f} MFLOP/token (train)\n", model.params().size_bytes() / 1048576.0,
+            model.grads().size_bytes() / 1048576.0, 2 * model.params().size_bytes() / 1048576.0,
+            model.activation_bytes() / 1048576.0, flops_per_token / 1e6);
+}
+
+// `--memory-report`: the memory model beside the caching allocator's numbers for the step just
+// run (peak since `reset_peak`, over `base`, what was live before the model existed), and an SVG
+// of the breakdown: predicted for each checkpointing mode, and measured.
+void memory_report(const TrainRunOptions& o, const ModelConfig& cfg, const TrainOptions& t, const AllocatorStats& base,
+                   const RunOutput& out) {
+  const AllocatorStats st = default_allocator().stats();
+  const perf::MemoryPrediction pred = perf::predict_memory(cfg, t.batch, t.seq_len, t.precision, t.checkpoint);
+  const auto mib = [](double b) { return b / 1048576.0; };
+  out.print("{}", perf::format_memory_prediction(pred));
+  const double measured = static_cast<double>(st.peak_bytes_in_use - base.bytes_in_use);
+  const double measured_req = static_cast<double>(st.peak_bytes_requested - base.bytes_requested);
+  out.print("measured (caching allocator, peak of step 2): {:.2f} MiB in blocks ({:+.2f}% vs predicted), {:.2f} MiB "
+            "requested ({:+.2f}%)\n",
+            mib(measured), 100 * (measured / static_cast<double>(pred.total_block_bytes()) - 1), mib(measured_req),
+            100 * (measured_req / static_cast<double>(pred.total_bytes()) - 1));
+  out.print("allocator now: allocated {:.2f} MiB, reserved {:.2f} MiB ({:.1f}% reserved but unused), cached {:.2f} MiB, "
+            "largest free block {:.2f} MiB, external fragmentation {:.3f}, internal fragmentation {:.3f}, "
+            "{} OS allocations of {} calls\n",
+            mib(static_cast<double>(st.bytes_in_use)), mib(static_cast<double>(st.bytes_reserved)),
+            100 * st.reserved_unused(), mib(static_cast<double>(st.bytes_cached)),
+            mib(static_cast<double>(st.largest_free_block)), st.external_fragmentation(), st.fragmentation(),
+            st.num_os_allocs, st.num_allocs);
+  std::vector<Bar> bars;
+  for (CheckpointMode m : {CheckpointMode::kNone, CheckpointMode::kSelective, CheckpointMode::kFull}) {
+    const perf::MemoryPrediction p = perf::predict_memory(cfg, t.batch, t.seq_len, t.precision, m);
+    Bar b{fmt::format("predicted {}", checkpoint_mode_name(m)), {}};
+    for (const char* g : {"model states", "layer activations", "other activations", "scratch"})
+      b.segments.push_back({g, mib(static_cast<double>(p.group_block_bytes(g))), ""});
+    bars.push_back(std::move(b));
+  }
+  Bar m{fmt::format("measured {}", checkpoint_mode_name(t.checkpoint)), {}};
+  const double states = static_cast<double>(pred.group_block_bytes("model states"));
+  m.segments.push_back({"model states", mib(states), ""});
+  m.segments.push_back({"measured: rest of peak", mib(measured - states), "#7f7f7f"});
+  bars.push_back(std::move(m));
+  ChartOptions chart;
+  chart.title = fmt::format("{}, B {} × T {}, {}: memory of a training step (MiB, allocator blocks)", o.preset, t.batch,
+                            t.seq_len, precision_name(t.precision));
+  chart.y_label = "MiB";
+  chart.width = 980;
+  chart.height = 460;
+  const std::string path = (std::filesystem::path(o.out_dir) / "memory.svg").string();
+  out.write_text(path, stacked_bar_svg(bars, chart));
+  out.print("memory breakdown: {}\n", path);
+}
+
+// The progress line is printed on the first and every 10th step, on evaluations and at the end.
+bool progress_due(const StepStats& s, bool done) { return s.step % 10 == 0 || s.step == 1 || s.val_loss >= 0 || done; }
+
+// The training and validation losses of the steps this process ran, for loss.svg.
+struct LossCurves {
+  Series train{"train loss", {}, "", false}, val{"validation loss", {}, "", true};
+  double last_val = -1;
+
+  void add(const StepStats& s) {
+    train.points.emplace_back(static_cast<double>(s.step), s.loss);
+    if (s.val_loss >= 0) {
+      last_val = s.val_loss;
+      val.points.emplace_back(static_cast<double>(s.step), s.val_loss);
+    }
+  }
+};
+
+// The end of a run: the final checkpoint, the model (fp32, and the quantized export after QAT)
+// with its tokenizer, and the chat template `kiln serve` uses for /v1/chat/completions.
+Status save_run(const TrainRunOptions& o, const RunData& d, Transformer& model, const Trainer& trainer,
+                const std::string& ckpt, const std::optional<quant::QatConfig>& qat, const RunOutput& out) {
+  return out.save([&]() -> Status {
+    KILN_RETURN_IF_ERROR(trainer.save_checkpoint(ckpt));
+    KILN_RETURN_IF_ERROR(save_model(o.out_dir, model));
+    if (qat) {  // the real quantized model on the grid QAT trained for
+      const std::string qdir = (std::filesystem::path(o.out_dir) / "quantized").string();
+      const quant::QuantizedState qs = quant::export_qat(model, *qat);
+      KILN_RETURN_IF_ERROR(quant::save_quantized_model(qdir, model, qs));
+      std::filesystem::copy_file(d.paths.tokenizer, std::filesystem::path(qdir) / "tokenizer.json",
+                                 std::filesystem::copy_options::overwrite_existing);
+      out.print("QAT export: {} ({})\n", qdir, qs.scheme.describe());
+    }
+    std::filesystem::copy_file(d.paths.tokenizer, std::filesystem::path(o.out_dir) / "tokenizer.json",
+                               std::filesystem::copy_options::overwrite_existing);
+    return save_chat_template(o.out_dir, ChatTemplate{});
+  });
+}
+
+// loss.svg: the losses of the steps run, against the unigram entropy. Returns its path.
+std::string write_loss_curve(const TrainRunOptions& o, const RunData& d, const LossCurves& curves, double unigram,
+                             int64_t steps_done, const RunOutput& out) {
+  ChartOptions chart;
+  chart.title = fmt::format("{} on {}", o.preset, d.paths.dir);
+  chart.x_label = "step";
+  chart.y_label = "loss (nats/token)";
+  const Series unigram_line{"unigram entropy", {{1.0, unigram}, {static_cast<double>(steps_done), unigram}}, "#999", false};
+  const std::string path = (std::filesystem::path(o.out_dir) / "loss.svg").string();
+  out.write_text(path, line_chart_svg({curves.train, curves.val, unigram_line}, chart));
+  return path;
+}
+
+}  // namespace
+
+Expected<TrainOptions> resolve_train_options(const TrainRunOptions& o) {
+  TrainOptions t = o.train;
+  auto cfg = preset(o.preset);
+  if (!cfg.ok()) return invalid_argument("--preset: {}", cfg.status().message());
+  if (t.seq_len > cfg->max_seq_len)
+    return invalid_argument("--seq {} exceeds the context of --preset {} ({})", t.seq_len, o.preset, cfg->max_seq_len);
+  auto p = parse_precision(o.precision);
+  if (!p.ok()) return invalid_argument("--precision: {}", p.status().message());
+  t.precision = *p;
+  auto m = parse_checkpoint_mode(o.checkpoint);
+  if (!m.ok()) return invalid_argument("--checkpoint: {}", m.status().message());
+  t.checkpoint = *m;
+  KILN_RETURN_IF_ERROR(parse_loss_scale(o, t));
+  if (!o.qat.empty()) {
+    if (auto q = quant::parse_qat(o.qat); !q.ok()) return invalid_argument("--qat: {}", q.status().message());
+    if (t.precision != Precision::kF32)
+      return invalid_argument("--qat needs --precision fp32 (both install Linear backends; got {})", o.precision);
+  }
+  return t;
+}
+
+std::string format_progress(const StepStats& s, int64_t total_steps, const ProgressContext& c) {
+  const double remaining = (total_steps - s.step) * s.seconds;
+  const double achieved = s.tokens_per_second * c.flops_per_token;  // FLOP/s of the model
+  const double hardware = s.tokens_per_second * (c.flops_per_token + c.recompute_flops_per_token);  // recomputation too
+  std::string scaling =
+      c.show_loss_scale ? fmt::format(" | S {:g}{}", s.loss_scale, s.skipped ? " SKIPPED (inf/NaN)" : "") : std::string();
+  if (c.show_flushed && s.grads_rounded > 0)  // output gradients lost to f16 underflow
+    scaling += fmt::format(" | flushed {:.3f}%", 100.0 * static_cast<double>(s.grads_flushed) / s.grads_rounded);
+  return fmt::format("step {:5d}/{} | loss {:.4f}{} | lr {:.2e} | gnorm {:.2f}{} | {:.0f} tok/s | {:.1f} GFLOP/s | "
+                     "MFU {:.1f}% | HFU {:.1f}% | ETA {:.0f}s",
+                     s.step, total_steps, s.loss, s.val_loss >= 0 ? fmt::format(" val {:.4f}", s.val_loss) : std::string(),
+                     s.lr, s.grad_norm, scaling, s.tokens_per_second, achieved / 1e9,
+                     100.0 * achieved / (c.peak_gflops * 1e9), 100.0 * hardware / (c.peak_gflops * 1e9), remaining);
+}
+
+Status run_training(const TrainRunOptions& o, const RunOutput& out) {
+  KILN_ASSIGN_OR_RETURN(TrainOptions t, resolve_train_options(o));
+  KILN_ASSIGN_OR_RETURN(const RunData d, load_run_data(o, out));
+  KILN_RETURN_IF_ERROR(check_train_memory(d.config, t));
+  const AllocatorStats mem_base = default_allocator().stats();  // what was live before the model
+  KILN_ASSIGN_OR_RETURN(std::unique_ptr<Transformer> model, Transformer::create(d.config, t.seed));
+  t.max_seconds = o.minutes * 60.0;
+  if (t.max_seconds > 0 && t.max_steps <= 0) t.max_steps = 1'000'000;
+
+  const MachinePeak peak = machine_peak(t.precision);
+  ProgressContext progress;
+  progress.flops_per_token = d.config.train_flops_per_token(t.seq_len);
+  progress.recompute_flops_per_token = perf::recompute_flops_per_token(d.config, t.seq_len, t.checkpoint);
+  progress.peak_gflops = peak.gflops;
+  progress.show_loss_scale = t.dynamic_loss_scale || t.loss_scale != 1.0;
+  progress.show_flushed = t.precision == Precision::kF16;
+  const double unigram = unigram_entropy(d.val);
+  print_run_header(d, t, peak, progress, unigram, out);
+
+  std::optional<quant::QatConfig> qat;
+  if (!o.qat.empty()) {
+    KILN_ASSIGN_OR_RETURN(qat, install_qat(o.qat, *model, out));
+  }
+  const std::unique_ptr<Trainer> trainer = make_trainer(*model, d, t);
+  print_model_memory(*model, t, progress.flops_per_token, out);
+
+  const std::string ckpt = (std::filesystem::path(o.out_dir) / "checkpoint.bin").string();
+  KILN_RETURN_IF_ERROR(out.save([&] {
+    std::error_code ec;  // unwritable: the first checkpoint or save names the path
+    std::filesystem::create_directories(o.out_dir, ec);
+    return Status();
+  }));
+  if (o.resume) {
+    KILN_RETURN_IF_ERROR(trainer->load_checkpoint(ckpt));
+    out.print("resumed from {} at step {}\n", ckpt, trainer->steps_done());
+  }
+  LossCurves curves;
+  while (!trainer->done()) {
+    if (o.memory_report && trainer->steps_done() == 1) default_allocator().reset_peak();
+    const StepStats s = trainer->step();
+    if (o.memory_report && (trainer->steps_done() == 2 || (trainer->done() && trainer->steps_done() < 2)))
+      memory_report(o, d.config, t, mem_base, out);
+    curves.add(s);
+    if (progress_due(s, trainer->done())) {
+      out.print("{}\n", format_progress(s, trainer->total_steps(), progress));
+      out.flush();
+    }
+    if (o.save_every > 0 && s.step % o.save_every == 0)
+      KILN_RETURN_IF_ERROR(out.save([&] { return trainer->save_checkpoint(ckpt); }));
+  }
+  KILN_RETURN_IF_ERROR(save_run(o, d, *model, *trainer, ckpt, qat, out));
+  const std::string svg_path = write_loss_curve(o, d, curves, unigram, trainer->steps_done(), out);
+  out.print("validation loss {:.4f} vs unigram entropy {:.4f} nats/token; saved {} (loss curve {})\n", curves.last_val,
+            unigram, o.out_dir, svg_path);
+  return {};
+}
+
+}  // namespace kiln::run
