@@ -1,4 +1,4 @@
-// The comm tests' main: runs every test on every rank of an mpirun job (p = 1..5 in CTest).
+// The MPI tests' main (tests/comm, tests/parallel): runs every test on every rank of an mpirun job (p = 1..5 in CTest).
 // After each test all ranks agree on pass/fail; a test that fails on some ranks only, or that
 // hangs past the watchdog, ends the whole job with a message instead of deadlocking it.
 #include <csignal>
@@ -21,7 +21,7 @@ constexpr unsigned kTestTimeoutSeconds = 60;
 char g_current_test[256] = "(none)";
 
 void on_alarm(int) {
-  const char head[] = "kiln comm test: watchdog: a test hung (rank stuck in a collective?): ";
+  const char head[] = "kiln MPI test: watchdog: a test hung (rank stuck in a collective?): ";
   ssize_t ignored = write(2, head, sizeof(head) - 1);
   ignored = write(2, g_current_test, std::strlen(g_current_test));
   ignored = write(2, "\n", 1);
