@@ -18,6 +18,7 @@
 // element or shard moves the RMS by orders of magnitude more.
 #include <cmath>
 #include <cstring>
+#include <filesystem>
 #include <string>
 #include <vector>
 
@@ -27,6 +28,7 @@
 #include "kiln/core/rng.h"
 #include "kiln/core/thread_pool.h"
 #include "kiln/parallel/data_parallel.h"
+#include "kiln/train/sharded_checkpoint.h"
 #include "kiln/train/trainer.h"
 
 namespace kiln::parallel {
@@ -186,6 +188,75 @@ TEST(DataParallel, EveryLayoutGivesTheSingleProcessRun) {
       expect_matches(ref, got, bitwise, std::string(c.name) + (f == ModelFamily::kGpt2 ? " gpt2" : " llama"));
     }
   }
+}
+
+// A unique directory per test and P (CTest runs the np variants as parallel processes).
+std::string checkpoint_dir(const std::string& name) {
+  return std::string(KILN_BINARY_DIR) + "/test_dp_" + name + "_p" + std::to_string(world().size());
+}
+
+// Sharded checkpoints: resuming at the same layout is bitwise the uninterrupted run; another
+// layout, and one process, read the same state (resharding); a single-process file resumes
+// on P ranks.
+TEST(DataParallel, ShardedCheckpointsResumeAndReshard) {
+  set_num_threads(1);
+  const TokenShard data = random_data();
+  TrainOptions o = options();
+  o.max_steps = 8;
+  DataParallelOptions z3;
+  z3.zero = 3;
+  auto straight_model = Transformer::create(tiny(ModelFamily::kLlama), 5).value();
+  auto straight_plan = DataParallelPlan::create(world(), z3, o).value();
+  Trainer straight(*straight_model, data, nullptr, o, straight_plan.get());
+  std::vector<float> losses;
+  while (!straight.done()) losses.push_back(straight.step().loss);
+  const std::string dir = checkpoint_dir("resume");
+  std::vector<float> at4;
+  {
+    auto m = Transformer::create(tiny(ModelFamily::kLlama), 5).value();
+    auto plan = DataParallelPlan::create(world(), z3, o).value();
+    Trainer t(*m, data, nullptr, o, plan.get());
+    for (int i = 0; i < 4; ++i) EXPECT_EQ(t.step().loss, losses[static_cast<size_t>(i)]);
+    ASSERT_TRUE(t.save_checkpoint(dir).ok());
+    at4 = plan->gather_full_params();
+  }
+  for (int zero : {3, 1, 0}) {  // the same layout, then resharded into others
+    auto m = Transformer::create(tiny(ModelFamily::kLlama), 99).value();  // other initial weights
+    DataParallelOptions d;
+    d.zero = zero;
+    auto plan = DataParallelPlan::create(world(), d, o).value();
+    Trainer t(*m, data, nullptr, o, plan.get());
+    const Status s = t.load_checkpoint(dir);
+    ASSERT_TRUE(s.ok()) << s.message();
+    EXPECT_EQ(t.steps_done(), 4);
+    EXPECT_EQ(plan->gather_full_params(), at4) << "zero " << zero;
+    const float next = t.step().loss;
+    if (zero == 3) EXPECT_EQ(next, losses[4]);  // same layout: bitwise
+    else EXPECT_NEAR(next, losses[4], 1e-6 * std::abs(losses[4]));
+  }
+  if (world().rank() == 0) {  // one process reads the sharded directory whole
+    auto m = Transformer::create(tiny(ModelFamily::kLlama), 99).value();
+    Trainer t(*m, data, nullptr, o);
+    const Status s = t.load_checkpoint(dir);
+    ASSERT_TRUE(s.ok()) << s.message();
+    EXPECT_TRUE(std::equal(at4.begin(), at4.end(), m->params().begin()));
+    // ... and writes the single-file format, which P ranks then resume from.
+    ASSERT_TRUE(t.save_checkpoint(dir + ".bin").ok());
+  }
+  world().barrier();
+  auto m = Transformer::create(tiny(ModelFamily::kLlama), 99).value();
+  auto plan = DataParallelPlan::create(world(), z3, o).value();
+  Trainer t(*m, data, nullptr, o, plan.get());
+  const Status s = t.load_checkpoint(dir + ".bin");
+  ASSERT_TRUE(s.ok()) << s.message();
+  EXPECT_EQ(plan->gather_full_params(), at4);
+  // A shard missing: every rank refuses, naming the file.
+  world().barrier();
+  if (world().rank() == 0) std::filesystem::remove(dir + "/" + shard_file_name(0, world().size()));
+  world().barrier();
+  const Status bad = t.load_checkpoint(dir);
+  ASSERT_FALSE(bad.ok());
+  EXPECT_NE(bad.message().find(shard_file_name(0, world().size())), std::string::npos) << bad.message();
 }
 
 TEST(DataParallel, FlagsThatDoNotFitFailBeforeAnyStep) {

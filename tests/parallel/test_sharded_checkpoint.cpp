@@ -14,9 +14,9 @@
 #include "kiln/comm/communicator.h"
 #include "kiln/core/crc32c.h"
 #include "kiln/core/file_io.h"
-#include "kiln/parallel/sharded_checkpoint.h"
+#include "kiln/train/sharded_checkpoint.h"
 
-namespace kiln::parallel {
+namespace kiln {
 namespace {
 
 namespace fs = std::filesystem;
@@ -446,4 +446,4 @@ TEST(ShardedCheckpointFaults, SingleProcessFileDamaged) {
 }
 
 }  // namespace
-}  // namespace kiln::parallel
+}  // namespace kiln

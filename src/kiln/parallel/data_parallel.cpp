@@ -392,6 +392,17 @@ std::string DataParallelPlan::describe() const {
   return s;
 }
 
+std::vector<OptimizerPiece> DataParallelPlan::checkpoint_pieces() const {
+  std::vector<OptimizerPiece> out;
+  if (o_.zero == 0) {  // every rank holds everything: piece i is written by rank i mod P
+    for (size_t i = 0; i < pieces_.size(); ++i)
+      if (static_cast<int>(i % static_cast<size_t>(dp_->size())) == dp_->rank()) out.push_back(pieces_[i]);
+  } else if (replicate_->rank() == 0) {  // HSDP: the first group writes the shards
+    out = pieces_;
+  }
+  return out;
+}
+
 std::vector<float> DataParallelPlan::gather_full_params() {
   std::vector<float> out(static_cast<size_t>(model_->num_params()));
   if (o_.zero < 3) {

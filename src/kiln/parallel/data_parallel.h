@@ -72,6 +72,8 @@ class DataParallelPlan final : public ParallelPlan {
   void after_optimizer_step() override;
   CommTimes take_comm_times() override;
   std::string describe() const override;
+  comm::Communicator* communicator() override { return dp_.get(); }
+  std::vector<OptimizerPiece> checkpoint_pieces() const override;
 
   // ModelHooks
   void before_model(Pass pass) override;

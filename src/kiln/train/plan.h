@@ -9,6 +9,7 @@
 #include <span>
 #include <vector>
 
+#include "kiln/comm/communicator.h"
 #include "kiln/model/transformer.h"
 
 namespace kiln {
@@ -62,6 +63,14 @@ class ParallelPlan : public ModelHooks {
   virtual CommTimes take_comm_times() { return {}; }
   // A short name for reports ("single", "ddp", "zero1", "fsdp", "hsdp").
   virtual std::string describe() const = 0;
+  // The ranks of the run, for sharded checkpoints (train/sharded_checkpoint.h); null: one
+  // process, which writes the single-file checkpoint (train/checkpoint.h).
+  virtual comm::Communicator* communicator() { return nullptr; }
+  // The pieces this rank writes to a sharded checkpoint: over all ranks they tile the
+  // parameters once (replicated state is written by one of its holders).
+  virtual std::vector<OptimizerPiece> checkpoint_pieces() const {
+    return {pieces().begin(), pieces().end()};
+  }
 };
 
 // One process: the whole model's buffers, no communication.

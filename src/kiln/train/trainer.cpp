@@ -12,6 +12,7 @@
 #include "kiln/core/crc32c.h"
 #include "kiln/core/file_io.h"
 #include "kiln/train/checkpoint.h"
+#include "kiln/train/sharded_checkpoint.h"
 
 namespace kiln {
 
@@ -158,19 +159,60 @@ nlohmann::json options_json_with_precision(const TrainOptions& o) {
 }
 }  // namespace
 
-Status Trainer::save_checkpoint(const std::string& path) const {
-  const auto n = static_cast<size_t>(m_.numel());
-  const std::string_view sections[3] = {as_bytes(model_.params().data(), n), as_bytes(m_.data<float>(), n),
-                                        as_bytes(v_.data<float>(), n)};
+CheckpointHeader Trainer::checkpoint_meta() const {
   CheckpointHeader h;
   h.step = step_;
-  h.num_params = m_.numel();
+  h.num_params = model_.num_params();
   h.model = model_.config().describe();
   h.options = options_json_with_precision(o_);
   h.loss_scale = scaler_.scale();
   h.loss_scale_good_steps = scaler_.good_steps();
   // A step count derived from a time budget is part of the schedule; --steps comes from the flags.
   if (o_.max_seconds > 0) h.time_budget_steps = total_steps_;
+  return h;
+}
+
+namespace {
+// The pieces' values gathered into one view (ranges in piece order).
+struct PieceBuffers {
+  std::vector<float> params, m, v;
+  ShardView view;
+};
+PieceBuffers piece_buffers(const std::vector<OptimizerPiece>& pieces, int64_t num_params) {
+  PieceBuffers b;
+  int64_t n = 0;
+  for (const OptimizerPiece& p : pieces) {
+    b.view.ranges.push_back({p.flat_begin, p.flat_begin + p.n});
+    n += p.n;
+  }
+  b.params.resize(static_cast<size_t>(n));
+  b.m.resize(static_cast<size_t>(n));
+  b.v.resize(static_cast<size_t>(n));
+  b.view.num_params = num_params;
+  b.view.params = b.params;
+  b.view.m = b.m;
+  b.view.v = b.v;
+  return b;
+}
+}  // namespace
+
+Status Trainer::save_checkpoint(const std::string& path) const {
+  if (comm::Communicator* c = plan_->communicator()) {  // every rank its pieces, then a manifest
+    const std::vector<OptimizerPiece> pieces = plan_->checkpoint_pieces();
+    PieceBuffers b = piece_buffers(pieces, model_.num_params());
+    size_t at = 0;
+    for (const OptimizerPiece& p : pieces) {
+      std::copy(p.params, p.params + p.n, b.params.begin() + static_cast<std::ptrdiff_t>(at));
+      std::copy(m_.data<float>() + p.state_offset, m_.data<float>() + p.state_offset + p.n, b.m.begin() + static_cast<std::ptrdiff_t>(at));
+      std::copy(v_.data<float>() + p.state_offset, v_.data<float>() + p.state_offset + p.n, b.v.begin() + static_cast<std::ptrdiff_t>(at));
+      at += static_cast<size_t>(p.n);
+    }
+    return save_sharded_checkpoint(*c, path, checkpoint_meta(), b.view);
+  }
+  const auto n = static_cast<size_t>(m_.numel());
+  const std::string_view sections[3] = {as_bytes(model_.params().data(), n), as_bytes(m_.data<float>(), n),
+                                        as_bytes(v_.data<float>(), n)};
+  CheckpointHeader h = checkpoint_meta();
   for (int i = 0; i < 3; ++i) h.sections.push_back({kSectionNames[i], 0, sections[i].size(), crc32c(sections[i])});
   const std::string prefix = encode_checkpoint_prefix(h);
   return write_file_atomic(path, {prefix, sections[0], sections[1], sections[2]});
@@ -204,7 +246,44 @@ Status read_section(std::ifstream& in, const std::string& path, const Checkpoint
 }
 }  // namespace
 
+Status Trainer::restore(const CheckpointHeader& h, const std::string& path, const std::vector<OptimizerPiece>& pieces,
+                        const PieceBuffersRef& from) {
+  if (h.num_params != model_.num_params())
+    return invalid_argument("{} holds {} parameters; this model has {} ({})", path, h.num_params, model_.num_params(),
+                            h.model);
+  if (h.options != options_json_with_precision(o_))
+    return invalid_argument("{} was written with options {}; resume with the same ones (now {})", path,
+                            h.options.dump(), options_json_with_precision(o_).dump());
+  size_t at = 0;
+  for (const OptimizerPiece& p : pieces) {
+    const auto a = static_cast<std::ptrdiff_t>(at);
+    std::copy(from.params.begin() + a, from.params.begin() + a + p.n, p.params);
+    std::copy(from.m.begin() + a, from.m.begin() + a + p.n, m_.data<float>() + p.state_offset);
+    std::copy(from.v.begin() + a, from.v.begin() + a + p.n, v_.data<float>() + p.state_offset);
+    at += static_cast<size_t>(p.n);
+  }
+  step_ = h.step;
+  scaler_.restore(h.loss_scale, h.loss_scale_good_steps);
+  plan_->after_optimizer_step();  // the layout makes its parameters whole again
+  sync_backends(model_);
+  if (o_.max_seconds > 0 && h.time_budget_steps) total_steps_ = *h.time_budget_steps;
+  return {};
+}
+
 Status Trainer::load_checkpoint(const std::string& path) {
+  const std::vector<OptimizerPiece> pieces(plan_->pieces().begin(), plan_->pieces().end());
+  if (comm::Communicator* c = plan_->communicator()) {  // a sharded directory or a single file, at any P
+    PieceBuffers b = piece_buffers(pieces, model_.num_params());
+    KILN_ASSIGN_OR_RETURN(const CheckpointHeader h, load_sharded_checkpoint(*c, path, b.view));
+    return restore(h, path, pieces, {b.params, b.m, b.v});
+  }
+  if (std::filesystem::is_directory(path)) {  // a sharded checkpoint, read whole by one process
+    KILN_ASSIGN_OR_RETURN(const FullCheckpoint full, load_checkpoint_whole(path));
+    if (full.meta.num_params != model_.num_params())
+      return invalid_argument("{} holds {} parameters; this model has {}", path, full.meta.num_params,
+                              model_.num_params());
+    return restore(full.meta, path, pieces, {full.params, full.m, full.v});
+  }
   std::error_code ec;
   const uint64_t size = std::filesystem::file_size(path, ec);
   if (ec) return not_found("checkpoint {}: {}", path, ec.message());

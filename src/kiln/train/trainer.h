@@ -11,6 +11,7 @@
 
 #include "kiln/kernels/adamw.h"
 #include "kiln/model/transformer.h"
+#include "kiln/train/checkpoint.h"
 #include "kiln/train/data.h"
 #include "kiln/train/plan.h"
 #include "kiln/train/precision.h"
@@ -80,6 +81,9 @@ class Trainer {
   // its CRC-32C (checkpoint.h); written to a temporary file and renamed. Loading checks that the
   // model and those options match and refuses a checksum mismatch naming the section, before
   // overwriting anything.
+  // Over several ranks (a plan with a communicator), `path` is a directory of shards and a
+  // manifest (sharded_checkpoint.h); loading reads a sharded directory written at any P or a
+  // single-process file, and one process reads a sharded directory too (resharding).
   Status save_checkpoint(const std::string& path) const;
   Status load_checkpoint(const std::string& path);
 
@@ -99,6 +103,14 @@ class Trainer {
   double elapsed_ = 0;  // seconds of steps run by this process
   std::vector<int32_t> x_, y_;
   int64_t rows_ = 0;  // rows of each batch this rank computes
+
+  struct PieceBuffersRef {
+    std::span<const float> params, m, v;  // the pieces' values, concatenated in piece order
+  };
+  CheckpointHeader checkpoint_meta() const;
+  // Checks h against this run, then puts the values in place.
+  Status restore(const CheckpointHeader& h, const std::string& path, const std::vector<OptimizerPiece>& pieces,
+                 const PieceBuffersRef& from);
 };
 
 // Trains to completion; calls on_step after each step. Returns the stats of every step.

@@ -13,7 +13,7 @@
 #include "kiln/core/status.h"
 #include "kiln/train/checkpoint.h"
 
-namespace kiln::parallel {
+namespace kiln {
 
 // On disk, a directory (little-endian):
 //   shard-RRRRR-of-PPPPP.bin, one per saving rank r of P:
@@ -90,4 +90,4 @@ Expected<FullCheckpoint> load_checkpoint_whole(const std::string& path);
 Status save_checkpoint_file(const std::string& path, const CheckpointHeader& meta,
                             const ShardView& all);
 
-}  // namespace kiln::parallel
+}  // namespace kiln

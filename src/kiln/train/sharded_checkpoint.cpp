@@ -1,7 +1,7 @@
 // Sharded checkpoints (sharded_checkpoint.h): shard files and the manifest written, the manifest
 // parsed back with every field type-checked and every size bounded, and any layout's ranges read
 // out of whichever files hold them, each file's sections verified whole.
-#include "kiln/parallel/sharded_checkpoint.h"
+#include "kiln/train/sharded_checkpoint.h"
 
 #include <algorithm>
 #include <array>
@@ -17,7 +17,7 @@
 #include "kiln/core/file_io.h"
 #include "kiln/core/json.h"
 
-namespace kiln::parallel {
+namespace kiln {
 namespace {
 
 using json = nlohmann::json;
@@ -650,4 +650,4 @@ Status save_checkpoint_file(const std::string& path, const CheckpointHeader& met
   return write_file_atomic(path, {prefix, bytes[0], bytes[1], bytes[2]});
 }
 
-}  // namespace kiln::parallel
+}  // namespace kiln
