@@ -5,6 +5,7 @@
 #include <filesystem>
 
 #include "apps/kiln/commands.h"
+#include "kiln/comm/communicator.h"
 #include "kiln/kernels/attention.h"
 #include "kiln/model/weights.h"
 #include "kiln/quant/qmodel.h"
@@ -208,8 +209,31 @@ void register_train(CLI::App& app) {
   t->add_flag("--memory-report", ta->memory_report,
               "Print the memory model beside the allocator's measured peak of step 2; write OUT/memory.svg");
   t->add_option("--qat", ta->qat, "Quantization-aware training: w4g128 | w8a8 (exports OUT/quantized)");
+  // Data parallelism (under mpirun -np P): the layouts of src/kiln/parallel/data_parallel.h.
+  t->add_option("--dp", ta->dp, "Data-parallel ranks (default: every rank of mpirun)")->check(CLI::Range(1, 1 << 16));
+  t->add_option("--zero", ta->parallel.zero, "ZeRO stage: 0 DDP, 1 moments, 2 + gradients, 3 + parameters (FSDP)")
+      ->check(CLI::Range(0, 3));
+  t->add_flag("--fsdp", ta->fsdp, "FSDP: --zero 3 with units gathered around their forward and backward");
+  t->add_option("--hsdp", ta->parallel.shard_group, "HSDP: shard within groups of G ranks, replicate across them")
+      ->check(CLI::Range(1, 1 << 16));
+  t->add_option("--bucket-mb", ta->parallel.bucket_mb, "DDP / ZeRO-1 gradient bucket size in MiB (default 25)")
+      ->check(CLI::Range(1e-3, 65536.0));
+  t->add_option("--overlap", ta->parallel.overlap, "Start gradient reductions during backward (on) or after it (off)");
+  t->add_option("--fsdp-unit", ta->parallel.fsdp_unit_blocks, "Transformer blocks per FSDP unit")->check(CLI::Range(1, 1 << 16));
+  t->add_option("--reshard-after-forward", ta->parallel.reshard_after_forward,
+                "FSDP: free a unit's parameters after its forward (on) or keep them for its backward (off)");
+  t->add_option("--prefetch", ta->parallel.prefetch, "FSDP: units gathered ahead, forward and backward")
+      ->check(CLI::Range(0, 1 << 16));
   t->callback([ta] {
-    if (Status st = run::run_training(*ta); !st.ok()) fail("train", st);
+    const bool mpi = run::launched_by_mpi();
+    Status st = run::run_training(*ta);
+    if (mpi) comm::finalize();
+    if (!st.ok()) {
+      // Every rank reached the same verdict; rank 0 says it once.
+      const char* rank = std::getenv("OMPI_COMM_WORLD_RANK");
+      if (rank != nullptr && std::string_view(rank) != "0") throw CLI::RuntimeError(kUserError);
+      fail("train", st);
+    }
   });
 
   auto ga = std::make_shared<GenArgs>();

@@ -5,6 +5,8 @@
 // never left to std::terminate.
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
+#include <thread>
 #include <new>
 #include <string>
 
@@ -66,7 +68,14 @@ int main(int argc, char** argv) {
       std::fprintf(stderr, "kiln: %s\n", st.message().c_str());
       throw CLI::RuntimeError(kiln::app::kUserError);
     }
-    if (threads > 0) kiln::set_num_threads(threads);
+    if (threads > 0) {
+      kiln::set_num_threads(threads);
+    } else if (const char* local = std::getenv("OMPI_COMM_WORLD_LOCAL_SIZE");
+               local != nullptr && std::getenv("KILN_NUM_THREADS") == nullptr) {
+      // Under mpirun the ranks of one machine share its cores: each takes its part.
+      const int ranks = std::max(1, std::atoi(local));
+      kiln::set_num_threads(std::max(1, static_cast<int>(std::thread::hardware_concurrency()) / ranks));
+    }
     if (!simd.empty()) {
       for (const auto& info : kiln::kSimdTargets) {
         if (info.name == simd && !kiln::set_simd_target(info.target)) {

@@ -271,6 +271,7 @@ void DataParallelPlan::release(int u) {
 }
 
 void DataParallelPlan::bind_grad_buffer(int u) {
+  reap(false);  // free the buffers of reductions already done before allocating the next
   const Unit& unit = units_[static_cast<size_t>(u)];
   Gathered& g = *gathered_[static_cast<size_t>(u)];
   g.grads = Tensor::zeros({std::max<int64_t>(unit.chunk * shard_->size(), 1)});

@@ -102,10 +102,29 @@ Expected<RunData> load_run_data(const TrainRunOptions& o, const RunOutput& out) 
   return d;
 }
 
-// The one place a run's Trainer is made; a parallel plan (data parallelism, a sharded
-// optimizer) will be passed to it here.
-std::unique_ptr<Trainer> make_trainer(Transformer& model, const RunData& d, const TrainOptions& t) {
-  return std::make_unique<Trainer>(model, d.train, &d.val, t);
+// The one place a run's Trainer is made, over the run's parallel plan (null: one process).
+std::unique_ptr<Trainer> make_trainer(Transformer& model, const RunData& d, const TrainOptions& t, ParallelPlan* plan) {
+  return std::make_unique<Trainer>(model, d.train, &d.val, t, plan);
+}
+
+// The data-parallel options of a run, checked with no communication (the same verdict on
+// every rank): --fsdp is --zero 3, --hsdp alone implies it, --dp must be the world size.
+Expected<parallel::DataParallelOptions> resolve_parallel(const TrainRunOptions& o, const TrainOptions& t, int world) {
+  parallel::DataParallelOptions p = o.parallel;
+  if (o.fsdp) {
+    if (p.zero != 0 && p.zero != 3) return invalid_argument("--fsdp is --zero 3; it cannot be combined with --zero {}", p.zero);
+    p.zero = 3;
+  }
+  if (p.shard_group > 0 && p.zero == 0) p.zero = 3;
+  const int dp = o.dp > 0 ? o.dp : world;
+  if (dp != world)
+    return invalid_argument("--dp {} does not match the {} ranks of this job (mpirun -np): every rank is a "
+                            "data-parallel rank",
+                            dp, world);
+  KILN_RETURN_IF_ERROR(parallel::check_data_parallel(p, dp, t));
+  if (p.zero == 3 && !o.qat.empty())
+    return invalid_argument("--qat installs a backend on every whole weight; it needs --zero 0, 1 or 2 (got 3)");
+  return p;
 }
 
 // The FMA peak MFU is quoted against: threads × the one-core peak, since a register-only loop
@@ -146,13 +165,14 @@ Expected<quant::QatConfig> install_qat(const std::string& name, Transformer& mod
 }
 
 // The model's memory by kind, after one forward of a (batch, seq) probe sized the activations.
-void print_model_memory(Transformer& model, const TrainOptions& t, double flops_per_token, const RunOutput& out) {
-  std::vector<int32_t> probe(static_cast<size_t>(t.batch * t.seq_len), 0);  // (B, T)
-  (void)model.forward(probe.data(), nullptr, t.batch, t.seq_len);
-  out.print("memory: weights {:.1f} MiB, grads {:.1f} MiB, AdamW {:.1f} MiB, activations {:.1f} MiB; "
-            "{:.1f} MFLOP/token (train)\n", model.params().size_bytes() / 1048576.0,
-            model.grads().size_bytes() / 1048576.0, 2 * model.params().size_bytes() / 1048576.0,
-            model.activation_bytes() / 1048576.0, flops_per_token / 1e6);
+void print_model_memory(Transformer& model, const TrainOptions& t, int64_t rows, double flops_per_token,
+                        const RunOutput& out) {
+  std::vector<int32_t> probe(static_cast<size_t>(rows * t.seq_len), 0);  // (rows, T): this rank's part of a batch
+  (void)model.forward(probe.data(), nullptr, rows, t.seq_len);
+  const double mib = static_cast<double>(model.num_params()) * sizeof(float) / 1048576.0;
+  out.print("memory: weights {:.1f} MiB, grads {:.1f} MiB, AdamW {:.1f} MiB, activations {:.1f} MiB{}; "
+            "{:.1f} MFLOP/token (train)\n", mib, mib, 2 * mib, model.activation_bytes() / 1048576.0,
+            rows == t.batch ? "" : " (before sharding; per rank: see the progress line)", flops_per_token / 1e6);
 }
 
 // `--memory-report`: the memory model beside the caching allocator's numbers for the step just
@@ -218,12 +238,11 @@ struct LossCurves {
   }
 };
 
-// The end of a run: the final checkpoint, the model (fp32, and the quantized export after QAT)
+// The end of a run (after the final checkpoint): the model (fp32, and the quantized export after QAT)
 // with its tokenizer, and the chat template `kiln serve` uses for /v1/chat/completions.
-Status save_run(const TrainRunOptions& o, const RunData& d, Transformer& model, const Trainer& trainer,
-                const std::string& ckpt, const std::optional<quant::QatConfig>& qat, const RunOutput& out) {
+Status save_run(const TrainRunOptions& o, const RunData& d, Transformer& model,
+                const std::optional<quant::QatConfig>& qat, const RunOutput& out) {
   return out.save([&]() -> Status {
-    KILN_RETURN_IF_ERROR(trainer.save_checkpoint(ckpt));
     KILN_RETURN_IF_ERROR(save_model(o.out_dir, model));
     if (qat) {  // the real quantized model on the grid QAT trained for
       const std::string qdir = (std::filesystem::path(o.out_dir) / "quantized").string();
@@ -283,6 +302,11 @@ std::string format_progress(const StepStats& s, int64_t total_steps, const Progr
       c.show_loss_scale ? fmt::format(" | S {:g}{}", s.loss_scale, s.skipped ? " SKIPPED (inf/NaN)" : "") : std::string();
   if (c.show_flushed && s.grads_rounded > 0)  // output gradients lost to f16 underflow
     scaling += fmt::format(" | flushed {:.3f}%", 100.0 * static_cast<double>(s.grads_flushed) / s.grads_rounded);
+  if (c.show_parallel) {
+    const double mib = static_cast<double>(default_allocator().stats().peak_bytes_in_use) / (1 << 20);
+    scaling += fmt::format(" | mem {:.0f} MiB/rank | comm {:.0f} ms, exposed {:.0f}%", mib, s.comm.comm_seconds * 1e3,
+                           s.comm.comm_seconds > 0 ? 100.0 * s.comm.exposed_seconds / s.comm.comm_seconds : 0.0);
+  }
   return fmt::format("step {:5d}/{} | loss {:.4f}{} | lr {:.2e} | gnorm {:.2f}{} | {:.0f} tok/s | {:.1f} GFLOP/s | "
                      "MFU {:.1f}% | HFU {:.1f}% | ETA {:.0f}s",
                      s.step, total_steps, s.loss, s.val_loss >= 0 ? fmt::format(" val {:.4f}", s.val_loss) : std::string(),
@@ -290,9 +314,42 @@ std::string format_progress(const StepStats& s, int64_t total_steps, const Progr
                      100.0 * achieved / (c.peak_gflops * 1e9), 100.0 * hardware / (c.peak_gflops * 1e9), remaining);
 }
 
-Status run_training(const TrainRunOptions& o, const RunOutput& out) {
+bool launched_by_mpi() {
+  for (const char* v : {"OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_RANK", "MPI_LOCALNRANKS"})
+    if (std::getenv(v) != nullptr) return true;
+  return false;
+}
+
+namespace {
+// The checkpoint of a run: a directory of shards over several ranks, one file for one process;
+// resuming reads whichever of the two exists (resharding between them).
+std::string checkpoint_path(const TrainRunOptions& o, bool sharded) {
+  return (std::filesystem::path(o.out_dir) / (sharded ? "checkpoint" : "checkpoint.bin")).string();
+}
+std::string resume_path(const TrainRunOptions& o, bool sharded) {
+  const std::string mine = checkpoint_path(o, sharded), other = checkpoint_path(o, !sharded);
+  return !std::filesystem::exists(mine) && std::filesystem::exists(other) ? other : mine;
+}
+}  // namespace
+
+Status run_training(const TrainRunOptions& o, const RunOutput& out_in) {
   KILN_ASSIGN_OR_RETURN(TrainOptions t, resolve_train_options(o));
-  KILN_ASSIGN_OR_RETURN(const RunData d, load_run_data(o, out));
+  // Data parallelism: every flag checked before MPI is asked for anything but the world size.
+  const bool parallel_run = launched_by_mpi() || o.dp > 0 || o.fsdp || o.parallel.zero > 0 || o.parallel.shard_group > 0;
+  comm::Communicator* world = parallel_run ? &comm::Communicator::world() : nullptr;
+  std::optional<parallel::DataParallelOptions> dpo;
+  if (world) {
+    KILN_ASSIGN_OR_RETURN(dpo, resolve_parallel(o, t, world->size()));
+  }
+  const RunOutput out = world && world->rank() != 0 ? RunOutput(false) : out_in;
+  // Rank 0 prepares the corpus (if it is missing); the others read it once it is there.
+  auto load = [&] { return load_run_data(o, out); };
+  Expected<RunData> loaded = world == nullptr || world->rank() == 0 ? load() : Expected<RunData>(RunData{});
+  if (world) {
+    world->barrier();
+    if (world->rank() != 0) loaded = load();
+  }
+  KILN_ASSIGN_OR_RETURN(const RunData d, std::move(loaded));
   KILN_RETURN_IF_ERROR(check_train_memory(d.config, t));
   const AllocatorStats mem_base = default_allocator().stats();  // what was live before the model
   KILN_ASSIGN_OR_RETURN(std::unique_ptr<Transformer> model, Transformer::create(d.config, t.seed));
@@ -303,9 +360,10 @@ Status run_training(const TrainRunOptions& o, const RunOutput& out) {
   ProgressContext progress;
   progress.flops_per_token = d.config.train_flops_per_token(t.seq_len);
   progress.recompute_flops_per_token = perf::recompute_flops_per_token(d.config, t.seq_len, t.checkpoint);
-  progress.peak_gflops = peak.gflops;
+  progress.peak_gflops = peak.gflops * (world ? world->size() : 1);  // MFU against every rank's peak
   progress.show_loss_scale = t.dynamic_loss_scale || t.loss_scale != 1.0;
   progress.show_flushed = t.precision == Precision::kF16;
+  progress.show_parallel = world != nullptr;
   const double unigram = unigram_entropy(d.val);
   print_run_header(d, t, peak, progress, unigram, out);
 
@@ -313,18 +371,27 @@ Status run_training(const TrainRunOptions& o, const RunOutput& out) {
   if (!o.qat.empty()) {
     KILN_ASSIGN_OR_RETURN(qat, install_qat(o.qat, *model, out));
   }
-  const std::unique_ptr<Trainer> trainer = make_trainer(*model, d, t);
-  print_model_memory(*model, t, progress.flops_per_token, out);
+  std::unique_ptr<parallel::DataParallelPlan> plan;
+  if (world) {
+    KILN_ASSIGN_OR_RETURN(plan, parallel::DataParallelPlan::create(*world, *dpo, t));
+    out.print("data parallel: {} (global batch {}, {} per rank)\n", plan->describe(), t.batch, t.batch / world->size());
+  }
+  const std::unique_ptr<Trainer> trainer = make_trainer(*model, d, t, plan.get());
+  print_model_memory(*model, t, t.batch / (world ? world->size() : 1), progress.flops_per_token, out);
 
-  const std::string ckpt = (std::filesystem::path(o.out_dir) / "checkpoint.bin").string();
+  const bool sharded = world != nullptr;
+  const std::string ckpt = checkpoint_path(o, sharded);
   KILN_RETURN_IF_ERROR(out.save([&] {
     std::error_code ec;  // unwritable: the first checkpoint or save names the path
     std::filesystem::create_directories(o.out_dir, ec);
     return Status();
   }));
+  // Sharded checkpoints are written by every rank; one process's file by the main rank.
+  auto save_checkpoint = [&] { return sharded ? trainer->save_checkpoint(ckpt) : out.save([&] { return trainer->save_checkpoint(ckpt); }); };
   if (o.resume) {
-    KILN_RETURN_IF_ERROR(trainer->load_checkpoint(ckpt));
-    out.print("resumed from {} at step {}\n", ckpt, trainer->steps_done());
+    const std::string from = resume_path(o, sharded);
+    KILN_RETURN_IF_ERROR(trainer->load_checkpoint(from));
+    out.print("resumed from {} at step {}\n", from, trainer->steps_done());
   }
   LossCurves curves;
   while (!trainer->done()) {
@@ -337,13 +404,20 @@ Status run_training(const TrainRunOptions& o, const RunOutput& out) {
       out.print("{}\n", format_progress(s, trainer->total_steps(), progress));
       out.flush();
     }
-    if (o.save_every > 0 && s.step % o.save_every == 0)
-      KILN_RETURN_IF_ERROR(out.save([&] { return trainer->save_checkpoint(ckpt); }));
+    if (o.save_every > 0 && s.step % o.save_every == 0) KILN_RETURN_IF_ERROR(save_checkpoint());
   }
-  KILN_RETURN_IF_ERROR(save_run(o, d, *model, *trainer, ckpt, qat, out));
+  KILN_RETURN_IF_ERROR(save_checkpoint());
+  if (plan) {  // the whole model on the main rank, to export (ZeRO-3 gathers it)
+    const std::vector<float> full = plan->gather_full_params();
+    model->set_hooks(nullptr);
+    model->restore_storage();
+    std::copy(full.begin(), full.end(), model->params().begin());
+  }
+  KILN_RETURN_IF_ERROR(save_run(o, d, *model, qat, out));
   const std::string svg_path = write_loss_curve(o, d, curves, unigram, trainer->steps_done(), out);
   out.print("validation loss {:.4f} vs unigram entropy {:.4f} nats/token; saved {} (loss curve {})\n", curves.last_val,
             unigram, o.out_dir, svg_path);
+  if (world) world->barrier();
   return {};
 }
 

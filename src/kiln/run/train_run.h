@@ -18,6 +18,7 @@
 #include <fmt/format.h>
 
 #include "kiln/core/status.h"
+#include "kiln/parallel/data_parallel.h"
 #include "kiln/train/corpus.h"
 #include "kiln/train/trainer.h"
 
@@ -40,7 +41,16 @@ struct TrainRunOptions {
   double loss_scale_init = 65536;    // --loss-scale-init: S0 of dynamic loss scaling
   std::string qat;                   // --qat: fake-quantization scheme (w4g128, w8a8); empty: none
   bool memory_report = false;        // --memory-report: memory model vs step 2's measured peak
+  // Data parallelism (under mpirun): --dp (0: the world size), --zero, --fsdp (= --zero 3),
+  // --hsdp G, --bucket-mb, --overlap, --fsdp-unit, --reshard-after-forward, --prefetch.
+  int dp = 0;
+  bool fsdp = false;
+  parallel::DataParallelOptions parallel;
 };
+
+// Whether this process was started by mpirun (or another MPI launcher): a plain `kiln train`
+// never starts MPI.
+bool launched_by_mpi();
 
 // Where a run's report and files go. All its printing and file writing passes through here, so
 // one switch decides it: on several ranks only the main rank (rank 0) prints and saves; the
@@ -80,12 +90,14 @@ struct ProgressContext {
   double peak_gflops = 0;                // the machine peak MFU and HFU are against
   bool show_loss_scale = false;          // S and skipped steps (dynamic, or static S != 1)
   bool show_flushed = false;             // fp16: output gradients flushed to zero
+  bool show_parallel = false;            // per-rank memory and communication
 };
 
 // The progress line of step `s` of `total_steps` (Trainer::total_steps(), which a time budget
 // lowers after the first steps), without a newline:
 // "step    10/100 | loss 7.3830 val 7.5261 | lr 6.00e-04 | gnorm 10.67 | 812 tok/s | 0.1 GFLOP/s |
-//  MFU 0.1% | HFU 0.1% | ETA 12s".
+//  MFU 0.1% | HFU 0.1% | ETA 12s"; a data-parallel run adds "| mem 41 MiB/rank | comm 12 ms,
+//  exposed 3%" (the allocator peak of this rank; communication of the step, exposed share).
 std::string format_progress(const StepStats& s, int64_t total_steps, const ProgressContext& c);
 
 // Runs `options` to the end: prepares or reuses the corpus, trains (resuming when asked), then
