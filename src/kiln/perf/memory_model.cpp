@@ -216,19 +216,18 @@ MemoryPrediction predict_memory(const ModelConfig& c, int64_t global_batch, int6
         "4·S·chunk", gathered, 4 * block_padded);
   }
   if (d.zero >= 2) {
-    // Backward: the head's gradient buffer lives through it; a unit's buffer and its
-    // reduce-scatter temporary are freed (reaped) only at the next unit's reduce, so at the
-    // peak the current unit's and the previous one's (the tail's, for the first block unit)
-    // are both alive.
+    // Backward: the head's gradient buffer lives through it. A unit's buffer and its
+    // reduce-scatter temporary go to pending_ and are freed only when a later reduce_unit_grads
+    // (or finish_gradients) polls them done: how many are alive at once depends on how far the
+    // communication thread lags (measured: 1 to all of them). The prediction is the bound the
+    // code allows: every unit's buffer and temporary alive at the end of backward.
     put(backward, "head unit gradient buffer (padded)", "4·S·chunk", 1, 4 * head_padded);
-    put(backward, "block unit gradient buffer (current)", "4·S·chunk", 1, 4 * block_padded);
-    put(backward, "reduce-scatter temporary (current)", "4·chunk", 1, 4 * block_chunk);
-    const bool tail_prev = num_block_units <= 1 || block(4 * tail_padded) + block(4 * tail_chunk) >
-                                                       block(4 * block_padded) + block(4 * block_chunk);
-    if (num_block_units >= 1) {
-      put(backward, tail_prev ? "tail unit gradient buffer (previous, reducing)" : "block unit gradient buffer (previous, reducing)",
-          "4·S·chunk", 1, 4 * (tail_prev ? tail_padded : block_padded));
-      put(backward, "reduce-scatter temporary (previous)", "4·chunk", 1, 4 * (tail_prev ? tail_chunk : block_chunk));
+    put(backward, "head reduce-scatter temporary", "4·chunk", 1, 4 * std::max<int64_t>(chunk[0], 1));
+    put(backward, "tail unit gradient buffer, reducing (padded)", "4·S·chunk", 1, 4 * tail_padded);
+    put(backward, "tail reduce-scatter temporary", "4·chunk", 1, 4 * tail_chunk);
+    for (size_t u = 1; u + 1 < nu; ++u) {
+      put(backward, "block unit gradient buffers, reducing (padded)", "4·S·chunk", 1, 4 * std::max<int64_t>(S * chunk[u], 1));
+      put(backward, "block reduce-scatter temporaries", "4·chunk", 1, 4 * std::max<int64_t>(chunk[u], 1));
     }
   }
   auto sum = [](const std::vector<MemoryItem>& v) {
@@ -248,8 +247,8 @@ MemoryPrediction predict_memory(const ModelConfig& c, int64_t global_batch, int6
       "  per rank, all fp32: params 4Ψ, grads 4Ψ, AdamW moments 8Ψ, each divided by S where the stage shards\n"
       "  it ({}); a shard is Σ_u ⌈n_u/S⌉ = {} floats (Ψ/S = {:.0f}; padding: S·shard − Ψ = {}).\n"
       "  Plus the activations of the per-rank batch and the units in flight: ZeRO-1/2 all-gather the updated\n"
-      "  shards through one padded buffer (max_u S·⌈n_u/S⌉); ZeRO-2/3 hold the head's padded gradient and two\n"
-      "  units' gradients (with their reduce-scatter temporaries) during backward; ZeRO-3 also holds the root\n"
+      "  shards through one padded buffer (max_u S·⌈n_u/S⌉); ZeRO-2/3 hold each unit's padded gradient and its\n"
+      "  reduce-scatter temporary until a later reduce polls it done (bound: all of them); ZeRO-3 also holds the root\n"
       "  units (head, tail) and 1 + prefetch ({}) block units gathered (every block unit without reshard_after_forward).\n"
       "  total per rank: {:.2f} MiB in allocator blocks (the allocator's peak_bytes_in_use)\n",
       d.dp, global_batch / d.dp, global_batch, S, nu, d.fsdp_unit_blocks, stage[d.zero], shard,
