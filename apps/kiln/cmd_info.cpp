@@ -64,6 +64,9 @@ struct MemoryArgs {
   bool enabled = false;
   std::string preset = "llama-tiny", precision = "fp32", checkpoint = "none";
   int64_t batch = 8, seq = 256;
+  // Data parallel (any of them given: the per-rank prediction).
+  int dp = 1, zero = 0, hsdp = 0, fsdp_unit = 1, prefetch = 1;
+  bool data_parallel = false;
 };
 
 void run_memory(const MemoryArgs& a) {
@@ -78,6 +81,30 @@ void run_memory(const MemoryArgs& a) {
   if (!p.ok()) fail(p.status());
   auto m = parse_checkpoint_mode(a.checkpoint);
   if (!m.ok()) fail(m.status());
+  if (a.data_parallel) {
+    if (a.dp < 1) fail(invalid_argument("--dp {} must be >= 1", a.dp));
+    if (a.zero < 0 || a.zero > 3) fail(invalid_argument("--zero {}: the ZeRO stage is 0, 1, 2 or 3", a.zero));
+    if (a.batch % a.dp != 0)
+      fail(invalid_argument("--batch {} (the global batch) does not divide over --dp {} ranks", a.batch, a.dp));
+    if (a.hsdp < 0) fail(invalid_argument("--hsdp {} must be >= 1", a.hsdp));
+    if (a.hsdp > 0 && a.zero == 0)
+      fail(invalid_argument("--hsdp {} shards within groups: it needs --zero 1, 2 or 3", a.hsdp));
+    if (a.hsdp > 0 && a.dp % a.hsdp != 0)
+      fail(invalid_argument("--hsdp {} does not divide --dp {}: groups of {} ranks must tile the data-parallel ranks",
+                            a.hsdp, a.dp, a.hsdp));
+    if (a.fsdp_unit < 1) fail(invalid_argument("--fsdp-unit {} must be >= 1 block", a.fsdp_unit));
+    if (a.prefetch < 0) fail(invalid_argument("--prefetch {} must be >= 0", a.prefetch));
+    if (a.zero == 3 && *p != Precision::kF32)
+      fail(invalid_argument("--zero 3 runs fp32 only (got --precision {})", precision_name(*p)));
+    perf::DataParallelMemory d;
+    d.dp = a.dp;
+    d.zero = a.zero;
+    d.shard_group = a.hsdp;
+    d.fsdp_unit_blocks = a.fsdp_unit;
+    d.prefetch = a.prefetch;
+    fmt::print("{}", perf::format_memory_prediction(perf::predict_memory(*cfg, a.batch, a.seq, *p, *m, d)));
+    return;
+  }
   fmt::print("{}", perf::format_memory_prediction(perf::predict_memory(*cfg, a.batch, a.seq, *p, *m)));
   fmt::print("  (under full checkpointing one set of layer buffers is shared by all layers, under selective the\n"
              "   attention output O and lse are; kiln train --memory-report compares this with the caching\n"
@@ -101,6 +128,15 @@ void register_info(CLI::App& app) {
       ->check(CLI::IsMember({"fp32", "bf16", "fp16", "fp8"}));
   cmd->add_option("--checkpoint", mem->checkpoint, "--memory: none | full | selective")
       ->check(CLI::IsMember({"none", "full", "selective"}));
+  // Data parallel: validated in run_memory, so that the errors say what was wrong.
+  auto dp_opt = [&](const char* name, int& v, const char* what) {
+    cmd->add_option_function<int>(name, [mem, &v](int x) { v = x; mem->data_parallel = true; }, what);
+  };
+  dp_opt("--dp", mem->dp, "--memory: data-parallel ranks (per-rank prediction; --batch is the global batch)");
+  dp_opt("--zero", mem->zero, "--memory: ZeRO stage 0 (DDP), 1, 2, 3 (FSDP)");
+  dp_opt("--hsdp", mem->hsdp, "--memory: shard within groups of this many ranks (divides --dp)");
+  dp_opt("--fsdp-unit", mem->fsdp_unit, "--memory: blocks per FSDP unit");
+  dp_opt("--prefetch", mem->prefetch, "--memory: ZeRO-3 units gathered ahead");
   cmd->callback([formats, mem] {
     if (mem->enabled) run_memory(*mem);
     else if (*formats) run_formats();

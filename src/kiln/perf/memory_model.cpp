@@ -7,6 +7,7 @@
 #include <fmt/format.h>
 
 #include "kiln/core/allocator.h"
+#include "kiln/model/transformer.h"
 
 namespace kiln::perf {
 namespace {
@@ -135,6 +136,127 @@ MemoryPrediction predict_memory(const ModelConfig& c, int64_t B, int64_t T, Prec
   return r;
 }
 
+std::vector<int64_t> data_parallel_unit_sizes(const ModelConfig& c, int fsdp_unit_blocks) {
+  const std::vector<ParamEntry> e = Transformer::param_entries_for(c);
+  const int64_t total = e.empty() ? 0 : e.back().offset + e.back().shape.numel();
+  // As Transformer::build_params: the embeddings, then L blocks of the same number of entries,
+  // then the final norm (and the untied head).
+  const bool gpt2 = c.family == ModelFamily::kGpt2;
+  const size_t head = gpt2 ? 2 : 1, tail = (gpt2 ? 2 : 1) + (c.tied_embeddings ? 0 : 1);
+  const int64_t L = c.n_layers;
+  const size_t per_block = L > 0 ? (e.size() - head - tail) / static_cast<size_t>(L) : 0;
+  auto begin = [&](int64_t l) { return e[head + static_cast<size_t>(l) * per_block].offset; };
+  std::vector<int64_t> units{begin(0)};
+  for (int64_t l = 0; l < L; l += fsdp_unit_blocks) units.push_back(begin(std::min<int64_t>(l + fsdp_unit_blocks, L)) - begin(l));
+  units.push_back(total - begin(L));
+  return units;
+}
+
+MemoryPrediction predict_memory(const ModelConfig& c, int64_t global_batch, int64_t T, Precision prec, CheckpointMode mode,
+                                const DataParallelMemory& d) {
+  KILN_CHECK(d.dp >= 1 && global_batch % d.dp == 0 && d.zero >= 0 && d.zero <= 3 && d.fsdp_unit_blocks >= 1);
+  MemoryPrediction base = predict_memory(c, global_batch / d.dp, T, prec, mode);
+  const int64_t S = d.zero == 0 ? 1 : (d.shard_group > 0 ? d.shard_group : d.dp);
+  KILN_CHECK(d.dp % S == 0);
+  MemoryPrediction r = base;
+  r.items.clear();
+  r.dp = d.dp;
+  r.zero = d.zero;
+  r.shard_group = static_cast<int>(S);
+  const int64_t P = c.num_params();
+  // Units and their chunks (DataParallelPlan::build_units).
+  const std::vector<int64_t> n = data_parallel_unit_sizes(c, d.fsdp_unit_blocks);
+  std::vector<int64_t> chunk;
+  int64_t shard = 0, most_padded = 1, block_padded = 0, block_chunk = 0;
+  for (int64_t x : n) {
+    chunk.push_back((x + S - 1) / S);
+    shard += chunk.back();
+    most_padded = std::max(most_padded, S * chunk.back());
+  }
+  const size_t nu = n.size(), num_block_units = nu - 2;
+  for (size_t u = 1; u + 1 < nu; ++u) {
+    block_padded = std::max(block_padded, S * chunk[u]);
+    block_chunk = std::max(block_chunk, chunk[u]);
+  }
+  const int64_t head_padded = std::max<int64_t>(S * chunk[0], 1), tail_padded = std::max<int64_t>(S * chunk[nu - 1], 1);
+  const int64_t tail_chunk = std::max<int64_t>(chunk[nu - 1], 1);
+  block_padded = std::max<int64_t>(block_padded, 1);
+  block_chunk = std::max<int64_t>(block_chunk, 1);
+  auto add = [&](const std::string& group, const std::string& name, const std::string& formula, int64_t count, int64_t bytes) {
+    if (count > 0 && bytes > 0) r.items.push_back({group, name, formula, count, bytes, block(bytes)});
+  };
+  const std::string ms = "model states";
+  const bool f32 = prec == Precision::kF32;
+  // ---- model states, as the stage shards them ----
+  if (d.zero <= 2) add(ms, f32 ? "params (fp32, whole)" : "master weights (fp32, whole)", "4·Ψ", 1, 4 * P);
+  else add(ms, fmt::format("params (sharded 1/{})", S), "4·Σ⌈n_u/S⌉", 1, 4 * shard);
+  if (d.zero <= 1) add(ms, "grads (fp32, whole)", "4·Ψ", 1, 4 * P);
+  else add(ms, fmt::format("grads (sharded 1/{})", S), "4·Σ⌈n_u/S⌉", 1, 4 * shard);
+  if (d.zero == 0) add(ms, "AdamW m+v (fp32, whole)", "4·Ψ each", 2, 4 * P);
+  else add(ms, fmt::format("AdamW m+v (sharded 1/{})", S), "4·Σ⌈n_u/S⌉ each", 2, 4 * shard);
+  for (const MemoryItem& i : base.items)
+    if (i.group == ms && i.name.starts_with("working weights")) r.items.push_back(i);
+  // ---- the plan's transient buffers at their peak ----
+  const std::string db = "data-parallel buffers";
+  std::vector<MemoryItem> backward, after;  // the two candidate peaks (besides the persistent part)
+  auto put = [&](std::vector<MemoryItem>& v, const std::string& name, const std::string& formula, int64_t count, int64_t bytes) {
+    if (count > 0 && bytes > 0) v.push_back({db, name, formula, count, bytes, block(bytes)});
+  };
+  if (d.zero >= 1 && S > 1 && d.zero <= 2)  // after_optimizer_step's all-gather buffer
+    put(after, "all-gather buffer after the optimizer", "4·max_u S·⌈n_u/S⌉", 1, 4 * most_padded);
+  if (d.zero == 3) {
+    // Root units stay gathered for the whole step; block units: the one being run and the
+    // ones prefetched (reshard_after_forward off: every one, from its forward to its backward).
+    put(backward, "gathered head unit (padded)", "4·S·chunk", 1, 4 * head_padded);
+    put(backward, "gathered tail unit (padded)", "4·S·chunk", 1, 4 * tail_padded);
+    const int64_t gathered = d.reshard_after_forward
+                                 ? std::min<int64_t>(1 + d.prefetch, static_cast<int64_t>(num_block_units))
+                                 : static_cast<int64_t>(num_block_units);
+    put(backward, d.reshard_after_forward ? "gathered block units in flight (1 + prefetch)" : "gathered block units (all, kept from forward)",
+        "4·S·chunk", gathered, 4 * block_padded);
+  }
+  if (d.zero >= 2) {
+    // Backward: the head's gradient buffer lives through it. A unit's buffer and its
+    // reduce-scatter temporary go to pending_ and are freed only when a later reduce_unit_grads
+    // (or finish_gradients) polls them done: how many are alive at once depends on how far the
+    // communication thread lags (measured: 1 to all of them). The prediction is the bound the
+    // code allows: every unit's buffer and temporary alive at the end of backward.
+    put(backward, "head unit gradient buffer (padded)", "4·S·chunk", 1, 4 * head_padded);
+    put(backward, "head reduce-scatter temporary", "4·chunk", 1, 4 * std::max<int64_t>(chunk[0], 1));
+    put(backward, "tail unit gradient buffer, reducing (padded)", "4·S·chunk", 1, 4 * tail_padded);
+    put(backward, "tail reduce-scatter temporary", "4·chunk", 1, 4 * tail_chunk);
+    for (size_t u = 1; u + 1 < nu; ++u) {
+      put(backward, "block unit gradient buffers, reducing (padded)", "4·S·chunk", 1, 4 * std::max<int64_t>(S * chunk[u], 1));
+      put(backward, "block reduce-scatter temporaries", "4·chunk", 1, 4 * std::max<int64_t>(chunk[u], 1));
+    }
+  }
+  auto sum = [](const std::vector<MemoryItem>& v) {
+    int64_t s = 0;
+    for (const MemoryItem& i : v) s += i.total_blocks();
+    return s;
+  };
+  for (const MemoryItem& i : sum(backward) >= sum(after) ? backward : after) r.items.push_back(i);
+  // ---- activations of the per-rank batch ----
+  for (const MemoryItem& i : base.items)
+    if (i.group != ms) r.items.push_back(i);
+  r.bytes_per_param = P > 0 ? r.group_bytes(ms) / P : 0;
+  const char* stage[] = {"DDP: every buffer whole", "ZeRO-1: m, v sharded", "ZeRO-2: grads, m, v sharded",
+                         "ZeRO-3 (FSDP): params, grads, m, v sharded"};
+  r.notes = fmt::format(
+      "  data parallel: P = {} ranks, per-rank batch {} (global {}), shard group S = {}, {} units ({} per FSDP unit)\n"
+      "  per rank, all fp32: params 4Ψ, grads 4Ψ, AdamW moments 8Ψ, each divided by S where the stage shards\n"
+      "  it ({}); a shard is Σ_u ⌈n_u/S⌉ = {} floats (Ψ/S = {:.0f}; padding: S·shard − Ψ = {}).\n"
+      "  Plus the activations of the per-rank batch and the units in flight: ZeRO-1/2 all-gather the updated\n"
+      "  shards through one padded buffer (max_u S·⌈n_u/S⌉); ZeRO-2/3 hold each unit's padded gradient and its\n"
+      "  reduce-scatter temporary until a later reduce polls it done (bound: all of them); ZeRO-3 also holds the root\n"
+      "  units (head, tail) and 1 + prefetch ({}) block units gathered (every block unit without reshard_after_forward).\n"
+      "  total per rank: {:.2f} MiB in allocator blocks (the allocator's peak_bytes_in_use)\n",
+      d.dp, global_batch / d.dp, global_batch, S, nu, d.fsdp_unit_blocks, stage[d.zero], shard,
+      static_cast<double>(P) / static_cast<double>(S), S * shard - P, d.prefetch,
+      static_cast<double>(r.total_block_bytes()) / 1048576.0);
+  return r;
+}
+
 double recompute_flops_per_token(const ModelConfig& c, int64_t T, CheckpointMode m) {
   const double attn = 4.0 * static_cast<double>(T) * c.d_model;  // QKᵀ and PV, forward
   const double layer_params = static_cast<double>(c.num_non_embedding_params() - (c.is_llama() ? c.d_model : 2 * c.d_model)) /
@@ -171,6 +293,7 @@ std::string format_memory_prediction(const MemoryPrediction& p) {
   s += "  (× count: buffers of that size, e.g. one per layer)\n";
   s += fmt::format("  total: {:.2f} MiB as requested, {:.2f} MiB in allocator blocks\n", mib(p.total_bytes()),
                    mib(p.total_block_bytes()));
+  s += p.notes;
   return s;
 }
 

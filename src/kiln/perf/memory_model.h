@@ -39,9 +39,36 @@ struct MemoryPrediction {
   int64_t group_block_bytes(const std::string& group) const;
   // One layer's saved activations when every layer keeps its own (the none layout).
   int64_t layer_activation_bytes = 0;
+  // Data parallel (predict_memory with DataParallelMemory): batch above is per rank.
+  int dp = 1, zero = 0, shard_group = 1;
+  std::string notes;  // the formula in words, printed under the table
+};
+
+// A data-parallel layout (parallel/data_parallel.h's DataParallelOptions, restated here so that
+// perf stays below parallel): P ranks, a ZeRO stage, shards over groups of S ranks.
+struct DataParallelMemory {
+  int dp = 1;                  // P, data-parallel ranks
+  int zero = 0;                // ZeRO stage 0 (DDP) .. 3 (FSDP)
+  int shard_group = 0;         // HSDP group size S; 0: S = P (stages >= 1)
+  int fsdp_unit_blocks = 1;    // blocks per FSDP unit
+  int prefetch = 1;            // ZeRO-3 units gathered ahead
+  bool reshard_after_forward = true;
 };
 
 MemoryPrediction predict_memory(const ModelConfig& c, int64_t batch, int64_t seq_len, Precision p, CheckpointMode m);
+
+// The allocator peak of one rank under data parallelism: the model states as the stage shards
+// them (fp32: params 4Ψ, grads 4Ψ, AdamW m+v 8Ψ), the unit buffers DataParallelPlan allocates
+// (gathered parameters, padded gradient buffers, reduce-scatter and all-gather temporaries) at
+// the moment they peak, plus the activations of the per-rank batch (global_batch / P, which
+// the caller has checked divides). Units: the head range, groups of fsdp_unit_blocks blocks,
+// the tail range; unit u of n_u floats has chunk ceil(n_u / S) and is padded to S chunks.
+MemoryPrediction predict_memory(const ModelConfig& c, int64_t global_batch, int64_t seq_len, Precision p,
+                                CheckpointMode m, const DataParallelMemory& dp);
+
+// Float counts of the data-parallel units of a config (head, block groups, tail), from
+// Transformer::param_entries_for: what DataParallelPlan::build_units cuts.
+std::vector<int64_t> data_parallel_unit_sizes(const ModelConfig& c, int fsdp_unit_blocks);
 
 // FLOPs per token recomputed by checkpointing (for HFU): full re-runs the forward of every layer
 // but the last, 2·P_layer + 4·T·d each; selective only their attention core, 4·T·d each (the
