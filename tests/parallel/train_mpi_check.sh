@@ -1,0 +1,49 @@
+#!/usr/bin/env bash
+# `kiln train` under mpirun, end to end: ZeRO-3 on 2 ranks trains with the per-rank progress
+# line, writes a sharded checkpoint and a model `kiln generate` reads; one process resumes
+# from the shards; flags that do not fit fail with one message before any step; a rank killed
+# mid-run ends the job within 30 s with mpirun's message naming it, never a hang.
+# Usage: train_mpi_check.sh KILN MPIEXEC
+set -u
+kiln=$1
+mpiexec=$2
+dir=$(mktemp -d)
+trap 'rm -rf "$dir"' EXIT
+mpi=("$mpiexec" --oversubscribe --allow-run-as-root --mca btl self,vader)
+small=(--preset llama-tiny --batch 2 --seq 32 --data "$dir/data" --eval-batches 1)
+fail() { echo "FAIL: $*"; exit 1; }
+
+# A small corpus, prepared once by one process (every rank reads it).
+yes "In the beginning God created the heaven and the earth. And the earth was without form, and void." |
+  head -c 100000 > "$dir/text.txt"
+"$kiln" data prepare --text "$dir/text.txt" --out "$dir/data" --vocab-size 512 > /dev/null || fail "data prepare"
+
+"${mpi[@]}" -np 2 "$kiln" train "${small[@]}" --zero 3 --steps 10 --out "$dir/z3" > "$dir/z3.log" 2>&1 || { cat "$dir/z3.log"; fail "zero 3 run"; }
+grep -q "data parallel: fsdp dp 2" "$dir/z3.log" || fail "no data-parallel line"
+grep -Eq "step +10/10 .*MiB/rank .*exposed" "$dir/z3.log" || { cat "$dir/z3.log"; fail "no per-rank progress line"; }
+[ "$(grep -c '^step ' "$dir/z3.log")" -eq 2 ] || fail "progress printed by more than one rank"
+[ -f "$dir/z3/checkpoint/manifest.json" ] && [ -f "$dir/z3/checkpoint/shard-00001-of-00002.bin" ] || fail "no sharded checkpoint"
+"$kiln" generate --model "$dir/z3" --prompt "In the" --max-tokens 4 > /dev/null || fail "generate cannot read the model"
+"$kiln" train "${small[@]}" --steps 12 --out "$dir/z3" --resume > "$dir/resume.log" 2>&1 || { cat "$dir/resume.log"; fail "one-process resume"; }
+grep -q "resumed from $dir/z3/checkpoint at step 10" "$dir/resume.log" || fail "did not resume from the shards"
+
+# Bad flags: one message (rank 0's), non-zero exit, no step.
+"${mpi[@]}" -np 2 "$kiln" train "${small[@]}" --hsdp 3 --steps 2 --out "$dir/bad" > "$dir/bad.log" 2>&1 && fail "--hsdp 3 at 2 ranks was accepted"
+[ "$(grep -c 'kiln train: --hsdp 3 does not divide --dp 2' "$dir/bad.log")" -eq 1 ] || { cat "$dir/bad.log"; fail "not one clear message"; }
+grep -q '^step ' "$dir/bad.log" && fail "a step ran with bad flags"
+
+# A rank dies mid-run.
+"${mpi[@]}" -np 2 "$kiln" train "${small[@]}" --steps 100000 --out "$dir/dead" > "$dir/dead.log" 2>&1 &
+job=$!
+for _ in $(seq 1 600); do grep -q '^step ' "$dir/dead.log" && break; sleep 0.1; done
+victim=$(pgrep -P "$job" | sort -n | tail -1)
+[ -n "$victim" ] || fail "no rank process found"
+kill -9 "$victim"
+start=$(date +%s)
+while kill -0 "$job" 2> /dev/null; do
+  [ $(( $(date +%s) - start )) -le 30 ] || { kill -9 "$job"; fail "the job still runs 30 s after a rank died"; }
+  sleep 0.2
+done
+wait "$job" && fail "the job exited 0 after a rank died"
+grep -Eq "process rank [0-9]+ .*exited on signal 9" "$dir/dead.log" || { cat "$dir/dead.log"; fail "no message naming the dead rank"; }
+echo "ok: zero 3 run, sharded resume, bad flags, dead rank ($(( $(date +%s) - start )) s)"
