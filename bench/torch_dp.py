@@ -16,47 +16,12 @@ import time
 import torch
 import torch.distributed as dist
 import torch.nn as nn
-import torch.nn.functional as F
 
-# BENCH.md W1a / W1b, positions as kiln's presets (w1a, gpt2-124m): (vocab, d, layers, heads, ctx, batch, seq)
-WORKLOADS = {"W1a": (65, 384, 6, 6, 256, 8, 256), "W1b": (50257, 768, 12, 12, 1024, 4, 64)}
+# The single-process peer's model (bench/train_torch.py): the same GPT-2 blocks and workloads.
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from train_torch import GPT, WORKLOADS as _WORKLOADS  # noqa: E402
 
-
-class Block(nn.Module):
-    """Pre-LayerNorm GPT-2 block: fused QKV, causal SDPA, tanh-GELU MLP of width 4d."""
-
-    def __init__(self, d, heads):
-        super().__init__()
-        self.heads = heads
-        self.ln_1, self.ln_2 = nn.LayerNorm(d), nn.LayerNorm(d)
-        self.c_attn, self.c_proj = nn.Linear(d, 3 * d), nn.Linear(d, d)
-        self.c_fc, self.mlp_proj = nn.Linear(d, 4 * d), nn.Linear(4 * d, d)
-
-    def forward(self, x):  # x: (B, T, C)
-        B, T, C = x.shape
-        qkv = self.c_attn(self.ln_1(x))  # (B, T, 3C)
-        q, k, v = (t.view(B, T, self.heads, C // self.heads).transpose(1, 2) for t in qkv.split(C, dim=2))  # (B, H, T, hd)
-        y = F.scaled_dot_product_attention(q, k, v, is_causal=True)  # (B, H, T, hd)
-        x = x + self.c_proj(y.transpose(1, 2).reshape(B, T, C))  # (B, T, C)
-        return x + self.mlp_proj(F.gelu(self.c_fc(self.ln_2(x)), approximate="tanh"))  # (B, T, C)
-
-
-class GPT(nn.Module):
-    def __init__(self, vocab, d, layers, heads, ctx):
-        super().__init__()
-        self.wte, self.wpe = nn.Embedding(vocab, d), nn.Embedding(ctx, d)
-        self.h = nn.ModuleList(Block(d, heads) for _ in range(layers))
-        self.ln_f = nn.LayerNorm(d)
-        for p in self.parameters():
-            if p.dim() == 2:
-                nn.init.normal_(p, 0.0, 0.02)
-
-    def forward(self, idx, targets):  # idx, targets: (B, T)
-        x = self.wte(idx) + self.wpe(torch.arange(idx.shape[1]))  # (B, T, C)
-        for block in self.h:
-            x = block(x)
-        logits = self.ln_f(x) @ self.wte.weight.T  # (B, T, V), LM head tied to wte
-        return F.cross_entropy(logits.view(-1, logits.size(-1)), targets.view(-1))
+WORKLOADS = {name[:2].upper() + name[2:]: shape for name, shape in _WORKLOADS.items()}  # W1a / W1b: (vocab, d, layers, heads, ctx, batch, seq)
 
 
 def fully_shard_fn():
