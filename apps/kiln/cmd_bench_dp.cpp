@@ -34,10 +34,10 @@ struct DpBenchOptions {
   std::vector<std::string> layouts = {"ddp", "zero1", "zero2", "zero3"};
   int steps = 10;
   int warmup = 2;
-  int threads = 1;               // per rank
-  std::string overlap = "on";    // on | off | both
-  int64_t per_rank_batch = 0;    // > 0: weak scaling, global batch = this × P
-  double bucket_mb = 25;         // DataParallelOptions' default (PyTorch's)
+  int threads = 1;             // per rank
+  std::string overlap = "on";  // on | off | both
+  int64_t per_rank_batch = 0;  // > 0: weak scaling, global batch = this × P
+  double bucket_mb = 25;       // DataParallelOptions' default (PyTorch's)
   int prefetch = 1;
   bool single = false;
 };
@@ -74,11 +74,13 @@ Expected<Workload> parse_workload(const std::string& flag, int p, int64_t per_ra
   auto w = bench::train_workload(key);
   if (!w.ok()) return invalid_argument("--workload: unknown workload '{}' (known: W1a, W1b)", flag);
   KILN_ASSIGN_OR_RETURN(ModelConfig cfg, preset(w->preset));
-  Workload out{key == "w1a" ? "W1a" : "W1b", cfg, per_rank_batch > 0 ? per_rank_batch * p : w->batch, w->seq_len};
+  Workload out{key == "w1a" ? "W1a" : "W1b", cfg,
+               per_rank_batch > 0 ? per_rank_batch * p : w->batch, w->seq_len};
   if (out.global_batch % p != 0)
-    return invalid_argument("workload {}: its batch {} (the global batch) does not divide over P = {} ranks; "
-                            "give --per-rank-batch for weak scaling",
-                            out.name, out.global_batch, p);
+    return invalid_argument(
+        "workload {}: its batch {} (the global batch) does not divide over P = {} ranks; "
+        "give --per-rank-batch for weak scaling",
+        out.name, out.global_batch, p);
   return out;
 }
 
@@ -89,12 +91,14 @@ Expected<Layout> parse_layout(const std::string& name, int p) {
   if (name == "zero3" || name == "fsdp") return Layout{name, 3, 0};
   if (name == "hsdp") {
     if (p < 4 || p % 2 != 0)
-      return invalid_argument("--layout hsdp shards within groups of 2 ranks and replicates across >= 2 groups: "
-                              "it needs an even P >= 4 (P is {})",
-                              p);
+      return invalid_argument(
+          "--layout hsdp shards within groups of 2 ranks and replicates across >= 2 groups: "
+          "it needs an even P >= 4 (P is {})",
+          p);
     return Layout{name, 3, 2};
   }
-  return invalid_argument("--layout: unknown layout '{}' (known: ddp, zero1, zero2, zero3, fsdp, hsdp)", name);
+  return invalid_argument(
+      "--layout: unknown layout '{}' (known: ddp, zero1, zero2, zero3, fsdp, hsdp)", name);
 }
 
 TrainOptions train_options(const Workload& w, int64_t batch, const DpBenchOptions& o) {
@@ -134,7 +138,8 @@ Expected<Result> measure(const Workload& w, const TokenShard& data, const TrainO
   KILN_ASSIGN_OR_RETURN(std::unique_ptr<Transformer> model, Transformer::create(w.cfg, kModelSeed));
   std::unique_ptr<parallel::DataParallelPlan> plan;  // destroyed after the trainer
   if (dpo) {
-    KILN_ASSIGN_OR_RETURN(plan, parallel::DataParallelPlan::create(comm::Communicator::world(), *dpo, t));
+    KILN_ASSIGN_OR_RETURN(plan,
+                          parallel::DataParallelPlan::create(comm::Communicator::world(), *dpo, t));
   }
   Trainer trainer(*model, data, nullptr, t, plan.get());
   for (int s = 0; s < o.warmup; ++s) (void)trainer.step();
@@ -155,13 +160,14 @@ Expected<Result> measure(const Workload& w, const TokenShard& data, const TrainO
   return r;
 }
 
-void print_row(const std::string& layout, int p, const std::string& workload, const std::string& overlap,
-               const Result& r) {
+void print_row(const std::string& layout, int p, const std::string& workload,
+               const std::string& overlap, const Result& r) {
   const double pct = r.comm_s > 0 ? 100 * r.exposed_s / r.comm_s : 0;
-  fmt::print("layout {} P {} workload {} overlap {} step_ms {:.2f} tokens_per_s {:.1f} comm_ms {:.3f} "
-             "exposed_ms {:.3f} exposed_pct {:.1f} peak_mb {:.1f}\n",
-             layout, p, workload, overlap, 1e3 * r.step_s, r.tokens_per_s, 1e3 * r.comm_s, 1e3 * r.exposed_s, pct,
-             r.peak_bytes / (1024.0 * 1024.0));
+  fmt::print(
+      "layout {} P {} workload {} overlap {} step_ms {:.2f} tokens_per_s {:.1f} comm_ms {:.3f} "
+      "exposed_ms {:.3f} exposed_pct {:.1f} peak_mb {:.1f}\n",
+      layout, p, workload, overlap, 1e3 * r.step_s, r.tokens_per_s, 1e3 * r.comm_s,
+      1e3 * r.exposed_s, pct, r.peak_bytes / (1024.0 * 1024.0));
   std::fflush(stdout);
 }
 
@@ -179,8 +185,8 @@ void sleeping_barrier(comm::Communicator& c) {
 }
 
 // Every flag checked, the same verdict on every rank, before any communication.
-Status check_flags(const DpBenchOptions& o, int p, std::vector<Workload>& workloads, std::vector<Layout>& layouts,
-                   std::vector<bool>& overlaps) {
+Status check_flags(const DpBenchOptions& o, int p, std::vector<Workload>& workloads,
+                   std::vector<Layout>& layouts, std::vector<bool>& overlaps) {
   if (o.workloads.empty()) return invalid_argument("--workload: give W1a and/or W1b");
   if (o.layouts.empty()) return invalid_argument("--layout: give at least one layout");
   for (const std::string& name : o.workloads) {
@@ -196,8 +202,10 @@ Status check_flags(const DpBenchOptions& o, int p, std::vector<Workload>& worklo
   if (overlaps.empty()) return invalid_argument("--overlap {}: on, off or both", o.overlap);
   for (const Workload& w : workloads)
     for (const Layout& l : layouts) {
-      const Status st = parallel::check_data_parallel(dp_options(l, true, o), p, train_options(w, w.global_batch, o));
-      if (!st.ok()) return invalid_argument("workload {} layout {}: {}", w.name, l.name, st.message());
+      const Status st = parallel::check_data_parallel(dp_options(l, true, o), p,
+                                                      train_options(w, w.global_batch, o));
+      if (!st.ok())
+        return invalid_argument("workload {} layout {}: {}", w.name, l.name, st.message());
     }
   return {};
 }
@@ -220,25 +228,28 @@ int run_dp_bench(const DpBenchOptions& o) {
     if (rank == 0) {
       std::string names;
       for (const Layout& l : layouts) names += (names.empty() ? "" : ",") + l.name;
-      fmt::print("# bench dp P {} threads {} layouts {} overlap {} steps {} warmup {} bucket_mb {} prefetch {} "
-                 "per_rank_batch {} cpu {}\n",
-                 p, o.threads, names, o.overlap, o.steps, o.warmup, o.bucket_mb, o.prefetch, o.per_rank_batch,
-                 cpu_features().brand);
+      fmt::print(
+          "# bench dp P {} threads {} layouts {} overlap {} steps {} warmup {} bucket_mb {} "
+          "prefetch {} "
+          "per_rank_batch {} cpu {}\n",
+          p, o.threads, names, o.overlap, o.steps, o.warmup, o.bucket_mb, o.prefetch,
+          o.per_rank_batch, cpu_features().brand);
     }
     for (const Workload& w : workloads) {
       const TokenShard data = random_tokens(w.cfg.vocab_size);  // the same on every rank
       const int64_t rank_batch = w.global_batch / p;
       if (rank == 0)
-        fmt::print("# workload {}: {}; global batch {} ({} per rank) x seq {}\n", w.name, w.cfg.describe(),
-                   w.global_batch, rank_batch, w.seq_len);
+        fmt::print("# workload {}: {}; global batch {} ({} per rank) x seq {}\n", w.name,
+                   w.cfg.describe(), w.global_batch, rank_batch, w.seq_len);
       double ddp_tokens_per_s[2] = {0, 0};  // [overlap on, off]
       for (const Layout& l : layouts)
         for (const bool overlap : overlaps) {
           const parallel::DataParallelOptions dpo = dp_options(l, overlap, o);
           auto r = measure(w, data, train_options(w, w.global_batch, o), &dpo, o);
           if (!r.ok()) {  // the same verdict on every rank (a config or plan error)
-            if (rank == 0) fmt::print(stderr, "kiln bench dp: workload {} layout {}: {}\n", w.name, l.name,
-                                      r.status().message());
+            if (rank == 0)
+              fmt::print(stderr, "kiln bench dp: workload {} layout {}: {}\n", w.name, l.name,
+                         r.status().message());
             rc = 1;
             continue;
           }
@@ -257,7 +268,8 @@ int run_dp_bench(const DpBenchOptions& o) {
           single = *r;
           print_row("single", 1, w.name, "-", single);
         } else {
-          fmt::print(stderr, "kiln bench dp: workload {} layout single: {}\n", w.name, r.status().message());
+          fmt::print(stderr, "kiln bench dp: workload {} layout single: {}\n", w.name,
+                     r.status().message());
           rc = 1;
         }
       }
@@ -265,8 +277,8 @@ int run_dp_bench(const DpBenchOptions& o) {
       if (rank == 0 && o.per_rank_batch > 0 && single.tokens_per_s > 0)
         for (const bool overlap : overlaps)
           if (const double ddp = ddp_tokens_per_s[overlap ? 0 : 1]; ddp > 0) {
-            fmt::print("workload {} overlap {} weak_scaling_efficiency {:.3f}\n", w.name, overlap ? "on" : "off",
-                       ddp / (p * single.tokens_per_s));
+            fmt::print("workload {} overlap {} weak_scaling_efficiency {:.3f}\n", w.name,
+                       overlap ? "on" : "off", ddp / (p * single.tokens_per_s));
             std::fflush(stdout);
           }
     }
@@ -280,28 +292,37 @@ int run_dp_bench(const DpBenchOptions& o) {
 void register_bench_dp(CLI::App& app) {
   CLI::App* bench_cmd = app.get_subcommand("bench");
   auto opt = std::make_shared<DpBenchOptions>();
-  CLI::App* cmd = bench_cmd->add_subcommand(
-      "dp", "Data-parallel training (W7) under mpirun: DDP, ZeRO-1/2/3, FSDP, HSDP; step time, comm, exposed, memory");
-  cmd->add_option("--workload", opt->workloads, "W1a, W1b (repeatable or a comma list; default both)")
+  CLI::App* cmd =
+      bench_cmd->add_subcommand("dp",
+                                "Data-parallel training (W7) under mpirun: DDP, ZeRO-1/2/3, FSDP, "
+                                "HSDP; step time, comm, exposed, memory");
+  cmd->add_option("--workload", opt->workloads,
+                  "W1a, W1b (repeatable or a comma list; default both)")
       ->delimiter(',');
   cmd->add_option("--layout", opt->layouts,
-                  "ddp, zero1, zero2, zero3, fsdp (= zero3), hsdp (zero3 in shard groups of 2; even P >= 4); "
+                  "ddp, zero1, zero2, zero3, fsdp (= zero3), hsdp (zero3 in shard groups of 2; "
+                  "even P >= 4); "
                   "comma list, default ddp,zero1,zero2,zero3")
       ->delimiter(',');
-  cmd->add_option("--steps", opt->steps, "Timed steps after warm-up (median)")->check(CLI::Range(1, 10000));
+  cmd->add_option("--steps", opt->steps, "Timed steps after warm-up (median)")
+      ->check(CLI::Range(1, 10000));
   cmd->add_option("--warmup", opt->warmup, "Untimed warm-up steps")->check(CLI::Range(0, 1000));
   cmd->add_option("--threads", opt->threads, "Worker threads per rank")
       ->check(CLI::Range(1, static_cast<int>(kMaxThreads)));
-  cmd->add_option("--overlap", opt->overlap, "Reductions during backward: on, off or both (two rows)")
+  cmd->add_option("--overlap", opt->overlap,
+                  "Reductions during backward: on, off or both (two rows)")
       ->check(CLI::IsMember({"on", "off", "both"}));
   cmd->add_option("--per-rank-batch", opt->per_rank_batch,
-                  "Weak scaling: global batch = this x P (default: the workload's batch is the global batch)")
+                  "Weak scaling: global batch = this x P (default: the workload's batch is the "
+                  "global batch)")
       ->check(CLI::Range(int64_t{1}, int64_t{1} << 20));
   cmd->add_option("--bucket-mb", opt->bucket_mb, "DDP / ZeRO-1 gradient bucket size in MiB")
       ->check(CLI::Range(1e-3, 65536.0));
-  cmd->add_option("--prefetch", opt->prefetch, "ZeRO-3 units gathered ahead (0: on demand)")->check(CLI::Range(0, 64));
-  cmd->add_flag("--single", opt->single,
-                "Also the single-process trainer at the per-rank batch on rank 0 (weak-scaling baseline)");
+  cmd->add_option("--prefetch", opt->prefetch, "ZeRO-3 units gathered ahead (0: on demand)")
+      ->check(CLI::Range(0, 64));
+  cmd->add_flag(
+      "--single", opt->single,
+      "Also the single-process trainer at the per-rank batch on rank 0 (weak-scaling baseline)");
   cmd->callback([opt] {
     const int rc = run_dp_bench(*opt);
     if (rc != 0) std::exit(rc);
