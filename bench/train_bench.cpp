@@ -21,18 +21,14 @@
 #include "kiln/train/precision.h"
 
 namespace kiln::bench {
-namespace {
 
-struct Workload {
-  const char* preset;  // ModelConfig preset with the same shape
-  int64_t batch, seq_len;
-};
-
-Expected<Workload> workload(const std::string& name) {
-  if (name == "w1a") return Workload{"w1a", 8, 256};        // BENCH.md W1a
-  if (name == "w1b") return Workload{"gpt2-124m", 4, 64};   // BENCH.md W1b: GPT-2 124M shape
-  return invalid_argument("[bench train] unknown workload '{}' (known: w1a, w1b)", name);
+Expected<TrainWorkload> train_workload(const std::string& name) {
+  if (name == "w1a") return TrainWorkload{"w1a", 8, 256};        // BENCH.md W1a
+  if (name == "w1b") return TrainWorkload{"gpt2-124m", 4, 64};   // BENCH.md W1b: GPT-2 124M shape
+  return invalid_argument("unknown workload '{}' (known: w1a, w1b)", name);
 }
+
+namespace {
 
 // One model in one precision with its AdamW moments and timings.
 struct Run {
@@ -76,7 +72,7 @@ void step(Run& r, const std::vector<int32_t>& x, const std::vector<int32_t>& y, 
 }  // namespace
 
 int run_train_bench(const TrainBenchOptions& opt) {
-  auto w = workload(opt.preset);
+  auto w = train_workload(opt.preset);
   auto mode = parse_checkpoint_mode(opt.checkpoint);
   if (!w.ok() || !mode.ok()) {
     fmt::print(stderr, "kiln bench train: {}\n", (!w.ok() ? w.status() : mode.status()).message());

@@ -3,9 +3,21 @@
 // MFU against the measured FMA peak. bench/compare_pytorch.sh runs PyTorch's step beside it.
 #pragma once
 
+#include <cstdint>
 #include <string>
 
+#include "kiln/core/status.h"
+
 namespace kiln::bench {
+
+// The W1a / W1b shapes of BENCH.md, shared by `bench train` and `bench dp`: the ModelConfig
+// preset with the same shape, the batch and the sequence length.
+struct TrainWorkload {
+  const char* preset;
+  int64_t batch, seq_len;
+};
+// "w1a" | "w1b" (InvalidArgument naming the known ones otherwise).
+Expected<TrainWorkload> train_workload(const std::string& name);
 
 struct TrainBenchOptions {
   std::string preset = "w1a";  // w1a (GPT-2 style, vocab 65, d 384, 6 layers; B 8, T 256) | w1b (GPT-2 124M; B 4, T 64)

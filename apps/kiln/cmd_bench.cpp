@@ -30,6 +30,8 @@ void register_bench(CLI::App& app) {
     const int rc = bench::run_gemm_bench(*gemm_opt);
     if (rc != 0) std::exit(rc);
   });
+
+  register_bench_dp(app);  // kiln bench dp: W7 data parallelism (cmd_bench_dp.cpp)
 }
 
 }  // namespace kiln::app

@@ -21,6 +21,7 @@ void register_quantize(CLI::App& app);  // `quantize` and `bench quant-decode`, 
 void register_convert(CLI::App& app);       // `convert` (cmd_convert.cpp)
 void register_bench_quant(CLI::App& app);   // `bench quant`, after register_bench (cmd_bench_quant.cpp)
 void register_bench_prepacked(CLI::App& app);  // `bench prepacked`, after register_bench (cmd_bench_prepacked.cpp)
+void register_bench_dp(CLI::App& app);  // `bench dp`, called by register_bench (cmd_bench_dp.cpp)
 
 // Exit code for a subcommand that failed on user input (message already printed).
 inline constexpr int kUserError = 2;
