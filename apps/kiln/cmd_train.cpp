@@ -219,6 +219,8 @@ void register_train(CLI::App& app) {
   t->add_option("--bucket-mb", ta->parallel.bucket_mb, "DDP / ZeRO-1 gradient bucket size in MiB (default 25)")
       ->check(CLI::Range(1e-3, 65536.0));
   t->add_option("--overlap", ta->parallel.overlap, "Start gradient reductions during backward (on) or after it (off)");
+  t->add_option("--reduce-dtype", ta->reduce_dtype, "Gradients on the wire: f32 or bf16 (fp32 master weights either way)")
+      ->check(CLI::IsMember({"f32", "bf16"}));
   t->add_option("--fsdp-unit", ta->parallel.fsdp_unit_blocks, "Transformer blocks per FSDP unit")->check(CLI::Range(1, 1 << 16));
   t->add_option("--reshard-after-forward", ta->parallel.reshard_after_forward,
                 "FSDP: free a unit's parameters after its forward (on) or keep them for its backward (off)");

@@ -1,7 +1,8 @@
 // The per-rank memory model (perf::predict_memory with DataParallelMemory) against the caching
 // allocator's measured peak of a real step, for ZeRO 0..3 at whatever P this mpirun has: a
 // model whose parameters dominate (Llama, V 512, C 128, L 2) and a small batch (4 rows per
-// rank, T 16), so the sharded buffers are most of what is measured. Within 5%.
+// rank, T 16), so the sharded buffers are most of what is measured. ZeRO-0/1 within 5%;
+// ZeRO-2/3 within the window their timing-dependent buffers leave (see below).
 #include <gtest/gtest.h>
 
 #include "kiln/comm/communicator.h"
@@ -56,15 +57,17 @@ TEST(MemoryPerRank, PredictionMatchesAllocatorPeak) {
     if (world.rank() == 0)
       fmt::print("np {} zero {}: predicted {:8.3f} MiB, measured peak {:8.3f} MiB ({:+.2f}%)\n", P, zero,
                  predicted / 1048576.0, measured / 1048576.0, 100 * (measured / predicted - 1));
-    // ZeRO-2/3 free a unit's gradient buffer when a later reduce polls its reduce-scatter done,
-    // so how many are alive depends on the communication thread's lag; the prediction counts
-    // all of them (the bound). Above it by at most 5%; below it by at most those buffers + 5%.
-    int64_t reducing = 0;
-    for (const perf::MemoryItem& i : pred.items)
-      if (i.name.find("reducing") != std::string::npos || i.name.find("reduce-scatter temporar") != std::string::npos)
-        reducing += i.total_blocks();
+    // ZeRO-2/3 keep at most two units' gradient buffers besides the head's (the prediction's
+    // bound); whether the second is still reducing when the next is made depends on the
+    // communication's lag. So: at most 5% above the bound, at least 5% under the bound less
+    // one unit's buffer and temporary.
+    int64_t second = 0;
+    for (const perf::MemoryItem& i : pred.items) {
+      if (i.name.find("reducing, second") != std::string::npos) second += i.total_blocks();
+      if (i.name.find("reduce-scatter temporaries") != std::string::npos) second += i.total_blocks() / 2;
+    }
     EXPECT_LE(measured / predicted, 1.05) << "np " << P << " zero " << zero;
-    EXPECT_GE(measured / (predicted - static_cast<double>(reducing)), 0.95) << "np " << P << " zero " << zero;
+    EXPECT_GE(measured / (predicted - static_cast<double>(second)), 0.95) << "np " << P << " zero " << zero;
     if (zero <= 1) EXPECT_NEAR(measured / predicted, 1.0, 0.05) << "np " << P << " zero " << zero;
   }
 }

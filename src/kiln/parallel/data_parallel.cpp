@@ -8,6 +8,16 @@ namespace kiln::parallel {
 
 using comm::Work;
 
+namespace {
+// bf16 reduction: gradients to the wire dtype and back (round to nearest even).
+void to_bf16(uint16_t* out, const float* in, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) out[i] = f32_to_bf16(in[i]);
+}
+void from_bf16(float* out, const uint16_t* in, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) out[i] = bf16_to_f32(in[i]);
+}
+}  // namespace
+
 struct DataParallelPlan::Gathered {
   Tensor params;  // (S · chunk,) the unit's whole parameters once `gather` completed
   Work gather;
@@ -30,6 +40,8 @@ Status check_data_parallel(const DataParallelOptions& o, int dp, const TrainOpti
   if (!(o.bucket_mb > 0) || o.bucket_mb > 1 << 16) return invalid_argument("--bucket-mb {} must be in (0, 65536]", o.bucket_mb);
   if (o.fsdp_unit_blocks < 1) return invalid_argument("--fsdp-unit {} must be >= 1 block", o.fsdp_unit_blocks);
   if (o.prefetch < 0) return invalid_argument("--prefetch {} must be >= 0", o.prefetch);
+  if (o.reduce_dtype != DType::kF32 && o.reduce_dtype != DType::kBF16)
+    return invalid_argument("--reduce-dtype {}: gradients are reduced as f32 or bf16", dtype_name(o.reduce_dtype));
   if (o.zero == 3 && t.precision != Precision::kF32)
     return invalid_argument("--zero 3 / --fsdp runs fp32 only (got --precision {}): the precision backends keep a "
                             "converted copy of every whole weight, which a sharded model does not have; use --zero 2",
@@ -139,6 +151,7 @@ void DataParallelPlan::attach(Transformer& model) {
   // DDP / ZeRO-1 buckets: whole parameters, from the last one back, until a bucket holds
   // bucket_mb (a parameter larger than that is a bucket of its own).
   buckets_.clear();
+  if (o_.zero <= 1 && o_.reduce_dtype == DType::kBF16) reduce_stage_ = Tensor::empty({model.num_params()}, DType::kBF16);
   if (o_.zero <= 1) {
     const auto cap = static_cast<int64_t>(o_.bucket_mb * (1 << 20) / sizeof(float));
     const auto& entries = model.param_entries();
@@ -171,6 +184,14 @@ void DataParallelPlan::reap(bool all) {
   });
 }
 
+void DataParallelPlan::wait_until_one_pending() {
+  reap(false);
+  while (pending_.size() > 1) {
+    wait(pending_.front().work);
+    pending_.erase(pending_.begin());
+  }
+}
+
 void DataParallelPlan::begin_step() {
   if (o_.zero <= 1) model_->zero_grad();
   else std::memset(grad_shard_.raw_data(), 0, static_cast<size_t>(grad_shard_.nbytes()));
@@ -185,7 +206,19 @@ void DataParallelPlan::launch_buckets(int64_t frontier) {
   float* g = model_->grads().data();
   while (buckets_launched_ < buckets_.size() && buckets_[buckets_launched_].begin >= frontier) {
     const ParamRange b = buckets_[buckets_launched_++];
-    pending_.push_back({comm::all_reduce_async(*dp_, g + b.begin, g + b.begin, b.size(), DType::kF32, comm::ReduceOp::kAvg), {}});
+    if (o_.reduce_dtype == DType::kF32) {
+      pending_.push_back({comm::all_reduce_async(*dp_, g + b.begin, g + b.begin, b.size(), DType::kF32, comm::ReduceOp::kAvg), {}});
+      continue;
+    }
+    uint16_t* stage = static_cast<uint16_t*>(reduce_stage_.raw_data()) + b.begin;
+    comm::Communicator* c = dp_.get();
+    pending_.push_back({dp_->comm_thread().submit([=]() -> Status {
+                          to_bf16(stage, g + b.begin, b.size());
+                          KILN_RETURN_IF_ERROR(comm::all_reduce(*c, stage, stage, b.size(), DType::kBF16, comm::ReduceOp::kAvg));
+                          from_bf16(g + b.begin, stage, b.size());
+                          return {};
+                        }),
+                        {}});
   }
 }
 
@@ -209,27 +242,44 @@ void DataParallelPlan::grads_ready(ParamRange range) {
 void DataParallelPlan::reduce_unit_grads(int u) {
   const Unit& unit = units_[static_cast<size_t>(u)];
   Gathered& g = *gathered_[static_cast<size_t>(u)];
+  wait_until_one_pending();
   Tensor tmp = Tensor::empty({std::max<int64_t>(unit.chunk, 1)});
-  const float* full = g.grads.data<float>();
+  float* full = g.grads.data<float>();
   float* part = tmp.data<float>();
   float* shard = grad_shard_.data<float>() + unit.shard_offset;
-  const int64_t chunk = unit.chunk;
+  const int64_t chunk = unit.chunk, padded = chunk * shard_->size();
   comm::Communicator* sc = shard_;
   comm::Communicator* rc = replicate_;
+  const DType wire = o_.reduce_dtype;
+  // bf16: the padded gradient converted in place into its first half's bytes, the reduced
+  // chunk into tmp's.
+  auto* full16 = reinterpret_cast<uint16_t*>(full);
+  auto* part16 = reinterpret_cast<uint16_t*>(part);
   // Reduce-scatter in the shard group, all-reduce the shard across groups (HSDP), then add
   // into this rank's gradient shard (micro-batches accumulate there).
   Work w = shard_->comm_thread().submit([=]() -> Status {
-    KILN_RETURN_IF_ERROR(comm::reduce_scatter(*sc, full, part, chunk, DType::kF32, comm::ReduceOp::kAvg));
-    if (rc->size() > 1) KILN_RETURN_IF_ERROR(comm::all_reduce(*rc, part, part, chunk, DType::kF32, comm::ReduceOp::kAvg));
-    for (int64_t i = 0; i < chunk; ++i) shard[i] += part[i];
+    const void* send = full;
+    void* recv = part;
+    if (wire == DType::kBF16) {
+      to_bf16(full16, full, padded);  // element i's 2 bytes land at or before element i's 4: in place is safe
+      send = full16;
+      recv = part16;
+    }
+    KILN_RETURN_IF_ERROR(comm::reduce_scatter(*sc, send, recv, chunk, wire, comm::ReduceOp::kAvg));
+    if (rc->size() > 1) KILN_RETURN_IF_ERROR(comm::all_reduce(*rc, recv, recv, chunk, wire, comm::ReduceOp::kAvg));
+    if (wire == DType::kBF16) {
+      for (int64_t i = 0; i < chunk; ++i) shard[i] += bf16_to_f32(part16[i]);
+    } else {
+      for (int64_t i = 0; i < chunk; ++i) shard[i] += part[i];
+    }
     return {};
   });
-  Pending q{w, std::move(g.grads)};
+  Pending q{w, {}};
+  q.keep.push_back(std::move(g.grads));
+  q.keep.push_back(std::move(tmp));
   pending_.push_back(std::move(q));
-  pending_.push_back({w, std::move(tmp)});
   g.grads = Tensor();
   if (o_.zero == 3 && unit.first_block >= 0) release(u);
-  reap(false);
 }
 
 void DataParallelPlan::finish_gradients() {
@@ -271,7 +321,9 @@ void DataParallelPlan::release(int u) {
 }
 
 void DataParallelPlan::bind_grad_buffer(int u) {
-  reap(false);  // free the buffers of reductions already done before allocating the next
+  // At most one reduction in flight when a new buffer is made: the older ones are waited for
+  // (and their buffers freed), so the gradient memory is bounded whatever the timing.
+  wait_until_one_pending();
   const Unit& unit = units_[static_cast<size_t>(u)];
   Gathered& g = *gathered_[static_cast<size_t>(u)];
   g.grads = Tensor::zeros({std::max<int64_t>(unit.chunk * shard_->size(), 1)});
@@ -389,6 +441,7 @@ CommTimes DataParallelPlan::take_comm_times() {
 std::string DataParallelPlan::describe() const {
   const char* stage[] = {"ddp", "zero1", "zero2", "fsdp"};
   std::string s = fmt::format("{} dp {}", stage[o_.zero], dp_->size());
+  if (o_.reduce_dtype != DType::kF32) s += fmt::format(", gradients reduced as {}", dtype_name(o_.reduce_dtype));
   if (o_.shard_group > 0) s += fmt::format(" (hsdp: shard {} × replicate {})", shard_->size(), replicate_->size());
   return s;
 }

@@ -16,6 +16,11 @@
 //                    (reshard_after_forward off keeps it from forward to backward: stage 2's
 //                    memory, no second gather); the next `prefetch` units' gathers are issued
 //                    ahead, forward and backward, so they overlap compute.
+//   Gradient buffers of stages 2 and 3: the head's lives through the backward (the tied
+//   embedding's gradient is final last); besides it, at most two units' buffers, each with its
+//   chunk-sized reduce temporary once it reduces: before a new buffer or temporary is made,
+//   older reductions are waited for until one is in flight, so memory per rank is bounded
+//   whatever the communication's lag.
 //   HSDP             stages 1–3 shard within groups of `shard_group` ranks and replicate
 //                    across the groups: reduce-scatter in the group, all-reduce (avg) of the
 //                    shard across groups, all-gather in the group.
@@ -44,6 +49,9 @@ struct DataParallelOptions {
   int fsdp_unit_blocks = 1;        // blocks per FSDP unit
   bool reshard_after_forward = true;
   int prefetch = 1;                // units gathered ahead (0: on demand)
+  // The gradients' dtype on the wire: f32, or bf16 (half the bytes; each reduction step adds
+  // in f32 and rounds once, comm/collectives.h). The master weights and the optimizer stay fp32.
+  DType reduce_dtype = DType::kF32;
 };
 
 // The same verdict on every rank, with no communication: dp divides the batch, shard_group
@@ -113,6 +121,9 @@ class DataParallelPlan final : public ParallelPlan {
   void launch_buckets(int64_t frontier);
   void wait(const comm::Work& w);
   void reap(bool all);
+  // Waits for the oldest reductions until at most one is in flight (ZeRO-2/3, before a new
+  // gradient buffer or reduce temporary is allocated).
+  void wait_until_one_pending();
 
   DataParallelOptions o_;
   std::unique_ptr<comm::DeviceMesh> mesh_;
@@ -131,8 +142,9 @@ class DataParallelPlan final : public ParallelPlan {
   // Reductions in flight and the buffers they read, freed when done.
   struct Pending {
     comm::Work work;
-    Tensor keep;
+    std::vector<Tensor> keep;
   };
+  Tensor reduce_stage_;  // bf16 reduction: the DDP buckets' staging copy (num_params bf16)
   std::vector<Pending> pending_;
   double exposed_seconds_ = 0;
 };

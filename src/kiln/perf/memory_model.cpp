@@ -216,19 +216,20 @@ MemoryPrediction predict_memory(const ModelConfig& c, int64_t global_batch, int6
         "4·S·chunk", gathered, 4 * block_padded);
   }
   if (d.zero >= 2) {
-    // Backward: the head's gradient buffer lives through it. A unit's buffer and its
-    // reduce-scatter temporary go to pending_ and are freed only when a later reduce_unit_grads
-    // (or finish_gradients) polls them done: how many are alive at once depends on how far the
-    // communication thread lags (measured: 1 to all of them). The prediction is the bound the
-    // code allows: every unit's buffer and temporary alive at the end of backward.
-    put(backward, "head unit gradient buffer (padded)", "4·S·chunk", 1, 4 * head_padded);
-    put(backward, "head reduce-scatter temporary", "4·chunk", 1, 4 * std::max<int64_t>(chunk[0], 1));
-    put(backward, "tail unit gradient buffer, reducing (padded)", "4·S·chunk", 1, 4 * tail_padded);
-    put(backward, "tail reduce-scatter temporary", "4·chunk", 1, 4 * tail_chunk);
+    // Backward: the head's gradient buffer lives through it. Besides it, DataParallelPlan keeps
+    // at most two units' buffers, each with its reduce temporary once it reduces (older
+    // reductions are waited for before a new buffer or temporary is made): the bound is two of
+    // the largest non-head unit, buffers and temporaries. How much of the bound is reached
+    // depends on the communication's lag: between one unit (reductions done at once) and two.
+    int64_t largest_padded = tail_padded, largest_chunk = tail_chunk;
     for (size_t u = 1; u + 1 < nu; ++u) {
-      put(backward, "block unit gradient buffers, reducing (padded)", "4·S·chunk", 1, 4 * std::max<int64_t>(S * chunk[u], 1));
-      put(backward, "block reduce-scatter temporaries", "4·chunk", 1, 4 * std::max<int64_t>(chunk[u], 1));
+      largest_padded = std::max(largest_padded, std::max<int64_t>(S * chunk[u], 1));
+      largest_chunk = std::max(largest_chunk, std::max<int64_t>(chunk[u], 1));
     }
+    put(backward, "head unit gradient buffer (padded)", "4·S·chunk", 1, 4 * head_padded);
+    put(backward, "unit gradient buffers (padded): computing, reducing", "4·S·chunk", 1, 4 * largest_padded);
+    put(backward, "unit gradient buffers (padded): reducing, second", "4·S·chunk", 1, 4 * largest_padded);
+    put(backward, "reduce-scatter temporaries", "4·chunk", 2, 4 * largest_chunk);
   }
   auto sum = [](const std::vector<MemoryItem>& v) {
     int64_t s = 0;
@@ -247,8 +248,8 @@ MemoryPrediction predict_memory(const ModelConfig& c, int64_t global_batch, int6
       "  per rank, all fp32: params 4Ψ, grads 4Ψ, AdamW moments 8Ψ, each divided by S where the stage shards\n"
       "  it ({}); a shard is Σ_u ⌈n_u/S⌉ = {} floats (Ψ/S = {:.0f}; padding: S·shard − Ψ = {}).\n"
       "  Plus the activations of the per-rank batch and the units in flight: ZeRO-1/2 all-gather the updated\n"
-      "  shards through one padded buffer (max_u S·⌈n_u/S⌉); ZeRO-2/3 hold each unit's padded gradient and its\n"
-      "  reduce-scatter temporary until a later reduce polls it done (bound: all of them); ZeRO-3 also holds the root\n"
+      "  shards through one padded buffer (max_u S·⌈n_u/S⌉); ZeRO-2/3 hold the head's padded gradient through the\n"
+      "  backward and at most two other units' (each with its reduce temporary); ZeRO-3 also holds the root\n"
       "  units (head, tail) and 1 + prefetch ({}) block units gathered (every block unit without reshard_after_forward).\n"
       "  total per rank: {:.2f} MiB in allocator blocks (the allocator's peak_bytes_in_use)\n",
       d.dp, global_batch / d.dp, global_batch, S, nu, d.fsdp_unit_blocks, stage[d.zero], shard,

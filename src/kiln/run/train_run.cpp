@@ -111,6 +111,8 @@ std::unique_ptr<Trainer> make_trainer(Transformer& model, const RunData& d, cons
 // every rank): --fsdp is --zero 3, --hsdp alone implies it, --dp must be the world size.
 Expected<parallel::DataParallelOptions> resolve_parallel(const TrainRunOptions& o, const TrainOptions& t, int world) {
   parallel::DataParallelOptions p = o.parallel;
+  if (o.reduce_dtype == "bf16") p.reduce_dtype = DType::kBF16;
+  else if (o.reduce_dtype != "f32") return invalid_argument("--reduce-dtype {}: f32 or bf16", o.reduce_dtype);
   if (o.fsdp) {
     if (p.zero != 0 && p.zero != 3) return invalid_argument("--fsdp is --zero 3; it cannot be combined with --zero {}", p.zero);
     p.zero = 3;
@@ -335,7 +337,8 @@ std::string resume_path(const TrainRunOptions& o, bool sharded) {
 Status run_training(const TrainRunOptions& o, const RunOutput& out_in) {
   KILN_ASSIGN_OR_RETURN(TrainOptions t, resolve_train_options(o));
   // Data parallelism: every flag checked before MPI is asked for anything but the world size.
-  const bool parallel_run = launched_by_mpi() || o.dp > 0 || o.fsdp || o.parallel.zero > 0 || o.parallel.shard_group > 0;
+  const bool parallel_run = launched_by_mpi() || o.dp > 0 || o.fsdp || o.parallel.zero > 0 || o.parallel.shard_group > 0 ||
+                            o.reduce_dtype != "f32";
   comm::Communicator* world = parallel_run ? &comm::Communicator::world() : nullptr;
   std::optional<parallel::DataParallelOptions> dpo;
   if (world) {

@@ -45,6 +45,7 @@ struct TrainRunOptions {
   // --hsdp G, --bucket-mb, --overlap, --fsdp-unit, --reshard-after-forward, --prefetch.
   int dp = 0;
   bool fsdp = false;
+  std::string reduce_dtype = "f32";  // --reduce-dtype: f32 | bf16
   parallel::DataParallelOptions parallel;
 };
 
