@@ -79,12 +79,19 @@ double comm_timeout_seconds() {
   return seconds;
 }
 
+#ifndef KILN_MAX_POLL_SLEEP_US
+#define KILN_MAX_POLL_SLEEP_US 640
+#endif
 namespace {
 // Polls `reqs` until all complete: spins for the first 50 us (a reply that is already on its
-// way), then sleeps 20 us between polls; ends the job past comm_timeout_seconds().
+// way), then sleeps between polls, 20 us at first and doubling up to kMaxPollSleepUs (each
+// wake-up costs the compute thread on this core a context switch; a wait for a rank that is
+// still computing is long); ends the job past comm_timeout_seconds().
+constexpr int kMaxPollSleepUs = 200;
 void polite_wait_all(int n, MPI_Request* reqs) {
   using clock = std::chrono::steady_clock;
   const auto t0 = clock::now();
+  int sleep_us = 20;
   for (int polls = 0;; ++polls) {
     int done = 0;
     check_mpi(MPI_Testall(n, reqs, &done, MPI_STATUSES_IGNORE), "MPI_Testall");
@@ -94,7 +101,10 @@ void polite_wait_all(int n, MPI_Request* reqs) {
       abort_job(fmt::format("no progress for {:.0f} s waiting for another rank (KILN_COMM_TIMEOUT): "
                             "a rank died or hangs; ending the job",
                             waited));
-    if (waited > 50e-6) std::this_thread::sleep_for(std::chrono::microseconds(20));
+    if (waited > 50e-6) {
+      std::this_thread::sleep_for(std::chrono::microseconds(sleep_us));
+      sleep_us = std::min(2 * sleep_us, kMaxPollSleepUs);
+    }
   }
 }
 }  // namespace
