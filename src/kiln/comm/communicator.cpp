@@ -79,9 +79,6 @@ double comm_timeout_seconds() {
   return seconds;
 }
 
-#ifndef KILN_MAX_POLL_SLEEP_US
-#define KILN_MAX_POLL_SLEEP_US 640
-#endif
 namespace {
 // Polls `reqs` until all complete: spins for the first 50 us (a reply that is already on its
 // way), then sleeps between polls, 20 us at first and doubling up to kMaxPollSleepUs (each
