@@ -16,7 +16,10 @@
 #include "kiln/serve/sampler.h"
 #include "kiln/serve/speculative.h"
 #include "kiln/tokenizer/bpe.h"
+#include "kiln/core/file_io.h"
+#include "kiln/model/hf_config.h"
 #include "kiln/train/corpus.h"
+#include "kiln/train/sharded_checkpoint.h"
 
 namespace kiln::app {
 namespace {
@@ -33,6 +36,7 @@ struct GenArgs {
   uint64_t seed = 1;
   int samples = 1;
   std::string draft_model;     // speculative decoding when set
+  std::string checkpoint;      // weights from a training checkpoint (file or sharded directory)
   int64_t num_speculative = 4;  // γ
 };
 
@@ -135,8 +139,25 @@ void run_speculative(const GenArgs& a, std::unique_ptr<Transformer> target, cons
 
 // `kiln generate`: each sample is one request through the serving engine (the decode loop
 // `kiln serve` runs), printed as it is sampled.
+// --checkpoint: the model of --model's config.json with the parameters of a training
+// checkpoint, a single file or a sharded directory written at any number of ranks (read whole).
+Expected<std::unique_ptr<Transformer>> model_from_checkpoint(const GenArgs& a) {
+  const std::string config_path = (std::filesystem::path(a.model) / "config.json").string();
+  KILN_ASSIGN_OR_RETURN(const std::string text, read_file(config_path, int64_t{1} << 20));
+  auto cfg = config_from_hf_json(text);
+  if (!cfg.ok()) return invalid_argument("{}: {}", config_path, cfg.status().message());
+  KILN_ASSIGN_OR_RETURN(auto model, Transformer::create(*cfg, 0));
+  KILN_ASSIGN_OR_RETURN(const FullCheckpoint ck, load_checkpoint_whole(a.checkpoint));
+  if (ck.meta.num_params != model->num_params() || ck.meta.model != cfg->describe())
+    return invalid_argument("{} was written by {} ({} parameters); {} describes {} ({})", a.checkpoint, ck.meta.model,
+                            ck.meta.num_params, config_path, cfg->describe(), model->num_params());
+  std::copy(ck.params.begin(), ck.params.end(), model->params().begin());
+  return model;
+}
+
 void run_generate(const GenArgs& a) {
-  auto model = quant::load_any_model(a.model);  // fp32 or kiln-quantized
+  auto model = a.checkpoint.empty() ? quant::load_any_model(a.model)  // fp32 or kiln-quantized
+                                    : model_from_checkpoint(a);
   if (!model.ok()) fail("generate", model.status());
   auto tk = tok::Tokenizer::load_hf_json((std::filesystem::path(a.model) / "tokenizer.json").string());
   if (!tk.ok()) fail("generate", tk.status());
@@ -251,6 +272,9 @@ void register_train(CLI::App& app) {
   g->add_option("--attention", "Attention kernels: flash (default) or naive (the T×T GEMM path, for comparison)")
       ->check(CLI::IsMember({"naive", "flash"}))
       ->each([](const std::string& s) { set_attention_impl(parse_attention_impl(s).value()); });
+  g->add_option("--checkpoint", ga->checkpoint,
+                "Weights from a training checkpoint instead of --model's (OUT/checkpoint.bin, or OUT/checkpoint of a run "
+                "on several ranks); --model gives config.json and tokenizer.json");
   g->add_option("--samples", ga->samples, "Number of samples")->check(CLI::Range(1, 100));
   g->add_option("--draft-model", ga->draft_model, "Speculative decoding with this draft model (same tokenizer)");
   g->add_option("--num-speculative", ga->num_speculative, "Draft tokens per target pass (γ)")->check(CLI::Range(1, 16));

@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # `kiln train` under mpirun, end to end: ZeRO-3 on 2 ranks trains with the per-rank progress
-# line, writes a sharded checkpoint and a model `kiln generate` reads; one process resumes
-# from the shards; flags that do not fit fail with one message before any step; a rank killed
-# mid-run ends the job within 30 s with mpirun's message naming it, never a hang.
+# line and writes a sharded checkpoint and a model, which `kiln generate` both read (the same
+# greedy text); one process resumes from the shards; flags that do not fit fail with one
+# message before any step; a rank killed mid-run ends the job within 30 s with mpirun's
+# message naming it, never a hang.
 # Usage: train_mpi_check.sh KILN MPIEXEC
 set -u
 kiln=$1
@@ -23,7 +24,10 @@ grep -q "data parallel: fsdp dp 2" "$dir/z3.log" || fail "no data-parallel line"
 grep -Eq "step +10/10 .*MiB/rank .*exposed" "$dir/z3.log" || { cat "$dir/z3.log"; fail "no per-rank progress line"; }
 [ "$(grep -c '^step ' "$dir/z3.log")" -eq 2 ] || fail "progress printed by more than one rank"
 [ -f "$dir/z3/checkpoint/manifest.json" ] && [ -f "$dir/z3/checkpoint/shard-00001-of-00002.bin" ] || fail "no sharded checkpoint"
-"$kiln" generate --model "$dir/z3" --prompt "In the" --max-tokens 4 > /dev/null || fail "generate cannot read the model"
+"$kiln" generate --model "$dir/z3" --prompt "In the" --max-tokens 6 --temperature 0 > "$dir/gen_model.txt" || fail "generate cannot read the model"
+"$kiln" generate --model "$dir/z3" --checkpoint "$dir/z3/checkpoint" --prompt "In the" --max-tokens 6 --temperature 0 \
+  > "$dir/gen_ckpt.txt" || fail "generate cannot read the sharded checkpoint"
+cmp -s "$dir/gen_model.txt" "$dir/gen_ckpt.txt" || fail "the sharded checkpoint generates other text than the exported model"
 "$kiln" train "${small[@]}" --steps 12 --out "$dir/z3" --resume > "$dir/resume.log" 2>&1 || { cat "$dir/resume.log"; fail "one-process resume"; }
 grep -q "resumed from $dir/z3/checkpoint at step 10" "$dir/resume.log" || fail "did not resume from the shards"
 
