@@ -250,11 +250,10 @@ void register_train(CLI::App& app) {
   t->callback([ta] {
     const bool mpi = run::launched_by_mpi();
     Status st = run::run_training(*ta);
+    const int rank = mpi ? comm::Communicator::world().rank() : 0;
     if (mpi) comm::finalize();
     if (!st.ok()) {
-      // Every rank reached the same verdict; rank 0 says it once.
-      const char* rank = std::getenv("OMPI_COMM_WORLD_RANK");
-      if (rank != nullptr && std::string_view(rank) != "0") throw CLI::RuntimeError(kUserError);
+      if (rank != 0) throw CLI::RuntimeError(kUserError);  // every rank has the same verdict: rank 0 says it
       fail("train", st);
     }
   });

@@ -296,8 +296,10 @@ TEST(DataParallel, FlagsThatDoNotFitFailBeforeAnyStep) {
   const int p = world().size();
   TrainOptions o = options();
   DataParallelOptions d;
-  o.batch = p + 1 == 1 ? 1 : 12 * p + 1;  // never divides over p > 1
-  if (p > 1) EXPECT_FALSE(check_data_parallel(d, p, o).ok());
+  o.batch = 12 * p + 1;  // never divides over p > 1
+  if (p > 1) {
+    EXPECT_FALSE(check_data_parallel(d, p, o).ok());
+  }
   o = options();
   d.zero = 3;
   d.shard_group = p + 1;

@@ -68,7 +68,9 @@ TEST(MemoryPerRank, PredictionMatchesAllocatorPeak) {
     }
     EXPECT_LE(measured / predicted, 1.05) << "np " << P << " zero " << zero;
     EXPECT_GE(measured / (predicted - static_cast<double>(second)), 0.95) << "np " << P << " zero " << zero;
-    if (zero <= 1) EXPECT_NEAR(measured / predicted, 1.0, 0.05) << "np " << P << " zero " << zero;
+    if (zero <= 1) {
+      EXPECT_NEAR(measured / predicted, 1.0, 0.05) << "np " << P << " zero " << zero;
+    }
   }
 }
 

@@ -4,15 +4,16 @@
 #include <algorithm>
 #include <cstring>
 
+#include "kiln/train/precision_kernels.h"
+
 namespace kiln::parallel {
 
 using comm::Work;
 
 namespace {
-// bf16 reduction: gradients to the wire dtype and back (round to nearest even).
-void to_bf16(uint16_t* out, const float* in, int64_t n) {
-  for (int64_t i = 0; i < n; ++i) out[i] = f32_to_bf16(in[i]);
-}
+// bf16 reduction: gradients to the wire dtype (round to nearest even, the mixed-precision
+// kernel of this CPU, on the calling thread) and back.
+void to_bf16(uint16_t* out, const float* in, int64_t n) { precision_kernels_picked().to_bf16(out, in, n); }
 void from_bf16(float* out, const uint16_t* in, int64_t n) {
   for (int64_t i = 0; i < n; ++i) out[i] = bf16_to_f32(in[i]);
 }
@@ -21,7 +22,6 @@ void from_bf16(float* out, const uint16_t* in, int64_t n) {
 struct DataParallelPlan::Gathered {
   Tensor params;  // (S · chunk,) the unit's whole parameters once `gather` completed
   Work gather;
-  bool bound = false;  // the model points at params
   Tensor grads;        // (S · chunk,) zeroed; the unit's gradient during backward (stage >= 2)
 };
 
@@ -124,7 +124,7 @@ void DataParallelPlan::build_pieces() {
       pieces_.push_back(p);
     }
   }
-  state_size_ = units_.back().shard_offset + units_.back().chunk;
+  state_size_ = shard_floats();
 }
 
 void DataParallelPlan::attach(Transformer& model) {
@@ -133,9 +133,8 @@ void DataParallelPlan::attach(Transformer& model) {
   // Every rank starts from rank 0's parameters.
   if (Status s = comm::broadcast(*dp_, model.params().data(), model.num_params(), DType::kF32, 0); !s.ok())
     comm::abort_job(fmt::format("data parallel: broadcasting the parameters failed: {}", s.message()));
-  const int64_t shard_floats = units_.back().shard_offset + units_.back().chunk;
   if (o_.zero == 3) {
-    param_shard_ = Tensor::zeros({shard_floats});
+    param_shard_ = Tensor::zeros({shard_floats()});
     for (const Unit& u : units_) {
       const ParamRange m = u.mine();
       std::memcpy(param_shard_.data<float>() + u.shard_offset, model.params().data() + m.begin,
@@ -144,7 +143,7 @@ void DataParallelPlan::attach(Transformer& model) {
     model.release_params();
   }
   if (o_.zero >= 2) {
-    grad_shard_ = Tensor::zeros({shard_floats});
+    grad_shard_ = Tensor::zeros({shard_floats()});
     model.release_grads();
   }
   build_pieces();
@@ -165,6 +164,8 @@ void DataParallelPlan::attach(Transformer& model) {
     }
   }
 }
+
+int64_t DataParallelPlan::shard_floats() const { return units_.back().shard_offset + units_.back().chunk; }
 
 int DataParallelPlan::unit_of_block(int64_t block) const {
   return 1 + static_cast<int>(block / o_.fsdp_unit_blocks);
@@ -243,40 +244,36 @@ void DataParallelPlan::reduce_unit_grads(int u) {
   const Unit& unit = units_[static_cast<size_t>(u)];
   Gathered& g = *gathered_[static_cast<size_t>(u)];
   wait_until_one_pending();
-  Tensor tmp = Tensor::empty({std::max<int64_t>(unit.chunk, 1)});
-  float* full = g.grads.data<float>();
-  float* part = tmp.data<float>();
-  float* shard = grad_shard_.data<float>() + unit.shard_offset;
   const int64_t chunk = unit.chunk, padded = chunk * shard_->size();
+  const DType wire = o_.reduce_dtype;
+  // The reduced chunk (in the wire dtype) and, for bf16, the padded gradient rounded to bf16.
+  Tensor part = Tensor::empty({std::max<int64_t>(chunk, 1)}, wire);
+  Tensor wire_copy = wire == DType::kBF16 ? Tensor::empty({std::max<int64_t>(padded, 1)}, wire) : Tensor();
+  const float* full = g.grads.data<float>();
+  void* send = wire == DType::kBF16 ? wire_copy.raw_data() : g.grads.raw_data();
+  void* recv = part.raw_data();
+  float* shard = grad_shard_.data<float>() + unit.shard_offset;
   comm::Communicator* sc = shard_;
   comm::Communicator* rc = replicate_;
-  const DType wire = o_.reduce_dtype;
-  // bf16: the padded gradient converted in place into its first half's bytes, the reduced
-  // chunk into tmp's.
-  auto* full16 = reinterpret_cast<uint16_t*>(full);
-  auto* part16 = reinterpret_cast<uint16_t*>(part);
   // Reduce-scatter in the shard group, all-reduce the shard across groups (HSDP), then add
   // into this rank's gradient shard (micro-batches accumulate there).
   Work w = shard_->comm_thread().submit([=]() -> Status {
-    const void* send = full;
-    void* recv = part;
-    if (wire == DType::kBF16) {
-      to_bf16(full16, full, padded);  // element i's 2 bytes land at or before element i's 4: in place is safe
-      send = full16;
-      recv = part16;
-    }
+    if (wire == DType::kBF16) to_bf16(static_cast<uint16_t*>(send), full, padded);
     KILN_RETURN_IF_ERROR(comm::reduce_scatter(*sc, send, recv, chunk, wire, comm::ReduceOp::kAvg));
     if (rc->size() > 1) KILN_RETURN_IF_ERROR(comm::all_reduce(*rc, recv, recv, chunk, wire, comm::ReduceOp::kAvg));
     if (wire == DType::kBF16) {
-      for (int64_t i = 0; i < chunk; ++i) shard[i] += bf16_to_f32(part16[i]);
+      const auto* r = static_cast<const uint16_t*>(recv);
+      for (int64_t i = 0; i < chunk; ++i) shard[i] += bf16_to_f32(r[i]);
     } else {
-      for (int64_t i = 0; i < chunk; ++i) shard[i] += part[i];
+      const auto* r = static_cast<const float*>(recv);
+      for (int64_t i = 0; i < chunk; ++i) shard[i] += r[i];
     }
     return {};
   });
   Pending q{w, {}};
   q.keep.push_back(std::move(g.grads));
-  q.keep.push_back(std::move(tmp));
+  q.keep.push_back(std::move(part));
+  if (wire_copy.defined()) q.keep.push_back(std::move(wire_copy));
   pending_.push_back(std::move(q));
   g.grads = Tensor();
   if (o_.zero == 3 && unit.first_block >= 0) release(u);
@@ -298,17 +295,13 @@ void DataParallelPlan::issue_gather(int u) {
   std::memcpy(full + unit.shard_rank * unit.chunk, param_shard_.data<float>() + unit.shard_offset,
               static_cast<size_t>(m.size()) * sizeof(float));
   g.gather = comm::all_gather_async(*shard_, full + unit.shard_rank * unit.chunk, full, unit.chunk, DType::kF32);
-  g.bound = false;
 }
 
 void DataParallelPlan::ensure_gathered(int u) {
   issue_gather(u);
   Gathered& g = *gathered_[static_cast<size_t>(u)];
   wait(g.gather);
-  if (!g.bound) {
-    model_->bind(units_[static_cast<size_t>(u)].range, g.params.data<float>(), nullptr);
-    g.bound = true;
-  }
+  model_->bind(units_[static_cast<size_t>(u)].range, g.params.data<float>(), nullptr);
 }
 
 void DataParallelPlan::release(int u) {
@@ -317,7 +310,6 @@ void DataParallelPlan::release(int u) {
   wait(g.gather);
   g.params = Tensor();
   g.gather = Work();
-  g.bound = false;
 }
 
 void DataParallelPlan::bind_grad_buffer(int u) {
@@ -472,10 +464,6 @@ std::vector<float> DataParallelPlan::gather_full_params() {
     if (!had) release(static_cast<int>(u));
   }
   return out;
-}
-
-int64_t DataParallelPlan::resident_bytes() const {
-  return param_shard_.nbytes() + grad_shard_.nbytes();
 }
 
 }  // namespace kiln::parallel

@@ -102,8 +102,6 @@ class DataParallelPlan final : public ParallelPlan {
     int shard_rank = 0;
   };
   const std::vector<Unit>& units() const { return units_; }
-  // Bytes of the buffers this plan keeps for the whole run (shards, buckets).
-  int64_t resident_bytes() const;
 
  private:
   explicit DataParallelPlan(const DataParallelOptions& o);
@@ -111,6 +109,8 @@ class DataParallelPlan final : public ParallelPlan {
   void build_units();
   void build_pieces();
   int unit_of_block(int64_t block) const;
+  // Floats of one rank's shard: Σ over units of the chunk (padded).
+  int64_t shard_floats() const;
   // ZeRO-3: starts the all-gather of unit u (if neither gathered nor in flight); ensure waits.
   void issue_gather(int u);
   void ensure_gathered(int u);

@@ -13,7 +13,6 @@ namespace kiln {
 namespace {
 
 constexpr char kMagic[8] = {'K', 'I', 'L', 'N', 'C', 'K', 'P', 'T'};
-constexpr const char* kSectionNames[3] = {"params", "m", "v"};
 constexpr int64_t kMaxStep = int64_t{1} << 62;
 
 using json = nlohmann::json;
@@ -122,10 +121,10 @@ Expected<CheckpointHeader> parse_checkpoint_header(std::string_view prefix, uint
     const json& s = (*sections)[i];
     if (!s.is_object()) return data_loss("checkpoint header: section {} is not an object", i);
     const json* name = field(s, "name");
-    if (name == nullptr || !name->is_string() || name->get<std::string>() != kSectionNames[i])
-      return data_loss("checkpoint header: section {} is not '{}'", i, kSectionNames[i]);
+    if (name == nullptr || !name->is_string() || name->get<std::string>() != kCheckpointSectionNames[i])
+      return data_loss("checkpoint header: section {} is not '{}'", i, kCheckpointSectionNames[i]);
     CheckpointSection sec;
-    sec.name = kSectionNames[i];
+    sec.name = kCheckpointSectionNames[i];
     const json* bytes = field(s, "bytes");
     const json* crc = field(s, "crc32c");
     if (bytes == nullptr || !bytes->is_number_unsigned() || !section_bytes || bytes->get<uint64_t>() != *section_bytes)

@@ -23,6 +23,9 @@ namespace kiln {
 constexpr std::string_view kCheckpointFormat = "kiln-checkpoint-2";
 constexpr uint64_t kMaxCheckpointHeaderBytes = uint64_t{1} << 20;
 
+// The sections, in file order (also the order of a shard file's, sharded_checkpoint.h).
+inline constexpr const char* kCheckpointSectionNames[3] = {"params", "m", "v"};
+
 struct CheckpointSection {
   std::string name;     // "params", "m", "v"
   uint64_t offset = 0;  // from the start of the file

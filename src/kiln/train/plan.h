@@ -56,8 +56,9 @@ class ParallelPlan : public ModelHooks {
   virtual double sum_over_shards(double x) { return x; }
   // x averaged over the data-parallel ranks (the loss).
   virtual double mean_over_data(double x) { return x; }
-  // After the optimizer updated the pieces: parameters made whole again where the layout
-  // needs them (ZeRO-1/2 all-gather; ZeRO-3 drops its stale gathered units).
+  // After the pieces' parameters changed (an optimizer step, a checkpoint load): parameters
+  // made whole again where the layout needs them (ZeRO-1/2 all-gather; ZeRO-3 drops its stale
+  // gathered units).
   virtual void after_optimizer_step() {}
   // The communication since the last call.
   virtual CommTimes take_comm_times() { return {}; }

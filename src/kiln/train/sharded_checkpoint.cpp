@@ -24,7 +24,6 @@ using json = nlohmann::json;
 namespace fs = std::filesystem;
 
 constexpr char kShardMagic[8] = {'K', 'I', 'L', 'N', 'S', 'H', 'R', 'D'};
-constexpr const char* kSectionNames[3] = {"params", "m", "v"};
 constexpr uint64_t kMaxCount = uint64_t{1} << 62;  // steps, parameters, bytes
 constexpr uint64_t kShardPrefixOverhead = 20;      // magic, length, CRC-32C around the header
 // A view's ranges at most: its shard header (~30 B a range) then stays under
@@ -122,7 +121,7 @@ Status check_view(const ShardView& v, std::string_view op) {
   for (int i = 0; i < 3; ++i)
     if (static_cast<int64_t>(section_of(v, i).size()) != *total)
       return invalid_argument("[{}] the ranges hold {} elements, {} holds {}", op, *total,
-                              kSectionNames[i], section_of(v, i).size());
+                              kCheckpointSectionNames[i], section_of(v, i).size());
   return {};
 }
 
@@ -149,7 +148,7 @@ EncodedShard encode_shard(const ShardView& mine, int shard, int num_shards) {
     e.sections[i] = as_bytes(section_of(mine, i).data(), section_of(mine, i).size());
     crcs[i] = crc32c(e.sections[i]);
     header_sections.push_back(
-        {{"name", kSectionNames[i]}, {"bytes", e.sections[i].size()}, {"crc32c", crcs[i]}});
+        {{"name", kCheckpointSectionNames[i]}, {"bytes", e.sections[i].size()}, {"crc32c", crcs[i]}});
   }
   const json header = {
       {"format", std::string(kShardFileFormat)}, {"shard", shard},   {"num_shards", num_shards},
@@ -164,7 +163,7 @@ EncodedShard encode_shard(const ShardView& mine, int shard, int num_shards) {
   uint64_t offset = e.prefix.size();
   json entry_sections = json::array();
   for (int i = 0; i < 3; ++i) {
-    entry_sections.push_back({{"name", kSectionNames[i]},
+    entry_sections.push_back({{"name", kCheckpointSectionNames[i]},
                               {"offset", offset},
                               {"bytes", e.sections[i].size()},
                               {"crc32c", crcs[i]}});
@@ -311,11 +310,11 @@ Expected<SourceFile> parse_entry(const json& s, int i, int n, int64_t num_params
     return data_loss("{}: 'sections' is not a list of 3 (params, m, v)", where);
   for (int k = 0; k < 3; ++k) {
     const json& sec = (*sections)[k];
-    const std::string at = fmt::format("{}: section {}", where, kSectionNames[k]);
+    const std::string at = fmt::format("{}: section {}", where, kCheckpointSectionNames[k]);
     const json* sec_name = field(sec, "name");
     if (!sec.is_object() || sec_name == nullptr || !sec_name->is_string() ||
-        *sec_name != kSectionNames[k])
-      return data_loss("{} is not an object named '{}'", at, kSectionNames[k]);
+        *sec_name != kCheckpointSectionNames[k])
+      return data_loss("{} is not an object named '{}'", at, kCheckpointSectionNames[k]);
     KILN_ASSIGN_OR_RETURN(const uint64_t offset, get_uint(sec, "offset", kMaxCount, at));
     KILN_ASSIGN_OR_RETURN(const uint64_t bytes, get_uint(sec, "bytes", kMaxCount, at));
     KILN_ASSIGN_OR_RETURN(const uint64_t crc, get_uint(sec, "crc32c", 0xFFFFFFFFu, at));
@@ -328,7 +327,7 @@ Expected<SourceFile> parse_entry(const json& s, int i, int n, int64_t num_params
     if (bytes != section_bytes)
       return data_loss("{}: 'bytes' {} is not 4 x the {} elements of the ranges", at, bytes,
                        elements);
-    f.sections[k] = {kSectionNames[k], offset, bytes, static_cast<uint32_t>(crc)};
+    f.sections[k] = {kCheckpointSectionNames[k], offset, bytes, static_cast<uint32_t>(crc)};
   }
   if (f.sections[2].offset + section_bytes != f.bytes)
     return data_loss("{}: 'bytes' {} is not where the sections end ({})", where, f.bytes,
@@ -644,7 +643,7 @@ Status save_checkpoint_file(const std::string& path, const CheckpointHeader& met
   std::string_view bytes[3];
   for (int i = 0; i < 3; ++i) {
     bytes[i] = as_bytes(section_of(all, i).data(), section_of(all, i).size());
-    h.sections.push_back({kSectionNames[i], 0, bytes[i].size(), crc32c(bytes[i])});
+    h.sections.push_back({kCheckpointSectionNames[i], 0, bytes[i].size(), crc32c(bytes[i])});
   }
   const std::string prefix = encode_checkpoint_prefix(h);
   return write_file_atomic(path, {prefix, bytes[0], bytes[1], bytes[2]});

@@ -9,7 +9,6 @@
 
 #include <nlohmann/json.hpp>
 
-#include "kiln/core/crc32c.h"
 #include "kiln/core/file_io.h"
 #include "kiln/train/checkpoint.h"
 #include "kiln/train/sharded_checkpoint.h"
@@ -24,13 +23,16 @@ double learning_rate(const TrainOptions& o, int64_t step, int64_t total) {
   return min_lr + 0.5 * (o.lr - min_lr) * (1.0 + std::cos(M_PI * progress));
 }
 
-double evaluate(Transformer& model, const TokenShard& data, int64_t batch, int64_t seq_len, int64_t batches) {
+double evaluate(Transformer& model, const TokenShard& data, int64_t batch, int64_t seq_len, int64_t batches,
+                int64_t first_row, int64_t rows) {
+  if (rows < 0) rows = batch;
   BatchLoader loader(&data, batch, seq_len, 0);
   std::vector<int32_t> x, y;
   double sum = 0;
   int64_t n = 0;
+  const int64_t first = first_row * seq_len;
   for (int64_t i = 0; i < batches && loader.eval_batch(i, x, y); ++i) {
-    sum += model.forward(x.data(), y.data(), batch, seq_len).value();
+    sum += model.forward(x.data() + first, y.data() + first, rows, seq_len).value();
     ++n;
   }
   return n ? sum / n : -1;
@@ -57,16 +59,8 @@ Trainer::Trainer(Transformer& model, const TokenShard& train_data, const TokenSh
 Trainer::~Trainer() { model_.set_hooks(nullptr); }
 
 double Trainer::validation_loss() {
-  BatchLoader loader(val_, o_.batch, o_.seq_len, 0);
-  std::vector<int32_t> x, y;
-  double sum = 0;
-  int64_t n = 0;
-  const int64_t first = plan_->data_rank() * rows_ * o_.seq_len;
-  for (int64_t i = 0; i < o_.eval_batches && loader.eval_batch(i, x, y); ++i) {
-    sum += model_.forward(x.data() + first, y.data() + first, rows_, o_.seq_len).value();
-    ++n;
-  }
-  return n ? plan_->mean_over_data(sum / n) : -1;
+  const double mine = evaluate(model_, *val_, o_.batch, o_.seq_len, o_.eval_batches, plan_->data_rank() * rows_, rows_);
+  return mine < 0 ? mine : plan_->mean_over_data(mine);  // -1 (no batch) on every rank alike
 }
 
 StepStats Trainer::step() {
@@ -142,7 +136,6 @@ StepStats Trainer::step() {
 }
 
 namespace {
-constexpr const char* kSectionNames[3] = {"params", "m", "v"};
 
 nlohmann::json options_json(const TrainOptions& o) {
   return {{"batch", o.batch}, {"seq_len", o.seq_len}, {"grad_accum", o.grad_accum}, {"lr", o.lr},
@@ -209,42 +202,11 @@ Status Trainer::save_checkpoint(const std::string& path) const {
     }
     return save_sharded_checkpoint(*c, path, checkpoint_meta(), b.view);
   }
-  const auto n = static_cast<size_t>(m_.numel());
-  const std::string_view sections[3] = {as_bytes(model_.params().data(), n), as_bytes(m_.data<float>(), n),
-                                        as_bytes(v_.data<float>(), n)};
-  CheckpointHeader h = checkpoint_meta();
-  for (int i = 0; i < 3; ++i) h.sections.push_back({kSectionNames[i], 0, sections[i].size(), crc32c(sections[i])});
-  const std::string prefix = encode_checkpoint_prefix(h);
-  return write_file_atomic(path, {prefix, sections[0], sections[1], sections[2]});
+  const ShardView all{model_.num_params(), {{0, model_.num_params()}}, model_.params(),
+                      {m_.data<float>(), static_cast<size_t>(m_.numel())}, {v_.data<float>(), static_cast<size_t>(v_.numel())}};
+  return save_checkpoint_file(path, checkpoint_meta(), all);
 }
 
-namespace {
-// Reads a section in 4 MiB pieces into dst (or only checksums it when dst is null) and checks
-// its CRC-32C, so nothing is overwritten before every section is known to be intact.
-Status read_section(std::ifstream& in, const std::string& path, const CheckpointSection& s, char* dst) {
-  constexpr uint64_t kChunk = uint64_t{4} << 20;
-  std::string buf;
-  in.clear();
-  in.seekg(static_cast<std::streamoff>(s.offset));
-  uint32_t crc = 0;
-  for (uint64_t done = 0; done < s.bytes;) {
-    const uint64_t len = std::min(kChunk, s.bytes - done);
-    char* to = dst;
-    if (to) to += done;
-    else {
-      buf.resize(len);
-      to = buf.data();
-    }
-    if (!in.read(to, static_cast<std::streamsize>(len))) return data_loss("{}: short read in section {}", path, s.name);
-    crc = crc32c(std::string_view(to, len), crc);
-    done += len;
-  }
-  if (crc != s.crc32c)
-    return data_loss("{}: section {}: CRC-32C mismatch (stored {:08x}, computed {:08x}): the file is corrupted", path,
-                     s.name, s.crc32c, crc);
-  return {};
-}
-}  // namespace
 
 Status Trainer::restore(const CheckpointHeader& h, const std::string& path, const std::vector<OptimizerPiece>& pieces,
                         const PieceBuffersRef& from) {
@@ -277,44 +239,10 @@ Status Trainer::load_checkpoint(const std::string& path) {
     KILN_ASSIGN_OR_RETURN(const CheckpointHeader h, load_sharded_checkpoint(*c, path, b.view));
     return restore(h, path, pieces, {b.params, b.m, b.v});
   }
-  if (std::filesystem::is_directory(path)) {  // a sharded checkpoint, read whole by one process
-    KILN_ASSIGN_OR_RETURN(const FullCheckpoint full, load_checkpoint_whole(path));
-    if (full.meta.num_params != model_.num_params())
-      return invalid_argument("{} holds {} parameters; this model has {}", path, full.meta.num_params,
-                              model_.num_params());
-    return restore(full.meta, path, pieces, {full.params, full.m, full.v});
-  }
-  std::error_code ec;
-  const uint64_t size = std::filesystem::file_size(path, ec);
-  if (ec) return not_found("checkpoint {}: {}", path, ec.message());
-  std::ifstream in(path, std::ios::binary);
-  if (!in) return not_found("cannot open checkpoint {}", path);
-  auto with_path = [&](const Status& s) { return Status(s.code(), fmt::format("{}: {}", path, s.message())); };
-  std::string prefix(16, '\0');
-  if (size >= 16 && !in.read(prefix.data(), 16)) return data_loss("{}: short read", path);
-  auto need = checkpoint_prefix_bytes(size >= 16 ? std::string_view(prefix) : std::string_view(), size);
-  if (!need.ok()) return with_path(need.status());
-  prefix.resize(std::min(*need, size));
-  if (!in.read(prefix.data() + 16, static_cast<std::streamsize>(prefix.size() - 16)))
-    return data_loss("{}: short read", path);
-  auto parsed = parse_checkpoint_header(prefix, size);
-  if (!parsed.ok()) return with_path(parsed.status());
-  const CheckpointHeader& h = *parsed;
-  if (h.num_params != m_.numel())
-    return invalid_argument("{} holds {} parameters; this model has {} ({})", path, h.num_params, m_.numel(), h.model);
-  if (h.options != options_json_with_precision(o_))
-    return invalid_argument("{} was written with options {}; resume with the same ones (now {})", path,
-                            h.options.dump(), options_json_with_precision(o_).dump());
-  for (const CheckpointSection& s : h.sections) KILN_RETURN_IF_ERROR(read_section(in, path, s, nullptr));
-  // Verified: now into place (checked again, in case the file changed between the two reads).
-  char* dst[3] = {reinterpret_cast<char*>(model_.params().data()), reinterpret_cast<char*>(m_.data<float>()),
-                  reinterpret_cast<char*>(v_.data<float>())};
-  for (size_t i = 0; i < 3; ++i) KILN_RETURN_IF_ERROR(read_section(in, path, h.sections[i], dst[i]));
-  step_ = h.step;
-  scaler_.restore(h.loss_scale, h.loss_scale_good_steps);
-  sync_backends(model_);
-  if (o_.max_seconds > 0 && h.time_budget_steps) total_steps_ = *h.time_budget_steps;
-  return {};
+  // One process: a single file or a sharded directory, read whole and verified before anything
+  // is overwritten (staged: params, m and v are held twice meanwhile).
+  KILN_ASSIGN_OR_RETURN(const FullCheckpoint full, load_checkpoint_whole(path));
+  return restore(full.meta, path, pieces, {full.params, full.m, full.v});
 }
 
 std::vector<StepStats> train(Transformer& model, const TokenShard& train_data, const TokenShard* val_data,

@@ -117,7 +117,9 @@ class Trainer {
 std::vector<StepStats> train(Transformer& model, const TokenShard& train_data, const TokenShard* val_data,
                              const TrainOptions& options, const std::function<void(const StepStats&)>& on_step);
 
-// Mean loss over up to `batches` sequential validation batches.
-double evaluate(Transformer& model, const TokenShard& data, int64_t batch, int64_t seq_len, int64_t batches);
+// Mean loss over up to `batches` sequential validation batches; rows [first_row, first_row +
+// rows) of each (rows < 0: all `batch`), a data-parallel rank's part.
+double evaluate(Transformer& model, const TokenShard& data, int64_t batch, int64_t seq_len, int64_t batches,
+                int64_t first_row = 0, int64_t rows = -1);
 
 }  // namespace kiln
