@@ -247,6 +247,11 @@ void register_train(CLI::App& app) {
                 "FSDP: free a unit's parameters after its forward (on) or keep them for its backward (off)");
   t->add_option("--prefetch", ta->parallel.prefetch, "FSDP: units gathered ahead, forward and backward")
       ->check(CLI::Range(0, 1 << 16));
+  // Tensor parallelism (src/kiln/parallel/tensor_parallel.h): dp × tp = the ranks of mpirun.
+  t->add_option("--tp", ta->tensor.tp, "Tensor-parallel ranks (Megatron column/row splits; dp = ranks / tp)")
+      ->check(CLI::Range(1, 1 << 16));
+  t->add_flag("--sp", ta->tensor.sequence_parallel,
+              "Sequence parallelism with --tp: norms and residuals over seq / tp tokens per rank");
   t->callback([ta] {
     const bool mpi = run::launched_by_mpi();
     Status st = run::run_training(*ta);

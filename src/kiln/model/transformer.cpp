@@ -6,6 +6,8 @@
 #include <cmath>
 #include <cstring>
 
+#include "kiln/comm/collectives.h"
+#include "kiln/comm/work.h"
 #include "kiln/core/rng.h"
 #include "kiln/core/thread_pool.h"
 #include "kiln/kernels/activation.h"
@@ -77,6 +79,12 @@ namespace {
 // Bytes allocated by Buf::alloc since the last reset (for Transformer::activation_bytes).
 int64_t g_activation_bytes = 0;
 
+// A tensor-parallel collective's status: the arguments are the model's own, so a failure is a
+// broken invariant (a dead rank ends the job in the communicator's wait).
+void comm_ok(const Status& s) {
+  if (!s.ok()) fatal(__FILE__, __LINE__, "tensor-parallel collective: " + s.to_string());
+}
+
 // A float buffer from the caching allocator (so memory reports see it).
 struct Buf {
   Tensor t;
@@ -94,13 +102,157 @@ struct Buf {
 };
 }  // namespace
 
+// ---- tensor parallelism inside the layers ---------------------------------------------------
+// Megatron's pair of conjugate operators around each parallel block, as three calls: gather()
+// before a column-parallel Linear (identity, or with sequence parallelism the all-gather of
+// the N / size local rows), reduce() after a row-parallel one (the all-reduce of the partial
+// sums, or the reduce-scatter to this rank's rows), and their backward roles swapped. At
+// size 1 each is the identity and the layers run the single-process code.
+struct Transformer::Tp {
+  TensorShard shard;
+  bool sp = false;  // sequence parallelism in the forward now running (training forward only)
+  Buf full, partial;          // (N, C) gathered rows; a row-parallel Linear's partial output (SP)
+  Buf ce_max, ce_sum;         // vocab-parallel cross-entropy: per row max and sum of exp (N,)
+  std::vector<float> gather_buf, logits_full;  // (size, M, V / size) then (M, V): whole logits
+
+  TensorParallelTraffic traffic;
+
+  bool on() const { return shard.size > 1; }
+  int64_t rows(int64_t n) const { return sp ? n / shard.size : n; }
+  // Runs one collective of `bytes` (the whole buffer: the all-reduce's, the all-gather's output,
+  // the reduce-scatter's input), counted in traffic.
+  template <class F>
+  void timed(int64_t TensorParallelTraffic::*counter, int64_t bytes, F&& collective) {
+    const double t0 = comm::now_seconds();
+    comm_ok(collective());
+    traffic.seconds += comm::now_seconds() - t0;
+    traffic.*counter += bytes;
+  }
+  int64_t row0(int64_t n) const { return sp ? shard.rank * (n / shard.size) : 0; }
+  comm::Communicator& comm() const { return *shard.comm; }
+
+  // The N rows of C floats whose local part is `local`: itself, or (SP) all-gathered into full.
+  const float* gather(const float* local, int64_t n, int64_t c) {
+    if (!sp) return local;
+    timed(&TensorParallelTraffic::all_gather_bytes, n * c * 4,
+          [&] { return comm::all_gather(comm(), local, full.p, rows(n) * c, DType::kF32); });
+    return full.p;
+  }
+  // partial (N, C) summed over the ranks: in place, or (SP) this rank's rows reduce-scattered
+  // in place; returns where the result is.
+  float* reduce(float* partial_sum, int64_t n, int64_t c) {
+    if (!on()) return partial_sum;
+    if (!sp) {
+      timed(&TensorParallelTraffic::all_reduce_bytes, n * c * 4, [&] {
+        return comm::all_reduce(comm(), partial_sum, partial_sum, n * c, DType::kF32, comm::ReduceOp::kSum);
+      });
+      return partial_sum;
+    }
+    float* mine = partial_sum + row0(n) * c;
+    timed(&TensorParallelTraffic::reduce_scatter_bytes, n * c * 4, [&] {
+      return comm::reduce_scatter(comm(), partial_sum, mine, rows(n) * c, DType::kF32, comm::ReduceOp::kSum);
+    });
+    return mine;
+  }
+  // `whole` (N, C) holds this rank's rows at row0(N); SP gathers the other ranks' rows in place.
+  void gather_into(float* whole, int64_t n, int64_t c) {
+    if (!sp) return;
+    timed(&TensorParallelTraffic::all_gather_bytes, n * c * 4,
+          [&] { return comm::all_gather(comm(), whole + row0(n) * c, whole, rows(n) * c, DType::kF32); });
+  }
+  // Logits (M, V / size) of every rank as (M, V), for sampling (this shard's pointer at size 1).
+  const float* whole_logits(const float* local, int64_t m, int64_t vl) {
+    if (!on()) return local;
+    const int64_t R = shard.size;
+    gather_buf.resize(static_cast<size_t>(R * m * vl));
+    logits_full.resize(static_cast<size_t>(m * R * vl));
+    timed(&TensorParallelTraffic::logits_bytes, R * m * vl * 4,
+          [&] { return comm::all_gather(comm(), local, gather_buf.data(), m * vl, DType::kF32); });
+    for (int64_t r = 0; r < R; ++r)
+      for (int64_t i = 0; i < m; ++i)
+        std::memcpy(logits_full.data() + i * R * vl + r * vl, gather_buf.data() + (r * m + i) * vl,
+                    static_cast<size_t>(vl) * sizeof(float));
+    return logits_full.data();
+  }
+  // Vocab-parallel cross-entropy (Megatron): this shard's logits (N, Vl) start at vocabulary
+  // id v0 = rank · Vl. The row max is all-reduced, then the sum of exp and the target's logit
+  // (held by one rank, 0 elsewhere) in one all-reduce; every rank gets the whole losses (N,).
+  // The backward needs no communication: softmax from the saved max and sum.
+  void cross_entropy_forward(float* losses, const float* logits, const int32_t* targets, int64_t n, int64_t vl) {
+    if (!on()) return cpu::cross_entropy_forward(losses, logits, targets, n, vl);
+    const int64_t v0 = shard.rank * vl;
+    float* mx = ce_max.p;
+    float* sums = ce_sum.p;  // (2, N): sum of exp, then the target's logit
+    parallel_for(n, 16, [&](int64_t r0, int64_t r1) {
+      for (int64_t r = r0; r < r1; ++r) {
+        const float* row = logits + r * vl;
+        float m = row[0];
+        for (int64_t j = 1; j < vl; ++j) m = std::max(m, row[j]);
+        mx[r] = m;
+      }
+    });
+    timed(&TensorParallelTraffic::cross_entropy_bytes, n * 4,
+          [&] { return comm::all_reduce(comm(), mx, mx, n, DType::kF32, comm::ReduceOp::kMax); });
+    parallel_for(n, 16, [&](int64_t r0, int64_t r1) {
+      for (int64_t r = r0; r < r1; ++r) {
+        const float* row = logits + r * vl;
+        double sum = 0;
+        for (int64_t j = 0; j < vl; ++j) sum += std::exp(static_cast<double>(row[j]) - mx[r]);
+        sums[r] = static_cast<float>(sum);
+        const int64_t t = targets[r] - v0;
+        sums[n + r] = targets[r] != kIgnoreTarget && t >= 0 && t < vl ? row[t] : 0.0f;
+      }
+    });
+    timed(&TensorParallelTraffic::cross_entropy_bytes, 2 * n * 4,
+          [&] { return comm::all_reduce(comm(), sums, sums, 2 * n, DType::kF32, comm::ReduceOp::kSum); });
+    for (int64_t r = 0; r < n; ++r)
+      losses[r] = targets[r] == kIgnoreTarget ? 0.0f : std::log(sums[r]) + mx[r] - sums[n + r];
+  }
+  // dlogits (N, Vl) = (softmax − onehot) · dlosses; may alias logits.
+  void cross_entropy_backward(float* dlogits, const float* logits, const int32_t* targets, const float* dlosses,
+                              int64_t n, int64_t vl) {
+    if (!on()) return cpu::cross_entropy_backward(dlogits, logits, targets, dlosses, n, vl);
+    const int64_t v0 = shard.rank * vl;
+    parallel_for(n, 16, [&](int64_t r0, int64_t r1) {
+      for (int64_t r = r0; r < r1; ++r) {
+        float* out = dlogits + r * vl;
+        const float* row = logits + r * vl;
+        if (targets[r] == kIgnoreTarget) {
+          std::fill(out, out + vl, 0.0f);
+          continue;
+        }
+        const double inv = 1.0 / ce_sum.p[r];
+        const float m = ce_max.p[r], g = dlosses[r];
+        for (int64_t j = 0; j < vl; ++j) out[j] = static_cast<float>(std::exp(static_cast<double>(row[j]) - m) * inv) * g;
+        const int64_t t = targets[r] - v0;
+        if (t >= 0 && t < vl) out[t] -= g;
+      }
+    });
+  }
+  // y (local rows, C) = x Wᵀ + b + residual for a row-parallel Linear over x (N, in): each
+  // rank's partial product, summed (rank 0 adds the bias, drop_row_parallel_biases, and
+  // without SP the residual too, so each is counted once).
+  void row_forward(const Linear& l, float* y, const float* x, int64_t n, const float* residual) {
+    if (!sp) {
+      l.forward(y, x, n, shard.rank == 0 ? residual : nullptr);
+      reduce(y, n, l.out);
+      return;
+    }
+    l.forward(partial.p, x, n, nullptr);
+    const float* mine = reduce(partial.p, n, l.out);
+    std::memcpy(y, mine, static_cast<size_t>(rows(n) * l.out) * sizeof(float));
+    if (residual) cpu::accumulate(y, residual, rows(n) * l.out);
+  }
+};
+
 struct Transformer::Acts {
   int64_t B = 0, T = 0;
   CheckpointMode mode = CheckpointMode::kNone;  // how the layer buffers were laid out
+  bool sp = false;                              // sequence-parallel rows (Tp::rows)
   // Saved for backward:
-  std::vector<Buf> resid;   // (L+1) × (N, C): input of each layer, then the final stream
-  Buf final_norm, final_mean, final_rstd;  // (N, C), (N,), (N,)
-  Buf logits;               // (N, V); the backward turns it into dlogits in place
+  std::vector<Buf> resid;   // (L+1) × (Ns, C): input of each layer, then the final stream
+  Buf final_norm, final_mean, final_rstd;  // (N, C), (Ns,), (Ns,)
+  Buf logits;               // (N, V / tp); the backward turns it into dlogits in place
   Buf losses;               // (N,)
   std::vector<int32_t> tokens, targets;
   int64_t num_valid = 0;
@@ -128,7 +280,10 @@ struct Transformer::PagedScratch {
 struct Transformer::Layer {
   const ModelConfig* cfg = nullptr;
   const RopeTable* rope = nullptr;
+  Tp* tp = nullptr;
   int64_t index = 0;      // 0-based (GPT-2's scale_attn_by_inverse_layer_idx divides by index + 1)
+  // This shard's query heads, KV heads and FFN columns (the config's counts at tp = 1).
+  int64_t heads = 0, kv_heads = 0, ff = 0;
   // Parameters (and gradients) of this block.
   float *norm1_w = nullptr, *norm1_b = nullptr, *dnorm1_w = nullptr, *dnorm1_b = nullptr;
   float *norm2_w = nullptr, *norm2_b = nullptr, *dnorm2_w = nullptr, *dnorm2_b = nullptr;
@@ -144,12 +299,12 @@ struct Transformer::Layer {
   AttentionParams attn_params(int64_t B, int64_t T, int64_t kv_len, bool cached) const {
     AttentionParams p;
     p.batch = B; p.q_len = T; p.kv_len = kv_len;
-    p.n_heads = cfg->n_heads; p.n_kv_heads = cfg->n_kv_heads; p.head_dim = cfg->head_dim();
+    p.n_heads = heads; p.n_kv_heads = kv_heads; p.head_dim = cfg->head_dim();
     p.causal = true;
     p.scale = cfg->attention_scale(index);
     if (!cfg->is_llama()) {
-      p.q_row_stride = 3 * cfg->d_model;
-      if (!cached) p.k_row_stride = p.v_row_stride = 3 * cfg->d_model;
+      p.q_row_stride = 3 * heads * cfg->head_dim();
+      if (!cached) p.k_row_stride = p.v_row_stride = 3 * heads * cfg->head_dim();
     }
     return check_attention(p).value();
   }
@@ -170,13 +325,13 @@ struct Transformer::Layer {
   // q rows of q_stride, k/v rows of kv_stride (GPT-2: inside the fused QKV rows).
   void attend_paged(float* q, float* k, const float* v, int64_t q_stride, int64_t kv_stride, const PagedStep& ps) {
     const PagedBatch& b = *ps.batch;
-    const int64_t H = cfg->n_heads, D = cfg->head_dim(), W = cfg->n_kv_heads * D, bs = ps.block_size;
+    const int64_t H = heads, D = cfg->head_dim(), W = kv_heads * D, bs = ps.block_size;
     const int64_t S = static_cast<int64_t>(b.num_new.size()), maxb = b.max_blocks_per_seq;
     for (int64_t i = 0; i < S; ++i) {
       const int64_t r0 = ps.row_begin[i], n = b.num_new[i], pos = b.num_cached[i];
       if (cfg->is_llama()) {  // q, k packed here (q_stride = H·D, kv_stride = W)
         cpu::rope_forward(q + r0 * q_stride, q + r0 * q_stride, *rope, 1, n, H, D, pos);
-        cpu::rope_forward(k + r0 * kv_stride, k + r0 * kv_stride, *rope, 1, n, cfg->n_kv_heads, D, pos);
+        cpu::rope_forward(k + r0 * kv_stride, k + r0 * kv_stride, *rope, 1, n, kv_heads, D, pos);
       }
       const int32_t* table = b.block_table.data() + i * maxb;
       for (int64_t t = 0; t < n; ++t) {
@@ -186,7 +341,7 @@ struct Transformer::Layer {
       }
     }
     AttentionParams base;
-    base.n_heads = H; base.n_kv_heads = cfg->n_kv_heads; base.head_dim = D; base.causal = true;
+    base.n_heads = H; base.n_kv_heads = kv_heads; base.head_dim = D; base.causal = true;
     base.scale = cfg->attention_scale(index);
     base.q_row_stride = q_stride; base.k_row_stride = base.v_row_stride = W;
     for (int64_t i = 0; i < S;) {
@@ -221,244 +376,331 @@ struct Transformer::Layer {
 
   // With `src` (layer 0) and checkpointing, the buffers this layer recomputes in backward are
   // src's: all of them under kFull, the attention core's output and lse under kSelective.
-  void alloc(int64_t B, int64_t T, const Layer* src = nullptr, CheckpointMode mode = CheckpointMode::kNone) {
-    const int64_t N = B * T, C = cfg->d_model, F = cfg->d_ff, D = cfg->head_dim();
+  // Ns: the token rows of the norm and residual region (N / tp under sequence parallelism).
+  void alloc(int64_t B, int64_t T, int64_t Ns, const Layer* src = nullptr, CheckpointMode mode = CheckpointMode::kNone) {
+    const int64_t N = B * T, C = cfg->d_model, F = ff, D = cfg->head_dim();
     const bool share_all = src != nullptr && mode == CheckpointMode::kFull;
     const bool share_core = src != nullptr && mode != CheckpointMode::kNone;
     auto get = [&](Buf Layer::*m, int64_t n, bool core = false) {
       if (share_all || (core && share_core)) (this->*m).share(src->*m);
       else (this->*m).alloc(n);
     };
-    get(&Layer::n1, N * C); get(&Layer::mean1, N); get(&Layer::rstd1, N);
-    get(&Layer::att, N * C, true); get(&Layer::lse, B * cfg->n_heads * T, true); get(&Layer::x1, N * C);
-    get(&Layer::n2, N * C); get(&Layer::mean2, N); get(&Layer::rstd2, N);
+    get(&Layer::n1, Ns * C); get(&Layer::mean1, Ns); get(&Layer::rstd1, Ns);
+    get(&Layer::att, N * heads * D, true); get(&Layer::lse, B * heads * T, true); get(&Layer::x1, Ns * C);
+    get(&Layer::n2, Ns * C); get(&Layer::mean2, Ns); get(&Layer::rstd2, Ns);
     get(&Layer::ff1, N * F); get(&Layer::ffa, N * F);
     if (cfg->is_llama()) {
-      get(&Layer::qb, N * cfg->n_heads * D); get(&Layer::kb, N * cfg->n_kv_heads * D);
-      get(&Layer::vb, N * cfg->n_kv_heads * D); get(&Layer::ff2, N * F);
+      get(&Layer::qb, N * heads * D); get(&Layer::kb, N * kv_heads * D);
+      get(&Layer::vb, N * kv_heads * D); get(&Layer::ff2, N * F);
     } else {
-      get(&Layer::qkv_out, N * 3 * C);
+      get(&Layer::qkv_out, N * 3 * heads * D);
     }
   }
 
-  // x (N, C) -> y (N, C); saves what backward needs. With a cache (batch 1), the tokens sit
-  // at positions [pos, pos + T) and K/V are appended to ck/cv (max_len, Hkv·D).
-  // With `paged` (serving, B = 1, T = all new tokens of a ragged batch) the attention lines
-  // are attend_paged().
+  // x (Ns, C) -> y (Ns, C) (Ns = N, or N / tp with sequence parallelism); saves what backward
+  // needs. With a cache (batch 1), the tokens sit at positions [pos, pos + T) and K/V are
+  // appended to ck/cv (max_len, Hkv·D). With `paged` (serving, B = 1, T = all new tokens of a
+  // ragged batch) the attention lines are attend_paged().
   void forward(float* y, const float* x, int64_t B, int64_t T, float* ck = nullptr, float* cv = nullptr,
                int64_t pos = 0, const PagedStep* paged = nullptr) {
-    const int64_t N = B * T, C = cfg->d_model, kv_width = cfg->n_kv_heads * cfg->head_dim();
+    const int64_t N = B * T, Ns = tp->rows(N), C = cfg->d_model, D = cfg->head_dim(), kv_width = kv_heads * D;
+    const int64_t qw = heads * D;  // this shard's query (and attention output) width
     const bool cached = ck != nullptr;
     const AttentionParams ap = attn_params(B, T, pos + T, cached);
     if (cfg->is_llama()) {
-      cpu::rmsnorm_forward(n1.p, rstd1.p, x, norm1_w, N, C, cfg->norm_eps);
-      q.forward(qb.p, n1.p, N);
-      k.forward(kb.p, n1.p, N);
-      v.forward(vb.p, n1.p, N);
+      cpu::rmsnorm_forward(n1.p, rstd1.p, x, norm1_w, Ns, C, cfg->norm_eps);
+      const float* in1 = tp->gather(n1.p, N, C);
+      q.forward(qb.p, in1, N);
+      k.forward(kb.p, in1, N);
+      v.forward(vb.p, in1, N);
       if (paged) {
-        attend_paged(qb.p, kb.p, vb.p, cfg->n_heads * cfg->head_dim(), kv_width, *paged);
+        attend_paged(qb.p, kb.p, vb.p, qw, kv_width, *paged);
       } else {
-        cpu::rope_forward(qb.p, qb.p, *rope, B, T, cfg->n_heads, cfg->head_dim(), pos);
-        cpu::rope_forward(kb.p, kb.p, *rope, B, T, cfg->n_kv_heads, cfg->head_dim(), pos);
+        cpu::rope_forward(qb.p, qb.p, *rope, B, T, heads, D, pos);
+        cpu::rope_forward(kb.p, kb.p, *rope, B, T, kv_heads, D, pos);
         if (cached) append_kv(ck, cv, kb.p, vb.p, kv_width, kv_width, T, pos, kv_width);
         cpu::attention_forward(att.p, lse.p, qb.p, cached ? ck : kb.p, cached ? cv : vb.p, ap);
       }
-      o.forward(x1.p, att.p, N, x);
-      cpu::rmsnorm_forward(n2.p, rstd2.p, x1.p, norm2_w, N, C, cfg->norm_eps);
-      gate.forward(ff1.p, n2.p, N);
-      up.forward(ff2.p, n2.p, N);
-      cpu::swiglu_forward(ffa.p, ff1.p, ff2.p, N * cfg->d_ff);
-      down.forward(y, ffa.p, N, x1.p);
+      tp->row_forward(o, x1.p, att.p, N, x);
+      cpu::rmsnorm_forward(n2.p, rstd2.p, x1.p, norm2_w, Ns, C, cfg->norm_eps);
+      const float* in2 = tp->gather(n2.p, N, C);
+      gate.forward(ff1.p, in2, N);
+      up.forward(ff2.p, in2, N);
+      cpu::swiglu_forward(ffa.p, ff1.p, ff2.p, N * ff);
+      tp->row_forward(down, y, ffa.p, N, x1.p);
     } else {
-      cpu::layernorm_forward(n1.p, mean1.p, rstd1.p, x, norm1_w, norm1_b, N, C, cfg->norm_eps);
-      qkv.forward(qkv_out.p, n1.p, N);
+      cpu::layernorm_forward(n1.p, mean1.p, rstd1.p, x, norm1_w, norm1_b, Ns, C, cfg->norm_eps);
+      qkv.forward(qkv_out.p, tp->gather(n1.p, N, C), N);  // rows: this shard's q | k | v
       if (paged) {
-        attend_paged(qkv_out.p, qkv_out.p + C, qkv_out.p + 2 * C, 3 * C, 3 * C, *paged);
+        attend_paged(qkv_out.p, qkv_out.p + qw, qkv_out.p + 2 * qw, 3 * qw, 3 * qw, *paged);
       } else {
-        if (cached) append_kv(ck, cv, qkv_out.p + C, qkv_out.p + 2 * C, 3 * C, 3 * C, T, pos, kv_width);
-        cpu::attention_forward(att.p, lse.p, qkv_out.p, cached ? ck : qkv_out.p + C,
-                               cached ? cv : qkv_out.p + 2 * C, ap);
+        if (cached) append_kv(ck, cv, qkv_out.p + qw, qkv_out.p + 2 * qw, 3 * qw, 3 * qw, T, pos, kv_width);
+        cpu::attention_forward(att.p, lse.p, qkv_out.p, cached ? ck : qkv_out.p + qw,
+                               cached ? cv : qkv_out.p + 2 * qw, ap);
       }
-      o.forward(x1.p, att.p, N, x);
-      cpu::layernorm_forward(n2.p, mean2.p, rstd2.p, x1.p, norm2_w, norm2_b, N, C, cfg->norm_eps);
-      fc.forward(ff1.p, n2.p, N);
-      cpu::gelu_forward(ffa.p, ff1.p, N * cfg->d_ff);
-      proj.forward(y, ffa.p, N, x1.p);
+      tp->row_forward(o, x1.p, att.p, N, x);
+      cpu::layernorm_forward(n2.p, mean2.p, rstd2.p, x1.p, norm2_w, norm2_b, Ns, C, cfg->norm_eps);
+      fc.forward(ff1.p, tp->gather(n2.p, N, C), N);
+      cpu::gelu_forward(ffa.p, ff1.p, N * ff);
+      tp->row_forward(proj, y, ffa.p, N, x1.p);
     }
   }
 
-  // dy (N, C) in, overwritten with dx (N, C). x is this block's saved input. With
+  // dy (Ns, C) in, overwritten with dx (Ns, C). x is this block's saved input. With
   // recompute_attention (selective checkpointing) the attention core's output and lse are
-  // first recomputed from the saved Q, K, V.
+  // first recomputed from the saved Q, K, V. Tensor parallelism: a row-parallel Linear's
+  // backward reads the whole dy (gathered under SP), a column-parallel one's input gradient is
+  // a partial sum (reduced before its norm's backward); SP re-gathers the saved local norm
+  // outputs for the weight gradients rather than keeping them whole.
   void backward(float* dy, const float* x, int64_t B, int64_t T, Acts& s, bool recompute_attention = false) {
-    const int64_t N = B * T, C = cfg->d_model, F = cfg->d_ff;
+    const int64_t N = B * T, Ns = tp->rows(N), C = cfg->d_model, F = ff, D = cfg->head_dim(), qw = heads * D;
     const AttentionParams ap = attn_params(B, T, T, false);
     if (recompute_attention) {
       if (cfg->is_llama()) cpu::attention_forward(att.p, lse.p, qb.p, kb.p, vb.p, ap);
-      else cpu::attention_forward(att.p, lse.p, qkv_out.p, qkv_out.p + C, qkv_out.p + 2 * C, ap);
+      else cpu::attention_forward(att.p, lse.p, qkv_out.p, qkv_out.p + qw, qkv_out.p + 2 * qw, ap);
     }
     float* dx1 = dy;  // the residual carries dy straight through; norm branches add to it
     if (cfg->is_llama()) {
-      down.backward(s.dff_a.p, dy, ffa.p, N, false);                       // d swiglu out
+      down.backward(s.dff_a.p, tp->gather(dy, N, C), ffa.p, N, false);           // d swiglu out
       cpu::swiglu_backward(s.dff_b.p, s.dff_c.p, s.dff_a.p, ff1.p, ff2.p, N * F);  // d gate, d up
-      gate.backward(s.dnorm.p, s.dff_b.p, n2.p, N, false);
-      up.backward(s.dnorm.p, s.dff_c.p, n2.p, N, true);
-      cpu::rmsnorm_backward(s.dtmp.p, dnorm2_w, s.dnorm.p, x1.p, norm2_w, rstd2.p, N, C);
-      cpu::accumulate(dx1, s.dtmp.p, N * C);
-      o.backward(s.datt.p, dx1, att.p, N, false);
+      const float* in2 = tp->gather(n2.p, N, C);
+      gate.backward(s.dnorm.p, s.dff_b.p, in2, N, false);
+      up.backward(s.dnorm.p, s.dff_c.p, in2, N, true);
+      cpu::rmsnorm_backward(s.dtmp.p, dnorm2_w, tp->reduce(s.dnorm.p, N, C), x1.p, norm2_w, rstd2.p, Ns, C);
+      cpu::accumulate(dx1, s.dtmp.p, Ns * C);
+      o.backward(s.datt.p, tp->gather(dx1, N, C), att.p, N, false);
       cpu::attention_backward(s.dq.p, s.dk.p, s.dv.p, s.datt.p, qb.p, kb.p, vb.p, att.p, lse.p, ap);
-      cpu::rope_backward(s.dq.p, s.dq.p, *rope, B, T, cfg->n_heads, cfg->head_dim(), 0);
-      cpu::rope_backward(s.dk.p, s.dk.p, *rope, B, T, cfg->n_kv_heads, cfg->head_dim(), 0);
-      q.backward(s.dnorm.p, s.dq.p, n1.p, N, false);
-      k.backward(s.dnorm.p, s.dk.p, n1.p, N, true);
-      v.backward(s.dnorm.p, s.dv.p, n1.p, N, true);
-      cpu::rmsnorm_backward(s.dtmp.p, dnorm1_w, s.dnorm.p, x, norm1_w, rstd1.p, N, C);
-      cpu::accumulate(dx1, s.dtmp.p, N * C);
+      cpu::rope_backward(s.dq.p, s.dq.p, *rope, B, T, heads, D, 0);
+      cpu::rope_backward(s.dk.p, s.dk.p, *rope, B, T, kv_heads, D, 0);
+      const float* in1 = tp->gather(n1.p, N, C);
+      q.backward(s.dnorm.p, s.dq.p, in1, N, false);
+      k.backward(s.dnorm.p, s.dk.p, in1, N, true);
+      v.backward(s.dnorm.p, s.dv.p, in1, N, true);
+      cpu::rmsnorm_backward(s.dtmp.p, dnorm1_w, tp->reduce(s.dnorm.p, N, C), x, norm1_w, rstd1.p, Ns, C);
+      cpu::accumulate(dx1, s.dtmp.p, Ns * C);
     } else {
-      proj.backward(s.dff_a.p, dy, ffa.p, N, false);
+      proj.backward(s.dff_a.p, tp->gather(dy, N, C), ffa.p, N, false);
       cpu::gelu_backward(s.dff_b.p, s.dff_a.p, ff1.p, N * F);
-      fc.backward(s.dnorm.p, s.dff_b.p, n2.p, N, false);
-      cpu::layernorm_backward(s.dtmp.p, dnorm2_w, dnorm2_b, s.dnorm.p, x1.p, norm2_w, mean2.p, rstd2.p, N, C);
-      cpu::accumulate(dx1, s.dtmp.p, N * C);
-      o.backward(s.datt.p, dx1, att.p, N, false);
-      float* dqkv = s.dq.p;  // (N, 3C)
-      cpu::attention_backward(dqkv, dqkv + C, dqkv + 2 * C, s.datt.p, qkv_out.p, qkv_out.p + C,
-                              qkv_out.p + 2 * C, att.p, lse.p, ap);
-      qkv.backward(s.dnorm.p, dqkv, n1.p, N, false);
-      cpu::layernorm_backward(s.dtmp.p, dnorm1_w, dnorm1_b, s.dnorm.p, x, norm1_w, mean1.p, rstd1.p, N, C);
-      cpu::accumulate(dx1, s.dtmp.p, N * C);
+      fc.backward(s.dnorm.p, s.dff_b.p, tp->gather(n2.p, N, C), N, false);
+      cpu::layernorm_backward(s.dtmp.p, dnorm2_w, dnorm2_b, tp->reduce(s.dnorm.p, N, C), x1.p, norm2_w, mean2.p,
+                              rstd2.p, Ns, C);
+      cpu::accumulate(dx1, s.dtmp.p, Ns * C);
+      o.backward(s.datt.p, tp->gather(dx1, N, C), att.p, N, false);
+      float* dqkv = s.dq.p;  // (N, 3·qw)
+      cpu::attention_backward(dqkv, dqkv + qw, dqkv + 2 * qw, s.datt.p, qkv_out.p, qkv_out.p + qw,
+                              qkv_out.p + 2 * qw, att.p, lse.p, ap);
+      qkv.backward(s.dnorm.p, dqkv, tp->gather(n1.p, N, C), N, false);
+      cpu::layernorm_backward(s.dtmp.p, dnorm1_w, dnorm1_b, tp->reduce(s.dnorm.p, N, C), x, norm1_w, mean1.p,
+                              rstd1.p, Ns, C);
+      cpu::accumulate(dx1, s.dtmp.p, Ns * C);
     }
   }
 };
 
-Transformer::Transformer(const ModelConfig& c) : config_(c) {}
+Transformer::Transformer(const ModelConfig& c, const TensorShard& shard) : config_(c), shard_(shard) {}
 Transformer::~Transformer() = default;
 
+Status check_tensor_split(const ModelConfig& c, int tp) {
+  if (tp < 1) return invalid_argument("tensor parallelism over {} ranks: it must be at least 1", tp);
+  if (c.n_heads % tp != 0 || c.d_ff % tp != 0 || c.vocab_size % tp != 0)
+    return invalid_argument("tensor parallelism over {} ranks must divide n_heads ({}), d_ff ({}) and vocab_size ({})",
+                            tp, c.n_heads, c.d_ff, c.vocab_size);
+  if (c.n_kv_heads % tp != 0 && tp % c.n_kv_heads != 0)
+    return invalid_argument("tensor parallelism over {} ranks: n_kv_heads ({}) must be a multiple of it (KV heads "
+                            "split) or divide it (KV heads replicated)", tp, c.n_kv_heads);
+  return {};
+}
+
 // ---- parameters ----------------------------------------------------------------------------
-std::vector<ParamEntry> Transformer::param_entries_for(const ModelConfig& c) {
+std::vector<ParamEntry> Transformer::param_entries_for(const ModelConfig& c, int tp_rank, int tp_size,
+                                                      bool sequence_parallel) {
   std::vector<ParamEntry> entries_;
   const int64_t C = c.d_model, F = c.d_ff, D = c.head_dim(), V = c.vocab_size, L = c.n_layers;
-  int64_t offset = 0;
-  auto add = [&](std::string name, Shape shape, bool decay) {
-    entries_.push_back({std::move(name), shape, offset, decay});
-    offset += shape.numel();
+  const int64_t R = tp_size, r = tp_rank;
+  int64_t offset = 0, full_offset = 0;
+  // A tensor of shape `full`, of which this shard holds `split` (kWhole: all of it).
+  auto add_split = [&](std::string name, Shape full, bool decay, ParamSplit split) {
+    Shape local = full;
+    if (split.kind == ParamSplit::Kind::kRows) local[0] = split.parts * split.count;
+    if (split.kind == ParamSplit::Kind::kColumns) local[1] = split.count;
+    split.full = full;
+    split.full_offset = full_offset;
+    if (split.kind == ParamSplit::Kind::kWhole) split.replicas = static_cast<int>(R);
+    entries_.push_back({std::move(name), local, offset, decay, split});
+    offset += local.numel();
+    full_offset += full.numel();
+  };
+  auto whole = [&](std::string name, Shape shape, bool decay, bool partial_under_sp) {
+    ParamSplit s;
+    s.partial_grad = partial_under_sp && sequence_parallel && tp_size > 1;  // it saw N / tp rows
+    add_split(std::move(name), shape, decay, s);
+  };
+  // Rows split evenly over the ranks (column-parallel outputs, the vocabulary), in `parts` blocks.
+  auto rows = [&](std::string name, Shape shape, bool decay, int64_t parts = 1) {
+    ParamSplit s;
+    s.kind = ParamSplit::Kind::kRows;
+    s.parts = parts;
+    s.count = shape[0] / parts / R;
+    s.begin = r * s.count;
+    add_split(std::move(name), shape, decay, s);
+  };
+  auto columns = [&](std::string name, Shape shape, bool decay) {  // row-parallel inputs
+    ParamSplit s;
+    s.kind = ParamSplit::Kind::kColumns;
+    s.count = shape[1] / R;
+    s.begin = r * s.count;
+    add_split(std::move(name), shape, decay, s);
+  };
+  // K and V: split by KV heads, or (tp > n_kv_heads) the one KV head rank r's queries read.
+  auto kv_rows = [&](std::string name, Shape shape, bool decay) {
+    if (c.n_kv_heads % R == 0) return rows(std::move(name), shape, decay);
+    ParamSplit s;
+    s.kind = ParamSplit::Kind::kRows;
+    s.count = D;
+    s.replicas = static_cast<int>(R / c.n_kv_heads);
+    s.begin = (r / s.replicas) * D;
+    s.partial_grad = true;
+    add_split(std::move(name), shape, decay, s);
   };
   const bool gpt2 = c.family == ModelFamily::kGpt2;
   if (gpt2) {
-    add("transformer.wte.weight", {V, C}, true);
-    add("transformer.wpe.weight", {c.max_seq_len, C}, true);
+    rows("transformer.wte.weight", {V, C}, true);
+    whole("transformer.wpe.weight", {c.max_seq_len, C}, true, true);
   } else {
-    add("model.embed_tokens.weight", {V, C}, true);
+    rows("model.embed_tokens.weight", {V, C}, true);
   }
   for (int64_t i = 0; i < L; ++i) {
     if (gpt2) {
       const std::string p = fmt::format("transformer.h.{}.", i);
-      add(p + "ln_1.weight", {C}, false);
-      add(p + "ln_1.bias", {C}, false);
-      add(p + "attn.c_attn.weight", {3 * C, C}, true);
-      add(p + "attn.c_attn.bias", {3 * C}, false);
-      add(p + "attn.c_proj.weight", {C, C}, true);
-      add(p + "attn.c_proj.bias", {C}, false);
-      add(p + "ln_2.weight", {C}, false);
-      add(p + "ln_2.bias", {C}, false);
-      add(p + "mlp.c_fc.weight", {F, C}, true);
-      add(p + "mlp.c_fc.bias", {F}, false);
-      add(p + "mlp.c_proj.weight", {C, F}, true);
-      add(p + "mlp.c_proj.bias", {C}, false);
+      whole(p + "ln_1.weight", {C}, false, true);
+      whole(p + "ln_1.bias", {C}, false, true);
+      rows(p + "attn.c_attn.weight", {3 * C, C}, true, 3);
+      rows(p + "attn.c_attn.bias", {3 * C}, false, 3);
+      columns(p + "attn.c_proj.weight", {C, C}, true);
+      whole(p + "attn.c_proj.bias", {C}, false, false);
+      whole(p + "ln_2.weight", {C}, false, true);
+      whole(p + "ln_2.bias", {C}, false, true);
+      rows(p + "mlp.c_fc.weight", {F, C}, true);
+      rows(p + "mlp.c_fc.bias", {F}, false);
+      columns(p + "mlp.c_proj.weight", {C, F}, true);
+      whole(p + "mlp.c_proj.bias", {C}, false, false);
     } else {
       const std::string p = fmt::format("model.layers.{}.", i);
-      // (name, out, in) of each projection; its bias (out,) follows it when the config has one.
-      auto proj = [&](const char* name, int64_t out, int64_t in, bool bias) {
-        add(p + name + ".weight", {out, in}, true);
-        if (bias) add(p + name + ".bias", {out}, false);
+      whole(p + "input_layernorm.weight", {C}, false, true);
+      // Column-parallel projections (a bias splits with its rows), then row-parallel ones
+      // (a bias is whole: added once, after the reduction).
+      auto col = [&](const char* name, int64_t out, bool bias, bool kv) {
+        auto split = [&](std::string n, Shape shape, bool decay) {
+          if (kv) kv_rows(std::move(n), shape, decay);
+          else rows(std::move(n), shape, decay);
+        };
+        split(p + name + ".weight", {out, C}, true);
+        if (bias) split(p + name + ".bias", {out}, false);
       };
-      add(p + "input_layernorm.weight", {C}, false);
-      proj("self_attn.q_proj", c.n_heads * D, C, c.attention_bias);
-      proj("self_attn.k_proj", c.n_kv_heads * D, C, c.attention_bias);
-      proj("self_attn.v_proj", c.n_kv_heads * D, C, c.attention_bias);
-      proj("self_attn.o_proj", C, c.n_heads * D, c.attention_bias);
-      add(p + "post_attention_layernorm.weight", {C}, false);
-      proj("mlp.gate_proj", F, C, c.mlp_bias);
-      proj("mlp.up_proj", F, C, c.mlp_bias);
-      proj("mlp.down_proj", C, F, c.mlp_bias);
+      auto row = [&](const char* name, int64_t in, bool bias) {
+        columns(p + name + ".weight", {C, in}, true);
+        if (bias) whole(p + name + ".bias", {C}, false, false);
+      };
+      col("self_attn.q_proj", c.n_heads * D, c.attention_bias, false);
+      col("self_attn.k_proj", c.n_kv_heads * D, c.attention_bias, true);
+      col("self_attn.v_proj", c.n_kv_heads * D, c.attention_bias, true);
+      row("self_attn.o_proj", c.n_heads * D, c.attention_bias);
+      whole(p + "post_attention_layernorm.weight", {C}, false, true);
+      col("mlp.gate_proj", F, c.mlp_bias, false);
+      col("mlp.up_proj", F, c.mlp_bias, false);
+      row("mlp.down_proj", F, c.mlp_bias);
     }
   }
   if (gpt2) {
-    add("transformer.ln_f.weight", {C}, false);
-    add("transformer.ln_f.bias", {C}, false);
+    whole("transformer.ln_f.weight", {C}, false, true);
+    whole("transformer.ln_f.bias", {C}, false, true);
   } else {
-    add("model.norm.weight", {C}, false);
+    whole("model.norm.weight", {C}, false, true);
   }
-  if (!c.tied_embeddings) add("lm_head.weight", {V, C}, true);
+  if (!c.tied_embeddings) rows("lm_head.weight", {V, C}, true);
   return entries_;
 }
 
 void Transformer::build_params(uint64_t seed) {
   const ModelConfig& c = config_;
-  const int64_t C = c.d_model, F = c.d_ff, D = c.head_dim(), V = c.vocab_size, L = c.n_layers;
+  const int64_t F = c.d_ff, L = c.n_layers;
   const bool gpt2 = c.family == ModelFamily::kGpt2;
-  entries_ = param_entries_for(c);
+  entries_ = param_entries_for(c, shard_.rank, shard_.size, shard_.sequence_parallel);
   const int64_t offset = entries_.empty() ? 0 : entries_.back().offset + entries_.back().shape.numel();
+  full_num_params_ = entries_.empty() ? 0 : entries_.back().split.full_offset + entries_.back().split.full.numel();
   params_ = Tensor::zeros({offset});
   grads_ = Tensor::zeros({offset});
   // GPT-2 initialization: N(0, 0.02); projections into the residual stream scaled by
-  // 1/sqrt(2L); norms 1, biases 0.
+  // 1/sqrt(2L); norms 1, biases 0. A shard draws each whole tensor and keeps its slice, so every
+  // tp size starts from the single-process values.
   Rng rng(seed);
   float* base = params_.data<float>();
+  std::vector<float> whole;
   for (const ParamEntry& e : entries_) {
-    std::span<float> w(base + e.offset, static_cast<size_t>(e.shape.numel()));
+    whole.assign(static_cast<size_t>(e.split.full.numel()), 0.0f);
     const bool is_norm = e.name.find("norm") != std::string::npos || e.name.find("ln_") != std::string::npos;
     if (is_norm && e.name.ends_with(".weight")) {
-      std::fill(w.begin(), w.end(), 1.0f);
+      std::fill(whole.begin(), whole.end(), 1.0f);
     } else if (e.shape.rank() == 2) {
       const bool residual_proj = e.name.find("c_proj") != std::string::npos ||
                                  e.name.find("o_proj") != std::string::npos ||
                                  e.name.find("down_proj") != std::string::npos;
-      rng.fill_normal(w, 0.0f, residual_proj ? 0.02f / std::sqrt(2.0f * L) : 0.02f);
+      rng.fill_normal(whole, 0.0f, residual_proj ? 0.02f / std::sqrt(2.0f * L) : 0.02f);
     }
+    for_each_entry_run(e, [&](int64_t local, int64_t full, int64_t n) {
+      std::copy_n(whole.data() + (full - e.split.full_offset), n, base + local);
+    });
   }
-  // Wire the layers to their slices.
+  // Wire the layers to their slices; a Linear's in and out are its weight's local shape.
   auto P = [&](const std::string& name) { return param(name); };
   auto G = [&](const std::string& name) { return grad(name); };
-  auto lin = [&](const std::string& w, const std::string& b, int64_t in, int64_t out) {
+  auto lin = [&](const std::string& w, const std::string& b) {
     Linear l;
     l.name = w;
-    l.in = in; l.out = out;
+    for (const ParamEntry& e : entries_)
+      if (e.name == w) { l.out = e.shape[0]; l.in = e.shape[1]; }
     l.w = P(w); l.dw = G(w);
     if (!b.empty()) { l.b = P(b); l.db = G(b); }
     return l;
   };
+  const int64_t R = shard_.size;
+  tp_ = std::make_unique<Tp>();  // at size 1 every operator is the identity
+  tp_->shard = shard_;
   for (int64_t i = 0; i < L; ++i) {
     auto layer = std::make_unique<Layer>();
     layer->cfg = &config_;
     layer->rope = &rope_;
+    layer->tp = tp_.get();
     layer->index = i;
+    layer->heads = c.n_heads / R;
+    layer->kv_heads = c.n_kv_heads % R == 0 ? c.n_kv_heads / R : 1;
+    layer->ff = F / R;
     if (gpt2) {
       const std::string p = fmt::format("transformer.h.{}.", i);
       layer->norm1_w = P(p + "ln_1.weight"); layer->norm1_b = P(p + "ln_1.bias");
       layer->dnorm1_w = G(p + "ln_1.weight"); layer->dnorm1_b = G(p + "ln_1.bias");
       layer->norm2_w = P(p + "ln_2.weight"); layer->norm2_b = P(p + "ln_2.bias");
       layer->dnorm2_w = G(p + "ln_2.weight"); layer->dnorm2_b = G(p + "ln_2.bias");
-      layer->qkv = lin(p + "attn.c_attn.weight", p + "attn.c_attn.bias", C, 3 * C);
-      layer->o = lin(p + "attn.c_proj.weight", p + "attn.c_proj.bias", C, C);
-      layer->fc = lin(p + "mlp.c_fc.weight", p + "mlp.c_fc.bias", C, F);
-      layer->proj = lin(p + "mlp.c_proj.weight", p + "mlp.c_proj.bias", F, C);
+      layer->qkv = lin(p + "attn.c_attn.weight", p + "attn.c_attn.bias");
+      layer->o = lin(p + "attn.c_proj.weight", p + "attn.c_proj.bias");
+      layer->fc = lin(p + "mlp.c_fc.weight", p + "mlp.c_fc.bias");
+      layer->proj = lin(p + "mlp.c_proj.weight", p + "mlp.c_proj.bias");
     } else {
       const std::string p = fmt::format("model.layers.{}.", i);
       layer->norm1_w = P(p + "input_layernorm.weight"); layer->dnorm1_w = G(p + "input_layernorm.weight");
       layer->norm2_w = P(p + "post_attention_layernorm.weight");
       layer->dnorm2_w = G(p + "post_attention_layernorm.weight");
       // A projection's Linear: its weight and, when the config has them, its bias.
-      auto llama_lin = [&](const char* name, bool bias, int64_t in, int64_t out) {
-        return lin(p + name + ".weight", bias ? p + name + ".bias" : std::string(), in, out);
+      auto llama_lin = [&](const char* name, bool bias) {
+        return lin(p + name + ".weight", bias ? p + name + ".bias" : std::string());
       };
-      layer->q = llama_lin("self_attn.q_proj", c.attention_bias, C, c.n_heads * D);
-      layer->k = llama_lin("self_attn.k_proj", c.attention_bias, C, c.n_kv_heads * D);
-      layer->v = llama_lin("self_attn.v_proj", c.attention_bias, C, c.n_kv_heads * D);
-      layer->o = llama_lin("self_attn.o_proj", c.attention_bias, c.n_heads * D, C);
-      layer->gate = llama_lin("mlp.gate_proj", c.mlp_bias, C, F);
-      layer->up = llama_lin("mlp.up_proj", c.mlp_bias, C, F);
-      layer->down = llama_lin("mlp.down_proj", c.mlp_bias, F, C);
+      layer->q = llama_lin("self_attn.q_proj", c.attention_bias);
+      layer->k = llama_lin("self_attn.k_proj", c.attention_bias);
+      layer->v = llama_lin("self_attn.v_proj", c.attention_bias);
+      layer->o = llama_lin("self_attn.o_proj", c.attention_bias);
+      layer->gate = llama_lin("mlp.gate_proj", c.mlp_bias);
+      layer->up = llama_lin("mlp.up_proj", c.mlp_bias);
+      layer->down = llama_lin("mlp.down_proj", c.mlp_bias);
     }
     layers_.push_back(std::move(layer));
   }
@@ -469,7 +711,7 @@ void Transformer::build_params(uint64_t seed) {
     final_norm_b_ = P(final_norm + "bias");
     dfinal_norm_b_ = G(final_norm + "bias");
   }
-  head_ = lin(c.tied_embeddings ? entries_[0].name : "lm_head.weight", "", C, V);
+  head_ = lin(c.tied_embeddings ? entries_[0].name : "lm_head.weight", "");
   wte_ = P(entries_[0].name);
   dwte_ = G(entries_[0].name);
   if (gpt2) {
@@ -485,6 +727,25 @@ void Transformer::build_params(uint64_t seed) {
   block_begin_.clear();
   for (int64_t i = 0; i <= L; ++i) block_begin_.push_back(entries_[head_entries + static_cast<size_t>(i) * per_block].offset);
   record_pointer_offsets();
+  drop_row_parallel_biases();
+}
+
+void Transformer::drop_row_parallel_biases() {
+  if (shard_.rank == 0) return;
+  for (auto& l : layers_)
+    for (Linear* x : {&l->o, &l->proj, &l->down}) x->b = nullptr;
+}
+
+TensorParallelTraffic Transformer::take_tp_traffic() {
+  const TensorParallelTraffic t = tp_->traffic;
+  tp_->traffic = {};
+  return t;
+}
+
+void Transformer::load_from_full(std::span<const float> full) {
+  KILN_CHECK(static_cast<int64_t>(full.size()) == full_num_params_ && params_.defined());
+  float* base = params_.data<float>();
+  for_each_shard_run([&](int64_t local, int64_t at, int64_t n) { std::copy_n(full.data() + at, n, base + local); });
 }
 
 template <class F>
@@ -530,6 +791,7 @@ void Transformer::bind(ParamRange r, const float* params, float* grads) {
       ptr = const_cast<float*>(params) + (off - r.begin);  // a weight slot is const float* or float*
     }
   });
+  drop_row_parallel_biases();
 }
 
 void Transformer::release_params() { params_ = Tensor(); }
@@ -565,9 +827,14 @@ float* Transformer::grad(std::string_view name) {
   return nullptr;
 }
 
-Expected<std::unique_ptr<Transformer>> Transformer::create(const ModelConfig& config, uint64_t seed) {
+Expected<std::unique_ptr<Transformer>> Transformer::create(const ModelConfig& config, uint64_t seed,
+                                                           const TensorShard& shard) {
   KILN_RETURN_IF_ERROR(check_config(config));
-  std::unique_ptr<Transformer> t(new Transformer(config));  // private constructor
+  KILN_RETURN_IF_ERROR(check_tensor_split(config, shard.size));
+  if (shard.rank < 0 || shard.rank >= shard.size || (shard.size > 1 && shard.comm == nullptr))
+    return invalid_argument("tensor shard {} of {} needs a rank in [0, size) and, above size 1, a communicator",
+                            shard.rank, shard.size);
+  std::unique_ptr<Transformer> t(new Transformer(config, shard));  // private constructor
   if (config.is_llama()) {
     KILN_ASSIGN_OR_RETURN(t->rope_, make_rope_table(config.head_dim(), config.max_seq_len, config.rope_theta,
                                                      config.rope_scaling));
@@ -577,7 +844,8 @@ Expected<std::unique_ptr<Transformer>> Transformer::create(const ModelConfig& co
 }
 
 void Transformer::ensure_activations(int64_t B, int64_t T) {
-  if (acts_ && acts_->B == B && acts_->T == T && acts_->mode == ckpt_) return;
+  Tp& tp = *tp_;
+  if (acts_ && acts_->B == B && acts_->T == T && acts_->mode == ckpt_ && acts_->sp == tp.sp) return;
   g_activation_bytes = 0;
   acts_.reset();  // free the old buffers before allocating the new ones
   acts_ = std::make_unique<Acts>();
@@ -585,17 +853,25 @@ void Transformer::ensure_activations(int64_t B, int64_t T) {
   a.B = B;
   a.T = T;
   a.mode = ckpt_;
-  const int64_t N = B * T, C = config_.d_model, V = config_.vocab_size, F = config_.d_ff;
-  const int64_t D = config_.head_dim();
+  a.sp = tp.sp;
+  const int64_t N = B * T, Ns = tp.rows(N), C = config_.d_model, R = shard_.size, V = config_.vocab_size / R;
+  const int64_t F = config_.d_ff / R, D = config_.head_dim(), qw = config_.n_heads / R * D;
+  const int64_t kvw = layers_.empty() ? 0 : layers_[0]->kv_heads * D;
   a.resid.resize(static_cast<size_t>(config_.n_layers + 1));
-  for (Buf& r : a.resid) r.alloc(N * C);
-  a.final_norm.alloc(N * C); a.final_mean.alloc(N); a.final_rstd.alloc(N);
+  for (Buf& r : a.resid) r.alloc(Ns * C);
+  a.final_norm.alloc(N * C);  // whole: the LM head's input (SP gathers it in place)
+  a.final_mean.alloc(Ns); a.final_rstd.alloc(Ns);
   a.logits.alloc(N * V); a.losses.alloc(N);
-  a.dresid.alloc(N * C); a.dtmp.alloc(N * C); a.dnorm.alloc(N * C); a.datt.alloc(N * C);
-  a.dq.alloc(N * std::max(3 * C, config_.n_heads * D));
-  a.dk.alloc(N * config_.n_kv_heads * D); a.dv.alloc(N * config_.n_kv_heads * D);
+  a.dresid.alloc(Ns * C); a.dtmp.alloc(Ns * C); a.dnorm.alloc(N * C); a.datt.alloc(N * qw);
+  a.dq.alloc(N * (config_.is_llama() ? qw : 3 * qw));
+  a.dk.alloc(N * kvw); a.dv.alloc(N * kvw);
   a.dff_a.alloc(N * F); a.dff_b.alloc(N * F); a.dff_c.alloc(N * F);
-  for (size_t i = 0; i < layers_.size(); ++i) layers_[i]->alloc(B, T, i == 0 ? nullptr : layers_[0].get(), ckpt_);
+  if (tp.on()) {
+    tp.ce_max.alloc(N); tp.ce_sum.alloc(2 * N);
+    if (tp.sp) { tp.full.alloc(N * C); tp.partial.alloc(N * C); }
+  }
+  for (size_t i = 0; i < layers_.size(); ++i)
+    layers_[i]->alloc(B, T, Ns, i == 0 ? nullptr : layers_[0].get(), ckpt_);
   activation_bytes_ = g_activation_bytes;
 }
 
@@ -612,7 +888,7 @@ int64_t KVCache::bytes_per_token() const {
 KVCache Transformer::make_kv_cache(int64_t max_len) const {
   KVCache cache;
   cache.max_len = std::min(max_len, config_.max_seq_len);
-  const int64_t width = config_.n_kv_heads * config_.head_dim();
+  const int64_t width = layers_.empty() ? 0 : layers_[0]->kv_heads * config_.head_dim();  // this shard's KV heads
   for (int64_t l = 0; l < config_.n_layers; ++l) {
     cache.k.push_back(Tensor::zeros({cache.max_len, width}));
     cache.v.push_back(Tensor::zeros({cache.max_len, width}));
@@ -628,8 +904,57 @@ Expected<const float*> Transformer::forward_cached(const int32_t* tokens, int64_
     return invalid_argument("[forward_cached] the cache has {} layers, the model {}", cache.k.size(), config_.n_layers);
   KILN_RETURN_IF_ERROR(forward_impl(tokens, nullptr, 1, n, &cache).status());
   cache.len += n;
-  return logits();
+  return tp_->whole_logits(acts_->logits.p, n, config_.vocab_size / shard_.size);
 }
+
+namespace {
+// Vocab-parallel embedding: out (N, C) = this shard's rows (ids [v0, v0 + vl) of the table)
+// for the ids it holds and 0 for the others; the sum over the shards is the lookup.
+void embedding_shard_forward(float* out, const int32_t* ids, const float* w, int64_t n, int64_t v0, int64_t vl,
+                             int64_t c) {
+  parallel_for(n, 16, [&](int64_t r0, int64_t r1) {
+    for (int64_t r = r0; r < r1; ++r) {
+      const int64_t id = ids[r] - v0;
+      if (id >= 0 && id < vl) std::memcpy(out + r * c, w + id * c, static_cast<size_t>(c) * sizeof(float));
+      else std::fill(out + r * c, out + (r + 1) * c, 0.0f);
+    }
+  });
+}
+// dw (vl, C) += the rows of dout whose ids this shard holds; threads split the columns and
+// add in token order (deterministic, as the cpu kernel).
+void embedding_shard_backward(float* dw, const float* dout, const int32_t* ids, int64_t n, int64_t v0, int64_t vl,
+                              int64_t c) {
+  parallel_for(c, 64, [&](int64_t c0, int64_t c1) {
+    for (int64_t r = 0; r < n; ++r) {
+      const int64_t id = ids[r] - v0;
+      if (id < 0 || id >= vl) continue;
+      for (int64_t j = c0; j < c1; ++j) dw[id * c + j] += dout[r * c + j];
+    }
+  });
+}
+// GPT-2 positions for token rows [row0, row0 + rows) of sequences of T tokens at positions
+// [pos, pos + T): x += wpe rows, or (backward) dwpe += dx rows, one sequence's segment at a time.
+template <class F>
+void for_each_position_segment(int64_t row0, int64_t rows, int64_t T, F&& f) {
+  for (int64_t r = row0; r < row0 + rows;) {
+    const int64_t t = r % T, len = std::min(T - t, row0 + rows - r);
+    f(r - row0, t, len);  // local row, position in the sequence, rows
+    r += len;
+  }
+}
+void add_positions(float* x, const float* wpe, int64_t row0, int64_t rows, int64_t T, int64_t pos, int64_t C) {
+  if (row0 % T == 0 && rows % T == 0) return cpu::positional_forward(x, wpe + pos * C, rows / T, T, C);
+  for_each_position_segment(row0, rows, T, [&](int64_t at, int64_t t, int64_t len) {
+    cpu::positional_forward(x + at * C, wpe + (pos + t) * C, 1, len, C);
+  });
+}
+void positions_backward(float* dwpe, const float* dx, int64_t row0, int64_t rows, int64_t T, int64_t C) {
+  if (row0 % T == 0 && rows % T == 0) return cpu::positional_backward(dwpe, dx, rows / T, T, C);
+  for_each_position_segment(row0, rows, T, [&](int64_t at, int64_t t, int64_t len) {
+    cpu::positional_backward(dwpe + t * C, dx + at * C, 1, len, C);
+  });
+}
+}  // namespace
 
 Expected<float> Transformer::forward_impl(const int32_t* tokens, const int32_t* targets, int64_t B, int64_t T,
                                           KVCache* cache) {
@@ -640,14 +965,20 @@ Expected<float> Transformer::forward_impl(const int32_t* tokens, const int32_t* 
   const int64_t N = B * T, C = c.d_model, V = c.vocab_size;
   KILN_RETURN_IF_ERROR(check_token_ids({tokens, static_cast<size_t>(N)}, V));
   if (targets) KILN_RETURN_IF_ERROR(check_targets({targets, static_cast<size_t>(N)}, V));
+  Tp& tp = *tp_;
+  tp.sp = shard_.sequence_parallel && tp.on() && cache == nullptr;
+  if (tp.sp && N % shard_.size != 0)
+    return invalid_argument("[forward] sequence parallelism over {} ranks needs batch × seq_len ({} × {}) divisible by it",
+                            shard_.size, B, T);
   ensure_activations(B, T);
   Acts& a = *acts_;
   a.tokens.assign(tokens, tokens + N);
   a.targets.assign(targets ? targets : tokens, (targets ? targets : tokens) + N);
   const bool gpt2 = c.family == ModelFamily::kGpt2;
+  const int64_t Ns = tp.rows(N), row0 = tp.row0(N), Vl = V / shard_.size;
   if (hooks_) hooks_->before_model(Pass::kForward);
-  cpu::embedding_forward(a.resid[0].p, tokens, wte_, N, V, C);
-  if (gpt2) cpu::positional_forward(a.resid[0].p, wpe_ + pos * C, B, T, C);
+  embed(a.resid[0].p, tokens, N);
+  if (gpt2) add_positions(a.resid[0].p, wpe_, row0, Ns, T, pos, C);
   for (size_t l = 0; l < layers_.size(); ++l) {
     float* ck = cache ? cache->k[l].data<float>() : nullptr;
     float* cv = cache ? cache->v[l].data<float>() : nullptr;
@@ -655,19 +986,14 @@ Expected<float> Transformer::forward_impl(const int32_t* tokens, const int32_t* 
     layers_[l]->forward(a.resid[l + 1].p, a.resid[l].p, B, T, ck, cv, pos);
     if (hooks_) hooks_->after_block(static_cast<int64_t>(l), Pass::kForward);
   }
-  const float* x = a.resid.back().p;
-  if (gpt2) {
-    cpu::layernorm_forward(a.final_norm.p, a.final_mean.p, a.final_rstd.p, x, final_norm_w_, final_norm_b_, N, C,
-                           c.norm_eps);
-  } else {
-    cpu::rmsnorm_forward(a.final_norm.p, a.final_rstd.p, x, final_norm_w_, N, C, c.norm_eps);
-  }
+  final_norm(a.final_norm.p + row0 * C, a.resid.back().p, Ns);
+  tp.gather_into(a.final_norm.p, N, C);
   head_.forward(a.logits.p, a.final_norm.p, N);
   if (!targets) {
     a.num_valid = 0;
     return 0.0f;
   }
-  cpu::cross_entropy_forward(a.losses.p, a.logits.p, targets, N, V);
+  tp.cross_entropy_forward(a.losses.p, a.logits.p, targets, N, Vl);
   double sum = 0;
   a.num_valid = 0;
   for (int64_t i = 0; i < N; ++i) {
@@ -676,6 +1002,28 @@ Expected<float> Transformer::forward_impl(const int32_t* tokens, const int32_t* 
     ++a.num_valid;
   }
   return a.num_valid ? static_cast<float>(sum / a.num_valid) : 0.0f;
+}
+
+void Transformer::embed(float* out, const int32_t* tokens, int64_t N) {
+  Tp& tp = *tp_;
+  const int64_t C = config_.d_model, V = config_.vocab_size;
+  if (!tp.on()) return cpu::embedding_forward(out, tokens, wte_, N, V, C);
+  const int64_t Vl = V / shard_.size;
+  float* whole = tp.sp ? tp.partial.p : out;  // (N, C) partial lookups
+  embedding_shard_forward(whole, tokens, wte_, N, shard_.rank * Vl, Vl, C);
+  const float* mine = tp.reduce(whole, N, C);
+  if (tp.sp) std::memcpy(out, mine, static_cast<size_t>(tp.rows(N) * C) * sizeof(float));
+}
+
+void Transformer::final_norm(float* y, const float* x, int64_t rows) {
+  const ModelConfig& c = config_;
+  Acts& a = *acts_;
+  if (c.family == ModelFamily::kGpt2) {
+    cpu::layernorm_forward(y, a.final_mean.p, a.final_rstd.p, x, final_norm_w_, final_norm_b_, rows, c.d_model,
+                           c.norm_eps);
+  } else {
+    cpu::rmsnorm_forward(y, a.final_rstd.p, x, final_norm_w_, rows, c.d_model, c.norm_eps);
+  }
 }
 
 const float* Transformer::logits() const { return acts_ ? acts_->logits.p : nullptr; }
@@ -688,19 +1036,21 @@ void Transformer::backward(float loss_scale) {
   KILN_CHECK_MSG(acts_ && acts_->num_valid > 0, "backward() needs a forward() with targets first");
   const ModelConfig& c = config_;
   Acts& a = *acts_;
-  const int64_t B = a.B, T = a.T, N = B * T, C = c.d_model, V = c.vocab_size;
+  Tp& tp = *tp_;
+  const int64_t B = a.B, T = a.T, N = B * T, Ns = tp.rows(N), C = c.d_model, V = c.vocab_size / shard_.size;
   const bool gpt2 = c.family == ModelFamily::kGpt2;
   // dlosses = 1/num_valid for the mean; dlogits overwrite the logits.
   for (int64_t i = 0; i < N; ++i) a.losses.p[i] = loss_scale / static_cast<float>(a.num_valid);
-  cpu::cross_entropy_backward(a.logits.p, a.logits.p, a.targets.data(), a.losses.p, N, V);
+  tp.cross_entropy_backward(a.logits.p, a.logits.p, a.targets.data(), a.losses.p, N, V);
   if (hooks_) hooks_->before_model(Pass::kBackward);
-  head_.backward(a.dnorm.p, a.logits.p, a.final_norm.p, N, false);
+  head_.backward(a.dnorm.p, a.logits.p, a.final_norm.p, N, false);  // a partial sum over vocabulary shards
+  const float* dnorm = tp.reduce(a.dnorm.p, N, C);
   const float* x = a.resid.back().p;
   if (gpt2) {
-    cpu::layernorm_backward(a.dresid.p, dfinal_norm_w_, dfinal_norm_b_, a.dnorm.p, x, final_norm_w_, a.final_mean.p,
-                            a.final_rstd.p, N, C);
+    cpu::layernorm_backward(a.dresid.p, dfinal_norm_w_, dfinal_norm_b_, dnorm, x, final_norm_w_, a.final_mean.p,
+                            a.final_rstd.p, Ns, C);
   } else {
-    cpu::rmsnorm_backward(a.dresid.p, dfinal_norm_w_, a.dnorm.p, x, final_norm_w_, a.final_rstd.p, N, C);
+    cpu::rmsnorm_backward(a.dresid.p, dfinal_norm_w_, dnorm, x, final_norm_w_, a.final_rstd.p, Ns, C);
   }
   if (hooks_) hooks_->grads_ready(tail_range());
   KILN_CHECK_MSG(a.mode == ckpt_, "set_checkpointing() between forward() and backward()");
@@ -719,8 +1069,12 @@ void Transformer::backward(float loss_scale) {
       hooks_->grads_ready(block_range(li));
     }
   }
-  cpu::embedding_backward(dwte_, a.dresid.p, a.tokens.data(), N, V, C);
-  if (gpt2) cpu::positional_backward(dwpe_, a.dresid.p, B, T, C);
+  if (tp.on()) {
+    embedding_shard_backward(dwte_, tp.gather(a.dresid.p, N, C), a.tokens.data(), N, shard_.rank * V, V, C);
+  } else {
+    cpu::embedding_backward(dwte_, a.dresid.p, a.tokens.data(), N, V, C);
+  }
+  if (gpt2) positions_backward(dwpe_, a.dresid.p, tp.row0(N), Ns, T, C);
   if (hooks_) hooks_->grads_ready(head_range());
 }
 
@@ -744,7 +1098,7 @@ PagedKvCache Transformer::make_paged_kv_cache(int64_t num_blocks, int64_t block_
   PagedKvCache c;
   c.num_blocks = num_blocks;
   c.block_size = block_size;
-  c.row_width = config_.n_kv_heads * config_.head_dim();
+  c.row_width = layers_.empty() ? 0 : layers_[0]->kv_heads * config_.head_dim();  // this shard's KV heads
   for (int64_t l = 0; l < config_.n_layers; ++l) {
     c.k.push_back(Tensor::zeros({num_blocks * block_size, c.row_width}));
     c.v.push_back(Tensor::zeros({num_blocks * block_size, c.row_width}));
@@ -761,9 +1115,10 @@ Expected<const float*> Transformer::forward_paged(const PagedBatch& b, PagedKvCa
       static_cast<int64_t>(b.block_table.size()) != S * maxb)
     return invalid_argument("[forward_paged] {} sequences need num_cached ({}) of the same size and a block table of "
                             "{} × max_blocks_per_seq ({}), got {}", S, b.num_cached.size(), S, maxb, b.block_table.size());
-  if (static_cast<int64_t>(cache.k.size()) != c.n_layers || cache.row_width != c.n_kv_heads * c.head_dim() || bs < 1)
+  const int64_t kv_width = layers_.empty() ? 0 : layers_[0]->kv_heads * c.head_dim();  // this shard's
+  if (static_cast<int64_t>(cache.k.size()) != c.n_layers || cache.row_width != kv_width || bs < 1)
     return invalid_argument("[forward_paged] the cache has {} layers of rows {}, the model {} of {}", cache.k.size(),
-                            cache.row_width, c.n_layers, c.n_kv_heads * c.head_dim());
+                            cache.row_width, c.n_layers, kv_width);
   if (!paged_) paged_ = std::make_unique<PagedScratch>();
   PagedScratch& ps = *paged_;
   ps.row_begin.assign(1, 0);
@@ -791,13 +1146,14 @@ Expected<const float*> Transformer::forward_paged(const PagedBatch& b, PagedKvCa
   KILN_RETURN_IF_ERROR(check_token_ids(b.tokens, V));
 
   // Activation buffers for at least N rows, grown in steps of 64 so a varying batch rarely
-  // reallocates.
-  if (!acts_ || acts_->B != 1 || acts_->T < N) ensure_activations(1, (N + 63) / 64 * 64);
+  // reallocates. Serving never runs sequence parallelism.
+  tp_->sp = false;
+  if (!acts_ || acts_->B != 1 || acts_->T < N || acts_->sp) ensure_activations(1, (N + 63) / 64 * 64);
   Acts& a = *acts_;
   a.num_valid = 0;
   const size_t gather_floats = static_cast<size_t>(2 * gather_rows * cache.row_width);
   if (ps.gather.size() < gather_floats) ps.gather.resize(gather_floats);
-  cpu::embedding_forward(a.resid[0].p, b.tokens.data(), wte_, N, V, C);
+  embed(a.resid[0].p, b.tokens.data(), N);
   if (c.family == ModelFamily::kGpt2) {
     for (int64_t i = 0; i < S; ++i)
       cpu::positional_forward(a.resid[0].p + int64_t{ps.row_begin[i]} * C,
@@ -820,14 +1176,9 @@ Expected<const float*> Transformer::forward_paged(const PagedBatch& b, PagedKvCa
   ps.x.resize(static_cast<size_t>(M * C));
   for (int64_t r = 0; r < M; ++r)
     std::memcpy(ps.x.data() + r * C, a.resid.back().p + int64_t{b.logit_rows[r]} * C, static_cast<size_t>(C) * sizeof(float));
-  if (c.family == ModelFamily::kGpt2) {
-    cpu::layernorm_forward(a.final_norm.p, a.final_mean.p, a.final_rstd.p, ps.x.data(), final_norm_w_, final_norm_b_, M,
-                           C, c.norm_eps);
-  } else {
-    cpu::rmsnorm_forward(a.final_norm.p, a.final_rstd.p, ps.x.data(), final_norm_w_, M, C, c.norm_eps);
-  }
+  final_norm(a.final_norm.p, ps.x.data(), M);
   head_.forward(a.logits.p, a.final_norm.p, M);
-  return a.logits.p;
+  return tp_->whole_logits(a.logits.p, M, V / shard_.size);
 }
 
 }  // namespace kiln

@@ -17,11 +17,68 @@
 
 namespace kiln {
 
+namespace comm {
+class Communicator;
+}
+
+// The tensor-parallel shard a model is built for (Megatron's layout; src/kiln/parallel builds
+// it from the mesh's tp axis). Over `size` ranks: attention heads and FFN columns are split
+// (Q, K, V, gate, up and GPT-2's c_attn, c_fc by output rows: column-parallel; o, down and
+// GPT-2's c_proj by input columns: row-parallel, one reduction after each), KV heads are split
+// when size divides n_kv_heads and replicated (each rank holds the one its query heads read)
+// when n_kv_heads divides size, and the vocabulary is split (vocab-parallel embedding, LM head
+// and cross-entropy: no rank holds the full logits). Norms, row-parallel biases and GPT-2's
+// position table are whole on every rank. size 1 is the single-process model: the same code.
+struct TensorShard {
+  int rank = 0, size = 1;
+  comm::Communicator* comm = nullptr;  // the tp ranks; null at size 1
+  // Sequence parallelism (training): the norm and residual regions hold N / size of the N
+  // token rows; an all-gather enters each column-parallel block, a reduce-scatter leaves each
+  // row-parallel one (instead of the all-reduces). The KV-cache and paged paths do not use it.
+  bool sequence_parallel = false;
+};
+
+// What a rank put through the tensor-parallel collectives (bytes of each whole buffer: an
+// all-reduce's, an all-gather's output, a reduce-scatter's input), and their time: they block
+// the layer that calls them.
+struct TensorParallelTraffic {
+  int64_t all_reduce_bytes = 0, all_gather_bytes = 0, reduce_scatter_bytes = 0;
+  int64_t cross_entropy_bytes = 0;  // the vocab-parallel loss's row max, sum and target logit
+  int64_t logits_bytes = 0;         // whole logits gathered for sampling (decode)
+  double seconds = 0;
+};
+
+// InvalidArgument naming the counts when `c` does not split over tp ranks: tp >= 1 divides
+// n_heads, d_ff and vocab_size, and tp divides n_kv_heads or n_kv_heads divides tp.
+Status check_tensor_split(const ModelConfig& c, int tp);
+
+// Where a shard's parameter sits in the whole (single-process) tensor.
+struct ParamSplit {
+  enum class Kind : uint8_t {
+    kWhole,    // the whole tensor (replicated over the tp ranks)
+    kRows,     // rows [begin, begin + count) of each of `parts` equal blocks of dim 0
+    kColumns,  // columns [begin, begin + count) of every row (a matrix)
+  };
+  Kind kind = Kind::kWhole;
+  int64_t parts = 1;  // kRows: GPT-2's fused c_attn is q | k | v, three blocks split alike
+  int64_t begin = 0, count = 0;
+  Shape full;               // the whole tensor's shape
+  int64_t full_offset = 0;  // its offset in the single-process flat buffer
+  // How many tp ranks hold these same values (1: a shard of its own; the tp size: kWhole; the
+  // ranks sharing a replicated KV head), consecutive ranks: rank / replicas names the group.
+  int replicas = 1;
+  // This rank's gradient is a part of the sum over its replicas (sequence parallelism's norms
+  // and positions saw N / size token rows; a replicated KV head saw some of its query heads):
+  // the layout all-reduces it over the replicas before the optimizer.
+  bool partial_grad = false;
+};
+
 struct ParamEntry {
   std::string name;  // Hugging Face name, e.g. "model.layers.0.self_attn.q_proj.weight"
   Shape shape;       // kiln's layout: linear weights are (out, in) as in PyTorch nn.Linear
   int64_t offset;    // elements into the flat buffer
   bool decay;        // AdamW weight decay applies (matrices yes; norms, biases no)
+  ParamSplit split = {};  // tensor parallelism; kWhole with replicas 1 in a single-process model
 };
 
 struct Linear;
@@ -125,10 +182,15 @@ struct PagedBatch {
 
 class Transformer {
  public:
-  static Expected<std::unique_ptr<Transformer>> create(const ModelConfig& config, uint64_t seed);
+  // A shard of size > 1 starts from the single-process model's initial values (the same seed),
+  // sliced; its config must pass check_tensor_split.
+  static Expected<std::unique_ptr<Transformer>> create(const ModelConfig& config, uint64_t seed,
+                                                       const TensorShard& shard = {});
   // The parameters create(config) allocates (names, kiln shapes, offsets), computed without
   // allocating anything, so a loader checks a file against them first. config passes check_config.
-  static std::vector<ParamEntry> param_entries_for(const ModelConfig& config);
+  // With a shard: its local shapes and offsets, and each entry's split.
+  static std::vector<ParamEntry> param_entries_for(const ModelConfig& config, int tp_rank = 0, int tp_size = 1,
+                                                   bool sequence_parallel = false);
   ~Transformer();
   Transformer(const Transformer&) = delete;
   Transformer& operator=(const Transformer&) = delete;
@@ -145,6 +207,17 @@ class Transformer {
 
   // ---- the parallel layouts' view (src/kiln/parallel) ----
   int64_t num_params() const { return num_params_; }
+  const TensorShard& tensor_shard() const { return shard_; }
+  // The single-process model's parameter count (num_params() at tp = 1).
+  int64_t full_num_params() const { return full_num_params_; }
+  // f(local offset, full offset, n) for each run of n contiguous elements of this shard's flat
+  // buffer inside the single-process flat buffer, in flat order (one run per entry at tp = 1).
+  template <class F>
+  void for_each_shard_run(F&& f) const;
+  // This shard's values taken from the single-process model's flat parameters (full_num_params()).
+  void load_from_full(std::span<const float> full);
+  // The tensor-parallel collectives since the last call (zeros at tp = 1).
+  TensorParallelTraffic take_tp_traffic();
   int64_t num_blocks() const { return static_cast<int64_t>(layers_.size()); }
   // Block l's parameters: one contiguous range. head_range(): the embeddings before the
   // blocks; tail_range(): the final norm and the untied LM head after them.
@@ -193,8 +266,11 @@ class Transformer {
   struct Layer;  // one transformer block (defined in transformer.cpp)
 
  private:
-  explicit Transformer(const ModelConfig& c);
+  Transformer(const ModelConfig& c, const TensorShard& shard);
   void build_params(uint64_t seed);
+  // Row-parallel biases are added by tp rank 0 only (the reduction sums the partial outputs);
+  // the other ranks keep their gradients. Called after every rewiring of the pointers.
+  void drop_row_parallel_biases();
   // Calls f(pointer, is_grad) on every weight and gradient pointer, in one fixed order.
   template <class F>
   void for_each_pointer(F&& f);
@@ -202,6 +278,10 @@ class Transformer {
   void ensure_activations(int64_t batch, int64_t seq_len);
   Expected<float> forward_impl(const int32_t* tokens, const int32_t* targets, int64_t batch, int64_t seq_len,
                                KVCache* cache);
+  // The token embedding of N tokens into this rank's rows (vocab-parallel above tp = 1).
+  void embed(float* out, const int32_t* tokens, int64_t N);
+  // The final norm of `rows` rows, its statistics saved for backward.
+  void final_norm(float* y, const float* x, int64_t rows);
 
   ModelConfig config_;
   Tensor params_, grads_;
@@ -216,6 +296,10 @@ class Transformer {
   std::vector<int64_t> block_begin_;     // (L + 1,) offsets: block l is [block_begin_[l], block_begin_[l + 1])
   std::vector<int64_t> pointer_offset_;  // for_each_pointer order: the flat offset (-1: null)
   ModelHooks* hooks_ = nullptr;
+  TensorShard shard_;
+  int64_t full_num_params_ = 0;
+  struct Tp;  // the layers' tensor-parallel collectives and their scratch (transformer.cpp)
+  std::unique_ptr<Tp> tp_;
   RopeTable rope_;
   struct Acts;
   std::unique_ptr<Acts> acts_;
@@ -224,5 +308,32 @@ class Transformer {
   int64_t activation_bytes_ = 0;
   CheckpointMode ckpt_ = CheckpointMode::kNone;
 };
+
+// f(local offset, full offset, n) for each contiguous run of entry e (ParamSplit's layout).
+template <class F>
+void for_each_entry_run(const ParamEntry& e, F&& f) {
+  const ParamSplit& s = e.split;
+  switch (s.kind) {
+    case ParamSplit::Kind::kWhole:
+      f(e.offset, s.full_offset, e.shape.numel());
+      break;
+    case ParamSplit::Kind::kRows: {
+      const int64_t cols = s.full.numel() / s.full[0], block = s.full[0] / s.parts;
+      for (int64_t p = 0; p < s.parts; ++p)
+        f(e.offset + p * s.count * cols, s.full_offset + (p * block + s.begin) * cols, s.count * cols);
+      break;
+    }
+    case ParamSplit::Kind::kColumns: {
+      const int64_t rows = s.full[0], cols = s.full[1];
+      for (int64_t r = 0; r < rows; ++r) f(e.offset + r * s.count, s.full_offset + r * cols + s.begin, s.count);
+      break;
+    }
+  }
+}
+
+template <class F>
+void Transformer::for_each_shard_run(F&& f) const {
+  for (const ParamEntry& e : entries_) for_each_entry_run(e, f);
+}
 
 }  // namespace kiln

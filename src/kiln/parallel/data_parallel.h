@@ -82,6 +82,7 @@ class DataParallelPlan final : public ParallelPlan {
   std::string describe() const override;
   comm::Communicator* communicator() override { return dp_.get(); }
   std::vector<OptimizerPiece> checkpoint_pieces() const override;
+  int64_t checkpoint_num_params() const override { return model_->num_params(); }
 
   // ModelHooks
   void before_model(Pass pass) override;

@@ -118,11 +118,17 @@ Expected<parallel::DataParallelOptions> resolve_parallel(const TrainRunOptions& 
     p.zero = 3;
   }
   if (p.shard_group > 0 && p.zero == 0) p.zero = 3;
-  const int dp = o.dp > 0 ? o.dp : world;
-  if (dp != world)
-    return invalid_argument("--dp {} does not match the {} ranks of this job (mpirun -np): every rank is a "
-                            "data-parallel rank",
-                            dp, world);
+  const int tp = o.tensor.tp;
+  if (o.tensor.sequence_parallel && tp < 2)
+    return invalid_argument("--sp splits the sequence over the --tp ranks: it needs --tp 2 or more");
+  if (world % tp != 0)
+    return invalid_argument("--tp {} does not divide the {} ranks of this job (mpirun -np): dp × tp must be the world",
+                            tp, world);
+  const int dp = o.dp > 0 ? o.dp : world / tp;
+  if (dp * tp != world)
+    return invalid_argument("--dp {} × --tp {} does not match the {} ranks of this job (mpirun -np): every rank is "
+                            "one data-parallel rank of one tensor-parallel group",
+                            dp, tp, world);
   KILN_RETURN_IF_ERROR(parallel::check_data_parallel(p, dp, t));
   if (p.zero == 3 && !o.qat.empty())
     return invalid_argument("--qat installs a backend on every whole weight; it needs --zero 0, 1 or 2 (got 3)");
@@ -338,7 +344,8 @@ Status run_training(const TrainRunOptions& o, const RunOutput& out_in) {
   KILN_ASSIGN_OR_RETURN(TrainOptions t, resolve_train_options(o));
   // Data parallelism: every flag checked before MPI is asked for anything but the world size.
   const bool parallel_run = launched_by_mpi() || o.dp > 0 || o.fsdp || o.parallel.zero > 0 || o.parallel.shard_group > 0 ||
-                            o.reduce_dtype != "f32";
+                            o.reduce_dtype != "f32" || o.tensor.tp > 1 || o.tensor.sequence_parallel;
+  const bool tensor_parallel = o.tensor.tp > 1;
   comm::Communicator* world = parallel_run ? &comm::Communicator::world() : nullptr;
   std::optional<parallel::DataParallelOptions> dpo;
   if (world) {
@@ -354,8 +361,28 @@ Status run_training(const TrainRunOptions& o, const RunOutput& out_in) {
   }
   KILN_ASSIGN_OR_RETURN(const RunData d, std::move(loaded));
   KILN_RETURN_IF_ERROR(check_train_memory(d.config, t));
+  if (tensor_parallel) {  // the model's split, on every rank alike, before any communication
+    KILN_RETURN_IF_ERROR(parallel::check_tensor_parallel(o.tensor, d.config, world->size(), *dpo, t));
+    if (!o.qat.empty())
+      return invalid_argument("--qat with --tp is not implemented: the QAT export reads whole weights");
+  }
+  const int dp_size = world ? world->size() / o.tensor.tp : 1;
+  // The plan first: a tensor-parallel model is built for its shard of the mesh.
+  std::unique_ptr<ParallelPlan> plan;
+  parallel::TensorParallelPlan* tp_plan = nullptr;
+  parallel::DataParallelPlan* dp_plan = nullptr;
+  if (tensor_parallel) {
+    KILN_ASSIGN_OR_RETURN(auto p, parallel::TensorParallelPlan::create(*world, o.tensor, *dpo, d.config, t));
+    tp_plan = p.get();
+    plan = std::move(p);
+  } else if (world) {
+    KILN_ASSIGN_OR_RETURN(auto p, parallel::DataParallelPlan::create(*world, *dpo, t));
+    dp_plan = p.get();
+    plan = std::move(p);
+  }
   const AllocatorStats mem_base = default_allocator().stats();  // what was live before the model
-  KILN_ASSIGN_OR_RETURN(std::unique_ptr<Transformer> model, Transformer::create(d.config, t.seed));
+  KILN_ASSIGN_OR_RETURN(std::unique_ptr<Transformer> model,
+                        Transformer::create(d.config, t.seed, tp_plan ? tp_plan->shard() : TensorShard{}));
   t.max_seconds = o.minutes * 60.0;
   if (t.max_seconds > 0 && t.max_steps <= 0) t.max_steps = 1'000'000;
 
@@ -374,13 +401,12 @@ Status run_training(const TrainRunOptions& o, const RunOutput& out_in) {
   if (!o.qat.empty()) {
     KILN_ASSIGN_OR_RETURN(qat, install_qat(o.qat, *model, out));
   }
-  std::unique_ptr<parallel::DataParallelPlan> plan;
-  if (world) {
-    KILN_ASSIGN_OR_RETURN(plan, parallel::DataParallelPlan::create(*world, *dpo, t));
-    out.print("data parallel: {} (global batch {}, {} per rank)\n", plan->describe(), t.batch, t.batch / world->size());
+  if (plan) {
+    out.print("{}: {} (global batch {}, {} per data-parallel rank)\n", tp_plan ? "tensor parallel" : "data parallel",
+              plan->describe(), t.batch, t.batch / dp_size);
   }
   const std::unique_ptr<Trainer> trainer = make_trainer(*model, d, t, plan.get());
-  print_model_memory(*model, t, t.batch / (world ? world->size() : 1), progress.flops_per_token, out);
+  print_model_memory(*model, t, t.batch / dp_size, progress.flops_per_token, out);
 
   const bool sharded = world != nullptr;
   const std::string ckpt = checkpoint_path(o, sharded);
@@ -410,13 +436,19 @@ Status run_training(const TrainRunOptions& o, const RunOutput& out_in) {
     if (o.save_every > 0 && s.step % o.save_every == 0) KILN_RETURN_IF_ERROR(save_checkpoint());
   }
   KILN_RETURN_IF_ERROR(save_checkpoint());
-  if (plan) {  // the whole model on the main rank, to export (ZeRO-3 gathers it)
-    const std::vector<float> full = plan->gather_full_params();
+  if (dp_plan) {  // the whole model on the main rank, to export (ZeRO-3 gathers it)
+    const std::vector<float> full = dp_plan->gather_full_params();
     model->set_hooks(nullptr);
     model->restore_storage();
     std::copy(full.begin(), full.end(), model->params().begin());
   }
-  KILN_RETURN_IF_ERROR(save_run(o, d, *model, qat, out));
+  std::unique_ptr<Transformer> whole;  // tensor parallelism: the single-process model, from the shards
+  if (tp_plan) {
+    const std::vector<float> full = tp_plan->gather_full(model->params());
+    KILN_ASSIGN_OR_RETURN(whole, Transformer::create(d.config, t.seed));
+    std::copy(full.begin(), full.end(), whole->params().begin());
+  }
+  KILN_RETURN_IF_ERROR(save_run(o, d, whole ? *whole : *model, qat, out));
   const std::string svg_path = write_loss_curve(o, d, curves, unigram, trainer->steps_done(), out);
   out.print("validation loss {:.4f} vs unigram entropy {:.4f} nats/token; saved {} (loss curve {})\n", curves.last_val,
             unigram, o.out_dir, svg_path);

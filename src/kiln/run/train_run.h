@@ -19,6 +19,7 @@
 
 #include "kiln/core/status.h"
 #include "kiln/parallel/data_parallel.h"
+#include "kiln/parallel/tensor_parallel.h"
 #include "kiln/train/corpus.h"
 #include "kiln/train/trainer.h"
 
@@ -47,6 +48,8 @@ struct TrainRunOptions {
   bool fsdp = false;
   std::string reduce_dtype = "f32";  // --reduce-dtype: f32 | bf16
   parallel::DataParallelOptions parallel;
+  // Tensor parallelism: --tp T (the world is dp × tp; --dp, when given, must be world / T), --sp.
+  parallel::TensorParallelOptions tensor;
 };
 
 // Whether this process was started by mpirun (or another MPI launcher): a plain `kiln train`

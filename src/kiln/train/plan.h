@@ -72,6 +72,11 @@ class ParallelPlan : public ModelHooks {
   virtual std::vector<OptimizerPiece> checkpoint_pieces() const {
     return {pieces().begin(), pieces().end()};
   }
+  // The pieces this rank reads back from a checkpoint (its own state, wherever it sits in the
+  // checkpoint's flat vector: flat_begin), and the size of that vector. A tensor-parallel shard
+  // maps its runs into the single-process model's layout.
+  virtual std::vector<OptimizerPiece> restore_pieces() const { return {pieces().begin(), pieces().end()}; }
+  virtual int64_t checkpoint_num_params() const = 0;
 };
 
 // One process: the whole model's buffers, no communication.
@@ -81,6 +86,7 @@ class SingleProcessPlan final : public ParallelPlan {
   void begin_step() override { model_->zero_grad(); }
   std::span<const OptimizerPiece> pieces() const override { return pieces_; }
   int64_t state_size() const override { return model_->num_params(); }
+  int64_t checkpoint_num_params() const override { return model_->num_params(); }
   std::string describe() const override { return "single"; }
 
  private:

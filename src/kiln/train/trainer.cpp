@@ -155,7 +155,7 @@ nlohmann::json options_json_with_precision(const TrainOptions& o) {
 CheckpointHeader Trainer::checkpoint_meta() const {
   CheckpointHeader h;
   h.step = step_;
-  h.num_params = model_.num_params();
+  h.num_params = plan_->checkpoint_num_params();
   h.model = model_.config().describe();
   h.options = options_json_with_precision(o_);
   h.loss_scale = scaler_.scale();
@@ -192,7 +192,7 @@ PieceBuffers piece_buffers(const std::vector<OptimizerPiece>& pieces, int64_t nu
 Status Trainer::save_checkpoint(const std::string& path) const {
   if (comm::Communicator* c = plan_->communicator()) {  // every rank its pieces, then a manifest
     const std::vector<OptimizerPiece> pieces = plan_->checkpoint_pieces();
-    PieceBuffers b = piece_buffers(pieces, model_.num_params());
+    PieceBuffers b = piece_buffers(pieces, plan_->checkpoint_num_params());
     size_t at = 0;
     for (const OptimizerPiece& p : pieces) {
       std::copy(p.params, p.params + p.n, b.params.begin() + static_cast<std::ptrdiff_t>(at));
@@ -210,9 +210,9 @@ Status Trainer::save_checkpoint(const std::string& path) const {
 
 Status Trainer::restore(const CheckpointHeader& h, const std::string& path, const std::vector<OptimizerPiece>& pieces,
                         const PieceBuffersRef& from) {
-  if (h.num_params != model_.num_params())
-    return invalid_argument("{} holds {} parameters; this model has {} ({})", path, h.num_params, model_.num_params(),
-                            h.model);
+  if (h.num_params != plan_->checkpoint_num_params())
+    return invalid_argument("{} holds {} parameters; this model has {} ({})", path, h.num_params,
+                            plan_->checkpoint_num_params(), h.model);
   if (h.options != options_json_with_precision(o_))
     return invalid_argument("{} was written with options {}; resume with the same ones (now {})", path,
                             h.options.dump(), options_json_with_precision(o_).dump());
@@ -233,9 +233,9 @@ Status Trainer::restore(const CheckpointHeader& h, const std::string& path, cons
 }
 
 Status Trainer::load_checkpoint(const std::string& path) {
-  const std::vector<OptimizerPiece> pieces(plan_->pieces().begin(), plan_->pieces().end());
+  const std::vector<OptimizerPiece> pieces = plan_->restore_pieces();
   if (comm::Communicator* c = plan_->communicator()) {  // a sharded directory or a single file, at any P
-    PieceBuffers b = piece_buffers(pieces, model_.num_params());
+    PieceBuffers b = piece_buffers(pieces, plan_->checkpoint_num_params());
     KILN_ASSIGN_OR_RETURN(const CheckpointHeader h, load_sharded_checkpoint(*c, path, b.view));
     return restore(h, path, pieces, {b.params, b.m, b.v});
   }

@@ -1,0 +1,169 @@
+// Tensor parallelism's plan (tensor_parallel.h).
+#include "kiln/parallel/tensor_parallel.h"
+
+#include <map>
+
+#include "kiln/comm/collectives.h"
+
+namespace kiln::parallel {
+
+Status check_tensor_parallel(const TensorParallelOptions& o, const ModelConfig& c, int world,
+                             const DataParallelOptions& dp, const TrainOptions& train) {
+  if (o.tp < 1) return invalid_argument("--tp {} must be >= 1", o.tp);
+  if (world % o.tp != 0)
+    return invalid_argument("--tp {} does not divide the {} ranks of this job: dp × tp must be the world", o.tp, world);
+  if (Status s = check_tensor_split(c, o.tp); !s.ok()) return invalid_argument("--tp {}: {}", o.tp, s.message());
+  if (o.sequence_parallel && o.tp > 1 && train.seq_len % o.tp != 0)
+    return invalid_argument("--sp splits the sequence over --tp {} ranks: --seq {} must be a multiple of it", o.tp,
+                            train.seq_len);
+  if (o.tp > 1 && dp.zero != 0)
+    return invalid_argument("--tp {} composes with DDP (--zero 0) only; ZeRO/FSDP over tensor-parallel shards is not "
+                            "implemented (got --zero {})", o.tp, dp.zero);
+  return {};
+}
+
+Expected<std::unique_ptr<TensorParallelPlan>> TensorParallelPlan::create(comm::Communicator& world,
+                                                                         const TensorParallelOptions& o,
+                                                                         const DataParallelOptions& dp,
+                                                                         const ModelConfig& config,
+                                                                         const TrainOptions& train) {
+  KILN_RETURN_IF_ERROR(check_tensor_parallel(o, config, world.size(), dp, train));
+  KILN_RETURN_IF_ERROR(check_data_parallel(dp, world.size() / o.tp, train));
+  std::unique_ptr<TensorParallelPlan> p(new TensorParallelPlan());
+  p->o_ = o;
+  KILN_ASSIGN_OR_RETURN(p->mesh_, comm::DeviceMesh::create(world, {{"dp", world.size() / o.tp}, {"tp", o.tp}}));
+  p->mesh_->comm("tp").set_auto_probe(false);  // the same algorithm at every size: reproducible sums
+  KILN_ASSIGN_OR_RETURN(p->data_, DataParallelPlan::create(p->mesh_->comm("dp"), dp, train));
+  return p;
+}
+
+TensorParallelPlan::~TensorParallelPlan() = default;
+
+TensorShard TensorParallelPlan::shard() {
+  TensorShard s;
+  s.rank = mesh_->coord("tp");
+  s.size = mesh_->size("tp");
+  s.comm = s.size > 1 ? &mesh_->comm("tp") : nullptr;
+  s.sequence_parallel = o_.sequence_parallel && s.size > 1;
+  return s;
+}
+
+void TensorParallelPlan::attach(Transformer& model) {
+  KILN_CHECK_MSG(model.tensor_shard().size == mesh_->size("tp") && model.tensor_shard().rank == mesh_->coord("tp"),
+                 "the model is built for tp shard {} of {}, the mesh says {} of {}", model.tensor_shard().rank,
+                 model.tensor_shard().size, mesh_->coord("tp"), mesh_->size("tp"));
+  model_ = &model;
+  data_->attach(model);
+  // One all-reduce per replica-group size, over the ranks that hold the same values.
+  std::map<int, std::vector<std::pair<int64_t, int64_t>>> by_replicas;
+  for (const ParamEntry& e : model.param_entries())
+    if (e.split.partial_grad && e.split.replicas > 1) by_replicas[e.split.replicas].emplace_back(e.offset, e.shape.numel());
+  const int rank = mesh_->coord("tp");
+  for (auto& [replicas, ranges] : by_replicas) {
+    PartialGroup g;
+    g.replicas = replicas;
+    g.ranges = std::move(ranges);
+    int64_t n = 0;
+    for (auto [off, len] : g.ranges) n += len;
+    g.buf.resize(static_cast<size_t>(n));
+    auto split = mesh_->comm("tp").split(rank / replicas, rank);
+    KILN_CHECK_MSG(split.ok(), "{}", split.status().to_string());
+    g.comm = std::move(split).value();
+    g.comm->set_auto_probe(false);
+    partial_.push_back(std::move(g));
+  }
+}
+
+void TensorParallelPlan::finish_gradients() {
+  data_->finish_gradients();
+  const double t0 = comm::now_seconds();
+  float* grads = model_->grads().data();
+  for (PartialGroup& g : partial_) {  // pack, sum over the replicas, unpack
+    size_t at = 0;
+    for (auto [off, n] : g.ranges) {
+      std::copy_n(grads + off, n, g.buf.data() + at);
+      at += static_cast<size_t>(n);
+    }
+    const Status s = comm::all_reduce(*g.comm, g.buf.data(), g.buf.data(), static_cast<int64_t>(g.buf.size()),
+                                      DType::kF32, comm::ReduceOp::kSum);
+    KILN_CHECK_MSG(s.ok(), "{}", s.to_string());
+    at = 0;
+    for (auto [off, n] : g.ranges) {
+      std::copy_n(g.buf.data() + at, n, grads + off);
+      at += static_cast<size_t>(n);
+    }
+  }
+  tp_seconds_ += comm::now_seconds() - t0;
+}
+
+double TensorParallelPlan::sum_over_shards(double x) {
+  x = data_->sum_over_shards(x);
+  if (mesh_->size("tp") == 1) return x;
+  // Replicated values are in every holder's x: keep them on the first holder only.
+  const int rank = mesh_->coord("tp");
+  const float* grads = model_->grads().data();
+  for (const ParamEntry& e : model_->param_entries()) {
+    if (e.split.replicas == 1 || rank % e.split.replicas == 0) continue;
+    for (int64_t i = 0; i < e.shape.numel(); ++i) x -= static_cast<double>(grads[e.offset + i]) * grads[e.offset + i];
+  }
+  // One double through MPI's own all-reduce, on this thread: the tp communicator has no
+  // communication thread (its collectives are the layers' blocking calls).
+  double sum = 0;
+  if (MPI_Allreduce(&x, &sum, 1, MPI_DOUBLE, MPI_SUM, mesh_->comm("tp").handle()) != MPI_SUCCESS)
+    comm::abort_job("MPI_Allreduce of the gradient norm over the tp ranks failed");
+  return sum;
+}
+
+CommTimes TensorParallelPlan::take_comm_times() {
+  CommTimes t = data_->take_comm_times();
+  // The layers' collectives block the layer that calls them: all of their time is exposed.
+  const double tp = model_->take_tp_traffic().seconds + tp_seconds_;
+  tp_seconds_ = 0;
+  t.comm_seconds += tp;
+  t.exposed_seconds += tp;
+  return t;
+}
+
+std::string TensorParallelPlan::describe() const {
+  std::string s = fmt::format("tp {}", mesh_->size("tp"));
+  if (o_.sequence_parallel && mesh_->size("tp") > 1) s += " + sequence parallel";
+  return fmt::format("{} × {}", data_->describe(), s);
+}
+
+std::vector<OptimizerPiece> TensorParallelPlan::mapped_pieces(bool every_entry) const {
+  // The optimizer's pieces are the model's flat layout (DDP: state at the same offsets); each
+  // run of an entry becomes a piece at its whole-model offset.
+  std::vector<OptimizerPiece> out;
+  const int rank = mesh_->coord("tp");
+  float* params = model_->params().data();
+  float* grads = model_->grads().data();
+  for (const ParamEntry& e : model_->param_entries()) {
+    if (!every_entry && rank % e.split.replicas != 0) continue;  // a replica written by its first holder
+    for_each_entry_run(e, [&](int64_t local, int64_t full, int64_t n) {
+      out.push_back({params + local, grads + local, n, local, full, e.decay});
+    });
+  }
+  return out;
+}
+
+std::vector<OptimizerPiece> TensorParallelPlan::checkpoint_pieces() const {
+  if (mesh_->coord("dp") != 0) return {};  // DDP replicas: the first data-parallel group writes
+  return mapped_pieces(false);
+}
+
+std::vector<OptimizerPiece> TensorParallelPlan::restore_pieces() const { return mapped_pieces(true); }
+
+std::vector<float> TensorParallelPlan::gather_full(std::span<const float> local) const {
+  std::vector<float> full(static_cast<size_t>(model_->full_num_params()), 0.0f);
+  const int rank = mesh_->coord("tp");
+  for (const ParamEntry& e : model_->param_entries()) {
+    if (rank % e.split.replicas != 0) continue;  // each value once: the sum below assembles them
+    for_each_entry_run(e, [&](int64_t l, int64_t f, int64_t n) { std::copy_n(local.data() + l, n, full.data() + f); });
+  }
+  const Status s = comm::all_reduce(mesh_->comm("tp"), full.data(), full.data(), static_cast<int64_t>(full.size()),
+                                    DType::kF32, comm::ReduceOp::kSum);
+  KILN_CHECK_MSG(s.ok(), "{}", s.to_string());
+  return full;
+}
+
+}  // namespace kiln::parallel
