@@ -14,6 +14,8 @@
 #include "apps/kiln/commands.h"
 #include "kiln/model/weights.h"
 #include "kiln/serve/server.h"
+#include "kiln/serve/tensor_parallel.h"
+#include "kiln/comm/communicator.h"
 
 namespace kiln::app {
 namespace {
@@ -50,6 +52,7 @@ struct ServeArgs {
   EngineConfig engine;
   bool no_prefix_caching = false;
   bool no_packed_weights = false;
+  int tp = 1;  // --tp: tensor-parallel ranks (mpirun -np T)
   double request_timeout_s = 10, keep_alive_timeout_s = 5, drain_timeout_s = 10;
 };
 
@@ -88,6 +91,9 @@ void run_serve(ServeArgs a) {
   a.server.keep_alive_timeout = millis(a.keep_alive_timeout_s);
   auto served = load_served_model(a.model);
   if (!served.ok()) fail(served.status());
+  if (a.tp > 1 && !a.draft_model.empty())
+    fail(invalid_argument("--draft-model with --tp is not implemented: speculative decoding runs one process"));
+  if (a.tp > 1 && !serve_tensor_parallel(served->model, a.tp, "serve")) return;  // a follower rank: done
   const ModelConfig cfg = served->model->config();
   std::unique_ptr<Transformer> draft;
   if (!a.draft_model.empty()) {
@@ -132,16 +138,43 @@ void run_serve(ServeArgs a) {
   signal(SIGINT, SIG_DFL);
   signal(SIGTERM, SIG_DFL);
   (*engine)->stop();
+  server->reset();
+  engine->reset();  // tensor parallelism: the engine's executor tells the other ranks to stop
   fmt::print("kiln serve: stopped\n");
+  if (a.tp > 1) comm::finalize();
 }
 
 }  // namespace
+
+bool serve_tensor_parallel(std::unique_ptr<Transformer>& model, int tp, const char* cmd) {
+  comm::Communicator& world = comm::Communicator::world();
+  auto shard = shard_for_serving(*model, world, tp);
+  if (!shard.ok()) {
+    if (world.rank() == 0) fmt::print(stderr, "kiln {}: {}\n", cmd, shard.status().message());
+    comm::finalize();
+    throw CLI::RuntimeError(kUserError);
+  }
+  model = std::move(*shard);  // the whole model is freed
+  if (world.rank() == 0) return true;
+  // Rank 0 handles SIGINT/SIGTERM (mpirun forwards them to every rank) and stops the others.
+  signal(SIGINT, SIG_IGN);
+  signal(SIGTERM, SIG_IGN);
+  const Status s = follow_tensor_parallel_steps(*model);
+  comm::finalize();
+  if (!s.ok()) {
+    fmt::print(stderr, "kiln {} (rank {}): {}\n", cmd, world.rank(), s.message());
+    throw CLI::RuntimeError(kUserError);
+  }
+  return false;
+}
 
 void register_serve(CLI::App& app) {
   auto a = std::make_shared<ServeArgs>();
   CLI::App* s = app.add_subcommand("serve", "OpenAI-compatible HTTP server (completions, chat, SSE, /metrics)");
   s->add_option("--model", a->model, "Model directory (config.json, model.safetensors, tokenizer.json)")->required();
   s->add_option("--host", a->server.host, "Address to bind (default loopback)");
+  s->add_option("--tp", a->tp, "Tensor-parallel ranks (run under mpirun -np T; rank 0 serves HTTP)")
+      ->check(CLI::Range(1, 1 << 16));
   s->add_option("--port", a->server.port, "Port (0: any free port)")->check(CLI::Range(0, 65535));
   s->add_option("--api-key", a->server.api_key, "Require 'Authorization: Bearer KEY' on /v1/*");
   s->add_option("--served-model-name", a->served_name, "Model id in the API (default: the directory name)");

@@ -38,6 +38,7 @@ struct GenArgs {
   std::string draft_model;     // speculative decoding when set
   std::string checkpoint;      // weights from a training checkpoint (file or sharded directory)
   int64_t num_speculative = 4;  // γ
+  int tp = 1;                   // --tp: tensor-parallel ranks (mpirun -np T)
 };
 
 // `generate --draft-model`: speculative decoding, then plain generation of the same prompt
@@ -161,7 +162,10 @@ void run_generate(const GenArgs& a) {
   if (!model.ok()) fail("generate", model.status());
   auto tk = tok::Tokenizer::load_hf_json((std::filesystem::path(a.model) / "tokenizer.json").string());
   if (!tk.ok()) fail("generate", tk.status());
+  if (a.tp > 1 && !a.draft_model.empty())
+    fail("generate", invalid_argument("--draft-model with --tp is not implemented: speculative decoding runs one process"));
   if (!a.draft_model.empty()) return run_speculative(a, std::move(*model), *tk);
+  if (a.tp > 1 && !serve_tensor_parallel(*model, a.tp, "generate")) return;  // a follower rank: done
   auto engine = generation_engine(std::move(*model), nullptr, a);
   const std::vector<int32_t> ids = prompt_ids(a, *tk, *engine);
   for (int sample = 0; sample < a.samples; ++sample) {
@@ -171,6 +175,10 @@ void run_generate(const GenArgs& a) {
                       text_sink(a, *tk, text, true));
     if (!r.ok()) fail("generate", r.status());
     fmt::print("\n---\n");
+  }
+  if (a.tp > 1) {
+    engine.reset();  // its executor tells the other ranks to stop
+    comm::finalize();
   }
 }
 
@@ -280,6 +288,8 @@ void register_train(CLI::App& app) {
                 "Weights from a training checkpoint instead of --model's (OUT/checkpoint.bin, or OUT/checkpoint of a run "
                 "on several ranks); --model gives config.json and tokenizer.json");
   g->add_option("--samples", ga->samples, "Number of samples")->check(CLI::Range(1, 100));
+  g->add_option("--tp", ga->tp, "Tensor-parallel ranks (run under mpirun -np T; rank 0 prints)")
+      ->check(CLI::Range(1, 1 << 16));
   g->add_option("--draft-model", ga->draft_model, "Speculative decoding with this draft model (same tokenizer)");
   g->add_option("--num-speculative", ga->num_speculative, "Draft tokens per target pass (γ)")->check(CLI::Range(1, 16));
   g->callback([ga] { run_generate(*ga); });

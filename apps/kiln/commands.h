@@ -3,6 +3,10 @@
 
 #include <CLI/CLI.hpp>
 
+#include <memory>
+
+#include "kiln/model/transformer.h"
+
 namespace kiln::app {
 
 void register_info(CLI::App& app);
@@ -22,6 +26,11 @@ void register_convert(CLI::App& app);       // `convert` (cmd_convert.cpp)
 void register_bench_quant(CLI::App& app);   // `bench quant`, after register_bench (cmd_bench_quant.cpp)
 void register_bench_prepacked(CLI::App& app);  // `bench prepacked`, after register_bench (cmd_bench_prepacked.cpp)
 void register_bench_dp(CLI::App& app);  // `bench dp`, called by register_bench (cmd_bench_dp.cpp)
+
+// `--tp T` of serve and generate (mpirun -np T, cmd_serve.cpp): replaces `model` with this
+// rank's shard. Rank 0 returns true and runs the engine; ranks 1.. run rank 0's steps until its
+// engine stops, finalize MPI and return false. A bad --tp is one message, alike on every rank.
+bool serve_tensor_parallel(std::unique_ptr<Transformer>& model, int tp, const char* cmd);
 
 // Exit code for a subcommand that failed on user input (message already printed).
 inline constexpr int kUserError = 2;

@@ -673,7 +673,7 @@ void Transformer::build_params(uint64_t seed) {
     layer->tp = tp_.get();
     layer->index = i;
     layer->heads = c.n_heads / R;
-    layer->kv_heads = c.n_kv_heads % R == 0 ? c.n_kv_heads / R : 1;
+    layer->kv_heads = kv_heads();
     layer->ff = F / R;
     if (gpt2) {
       const std::string p = fmt::format("transformer.h.{}.", i);
@@ -734,6 +734,10 @@ void Transformer::drop_row_parallel_biases() {
   if (shard_.rank == 0) return;
   for (auto& l : layers_)
     for (Linear* x : {&l->o, &l->proj, &l->down}) x->b = nullptr;
+}
+
+int64_t Transformer::kv_heads() const {
+  return config_.n_kv_heads % shard_.size == 0 ? config_.n_kv_heads / shard_.size : 1;
 }
 
 TensorParallelTraffic Transformer::take_tp_traffic() {

@@ -208,6 +208,8 @@ class Transformer {
   // ---- the parallel layouts' view (src/kiln/parallel) ----
   int64_t num_params() const { return num_params_; }
   const TensorShard& tensor_shard() const { return shard_; }
+  // This shard's KV heads (n_kv_heads at tp = 1): the width of its KV-cache rows over head_dim.
+  int64_t kv_heads() const;
   // The single-process model's parameter count (num_params() at tp = 1).
   int64_t full_num_params() const { return full_num_params_; }
   // f(local offset, full offset, n) for each run of n contiguous elements of this shard's flat

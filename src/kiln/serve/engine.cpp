@@ -99,9 +99,11 @@ struct Engine::RequestState {
 };
 
 namespace {
-// K/V bytes per token of the target and, when there is one, the draft (same block tables).
+// K/V bytes per token this rank holds, of the target (its tp shard's KV heads) and, when there
+// is one, the draft (same block tables).
 int64_t engine_kv_bytes_per_token(const Transformer& model, const Transformer* draft) {
-  return kv_bytes_per_token(model.config(), DType::kF32) + (draft ? kv_bytes_per_token(draft->config(), DType::kF32) : 0);
+  const int64_t target = kv_bytes_per_token(model.config(), DType::kF32) / model.config().n_kv_heads * model.kv_heads();
+  return target + (draft ? kv_bytes_per_token(draft->config(), DType::kF32) : 0);
 }
 }  // namespace
 
@@ -113,6 +115,8 @@ Expected<std::unique_ptr<Engine>> Engine::create(std::unique_ptr<Transformer> mo
   kv.enable_prefix_caching = config.enable_prefix_caching;
   if (config.block_size < 1) return invalid_argument("[engine] --block-size {} must be >= 1", config.block_size);
   SchedulerConfig sched_config = config.scheduler;
+  if (draft && model->tensor_shard().size > 1)
+    return invalid_argument("[engine] speculative decoding (--draft-model) with --tp is not implemented");
   if (draft) {
     if (draft->config().vocab_size != model->config().vocab_size)
       return invalid_argument("[engine] the draft model's vocabulary ({}) differs from the model's ({})",

@@ -11,6 +11,13 @@ namespace kiln {
 ModelExecutor::ModelExecutor(Transformer& model, Transformer* draft, int64_t num_blocks, int64_t block_size)
     : model_(model), draft_(draft), cache_(model.make_paged_kv_cache(num_blocks, block_size)) {
   if (draft_) draft_cache_ = draft_->make_paged_kv_cache(num_blocks, block_size);
+  const TensorShard& shard = model.tensor_shard();
+  KILN_CHECK_MSG(shard.size == 1 || (shard.rank == 0 && draft_ == nullptr),
+                 "tensor-parallel serving runs the engine on tp rank 0, without a draft");
+  if (shard.size > 1) {
+    tp_leader_ = std::make_unique<TensorParallelLeader>(*shard.comm);
+    tp_leader_->cache(num_blocks, block_size);
+  }
 }
 
 Expected<std::vector<const float*>> ModelExecutor::forward(Transformer& model, PagedKvCache& cache,
@@ -45,6 +52,7 @@ Expected<std::vector<const float*>> ModelExecutor::forward(Transformer& model, P
   b.block_table = table_;
   b.max_blocks_per_seq = max_blocks;
   b.logit_rows = logit_rows_;
+  if (tp_leader_) tp_leader_->forward(b);  // the other tp ranks run the same step on their shards
   KILN_ASSIGN_OR_RETURN(const float* rows, model.forward_paged(b, cache));
   const int64_t V = model.config().vocab_size;
   for (const auto& [seq, row] : row_of) first_row[seq] = rows + row * V;
@@ -61,6 +69,7 @@ Expected<StepLogits> ModelExecutor::execute(const SchedulerOutput& out, const Dr
   step.all_rows.assign(S, nullptr);
   for (const BlockCopy& c : out.block_copies) {
     cache_.copy_block(c.src, c.dst, c.num_tokens);
+    if (tp_leader_) tp_leader_->copy_block(c.src, c.dst, c.num_tokens);
     if (draft_) draft_cache_.copy_block(c.src, c.dst, c.num_tokens);
   }
   if (S == 0) return step;

@@ -13,6 +13,7 @@
 #include "kiln/core/status.h"
 #include "kiln/model/transformer.h"
 #include "kiln/serve/scheduler.h"
+#include "kiln/serve/tensor_parallel.h"
 
 namespace kiln {
 
@@ -37,7 +38,9 @@ class ModelExecutor {
   using DraftSampler = std::function<int32_t(size_t seq, int64_t i, const float* logits, float* q)>;
 
   // The K/V pools (num_blocks blocks of block_size tokens per layer) are allocated here, for
-  // the draft too (same block ids: one block table addresses both caches).
+  // the draft too (same block ids: one block table addresses both caches). A model with a tp
+  // shard of size > 1 (on tp rank 0) announces every step to the other tp ranks first
+  // (serve/tensor_parallel.h); it has no draft.
   ModelExecutor(Transformer& model, Transformer* draft, int64_t num_blocks, int64_t block_size);
 
   // Copies the step's copy-on-write blocks (in both caches), runs the draft's proposals when a
@@ -75,6 +78,7 @@ class ModelExecutor {
   std::vector<size_t> order_;
   std::vector<ForwardSeq> seqs_;
   std::vector<std::vector<int32_t>> verify_tokens_;  // per entry: pending token + draft tokens
+  std::unique_ptr<TensorParallelLeader> tp_leader_;  // tensor-parallel serving: rank 0's broadcast
 };
 
 }  // namespace kiln

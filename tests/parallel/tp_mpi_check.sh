@@ -1,0 +1,95 @@
+#!/usr/bin/env bash
+# Tensor parallelism end to end under mpirun: `kiln train --tp 2 --sp` trains with the per-rank
+# progress line and saves a checkpoint (the single-process model's layout) and a model, which
+# one-process `kiln generate` both read (the same greedy text); `kiln generate --tp 2` and
+# `kiln serve --tp 2` give the greedy text of one process on several prompts; flags that do not
+# fit fail with one message before any step or request.
+# Usage: tp_mpi_check.sh KILN MPIEXEC
+set -u
+kiln=$1
+mpiexec=$2
+dir=$(mktemp -d)
+server=""
+cleanup() {
+  [ -n "$server" ] && kill "$server" 2> /dev/null && wait "$server" 2> /dev/null
+  rm -rf "$dir"
+}
+trap cleanup EXIT
+mpi=("$mpiexec" --oversubscribe --allow-run-as-root --mca btl self,vader)
+small=(--preset llama-tiny --batch 2 --data "$dir/data" --eval-batches 1)
+fail() { echo "FAIL: $*"; exit 1; }
+
+yes "In the beginning God created the heaven and the earth. And the earth was without form, and void." |
+  head -c 100000 > "$dir/text.txt"
+"$kiln" data prepare --text "$dir/text.txt" --out "$dir/data" --vocab-size 512 > /dev/null || fail "data prepare"
+
+"${mpi[@]}" -np 2 "$kiln" train "${small[@]}" --seq 32 --tp 2 --sp --steps 12 --lr 3e-3 --out "$dir/tp" > "$dir/tp.log" 2>&1 ||
+  { cat "$dir/tp.log"; fail "tp 2 + sp run"; }
+grep -q "tensor parallel: ddp dp 1 × tp 2 + sequence parallel" "$dir/tp.log" || { cat "$dir/tp.log"; fail "no tensor-parallel line"; }
+grep -Eq "step +12/12 .*MiB/rank .*exposed" "$dir/tp.log" || { cat "$dir/tp.log"; fail "no per-rank progress line"; }
+[ -f "$dir/tp/checkpoint/manifest.json" ] || fail "no checkpoint"
+gen=(generate --model "$dir/tp" --max-tokens 12 --temperature 0)
+"$kiln" "${gen[@]}" --prompt "In the" > "$dir/gen_model.txt" || fail "generate cannot read the model"
+"$kiln" "${gen[@]}" --prompt "In the" --checkpoint "$dir/tp/checkpoint" > "$dir/gen_ckpt.txt" || fail "generate cannot read the checkpoint"
+cmp -s "$dir/gen_model.txt" "$dir/gen_ckpt.txt" || fail "the tp checkpoint generates other text than the exported model"
+
+# Greedy decoding at tp 2 equals tp 1, prompt by prompt.
+prompts=("In the" "And the earth" "God created the heaven" "void. And")
+for p in "${prompts[@]}"; do
+  "$kiln" "${gen[@]}" --prompt "$p" > "$dir/one.txt" || fail "generate '$p'"
+  "${mpi[@]}" -np 2 "$kiln" "${gen[@]}" --tp 2 --prompt "$p" > "$dir/two.txt" 2>&1 || { cat "$dir/two.txt"; fail "generate --tp 2 '$p'"; }
+  cmp -s "$dir/one.txt" "$dir/two.txt" || { diff "$dir/one.txt" "$dir/two.txt"; fail "greedy text at tp 2 differs for '$p'"; }
+done
+
+# kiln serve --tp 2 answers as one process does.
+serve_text() {  # $1: port, $2: prompt -> the completion's text
+  curl -s "http://127.0.0.1:$1/v1/completions" -d "{\"prompt\": \"$2\", \"max_tokens\": 12, \"temperature\": 0}" |
+    sed -E 's/.*"text":"([^"]*)".*/\1/'
+}
+start_server() {  # $@: the command; sets server and port
+  "$@" > "$dir/serve.log" 2>&1 &
+  server=$!
+  port=""
+  for _ in $(seq 1 300); do
+    port=$(sed -nE 's/.*listening on http:\/\/[^:]+:([0-9]+).*/\1/p' "$dir/serve.log")
+    [ -n "$port" ] && return 0
+    kill -0 "$server" 2> /dev/null || break
+    sleep 0.1
+  done
+  cat "$dir/serve.log"
+  fail "the server did not start"
+}
+stop_server() {  # SIGTERM to the serving process (under mpirun: rank 0, which stops the others)
+  local target=$server pid
+  for pid in $(pgrep -P "$server"); do
+    tr '\0' '\n' < "/proc/$pid/environ" 2> /dev/null | grep -qx "OMPI_COMM_WORLD_RANK=0" && target=$pid
+  done
+  kill -TERM "$target"
+  wait "$server" || { cat "$dir/serve.log"; fail "the server did not stop cleanly"; }
+  server=""
+}
+start_server "$kiln" --threads 1 serve --model "$dir/tp" --port 0 --kv-cache-mem 32M
+for p in "${prompts[@]}"; do serve_text "$port" "$p" >> "$dir/serve_one.txt"; done
+stop_server
+start_server "${mpi[@]}" -np 2 "$kiln" --threads 1 serve --tp 2 --model "$dir/tp" --port 0 --kv-cache-mem 32M
+for p in "${prompts[@]}"; do serve_text "$port" "$p" >> "$dir/serve_two.txt"; done
+curl -s "http://127.0.0.1:$port/metrics" | grep -q "kiln_" || fail "no /metrics at tp 2"
+stop_server
+[ -s "$dir/serve_one.txt" ] || fail "no completions from the one-process server"
+cmp -s "$dir/serve_one.txt" "$dir/serve_two.txt" || { diff "$dir/serve_one.txt" "$dir/serve_two.txt"; fail "serve --tp 2 differs"; }
+grep -q "stopped" "$dir/serve.log" || fail "serve --tp 2 did not drain and stop"
+
+# Bad flags: one message (rank 0's), non-zero exit, no step.
+check_bad() {  # $1: the expected message; the rest: the command
+  local want=$1
+  shift
+  "$@" > "$dir/bad.log" 2>&1 && fail "accepted: $*"
+  [ "$(grep -c -- "$want" "$dir/bad.log")" -eq 1 ] || { cat "$dir/bad.log"; fail "not one clear message for: $*"; }
+  grep -q '^step ' "$dir/bad.log" && fail "a step ran with bad flags: $*"
+  return 0
+}
+check_bad "--tp 3 does not divide the 2 ranks" "${mpi[@]}" -np 2 "$kiln" train "${small[@]}" --seq 32 --tp 3 --steps 2 --out "$dir/bad"
+check_bad "--sp splits the sequence over the --tp ranks" "${mpi[@]}" -np 2 "$kiln" train "${small[@]}" --seq 32 --sp --steps 2 --out "$dir/bad"
+check_bad "--seq 31 must be a multiple" "${mpi[@]}" -np 2 "$kiln" train "${small[@]}" --tp 2 --sp --seq 31 --steps 2 --out "$dir/bad"
+check_bad "--tp 3 must be the number of ranks" "${mpi[@]}" -np 2 "$kiln" serve --tp 3 --model "$dir/tp" --port 0
+echo "ok: tp 2 + sp training, checkpoint read by one process, greedy generate and serve at tp 2 equal tp 1, bad flags"
