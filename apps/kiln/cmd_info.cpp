@@ -10,6 +10,7 @@
 #include "kiln/core/float_formats.h"
 #include "kiln/core/thread_pool.h"
 #include "kiln/kernels/registry.h"
+#include "kiln/model/transformer.h"
 #include "kiln/perf/memory_model.h"
 
 namespace kiln::app {
@@ -64,8 +65,9 @@ struct MemoryArgs {
   bool enabled = false;
   std::string preset = "llama-tiny", precision = "fp32", checkpoint = "none";
   int64_t batch = 8, seq = 256;
-  // Data parallel (any of them given: the per-rank prediction).
-  int dp = 1, zero = 0, hsdp = 0, fsdp_unit = 1, prefetch = 1;
+  // Data and tensor parallel (any of them given: the per-rank prediction).
+  int dp = 1, zero = 0, hsdp = 0, fsdp_unit = 1, prefetch = 1, tp = 1;
+  bool sp = false;
   bool data_parallel = false;
 };
 
@@ -96,13 +98,31 @@ void run_memory(const MemoryArgs& a) {
     if (a.prefetch < 0) fail(invalid_argument("--prefetch {} must be >= 0", a.prefetch));
     if (a.zero == 3 && *p != Precision::kF32)
       fail(invalid_argument("--zero 3 runs fp32 only (got --precision {})", precision_name(*p)));
+    // Tensor parallel: the checks of parallel::check_tensor_parallel, in flag terms.
+    if (a.tp < 1) fail(invalid_argument("--tp {} must be >= 1", a.tp));
+    if (Status s = check_tensor_split(*cfg, a.tp); !s.ok()) fail(invalid_argument("--tp {}: {}", a.tp, s.message()));
+    if (a.sp && a.tp < 2)
+      fail(invalid_argument("--sp splits the sequence over the tensor-parallel ranks: it needs --tp 2 or more"));
+    if (a.sp && a.seq % a.tp != 0)
+      fail(invalid_argument("--sp splits the sequence over --tp {} ranks: --seq {} must be a multiple of it", a.tp, a.seq));
+    if (a.tp > 1 && a.zero != 0)
+      fail(invalid_argument("--zero {} with --tp {}: tensor parallelism composes with DDP (--zero 0) only", a.zero, a.tp));
     perf::DataParallelMemory d;
     d.dp = a.dp;
     d.zero = a.zero;
     d.shard_group = a.hsdp;
     d.fsdp_unit_blocks = a.fsdp_unit;
     d.prefetch = a.prefetch;
-    fmt::print("{}", perf::format_memory_prediction(perf::predict_memory(*cfg, a.batch, a.seq, *p, *m, d)));
+    fmt::print("{}", perf::format_memory_prediction(perf::predict_memory(*cfg, a.batch, a.seq, *p, *m, d, {a.tp, a.sp})));
+    if (a.tp > 1 && a.seq % a.tp == 0) {  // what sequence parallelism saves, either way it was asked
+      auto acts = [&](bool sp) {
+        return static_cast<double>(perf::predict_memory(*cfg, a.batch, a.seq, *p, *m, d, {a.tp, sp}).activation_block_bytes()) /
+               1048576.0;
+      };
+      const double with = acts(true), without = acts(false);
+      fmt::print("  sequence parallel: activations and scratch per rank {:.2f} MiB with --sp, {:.2f} MiB without "
+                 "({:.1f}% saved)\n", with, without, 100 * (1 - with / without));
+    }
     return;
   }
   fmt::print("{}", perf::format_memory_prediction(perf::predict_memory(*cfg, a.batch, a.seq, *p, *m)));
@@ -137,6 +157,9 @@ void register_info(CLI::App& app) {
   dp_opt("--hsdp", mem->hsdp, "--memory: shard within groups of this many ranks (divides --dp)");
   dp_opt("--fsdp-unit", mem->fsdp_unit, "--memory: blocks per FSDP unit");
   dp_opt("--prefetch", mem->prefetch, "--memory: ZeRO-3 units gathered ahead");
+  dp_opt("--tp", mem->tp, "--memory: tensor-parallel ranks (with --dp: dp × tp ranks; divides heads, d_ff, vocab)");
+  cmd->add_flag_function("--sp", [mem](int64_t) { mem->sp = mem->data_parallel = true; },
+                         "--memory: sequence parallelism over the --tp ranks (needs --tp >= 2, --seq divisible by it)");
   cmd->callback([formats, mem] {
     if (mem->enabled) run_memory(*mem);
     else if (*formats) run_formats();

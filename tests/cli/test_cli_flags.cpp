@@ -188,6 +188,10 @@ TEST(CliFlags, BadIntegersAreRefused) {
       {{"eval", "--model", "no-such-dir", "--batches", "0"}, "--batches"},
       {{"info", "--memory", "--batch", "0"}, "--batch"},
       {{"info", "--memory", "--seq", "-1"}, "--seq"},
+      {{"info", "--memory", "--tp", "4"}, "--tp"},  // llama-tiny's 6 heads do not split over 4
+      {{"info", "--memory", "--sp"}, "--sp"},
+      {{"info", "--memory", "--tp", "2", "--sp", "--seq", "255"}, "--seq"},
+      {{"info", "--memory", "--tp", "2", "--zero", "1"}, "--zero"},
       {{"bench", "serve", "--num", "0"}, "--num"},
       {{"bench", "serve", "--shared-prefix", "-1"}, "--shared-prefix"},
       {{"bench", "serve", "--prompt-len", "9:3"}, "--prompt-len"},

@@ -1,6 +1,7 @@
 // Tensor parallelism's plan (tensor_parallel.h).
 #include "kiln/parallel/tensor_parallel.h"
 
+#include <algorithm>
 #include <map>
 
 #include "kiln/comm/collectives.h"
@@ -65,7 +66,7 @@ void TensorParallelPlan::attach(Transformer& model) {
     g.ranges = std::move(ranges);
     int64_t n = 0;
     for (auto [off, len] : g.ranges) n += len;
-    g.buf.resize(static_cast<size_t>(n));
+    g.buf = Tensor::empty({std::max<int64_t>(n, 1)});
     auto split = mesh_->comm("tp").split(rank / replicas, rank);
     KILN_CHECK_MSG(split.ok(), "{}", split.status().to_string());
     g.comm = std::move(split).value();
@@ -79,18 +80,18 @@ void TensorParallelPlan::finish_gradients() {
   const double t0 = comm::now_seconds();
   float* grads = model_->grads().data();
   for (PartialGroup& g : partial_) {  // pack, sum over the replicas, unpack
-    size_t at = 0;
+    float* buf = g.buf.data<float>();
+    int64_t at = 0;
     for (auto [off, n] : g.ranges) {
-      std::copy_n(grads + off, n, g.buf.data() + at);
-      at += static_cast<size_t>(n);
+      std::copy_n(grads + off, n, buf + at);
+      at += n;
     }
-    const Status s = comm::all_reduce(*g.comm, g.buf.data(), g.buf.data(), static_cast<int64_t>(g.buf.size()),
-                                      DType::kF32, comm::ReduceOp::kSum);
+    const Status s = comm::all_reduce(*g.comm, buf, buf, at, DType::kF32, comm::ReduceOp::kSum);
     KILN_CHECK_MSG(s.ok(), "{}", s.to_string());
     at = 0;
     for (auto [off, n] : g.ranges) {
-      std::copy_n(g.buf.data() + at, n, grads + off);
-      at += static_cast<size_t>(n);
+      std::copy_n(buf + at, n, grads + off);
+      at += n;
     }
   }
   tp_seconds_ += comm::now_seconds() - t0;

@@ -94,7 +94,7 @@ class TensorParallelPlan final : public ParallelPlan {
     int replicas = 1;
     std::unique_ptr<comm::Communicator> comm;
     std::vector<std::pair<int64_t, int64_t>> ranges;
-    std::vector<float> buf;
+    Tensor buf;  // (Σ n,) from the caching allocator, so memory reports (perf/memory_model.h) see it
   };
   std::vector<PartialGroup> partial_;
   double tp_seconds_ = 0;

@@ -3,6 +3,7 @@
 #include "kiln/perf/memory_model.h"
 
 #include <algorithm>
+#include <map>
 
 #include <fmt/format.h>
 
@@ -38,15 +39,44 @@ int64_t MemoryPrediction::group_block_bytes(const std::string& group) const {
   return s;
 }
 
-MemoryPrediction predict_memory(const ModelConfig& c, int64_t B, int64_t T, Precision prec, CheckpointMode mode) {
+int64_t MemoryPrediction::activation_block_bytes() const {
+  return group_block_bytes("layer activations") + group_block_bytes("other activations") + group_block_bytes("scratch");
+}
+
+namespace {
+// This rank's parameter count Ψ, from the model's own table (tp rank 0's: every tp rank holds
+// as many, a replicated KV head being one head like a split one).
+int64_t local_num_params(const ModelConfig& c, const TensorParallelMemory& t) {
+  const std::vector<ParamEntry> e = Transformer::param_entries_for(c, 0, t.tp, t.sequence_parallel && t.tp > 1);
+  return e.empty() ? 0 : e.back().offset + e.back().shape.numel();
+}
+
+// One rank's model states and activations for tp shard t (tp 1: the single-process model), as
+// Transformer::ensure_activations and Layer::alloc lay them out. Formulas name whole sizes; "/tp"
+// marks a split one (heads, KV heads, FFN columns, vocabulary; rows under SP).
+MemoryPrediction predict_shard(const ModelConfig& c, int64_t B, int64_t T, Precision prec, CheckpointMode mode,
+                               const TensorParallelMemory& t) {
+  const int64_t R = t.tp;
+  const bool sp = t.sequence_parallel && R > 1;
+  KILN_CHECK(R >= 1 && check_tensor_split(c, static_cast<int>(R)).ok() && (!sp || T % R == 0));
   MemoryPrediction r;
   r.config = c;
   r.batch = B;
   r.seq_len = T;
   r.precision = prec;
   r.checkpoint = mode;
-  const int64_t P = c.num_params(), N = B * T, C = c.d_model, F = c.d_ff, V = c.vocab_size, L = c.n_layers;
-  const int64_t D = c.head_dim(), H = c.n_heads, Hkv = c.n_kv_heads;
+  r.tp = static_cast<int>(R);
+  r.sequence_parallel = sp;
+  const int64_t P = local_num_params(c, t), N = B * T, C = c.d_model, L = c.n_layers, D = c.head_dim();
+  r.num_params = P;
+  // This rank's widths: heads, FFN columns and vocabulary split; KV heads split, or one KV head
+  // replicated when tp > n_kv_heads; Ns token rows in the norm and residual region.
+  const int64_t H = c.n_heads / R, F = c.d_ff / R, V = c.vocab_size / R, Ns = sp ? N / R : N;
+  const bool kv_split = c.n_kv_heads % R == 0;
+  const int64_t Hkv = kv_split ? c.n_kv_heads / R : 1;
+  auto cols = [&](std::string f) { return R > 1 ? f + "/tp" : f; };  // split by the tp ranks
+  auto rows = [&](std::string f) { return sp ? f + "/tp" : f; };     // N / tp rows under SP
+  const std::string kv_f = kv_split ? cols("4·N·Hkv·D") : "4·N·D (one KV head, replicated)";
   auto add = [&](const std::string& group, const std::string& name, const std::string& formula, int64_t count,
                  int64_t bytes) {
     if (count > 0 && bytes > 0) r.items.push_back({group, name, formula, count, bytes, block(bytes)});
@@ -62,7 +92,7 @@ MemoryPrediction predict_memory(const ModelConfig& c, int64_t B, int64_t T, Prec
   add(ms, "AdamW m (fp32)", "4·P", 1, 4 * P);
   add(ms, "AdamW v (fp32)", "4·P", 1, 4 * P);
   if (prec != Precision::kF32) {
-    // One copy per Linear, the LM head (tied: the embedding) included.
+    // One copy per Linear, the LM head (tied: the embedding) included, at this shard's shape.
     const int64_t e = prec == Precision::kBF16 ? 2 : 4;
     const std::string what = prec == Precision::kBF16 ? "bf16" : prec == Precision::kF16 ? "f16 values as f32, emulated"
                                                                                          : "e4m3 values as f32, emulated";
@@ -74,7 +104,7 @@ MemoryPrediction predict_memory(const ModelConfig& c, int64_t B, int64_t T, Prec
       lin("q_proj", L, C, H * D); lin("k_proj", L, C, Hkv * D); lin("v_proj", L, C, Hkv * D);
       lin("o_proj", L, H * D, C); lin("gate_proj", L, C, F); lin("up_proj", L, C, F); lin("down_proj", L, F, C);
     } else {
-      lin("c_attn", L, C, 3 * C); lin("attn.c_proj", L, C, C); lin("c_fc", L, C, F); lin("mlp.c_proj", L, F, C);
+      lin("c_attn", L, C, 3 * H * D); lin("attn.c_proj", L, H * D, C); lin("c_fc", L, C, F); lin("mlp.c_proj", L, F, C);
     }
     lin("lm_head", 1, C, V);
   }
@@ -82,62 +112,71 @@ MemoryPrediction predict_memory(const ModelConfig& c, int64_t B, int64_t T, Prec
   const std::string la = "layer activations";
   const int64_t keep_all = mode == CheckpointMode::kFull ? 1 : L;   // layers with their own buffers
   const int64_t keep_core = mode == CheckpointMode::kNone ? L : 1;  // attention O and lse
-  auto layer = [&](const std::string& name, const std::string& formula, int64_t bytes, bool core = false) {
-    add(la, name, formula, core ? keep_core : keep_all, bytes);
-    r.layer_activation_bytes += bytes;
+  auto layer = [&](const std::string& name, const std::string& formula, int64_t bytes, int64_t per_layer = 1,
+                   bool core = false) {
+    add(la, name, formula, per_layer * (core ? keep_core : keep_all), bytes);
+    r.layer_activation_bytes += per_layer * bytes;
   };
-  layer(c.is_llama() ? "n1 (rmsnorm 1 out)" : "n1 (layernorm 1 out)", "4·N·C", 4 * N * C);
-  layer(c.is_llama() ? "mean1 (unused by RMSNorm), rstd1" : "mean1, rstd1", "4·N", 4 * N);
-  r.items.back().count *= 2;
-  r.layer_activation_bytes += 4 * N;
+  layer(c.is_llama() ? "n1 (rmsnorm 1 out)" : "n1 (layernorm 1 out)", rows("4·N·C"), 4 * Ns * C);
+  layer(c.is_llama() ? "mean1 (unused by RMSNorm), rstd1" : "mean1, rstd1", rows("4·N"), 4 * Ns, 2);
   if (c.is_llama()) {
-    layer("q (after RoPE)", "4·N·H·D", 4 * N * H * D);
-    layer("k (after RoPE)", "4·N·Hkv·D", 4 * N * Hkv * D);
-    layer("v", "4·N·Hkv·D", 4 * N * Hkv * D);
+    layer("q (after RoPE)", cols("4·N·H·D"), 4 * N * H * D);
+    layer("k (after RoPE)", kv_f, 4 * N * Hkv * D);
+    layer("v", kv_f, 4 * N * Hkv * D);
   } else {
-    layer("qkv", "4·N·3C", 4 * N * 3 * C);
+    layer("qkv", cols("4·N·3C"), 4 * N * 3 * H * D);
   }
-  layer("attention out O", "4·N·H·D", 4 * N * C, true);
-  layer("attention lse", "4·B·H·T", 4 * B * H * T, true);
-  layer("x1 (residual after attention)", "4·N·C", 4 * N * C);
-  layer("n2 (norm 2 out)", "4·N·C", 4 * N * C);
-  layer(c.is_llama() ? "mean2 (unused by RMSNorm), rstd2" : "mean2, rstd2", "4·N", 4 * N);
-  r.items.back().count *= 2;
-  r.layer_activation_bytes += 4 * N;
+  layer("attention out O", cols("4·N·H·D"), 4 * N * H * D, 1, true);
+  layer("attention lse", cols("4·B·H·T"), 4 * B * H * T, 1, true);
+  layer("x1 (residual after attention)", rows("4·N·C"), 4 * Ns * C);
+  layer("n2 (norm 2 out)", rows("4·N·C"), 4 * Ns * C);
+  layer(c.is_llama() ? "mean2 (unused by RMSNorm), rstd2" : "mean2, rstd2", rows("4·N"), 4 * Ns, 2);
   if (c.is_llama()) {
-    layer("ff1 (gate), ff2 (up)", "4·N·F", 4 * N * F);
-    r.items.back().count *= 2;
-    r.layer_activation_bytes += 4 * N * F;
-    layer("ffa (swiglu out)", "4·N·F", 4 * N * F);
+    layer("ff1 (gate), ff2 (up)", cols("4·N·F"), 4 * N * F, 2);
+    layer("ffa (swiglu out)", cols("4·N·F"), 4 * N * F);
   } else {
-    layer("ff1 (c_fc out)", "4·N·F", 4 * N * F);
-    layer("ffa (gelu out)", "4·N·F", 4 * N * F);
+    layer("ff1 (c_fc out)", cols("4·N·F"), 4 * N * F);
+    layer("ffa (gelu out)", cols("4·N·F"), 4 * N * F);
   }
   // ---- other activations and backward scratch ----
   const std::string oa = "other activations";
-  add(oa, "residual stream (layer inputs + final)", "4·N·C, L+1 of them", L + 1, 4 * N * C);
-  add(oa, "final norm out", "4·N·C", 1, 4 * N * C);
-  add(oa, "final mean, rstd", "4·N", 2, 4 * N);
-  add(oa, "logits / dlogits", "4·N·V", 1, 4 * N * V);
+  add(oa, "residual stream (layer inputs + final)", rows("4·N·C") + ", L+1 of them", L + 1, 4 * Ns * C);
+  add(oa, "final norm out", "4·N·C", 1, 4 * N * C);  // whole: the LM head's input (SP gathers it)
+  add(oa, "final mean, rstd", rows("4·N"), 2, 4 * Ns);
+  add(oa, "logits / dlogits", cols("4·N·V"), 1, 4 * N * V);
   add(oa, "losses", "4·N", 1, 4 * N);
+  if (R > 1) {  // the vocab-parallel cross-entropy's all-reduced row statistics
+    add(oa, "vocab-parallel loss: row max", "4·N", 1, 4 * N);
+    add(oa, "vocab-parallel loss: row sum of exp, target logit", "4·2N", 1, 8 * N);
+  }
+  if (sp) add(oa, "SP: gathered rows, row-parallel partial output", "4·N·C", 2, 4 * N * C);
   const std::string sc = "scratch";
-  add(sc, "backward: dresid, dtmp, dnorm, datt", "4·N·C", 4, 4 * N * C);
-  add(sc, "backward: dq (or dqkv)", "4·N·max(3C, H·D)", 1, 4 * N * std::max(3 * C, H * D));
-  add(sc, "backward: dk, dv", "4·N·Hkv·D", 2, 4 * N * Hkv * D);
-  add(sc, "backward: dff a, b, c", "4·N·F", 3, 4 * N * F);
+  add(sc, "backward: dresid, dtmp", rows("4·N·C"), 2, 4 * Ns * C);
+  add(sc, "backward: dnorm", "4·N·C", 1, 4 * N * C);
+  add(sc, "backward: datt", cols("4·N·H·D"), 1, 4 * N * H * D);
+  if (c.is_llama()) add(sc, "backward: dq", cols("4·N·H·D"), 1, 4 * N * H * D);
+  else add(sc, "backward: dqkv", cols("4·N·3C"), 1, 4 * N * 3 * H * D);
+  add(sc, "backward: dk, dv", kv_f, 2, 4 * N * Hkv * D);
+  add(sc, "backward: dff a, b, c", cols("4·N·F"), 3, 4 * N * F);
   if (prec != Precision::kF32) {
+    // PrecisionContext's conversion buffers grow to the widest Linear this shard runs.
     const int64_t e = prec == Precision::kBF16 ? 2 : 4;
     const int64_t in = std::max({C, F, H * D});
-    const int64_t out = std::max({c.is_llama() ? H * D : 3 * C, C, F, V});
+    const int64_t out = std::max({c.is_llama() ? H * D : 3 * H * D, C, F, V});
     add(sc, "matmul input conversion: activations", fmt::format("{}·N·max(in)", e), 1, e * N * in);
     add(sc, "matmul input conversion: output gradients", fmt::format("{}·N·max(out)", e), 1, e * N * out);
   }
   r.bytes_per_param = P > 0 ? r.group_bytes(ms) / P : 0;
   return r;
 }
+}  // namespace
 
-std::vector<int64_t> data_parallel_unit_sizes(const ModelConfig& c, int fsdp_unit_blocks) {
-  const std::vector<ParamEntry> e = Transformer::param_entries_for(c);
+MemoryPrediction predict_memory(const ModelConfig& c, int64_t B, int64_t T, Precision prec, CheckpointMode mode) {
+  return predict_shard(c, B, T, prec, mode, {});
+}
+
+std::vector<int64_t> data_parallel_unit_sizes(const ModelConfig& c, int fsdp_unit_blocks, const TensorParallelMemory& t) {
+  const std::vector<ParamEntry> e = Transformer::param_entries_for(c, 0, t.tp, t.sequence_parallel && t.tp > 1);
   const int64_t total = e.empty() ? 0 : e.back().offset + e.back().shape.numel();
   // As Transformer::build_params: the embeddings, then L blocks of the same number of entries,
   // then the final norm (and the untied head).
@@ -153,9 +192,10 @@ std::vector<int64_t> data_parallel_unit_sizes(const ModelConfig& c, int fsdp_uni
 }
 
 MemoryPrediction predict_memory(const ModelConfig& c, int64_t global_batch, int64_t T, Precision prec, CheckpointMode mode,
-                                const DataParallelMemory& d) {
+                                const DataParallelMemory& d, const TensorParallelMemory& t) {
   KILN_CHECK(d.dp >= 1 && global_batch % d.dp == 0 && d.zero >= 0 && d.zero <= 3 && d.fsdp_unit_blocks >= 1);
-  MemoryPrediction base = predict_memory(c, global_batch / d.dp, T, prec, mode);
+  KILN_CHECK_MSG(t.tp == 1 || d.zero == 0, "tensor parallelism composes with DDP (zero 0) only, got zero {}", d.zero);
+  MemoryPrediction base = predict_shard(c, global_batch / d.dp, T, prec, mode, t);
   const int64_t S = d.zero == 0 ? 1 : (d.shard_group > 0 ? d.shard_group : d.dp);
   KILN_CHECK(d.dp % S == 0);
   MemoryPrediction r = base;
@@ -163,9 +203,9 @@ MemoryPrediction predict_memory(const ModelConfig& c, int64_t global_batch, int6
   r.dp = d.dp;
   r.zero = d.zero;
   r.shard_group = static_cast<int>(S);
-  const int64_t P = c.num_params();
+  const int64_t P = base.num_params;  // this rank's Ψ (the model's at tp = 1)
   // Units and their chunks (DataParallelPlan::build_units).
-  const std::vector<int64_t> n = data_parallel_unit_sizes(c, d.fsdp_unit_blocks);
+  const std::vector<int64_t> n = data_parallel_unit_sizes(c, d.fsdp_unit_blocks, t);
   std::vector<int64_t> chunk;
   int64_t shard = 0, most_padded = 1, block_padded = 0, block_chunk = 0;
   for (int64_t x : n) {
@@ -237,6 +277,16 @@ MemoryPrediction predict_memory(const ModelConfig& c, int64_t global_batch, int6
     return s;
   };
   for (const MemoryItem& i : sum(backward) >= sum(after) ? backward : after) r.items.push_back(i);
+  // ---- TensorParallelPlan: one pack per replica-group size of the gradients left partial ----
+  // (SP's norms and GPT-2 positions over the tp ranks, replicated KV heads over tp / n_kv_heads
+  // ranks), copied in, all-reduced over the replicas and copied out in finish_gradients.
+  std::map<int, int64_t> partial;  // replicas -> floats
+  if (t.tp > 1)
+    for (const ParamEntry& e : Transformer::param_entries_for(c, 0, t.tp, r.sequence_parallel))
+      if (e.split.partial_grad && e.split.replicas > 1) partial[e.split.replicas] += e.shape.numel();
+  for (auto [replicas, floats] : partial)
+    add("tensor-parallel buffers", fmt::format("partial-gradient pack (summed over {} replicas)", replicas),
+        "4·Σ partial entries", 1, 4 * floats);
   // ---- activations of the per-rank batch ----
   for (const MemoryItem& i : base.items)
     if (i.group != ms) r.items.push_back(i);
@@ -250,11 +300,28 @@ MemoryPrediction predict_memory(const ModelConfig& c, int64_t global_batch, int6
       "  Plus the activations of the per-rank batch and the units in flight: ZeRO-1/2 all-gather the updated\n"
       "  shards through one padded buffer (max_u S·⌈n_u/S⌉); ZeRO-2/3 hold the head's padded gradient through the\n"
       "  backward and at most two other units' (each with its reduce temporary); ZeRO-3 also holds the root\n"
-      "  units (head, tail) and 1 + prefetch ({}) block units gathered (every block unit without reshard_after_forward).\n"
-      "  total per rank: {:.2f} MiB in allocator blocks (the allocator's peak_bytes_in_use)\n",
+      "  units (head, tail) and 1 + prefetch ({}) block units gathered (every block unit without reshard_after_forward).\n",
       d.dp, global_batch / d.dp, global_batch, S, nu, d.fsdp_unit_blocks, stage[d.zero], shard,
-      static_cast<double>(P) / static_cast<double>(S), S * shard - P, d.prefetch,
-      static_cast<double>(r.total_block_bytes()) / 1048576.0);
+      static_cast<double>(P) / static_cast<double>(S), S * shard - P, d.prefetch);
+  if (t.tp > 1) {
+    const bool kv_split = c.n_kv_heads % t.tp == 0;
+    r.notes += fmt::format(
+        "  tensor parallel: tp = {} ranks (× dp = {}, DDP); Ψ = {} of the model's {} params on\n"
+        "  each rank: heads H/tp = {}, KV heads {}, FFN F/tp = {}, vocabulary V/tp = {} (the logits too: the\n"
+        "  vocab-parallel loss keeps a row max and sum, 4·N and 4·2N); norms and row-parallel biases whole.\n",
+        t.tp, d.dp, P, c.num_params(), c.n_heads / t.tp,
+        kv_split ? fmt::format("Hkv/tp = {}", c.n_kv_heads / t.tp)
+                 : fmt::format("1 (each of {} replicated over {} ranks)", c.n_kv_heads, t.tp / c.n_kv_heads),
+        c.d_ff / t.tp, c.vocab_size / t.tp);
+    r.notes += r.sequence_parallel
+                   ? fmt::format("  sequence parallel: the norm and residual regions hold N/tp = {} of the N = {} rows; the\n"
+                                 "  column-parallel blocks gather all N rows (4·N·C) and the row-parallel ones reduce-scatter\n"
+                                 "  their partial output (4·N·C); the final norm's output is gathered whole.\n",
+                                 r.batch * T / t.tp, r.batch * T)
+                   : "  no sequence parallelism: the norm and residual regions hold all N rows on every tp rank.\n";
+  }
+  r.notes += fmt::format("  total per rank: {:.2f} MiB in allocator blocks (the allocator's peak_bytes_in_use)\n",
+                         static_cast<double>(r.total_block_bytes()) / 1048576.0);
   return r;
 }
 
@@ -276,10 +343,11 @@ std::string format_memory_prediction(const MemoryPrediction& p) {
   auto mib = [](int64_t b) { return static_cast<double>(b) / 1048576.0; };
   std::string s = fmt::format(
       "memory model: {}\n  batch B {} × seq T {} (N = B·T = {}), precision {}, checkpoint {}\n"
-      "  P = {} params, L = {}, C = {}, F = {}, V = {}, H = {}, Hkv = {}, D = {}\n",
+      "  P = {} params{}, L = {}, C = {}, F = {}, V = {}, H = {}, Hkv = {}, D = {}{}\n",
       c.describe(), p.batch, p.seq_len, p.batch * p.seq_len, precision_name(p.precision),
-      checkpoint_mode_name(p.checkpoint), c.num_params(), c.n_layers, c.d_model, c.d_ff, c.vocab_size, c.n_heads,
-      c.n_kv_heads, c.head_dim());
+      checkpoint_mode_name(p.checkpoint), p.num_params,
+      p.tp > 1 ? fmt::format(" on this rank (tp {}{})", p.tp, p.sequence_parallel ? " + sp" : "") : "", c.n_layers,
+      c.d_model, c.d_ff, c.vocab_size, c.n_heads, c.n_kv_heads, c.head_dim(), p.tp > 1 ? " (whole model; /tp: split)" : "");
   std::string group;
   for (const MemoryItem& i : p.items) {
     if (i.group != group) {
@@ -289,7 +357,7 @@ std::string format_memory_prediction(const MemoryPrediction& p) {
     s += fmt::format("    {:<52} {:>20} × {:<3} = {:>9.2f} MiB\n", i.name, i.formula, i.count, mib(i.total()));
   }
   s += fmt::format("  model states: {:.2f} bytes/param ({:.2f} MiB); one layer's activations (none): {:.2f} MiB = {:.1f} bytes/token\n",
-                   static_cast<double>(p.group_bytes("model states")) / static_cast<double>(c.num_params()), mib(p.group_bytes("model states")), mib(p.layer_activation_bytes),
+                   static_cast<double>(p.group_bytes("model states")) / static_cast<double>(p.num_params), mib(p.group_bytes("model states")), mib(p.layer_activation_bytes),
                    static_cast<double>(p.layer_activation_bytes) / static_cast<double>(p.batch * p.seq_len));
   s += "  (× count: buffers of that size, e.g. one per layer)\n";
   s += fmt::format("  total: {:.2f} MiB as requested, {:.2f} MiB in allocator blocks\n", mib(p.total_bytes()),
