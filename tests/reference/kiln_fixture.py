@@ -45,10 +45,11 @@ def train_tiny(kiln, work, steps=2, batch=2, seq=32, preset="llama-tiny", name="
 
 
 @contextlib.contextmanager
-def serving(kiln, model, *args):
+def serving(kiln, model, *args, launcher=()):
     """`kiln serve --model MODEL --port 0 ARGS...`: yields (process, port) once it listens; kills
-    it on the way out unless it has exited."""
-    server = subprocess.Popen([kiln, "--threads", "1", "serve", "--model", model, "--port", "0", *args],
+    it on the way out unless it has exited. `launcher`: a prefix such as mpirun's, for --tp; it is
+    stopped with SIGTERM (which mpirun forwards, so the ranks end), not killed."""
+    server = subprocess.Popen([*launcher, kiln, "--threads", "1", "serve", "--model", model, "--port", "0", *args],
                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
         port = None
@@ -64,5 +65,12 @@ def serving(kiln, model, *args):
         yield server, port
     finally:
         if server.poll() is None:
-            server.kill()
-            server.wait()
+            if launcher:
+                server.terminate()
+                try:
+                    server.wait(timeout=30)
+                except subprocess.TimeoutExpired:
+                    pass
+            if server.poll() is None:
+                server.kill()
+                server.wait()

@@ -14,6 +14,7 @@ Run:  /usr/bin/python3 tests/reference/openai_client_check.py [--kiln build/kiln
 import argparse
 import json
 import os
+import shutil
 import sys
 import tempfile
 import urllib.request
@@ -39,7 +40,27 @@ def main():
         with serving(args.kiln, model_dir, "--api-key", "test-key", "--served-model-name", "tiny",
                      "--kv-cache-mem", "64M") as (_, port):
             check(f"http://127.0.0.1:{port}")
+            one = greedy_texts(f"http://127.0.0.1:{port}")
+        # Tensor parallelism: the same checks against `mpirun -np 2 kiln serve --tp 2`, and the
+        # same greedy text as one process.
+        mpirun = shutil.which("mpirun")
+        if mpirun is None:
+            print("note: no mpirun; the --tp 2 pass is skipped")
+        else:
+            launcher = (mpirun, "-np", "2", "--oversubscribe", "--allow-run-as-root", "--mca", "btl", "self,vader")
+            with serving(args.kiln, model_dir, "--tp", "2", "--api-key", "test-key", "--served-model-name", "tiny",
+                         "--kv-cache-mem", "64M", launcher=launcher) as (_, port):
+                check(f"http://127.0.0.1:{port}")
+                two = greedy_texts(f"http://127.0.0.1:{port}")
+                expect(two == one, f"greedy completions at --tp 2 equal one process's ({two} vs {one})")
     print("PASS openai_client_check")
+
+
+def greedy_texts(base):
+    client = openai.OpenAI(base_url=base + "/v1", api_key="test-key", max_retries=0, timeout=30)
+    prompts = ["And God said", "In the beginning", "the face of the waters", "Let there be"]
+    return [client.completions.create(model="tiny", prompt=p, max_tokens=16, temperature=0).choices[0].text
+            for p in prompts]
 
 
 def check(base):
