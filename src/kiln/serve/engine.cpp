@@ -147,7 +147,7 @@ Engine::Engine(std::unique_ptr<Transformer> model, std::unique_ptr<Transformer> 
       config_(config),
       num_blocks_(num_blocks),
       scheduler_(std::move(scheduler)),
-      executor_(*model_, draft_.get(), num_blocks, config.block_size) {
+      executor_(*model_, draft_.get(), num_blocks, config.block_size, config.packed_weights) {
   metrics_.block_size = config.block_size;
   metrics_.kv_bytes_per_token = engine_kv_bytes_per_token(*model_, draft_.get());
   metrics_.kv_cache_bytes = executor_.cache_bytes();

@@ -8,7 +8,8 @@
 
 namespace kiln {
 
-ModelExecutor::ModelExecutor(Transformer& model, Transformer* draft, int64_t num_blocks, int64_t block_size)
+ModelExecutor::ModelExecutor(Transformer& model, Transformer* draft, int64_t num_blocks, int64_t block_size,
+                             bool packed_weights)
     : model_(model), draft_(draft), cache_(model.make_paged_kv_cache(num_blocks, block_size)) {
   if (draft_) draft_cache_ = draft_->make_paged_kv_cache(num_blocks, block_size);
   const TensorShard& shard = model.tensor_shard();
@@ -16,7 +17,7 @@ ModelExecutor::ModelExecutor(Transformer& model, Transformer* draft, int64_t num
                  "tensor-parallel serving runs the engine on tp rank 0, without a draft");
   if (shard.size > 1) {
     tp_leader_ = std::make_unique<TensorParallelLeader>(*shard.comm);
-    tp_leader_->cache(num_blocks, block_size);
+    tp_leader_->cache(num_blocks, block_size, packed_weights);
   }
 }
 

@@ -41,7 +41,9 @@ class ModelExecutor {
   // the draft too (same block ids: one block table addresses both caches). A model with a tp
   // shard of size > 1 (on tp rank 0) announces every step to the other tp ranks first
   // (serve/tensor_parallel.h); it has no draft.
-  ModelExecutor(Transformer& model, Transformer* draft, int64_t num_blocks, int64_t block_size);
+  // packed_weights: the engine packed the model's weights (EngineConfig); the other tp ranks do too.
+  ModelExecutor(Transformer& model, Transformer* draft, int64_t num_blocks, int64_t block_size,
+                bool packed_weights = false);
 
   // Copies the step's copy-on-write blocks (in both caches), runs the draft's proposals when a
   // sequence has num_lookahead > 0 (draft_sampler required then), then every scheduled

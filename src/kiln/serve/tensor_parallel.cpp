@@ -1,6 +1,8 @@
 // Tensor-parallel serving's step broadcast (tensor_parallel.h).
 #include "kiln/serve/tensor_parallel.h"
 
+#include "kiln/model/packed_linear.h"
+
 #include <mpi.h>
 
 #include <chrono>
@@ -45,8 +47,8 @@ void TensorParallelLeader::send(const int64_t (&header)[6], const std::vector<in
   }
 }
 
-void TensorParallelLeader::cache(int64_t num_blocks, int64_t block_size) {
-  send({kCache, num_blocks, block_size, 0, 0, 0}, {});
+void TensorParallelLeader::cache(int64_t num_blocks, int64_t block_size, bool packed_weights) {
+  send({kCache, num_blocks, block_size, packed_weights ? 1 : 0, 0, 0}, {});
 }
 
 void TensorParallelLeader::copy_block(int32_t src, int32_t dst, int64_t num_tokens) {
@@ -71,19 +73,24 @@ Status follow_tensor_parallel_steps(Transformer& model) {
     int64_t h[6] = {};
     MPI_Request req;
     if (MPI_Irecv(h, 6, MPI_INT64_T, 0, kTagHeader, tp->handle(), &req) != MPI_SUCCESS) mpi_failed("a step header");
-    // Idle servers wait here: poll, sleeping up to 1 ms, so a waiting rank leaves the cores to
-    // rank 0's HTTP threads (a spinning receive would take one of them).
-    for (int flag = 0, sleep_us = 20;;) {
+    // Idle servers wait here: poll and sleep, so a waiting rank leaves the cores to rank 0's
+    // HTTP threads (a spinning receive would take one of them). Between the steps of a busy
+    // engine the sleeps stay short (at most 50 us late to the step's first collective); after
+    // 100 ms without a step they grow to 1 ms.
+    const auto idle_since = std::chrono::steady_clock::now();
+    for (int flag = 0, sleep_us = 5;;) {
       if (MPI_Test(&req, &flag, MPI_STATUS_IGNORE) != MPI_SUCCESS) mpi_failed("waiting for a step");
       if (flag) break;
       std::this_thread::sleep_for(std::chrono::microseconds(sleep_us));
-      sleep_us = std::min(sleep_us * 2, 1000);
+      const bool idle = std::chrono::steady_clock::now() - idle_since > std::chrono::milliseconds(100);
+      sleep_us = std::min(sleep_us * 2, idle ? 1000 : 50);
     }
     switch (h[0]) {
       case kStop:
         return {};
       case kCache:
         cache = model.make_paged_kv_cache(h[1], h[2]);
+        if (h[3] != 0) install_packed_weights(model);  // as rank 0's engine did: the ranks keep pace
         break;
       case kCopy:
         cache.copy_block(static_cast<int32_t>(h[1]), static_cast<int32_t>(h[2]), h[3]);

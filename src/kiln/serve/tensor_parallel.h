@@ -31,7 +31,8 @@ class TensorParallelLeader {
  public:
   explicit TensorParallelLeader(comm::Communicator& tp) : tp_(tp) {}
   ~TensorParallelLeader();  // tells the followers to stop
-  void cache(int64_t num_blocks, int64_t block_size);
+  // The paged cache's shape, and whether rank 0 packed its weights (model/packed_linear.h).
+  void cache(int64_t num_blocks, int64_t block_size, bool packed_weights);
   void forward(const PagedBatch& b);
   void copy_block(int32_t src, int32_t dst, int64_t num_tokens);
 
