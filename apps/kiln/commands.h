@@ -22,6 +22,8 @@ void register_convert(CLI::App& app);       // `convert` (cmd_convert.cpp)
 void register_bench_quant(CLI::App& app);   // `bench quant`, after register_bench (cmd_bench_quant.cpp)
 void register_bench_prepacked(CLI::App& app);  // `bench prepacked`, after register_bench (cmd_bench_prepacked.cpp)
 void register_bench_dp(CLI::App& app);  // `bench dp`, called by register_bench (cmd_bench_dp.cpp)
+void register_bench_tp(CLI::App& app);  // `bench tp`, called by register_bench (cmd_bench_tp.cpp)
+void register_plan_tp(CLI::App& app);   // `plan tp`, after register_comm (cmd_plan_tp.cpp)
 
 // Exit code for a subcommand that failed on user input (message already printed).
 inline constexpr int kUserError = 2;
