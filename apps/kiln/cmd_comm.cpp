@@ -124,7 +124,7 @@ void register_plan_comm(CLI::App& plan) {
   auto opt = std::make_shared<PlanCommOptions>();
   CLI::App* cmd = plan.add_subcommand(
       "comm", "Predicted time, algbw and busbw of each collective algorithm on a named topology");
-  cmd->add_option("--topology", opt->topology, "h100-node, h100-ib, tpu-torus-2d or tpu-torus-3d");
+  cmd->add_option("--topology", opt->topology, "h100-node, h100-ib, dgx2-v100, tpu-torus-2d or tpu-torus-3d");
   cmd->add_option("--ranks", opt->ranks, "Number of ranks p")->check(CLI::Range(2, 65536));
   cmd->add_option("--size", opt->size, "Bytes, e.g. 1GiB, 256MiB, 4096 (default: sweep 1 KiB..16 GiB)");
   cmd->add_option("--op", opt->op, "allreduce, allgather, reducescatter or alltoall")

@@ -27,6 +27,8 @@ void register_bench_quant(CLI::App& app);   // `bench quant`, after register_ben
 void register_bench_prepacked(CLI::App& app);  // `bench prepacked`, after register_bench (cmd_bench_prepacked.cpp)
 void register_bench_dp(CLI::App& app);  // `bench dp`, called by register_bench (cmd_bench_dp.cpp)
 void register_bench_tp_decode(CLI::App& app);  // `bench tp-decode`, called by register_bench (cmd_bench_tp_decode.cpp)
+void register_bench_tp(CLI::App& app);  // `bench tp`, called by register_bench (cmd_bench_tp.cpp)
+void register_plan_tp(CLI::App& app);   // `plan tp`, after register_comm (cmd_plan_tp.cpp)
 
 // `--tp T` of serve and generate (mpirun -np T, cmd_serve.cpp): replaces `model` with this
 // rank's shard. Rank 0 returns true and runs the engine; ranks 1.. run rank 0's steps until its

@@ -160,6 +160,9 @@ TEST(CliFlags, BadFloatsAreRefused) {
       {{"bench", "numerics", "--max-n", "nan"}, "--max-n"},
       {{"plan", "comm", "--topology", "h100-node", "--ranks", "8", "--size", "nan"}, "--size"},
       {{"plan", "comm", "--topology", "h100-node", "--ranks", "8", "--size", "-1"}, "--size"},
+      {{"plan", "tp", "--gemm-efficiency", "nan"}, "--gemm-efficiency"},
+      {{"plan", "tp", "--gemm-efficiency", "2"}, "--gemm-efficiency"},
+      {{"plan", "tp", "--tflops", "-1"}, "--tflops"},
   };
   for (const BadCase& c : cases) expect_clean_refusal(c);
 }
@@ -200,6 +203,11 @@ TEST(CliFlags, BadIntegersAreRefused) {
       {{"bench", "comm", "--min-bytes", "0"}, "--min-bytes"},
       {{"plan", "comm", "--topology", "h100-node"}, "--ranks"},
       {{"plan", "comm", "--topology", "h100-node", "--ranks", "1"}, "--ranks"},
+      {{"plan", "tp", "--tp-list", "3"}, "--tp-list"},       // 32 heads do not split over 3
+      {{"plan", "tp", "--tp-list", "16"}, "--tp-list"},      // an h100-node has 8 GPUs
+      {{"plan", "tp", "--weak", "--tp-list", "16"}, "--weak"},  // Megatron's configs: tp 1..8
+      {{"bench", "tp", "--tp", "3"}, "--tp"},                // 3 does not divide P = 1
+      {{"bench", "tp", "--steps", "0"}, "--steps"},
       {{"tokenizer", "decode", "--tokenizer", kTokenizer, "--ids", "99999999999999999999"}, "--ids"},
       {{"tokenizer", "decode", "--tokenizer", kTokenizer, "--ids", "-1"}, "--ids"},
       {{"--threads", "0", "info"}, "--threads"},
@@ -216,6 +224,10 @@ TEST(CliFlags, BadNamesAreRefused) {
       {{"train", "--qat", "w3z"}, "--qat"},
       {{"train", "--qat", "w4g128", "--precision", "bf16"}, "--qat"},
       {{"train", "--attention", "fast"}, "--attention"},
+      {{"plan", "tp", "--topology", "tpu-torus-2d"}, "--tflops"},  // no device peak modelled
+      {{"plan", "tp", "--topology", "no-such-topology"}, "--topology"},
+      {{"bench", "tp", "--workload", "no-such-workload"}, "--workload"},
+      {{"bench", "tp", "--sp", "sometimes"}, "--sp"},
       {{"--simd", "avx9", "info"}, "--simd"},
       {{"no-such-command"}, "no-such-command"},
       {{"train", "--no-such-flag"}, "--no-such-flag"},

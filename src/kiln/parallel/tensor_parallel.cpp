@@ -115,11 +115,32 @@ double TensorParallelPlan::sum_over_shards(double x) {
   return sum;
 }
 
+// What the model counted is kept for take_tp_traffic(): the Trainer takes the comm times
+// every step, and the bytes must not go with them.
+void TensorParallelPlan::collect_tp_traffic() {
+  const TensorParallelTraffic m = model_->take_tp_traffic();
+  traffic_.all_reduce_bytes += m.all_reduce_bytes;
+  traffic_.all_gather_bytes += m.all_gather_bytes;
+  traffic_.reduce_scatter_bytes += m.reduce_scatter_bytes;
+  traffic_.cross_entropy_bytes += m.cross_entropy_bytes;
+  traffic_.logits_bytes += m.logits_bytes;
+  traffic_.seconds += m.seconds;
+  untimed_seconds_ += m.seconds;
+}
+
+TensorParallelTraffic TensorParallelPlan::take_tp_traffic() {
+  collect_tp_traffic();
+  const TensorParallelTraffic t = traffic_;
+  traffic_ = {};
+  return t;
+}
+
 CommTimes TensorParallelPlan::take_comm_times() {
   CommTimes t = data_->take_comm_times();
   // The layers' collectives block the layer that calls them: all of their time is exposed.
-  const double tp = model_->take_tp_traffic().seconds + tp_seconds_;
-  tp_seconds_ = 0;
+  collect_tp_traffic();
+  const double tp = untimed_seconds_ + tp_seconds_;
+  untimed_seconds_ = tp_seconds_ = 0;
   t.comm_seconds += tp;
   t.exposed_seconds += tp;
   return t;

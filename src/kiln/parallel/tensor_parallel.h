@@ -78,6 +78,9 @@ class TensorParallelPlan final : public ParallelPlan {
   // values in the model's flat layout: its parameters or gradients), on every rank.
   std::vector<float> gather_full(std::span<const float> local) const;
   comm::DeviceMesh& mesh() { return *mesh_; }
+  // The layers' tensor-parallel collectives since the last call (Transformer::take_tp_traffic,
+  // which take_comm_times() drains every step for the seconds: read the bytes here).
+  TensorParallelTraffic take_tp_traffic();
 
  private:
   TensorParallelPlan() = default;
@@ -97,7 +100,10 @@ class TensorParallelPlan final : public ParallelPlan {
     Tensor buf;  // (Σ n,) from the caching allocator, so memory reports (perf/memory_model.h) see it
   };
   std::vector<PartialGroup> partial_;
-  double tp_seconds_ = 0;
+  double tp_seconds_ = 0;  // the partial gradients' all-reduces since take_comm_times()
+  void collect_tp_traffic();
+  TensorParallelTraffic traffic_;  // the model's, since take_tp_traffic()
+  double untimed_seconds_ = 0;     // of it, since take_comm_times()
 };
 
 }  // namespace kiln::parallel

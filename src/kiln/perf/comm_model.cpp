@@ -19,6 +19,8 @@ namespace kiln::perf {
 namespace {
 
 constexpr double kGB = 1e9;
+// H100 SXM dense BF16 tensor-core peak (NVIDIA's datasheet: 1,979 TFLOP/s with 2:4 sparsity).
+constexpr double kH100Flops = 989e12;
 
 int ceil_log2(int x) {
   int l = 0;
@@ -72,17 +74,23 @@ const std::vector<Topology>& topologies() {
   static const std::vector<Topology> kTopologies = {
       {"h100-node", "one node: 8 x H100 SXM, NVLink 4 through NVSwitch, 450 GB/s per direction "
                     "per GPU, alpha 2 us (assumed)",
-       TopologyKind::kSwitched, 8, {450 * kGB, 2e-6}, {450 * kGB, 2e-6}, 0, {}, 8},
+       TopologyKind::kSwitched, 8, {450 * kGB, 2e-6}, {450 * kGB, 2e-6}, 0, {}, 8, kH100Flops},
       {"h100-ib", "nodes of 8 x H100 (NVLink 450 GB/s) joined by one 400 Gb/s (50 GB/s) "
                   "InfiniBand NIC per GPU, rail-optimized non-blocking fat tree; alpha 2 us in "
                   "node, 5 us across (assumed)",
-       TopologyKind::kSwitched, 8, {450 * kGB, 2e-6}, {50 * kGB, 5e-6}, 0, {}, 65536},
+       TopologyKind::kSwitched, 8, {450 * kGB, 2e-6}, {50 * kGB, 5e-6}, 0, {}, 65536, kH100Flops},
+      // Megatron-LM's 2019 scaling runs (kiln plan tp): DGX-2H servers of 16 V100 SXM3; its
+      // blog gives "300 GB/sec bandwidth between GPUs inside a server" (6 NVLink 2 links x 25
+      // GB/s each way) and 39 TFLOP/s as 30% of a GPU's peak, so ~130 TFLOP/s.
+      {"dgx2-v100", "one DGX-2H: 16 x V100 SXM3, NVLink 2 through NVSwitch, 150 GB/s per "
+                    "direction per GPU, alpha 3 us (assumed)",
+       TopologyKind::kSwitched, 16, {150 * kGB, 3e-6}, {150 * kGB, 3e-6}, 0, {}, 16, 130e12},
       {"tpu-torus-2d", "TPU-style 2D torus (4 links per chip), 50 GB/s per link per direction, "
                        "alpha 1 us per hop (assumed)",
-       TopologyKind::kTorus, 1, {}, {}, 2, {50 * kGB, 1e-6}, 65536},
+       TopologyKind::kTorus, 1, {}, {}, 2, {50 * kGB, 1e-6}, 65536, 0},
       {"tpu-torus-3d", "TPU-style 3D torus (6 links per chip, as TPU v4/v5p), 50 GB/s per link "
                        "per direction, alpha 1 us per hop (assumed)",
-       TopologyKind::kTorus, 1, {}, {}, 3, {50 * kGB, 1e-6}, 65536},
+       TopologyKind::kTorus, 1, {}, {}, 3, {50 * kGB, 1e-6}, 65536, 0},
   };
   return kTopologies;
 }

@@ -30,6 +30,9 @@ struct Topology {
   int torus_dims;      // torus: 2 or 3
   LinkSpec torus_link; // torus: one link between neighbours
   int max_ranks;
+  // One device's dense bf16/fp16 matmul peak (FLOP/s; `kiln plan tp`); 0 where the topology
+  // names no device (the TPU-style tori: give --tflops).
+  double peak_flops = 0;
 };
 
 const std::vector<Topology>& topologies();
