@@ -266,6 +266,24 @@ TEST(TensorParallel, CheckpointsHoldTheSingleProcessModel) {
   if (world().rank() == 0) std::filesystem::remove_all(dir);
 }
 
+// The time budget's step count comes from mean_over_data of each rank's clock: every rank of
+// the world, tp ranks included, must get the same value (else one rank stops a step early and
+// the others wait for it forever).
+TEST(TensorParallel, EveryRankAgreesOnTheMeanOfItsClock) {
+  for (const Layout& l : layouts()) {
+    auto plan = make_plan(l, tiny(ModelFamily::kLlama), options());
+    ASSERT_TRUE(plan);
+    auto m = Transformer::create(tiny(ModelFamily::kLlama), 5, plan->shard()).value();
+    plan->attach(*m);
+    const double mine = plan->mean_over_data(1.0 + world().rank());  // a different clock per rank
+    double lo = mine, hi = mine;
+    MPI_Allreduce(MPI_IN_PLACE, &lo, 1, MPI_DOUBLE, MPI_MIN, world().handle());
+    MPI_Allreduce(MPI_IN_PLACE, &hi, 1, MPI_DOUBLE, MPI_MAX, world().handle());
+    EXPECT_EQ(lo, hi) << l.name();
+    EXPECT_DOUBLE_EQ(mine, 1.0 + (world().size() - 1) / 2.0) << l.name();
+  }
+}
+
 // Splits that cannot work fail before any communication, with the same message on every rank.
 TEST(TensorParallel, SplitsThatDoNotFitAreRefusedOnEveryRank) {
   const TrainOptions o = options();

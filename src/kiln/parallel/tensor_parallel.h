@@ -59,7 +59,10 @@ class TensorParallelPlan final : public ParallelPlan {
   std::span<const OptimizerPiece> pieces() const override { return data_->pieces(); }
   int64_t state_size() const override { return data_->state_size(); }
   double sum_over_shards(double x) override;
-  double mean_over_data(double x) override { return data_->mean_over_data(x); }
+  // Over the data-parallel ranks, then over the tp group, so every rank of the world holds the
+  // same value: the tp ranks' losses are already equal (each computes all of its rows), but a
+  // clock is not (the time budget's step count must be agreed by all).
+  double mean_over_data(double x) override;
   void after_optimizer_step() override { data_->after_optimizer_step(); }
   CommTimes take_comm_times() override;
   std::string describe() const override;
