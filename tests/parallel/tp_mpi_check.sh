@@ -79,6 +79,23 @@ stop_server
 cmp -s "$dir/serve_one.txt" "$dir/serve_two.txt" || { diff "$dir/serve_one.txt" "$dir/serve_two.txt"; fail "serve --tp 2 differs"; }
 grep -q "stopped" "$dir/serve.log" || fail "serve --tp 2 did not drain and stop"
 
+# A follower rank dies while rank 0 serves: the job ends within 30 s with mpirun's message.
+start_server "${mpi[@]}" -np 2 "$kiln" --threads 1 serve --tp 2 --model "$dir/tp" --port 0 --kv-cache-mem 32M
+victim=""
+for pid in $(pgrep -P "$server"); do
+  tr '\0' '\n' < "/proc/$pid/environ" 2> /dev/null | grep -qx "OMPI_COMM_WORLD_RANK=1" && victim=$pid
+done
+[ -n "$victim" ] || fail "no rank 1 process found"
+kill -9 "$victim"
+start=$(date +%s)
+while kill -0 "$server" 2> /dev/null; do
+  [ $(( $(date +%s) - start )) -le 30 ] || { kill -9 "$server"; fail "serve --tp 2 still runs 30 s after a rank died"; }
+  sleep 0.2
+done
+wait "$server" && fail "serve --tp 2 exited 0 after a rank died"
+server=""
+grep -Eq "process rank 1 .*exited on signal 9|exited on signal 9" "$dir/serve.log" || { cat "$dir/serve.log"; fail "no message naming the dead rank"; }
+
 # Bad flags: one message (rank 0's), non-zero exit, no step.
 check_bad() {  # $1: the expected message; the rest: the command
   local want=$1
@@ -92,4 +109,4 @@ check_bad "--tp 3 does not divide the 2 ranks" "${mpi[@]}" -np 2 "$kiln" train "
 check_bad "--sp splits the sequence over the --tp ranks" "${mpi[@]}" -np 2 "$kiln" train "${small[@]}" --seq 32 --sp --steps 2 --out "$dir/bad"
 check_bad "--seq 31 must be a multiple" "${mpi[@]}" -np 2 "$kiln" train "${small[@]}" --tp 2 --sp --seq 31 --steps 2 --out "$dir/bad"
 check_bad "--tp 3 must be the number of ranks" "${mpi[@]}" -np 2 "$kiln" serve --tp 3 --model "$dir/tp" --port 0
-echo "ok: tp 2 + sp training, checkpoint read by one process, greedy generate and serve at tp 2 equal tp 1, bad flags"
+echo "ok: tp 2 + sp training, checkpoint read by one process, greedy generate and serve at tp 2 equal tp 1, a dead serving rank, bad flags"
