@@ -3,8 +3,8 @@
 // the engine and broadcasts each step; every rank runs its shard), batch 1 and 8, prefill 128
 // tokens then 128 decoded. Prints decode tokens/s and the share of rank 0's time blocked in the
 // tensor-parallel collectives. Run it at tp 1 (one process, 2 threads) and tp 2 (2 ranks × 1
-// thread) on the same machine and compare the lines; on one machine both ranks share the DRAM
-// bandwidth that decode is bound by, so tp 2 cannot beat tp 1 there (see the printed note).
+// thread) on the same machine and compare the lines: both read the same weight bytes per step
+// from the one DRAM they share; tp trades the thread pool's fork-join per op for collectives.
 #include <fmt/format.h>
 
 #include <memory>
@@ -112,8 +112,9 @@ void run(const TpDecodeOptions& o) {
                tp, num_threads(), b, 1e3 * t.first, tok_s, 1e3 * decode_s / static_cast<double>(o.decode - 1), tp_pct);
   }
   if (tp > 1)
-    fmt::print("# note: the ranks of one machine share its DRAM bandwidth, which decode is bound by (the weights are read\n"
-               "# once per step): splitting them over ranks here only adds the collectives; across GPUs each rank has its own.\n");
+    fmt::print("# note: the ranks of one machine share its DRAM bandwidth, which decode is bound by (each step reads\n"
+               "# the weights once); here tp trades the thread pool's fork-join per op for the collectives. Across GPUs\n"
+               "# each rank has its own memory bandwidth and tp divides the bytes per rank.\n");
   engine->reset();  // tells the followers to stop
   if (world) comm::finalize();
 }
