@@ -146,9 +146,10 @@ void run_serve(ServeArgs a) {
 
 }  // namespace
 
-bool serve_tensor_parallel(std::unique_ptr<Transformer>& model, int tp, const char* cmd) {
+bool serve_tensor_parallel(std::unique_ptr<Transformer>& model, int tp, const char* cmd,
+                           const quant::QuantizedState* quantized) {
   comm::Communicator& world = comm::Communicator::world();
-  auto shard = shard_for_serving(*model, world, tp);
+  auto shard = shard_for_serving(*model, world, tp, quantized);
   if (!shard.ok()) {
     if (world.rank() == 0) fmt::print(stderr, "kiln {}: {}\n", cmd, shard.status().message());
     comm::finalize();

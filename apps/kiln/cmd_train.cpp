@@ -157,7 +157,8 @@ Expected<std::unique_ptr<Transformer>> model_from_checkpoint(const GenArgs& a) {
 }
 
 void run_generate(const GenArgs& a) {
-  auto model = a.checkpoint.empty() ? quant::load_any_model(a.model)  // fp32 or kiln-quantized
+  quant::QuantizedState quantized;  // a kiln-quantized model's weights (sliced too under --tp)
+  auto model = a.checkpoint.empty() ? quant::load_any_model(a.model, &quantized)  // fp32 or kiln-quantized
                                     : model_from_checkpoint(a);
   if (!model.ok()) fail("generate", model.status());
   auto tk = tok::Tokenizer::load_hf_json((std::filesystem::path(a.model) / "tokenizer.json").string());
@@ -165,7 +166,7 @@ void run_generate(const GenArgs& a) {
   if (a.tp > 1 && !a.draft_model.empty())
     fail("generate", invalid_argument("--draft-model with --tp is not implemented: speculative decoding runs one process"));
   if (!a.draft_model.empty()) return run_speculative(a, std::move(*model), *tk);
-  if (a.tp > 1 && !serve_tensor_parallel(*model, a.tp, "generate")) return;  // a follower rank: done
+  if (a.tp > 1 && !serve_tensor_parallel(*model, a.tp, "generate", &quantized)) return;  // a follower: done
   auto engine = generation_engine(std::move(*model), nullptr, a);
   const std::vector<int32_t> ids = prompt_ids(a, *tk, *engine);
   for (int sample = 0; sample < a.samples; ++sample) {

@@ -6,6 +6,7 @@
 #include <memory>
 
 #include "kiln/model/transformer.h"
+#include "kiln/quant/qmodel.h"
 
 namespace kiln::app {
 
@@ -33,7 +34,9 @@ void register_plan_tp(CLI::App& app);   // `plan tp`, after register_comm (cmd_p
 // `--tp T` of serve and generate (mpirun -np T, cmd_serve.cpp): replaces `model` with this
 // rank's shard. Rank 0 returns true and runs the engine; ranks 1.. run rank 0's steps until its
 // engine stops, finalize MPI and return false. A bad --tp is one message, alike on every rank.
-bool serve_tensor_parallel(std::unique_ptr<Transformer>& model, int tp, const char* cmd);
+// `quantized`: a kiln-quantized model's weights (generate), sliced with it.
+bool serve_tensor_parallel(std::unique_ptr<Transformer>& model, int tp, const char* cmd,
+                           const quant::QuantizedState* quantized = nullptr);
 
 // Exit code for a subcommand that failed on user input (message already printed).
 inline constexpr int kUserError = 2;

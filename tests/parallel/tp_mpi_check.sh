@@ -41,6 +41,14 @@ for p in "${prompts[@]}"; do
   cmp -s "$dir/one.txt" "$dir/two.txt" || { diff "$dir/one.txt" "$dir/two.txt"; fail "greedy text at tp 2 differs for '$p'"; }
 done
 
+# A kiln-quantized model (int4, groups of 64: whole groups on each rank's columns) decodes the
+# same greedy text at tp 2: its codes and scales are sliced, not requantized.
+"$kiln" quantize --model "$dir/tp" --out "$dir/q4" --bits 4 --group 64 > /dev/null || fail "quantize"
+"$kiln" generate --model "$dir/q4" --max-tokens 12 --temperature 0 --prompt "In the" > "$dir/one.txt" || fail "generate q4"
+"${mpi[@]}" -np 2 "$kiln" generate --model "$dir/q4" --max-tokens 12 --temperature 0 --prompt "In the" --tp 2 \
+  > "$dir/two.txt" 2>&1 || { cat "$dir/two.txt"; fail "generate --tp 2 of the quantized model"; }
+cmp -s "$dir/one.txt" "$dir/two.txt" || { diff "$dir/one.txt" "$dir/two.txt"; fail "the quantized model at tp 2 differs"; }
+
 # kiln serve --tp 2 answers as one process does.
 serve_text() {  # $1: port, $2: prompt -> the completion's text
   curl -s "http://127.0.0.1:$1/v1/completions" -d "{\"prompt\": \"$2\", \"max_tokens\": 12, \"temperature\": 0}" |
@@ -108,5 +116,8 @@ check_bad() {  # $1: the expected message; the rest: the command
 check_bad "--tp 3 does not divide the 2 ranks" "${mpi[@]}" -np 2 "$kiln" train "${small[@]}" --seq 32 --tp 3 --steps 2 --out "$dir/bad"
 check_bad "--sp splits the sequence over the --tp ranks" "${mpi[@]}" -np 2 "$kiln" train "${small[@]}" --seq 32 --sp --steps 2 --out "$dir/bad"
 check_bad "--seq 31 must be a multiple" "${mpi[@]}" -np 2 "$kiln" train "${small[@]}" --tp 2 --sp --seq 31 --steps 2 --out "$dir/bad"
+"$kiln" quantize --model "$dir/tp" --out "$dir/q4g128" --bits 4 --group 128 > /dev/null || fail "quantize g128"
+check_bad "groups do not split into 192 of its 384 input columns" "${mpi[@]}" -np 2 "$kiln" generate --tp 2 \
+  --model "$dir/q4g128" --prompt "In the" --max-tokens 2
 check_bad "--tp 3 must be the number of ranks" "${mpi[@]}" -np 2 "$kiln" serve --tp 3 --model "$dir/tp" --port 0
 echo "ok: tp 2 + sp training, checkpoint read by one process, greedy generate and serve at tp 2 equal tp 1, a dead serving rank, bad flags"

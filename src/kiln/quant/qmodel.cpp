@@ -77,6 +77,53 @@ std::string_view method_name(Method m) {
   return "?";
 }
 
+Expected<QuantizedState> shard_quantized_state(const QuantizedState& full, std::span<const ParamEntry> shard) {
+  QuantizedState out = full;
+  out.weights.clear();
+  for (const ParamEntry& e : shard) {
+    auto it = full.weights.find(e.name);
+    if (it == full.weights.end()) continue;
+    const QTensor& q = it->second;
+    const ParamSplit& split = e.split;
+    QTensor t;
+    t.scheme = q.scheme;
+    t.rows = e.shape[0];
+    t.cols = e.shape[1];
+    const bool per_tensor = q.scheme.group == QuantScheme::kPerTensor;
+    const bool cut = split.kind == ParamSplit::Kind::kColumns && split.count < q.cols;  // (tp 1 keeps them all)
+    if (cut && full.act != ActQuant::kNone)
+      return invalid_argument("{}: int8 activations ({}) do not split over tensor-parallel ranks: the per-token scale "
+                              "spans the whole input row, which the split cuts", e.name, method_name(full.method));
+    if (cut && q.scheme.group > 0 && (split.begin % q.scheme.group != 0 || split.count % q.scheme.group != 0))
+      return invalid_argument("{}: its {} groups do not split into {} of its {} input columns per tensor-parallel rank",
+                              e.name, q.scheme.describe(), split.count, q.cols);
+    // Rows of the whole tensor this shard holds, in its order (kRows: each block's range).
+    std::vector<int64_t> rows;
+    if (split.kind == ParamSplit::Kind::kRows) {
+      const int64_t block = q.rows / split.parts;
+      for (int64_t p = 0; p < split.parts; ++p)
+        for (int64_t r = 0; r < split.count; ++r) rows.push_back(p * block + split.begin + r);
+    } else {
+      for (int64_t r = 0; r < q.rows; ++r) rows.push_back(r);
+    }
+    const int64_t c0 = split.kind == ParamSplit::Kind::kColumns ? split.begin : 0;
+    const int64_t g0 = q.scheme.group > 0 ? c0 / q.scheme.group : 0;
+    for (int64_t r : rows) {
+      t.codes.insert(t.codes.end(), q.codes.begin() + r * q.cols + c0, q.codes.begin() + r * q.cols + c0 + t.cols);
+      if (per_tensor) continue;
+      const int64_t g = t.groups_per_row(), from = r * q.groups_per_row() + g0;
+      t.scales.insert(t.scales.end(), q.scales.begin() + from, q.scales.begin() + from + g);
+      if (!q.zeros.empty()) t.zeros.insert(t.zeros.end(), q.zeros.begin() + from, q.zeros.begin() + from + g);
+    }
+    if (per_tensor) {
+      t.scales = q.scales;
+      t.zeros = q.zeros;
+    }
+    out.weights.emplace(e.name, std::move(t));
+  }
+  return out;
+}
+
 void install_backends(Transformer& model, const QuantizedState& state) {
   const bool tied = model.config().tied_embeddings;
   for (Linear* l : model.linears()) {

@@ -7,6 +7,7 @@
 #pragma once
 
 #include <map>
+#include <span>
 #include <memory>
 #include <string>
 
@@ -53,6 +54,15 @@ Status save_quantized_model(const std::string& dir, Transformer& model, const Qu
 // Loads an fp32/f16/bf16 model (load_model) or a quantized one (backends installed); `state`,
 // when given, receives the quantized weights (empty for a plain model).
 Expected<std::unique_ptr<Transformer>> load_any_model(const std::string& dir, QuantizedState* state = nullptr);
+
+// Tensor parallelism (model/transformer.h TensorShard): the quantized weights of the slices a
+// shard's parameter entries (Transformer::param_entries, or param_entries_for a tp rank) name
+// in the single-process model's `full` state: the same codes and scales (a column-parallel
+// weight keeps its rows; a row-parallel one its columns, whole groups). InvalidArgument when a
+// slice would not be the same computation: int8 activations (their per-token scale spans the
+// whole input row, which a row-parallel split cuts) or a group that straddles two shards'
+// columns (per-channel and per-tensor scales slice exactly: each column keeps its row's scale).
+Expected<QuantizedState> shard_quantized_state(const QuantizedState& full, std::span<const ParamEntry> shard);
 
 // Bytes of weights one decode token streams: quantized Linears at their stored size, other
 // matrices (fp32 Linears, and the embedding row) at 4 bytes per element.

@@ -19,20 +19,26 @@ enum Op : int64_t { kCache = 1, kForward = 2, kCopy = 3, kStop = 4 };
 [[noreturn]] void mpi_failed(const char* what) { comm::abort_job(fmt::format("tensor-parallel serving: {} failed", what)); }
 }  // namespace
 
-Expected<std::unique_ptr<Transformer>> shard_for_serving(Transformer& full, comm::Communicator& world, int tp) {
+Expected<std::unique_ptr<Transformer>> shard_for_serving(Transformer& full, comm::Communicator& world, int tp,
+                                                         const quant::QuantizedState* quantized) {
   if (tp != world.size())
     return invalid_argument("--tp {} must be the number of ranks (mpirun -np {}): one tensor-parallel group serves", tp,
                             world.size());
   if (Status s = check_tensor_split(full.config(), tp); !s.ok()) return invalid_argument("--tp {}: {}", tp, s.message());
   for (Linear* l : full.linears())
-    if (l->backend != nullptr)
-      return invalid_argument("--tp serves fp32 models; {} has a converted weight (a quantized model?)", l->name);
+    if (l->backend != nullptr && (quantized == nullptr || !quantized->weights.contains(l->name)))
+      return invalid_argument("--tp: {} has a backend other than its quantized weight, which cannot be sliced", l->name);
   TensorShard shard;
   shard.rank = world.rank();
   shard.size = tp;
   shard.comm = tp > 1 ? &world : nullptr;
   KILN_ASSIGN_OR_RETURN(auto model, Transformer::create(full.config(), 0, shard));
-  model->load_from_full(full.params());
+  model->load_from_full(full.params());  // a quantized model's masters hold its dequantized weights
+  if (quantized != nullptr && !quantized->weights.empty()) {
+    auto sliced = quant::shard_quantized_state(*quantized, model->param_entries());
+    if (!sliced.ok()) return invalid_argument("--tp {}: {}", tp, sliced.status().message());
+    quant::install_backends(*model, *sliced);
+  }
   return model;
 }
 

@@ -16,14 +16,17 @@
 #include "kiln/comm/communicator.h"
 #include "kiln/core/status.h"
 #include "kiln/model/transformer.h"
+#include "kiln/quant/qmodel.h"
 
 namespace kiln {
 
 // `--tp T` of kiln serve and kiln generate, on every rank of `world` (mpirun -np T): the same
-// verdict everywhere with no communication (T is the world's size, the model splits over T,
-// it is an fp32 model: a quantized or otherwise converted Linear has no fp32 weight to slice),
-// then `full` (the single-process model, loaded from disk) sliced for this rank's shard.
-Expected<std::unique_ptr<Transformer>> shard_for_serving(Transformer& full, comm::Communicator& world, int tp);
+// verdict everywhere with no communication (T is the world's size, the model splits over T, a
+// quantized model's scales split with it: quant::shard_quantized_state), then `full` (the
+// single-process model, loaded from disk; `quantized`: its quantized weights, when it is a
+// kiln-quantized model) sliced for this rank's shard, quantized backends installed.
+Expected<std::unique_ptr<Transformer>> shard_for_serving(Transformer& full, comm::Communicator& world, int tp,
+                                                         const quant::QuantizedState* quantized = nullptr);
 
 // Rank 0's side, owned by the ModelExecutor of a model with a tp shard of size > 1: announces
 // each model step to the followers just before rank 0 runs it.
