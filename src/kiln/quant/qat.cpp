@@ -96,6 +96,23 @@ Status install_qat(Transformer& model, const QatConfig& c) {
   return {};
 }
 
+Status check_qat_tensor_split(const QatConfig& c, const ModelConfig& m, int tp) {
+  for (int r = 0; r < tp; ++r) {
+    for (const ParamEntry& e : Transformer::param_entries_for(m, r, tp)) {
+      const ParamSplit& s = e.split;
+      if (s.kind != ParamSplit::Kind::kColumns || s.count == s.full[1]) continue;
+      if (c.act_int8)
+        return invalid_argument("--qat {} with --tp {}: int8 activations take a per-token scale over the whole input "
+                                "row of {}, which tensor parallelism cuts", c.name, tp, e.name);
+      if (c.weight.group <= 0 || s.begin % c.weight.group != 0 || s.count % c.weight.group != 0)
+        return invalid_argument("--qat {} with --tp {}: {} holds {} of its {} input columns per rank, not whole "
+                                "groups of {} ({})", c.name, tp, e.name, s.count, s.full[1], c.weight.describe(),
+                                c.weight.group <= 0 ? "its scales span the whole row" : "groups would straddle ranks");
+    }
+  }
+  return {};
+}
+
 QuantizedState export_qat(Transformer& model, const QatConfig& c) {
   QuantizedState st;
   st.method = Method::kQat;

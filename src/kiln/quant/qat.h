@@ -47,6 +47,11 @@ class FakeQuantLinear : public LinearBackend {
 // Installs FakeQuantLinear on every block Linear (not the head/embedding). Fails when a
 // Linear already has a backend.
 Status install_qat(Transformer& model, const QatConfig& c);
+// QAT over tensor-parallel shards of `m` at tp ranks (every rank, so all give the same verdict):
+// each shard's fake quantization must be the single process's, so a row-parallel weight's
+// input columns per rank hold whole groups; per-channel and per-tensor scales and int8
+// activations span the whole input row, which the split cuts (InvalidArgument naming them).
+Status check_qat_tensor_split(const QatConfig& c, const ModelConfig& m, int tp);
 // After QAT: the real quantized model (the same grid the fake quantization used), backends
 // replaced by QuantizedLinear.
 QuantizedState export_qat(Transformer& model, const QatConfig& c);

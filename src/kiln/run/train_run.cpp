@@ -363,8 +363,10 @@ Status run_training(const TrainRunOptions& o, const RunOutput& out_in) {
   KILN_RETURN_IF_ERROR(check_train_memory(d.config, t));
   if (tensor_parallel) {  // the model's split, on every rank alike, before any communication
     KILN_RETURN_IF_ERROR(parallel::check_tensor_parallel(o.tensor, d.config, world->size(), *dpo, t));
-    if (!o.qat.empty())
-      return invalid_argument("--qat with --tp is not implemented: the QAT export reads whole weights");
+    if (!o.qat.empty()) {  // the shards fake-quantize on the single process's grid
+      KILN_ASSIGN_OR_RETURN(const quant::QatConfig q, quant::parse_qat(o.qat));
+      KILN_RETURN_IF_ERROR(quant::check_qat_tensor_split(q, d.config, o.tensor.tp));
+    }
   }
   const int dp_size = world ? world->size() / o.tensor.tp : 1;
   // The plan first: a tensor-parallel model is built for its shard of the mesh.
