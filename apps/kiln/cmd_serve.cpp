@@ -91,8 +91,7 @@ void run_serve(ServeArgs a) {
   a.server.keep_alive_timeout = millis(a.keep_alive_timeout_s);
   auto served = load_served_model(a.model);
   if (!served.ok()) fail(served.status());
-  if (a.tp > 1 && !a.draft_model.empty())
-    fail(invalid_argument("--draft-model with --tp is not implemented: speculative decoding runs one process"));
+  // --tp with --draft-model: the target is sharded, the (small) draft runs whole on rank 0.
   if (a.tp > 1 && !serve_tensor_parallel(served->model, a.tp, "serve")) return;  // a follower rank: done
   const ModelConfig cfg = served->model->config();
   std::unique_ptr<Transformer> draft;

@@ -83,6 +83,15 @@ start_server "${mpi[@]}" -np 2 "$kiln" --threads 1 serve --tp 2 --model "$dir/tp
 for p in "${prompts[@]}"; do serve_text "$port" "$p" >> "$dir/serve_two.txt"; done
 curl -s "http://127.0.0.1:$port/metrics" | grep -q "kiln_" || fail "no /metrics at tp 2"
 stop_server
+# Speculative decoding at tp 2: the draft (here a copy of the model) runs whole on rank 0, the
+# sharded target verifies; greedy text is the plain greedy text.
+start_server "${mpi[@]}" -np 2 "$kiln" --threads 1 serve --tp 2 --model "$dir/tp" --draft-model "$dir/tp" --port 0 \
+  --kv-cache-mem 32M
+for p in "${prompts[@]}"; do serve_text "$port" "$p" >> "$dir/serve_spec.txt"; done
+curl -s "http://127.0.0.1:$port/metrics" | grep -Eq "^kiln_spec[a-z_]*accepted[a-z_]* [1-9]" ||
+  { curl -s "http://127.0.0.1:$port/metrics" | grep spec; fail "no accepted draft tokens at tp 2"; }
+stop_server
+cmp -s "$dir/serve_one.txt" "$dir/serve_spec.txt" || { diff "$dir/serve_one.txt" "$dir/serve_spec.txt"; fail "speculative serve --tp 2 differs"; }
 [ -s "$dir/serve_one.txt" ] || fail "no completions from the one-process server"
 cmp -s "$dir/serve_one.txt" "$dir/serve_two.txt" || { diff "$dir/serve_one.txt" "$dir/serve_two.txt"; fail "serve --tp 2 differs"; }
 grep -q "stopped" "$dir/serve.log" || fail "serve --tp 2 did not drain and stop"
@@ -120,4 +129,4 @@ check_bad "--seq 31 must be a multiple" "${mpi[@]}" -np 2 "$kiln" train "${small
 check_bad "groups do not split into 192 of its 384 input columns" "${mpi[@]}" -np 2 "$kiln" generate --tp 2 \
   --model "$dir/q4g128" --prompt "In the" --max-tokens 2
 check_bad "--tp 3 must be the number of ranks" "${mpi[@]}" -np 2 "$kiln" serve --tp 3 --model "$dir/tp" --port 0
-echo "ok: tp 2 + sp training, checkpoint read by one process, greedy generate and serve at tp 2 equal tp 1, a dead serving rank, bad flags"
+echo "ok: tp 2 + sp training, checkpoint read by one process, greedy generate, serve and speculative serve at tp 2 equal tp 1, a dead serving rank, bad flags"

@@ -115,8 +115,6 @@ Expected<std::unique_ptr<Engine>> Engine::create(std::unique_ptr<Transformer> mo
   kv.enable_prefix_caching = config.enable_prefix_caching;
   if (config.block_size < 1) return invalid_argument("[engine] --block-size {} must be >= 1", config.block_size);
   SchedulerConfig sched_config = config.scheduler;
-  if (draft && model->tensor_shard().size > 1)
-    return invalid_argument("[engine] speculative decoding (--draft-model) with --tp is not implemented");
   if (draft) {
     if (draft->config().vocab_size != model->config().vocab_size)
       return invalid_argument("[engine] the draft model's vocabulary ({}) differs from the model's ({})",

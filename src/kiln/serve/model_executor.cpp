@@ -13,8 +13,8 @@ ModelExecutor::ModelExecutor(Transformer& model, Transformer* draft, int64_t num
     : model_(model), draft_(draft), cache_(model.make_paged_kv_cache(num_blocks, block_size)) {
   if (draft_) draft_cache_ = draft_->make_paged_kv_cache(num_blocks, block_size);
   const TensorShard& shard = model.tensor_shard();
-  KILN_CHECK_MSG(shard.size == 1 || (shard.rank == 0 && draft_ == nullptr),
-                 "tensor-parallel serving runs the engine on tp rank 0, without a draft");
+  KILN_CHECK_MSG(shard.size == 1 || shard.rank == 0, "tensor-parallel serving runs the engine on tp rank 0");
+  KILN_CHECK_MSG(draft_ == nullptr || draft_->tensor_shard().size == 1, "a draft model runs whole, on rank 0");
   if (shard.size > 1) {
     tp_leader_ = std::make_unique<TensorParallelLeader>(*shard.comm);
     tp_leader_->cache(num_blocks, block_size, packed_weights);
@@ -53,7 +53,8 @@ Expected<std::vector<const float*>> ModelExecutor::forward(Transformer& model, P
   b.block_table = table_;
   b.max_blocks_per_seq = max_blocks;
   b.logit_rows = logit_rows_;
-  if (tp_leader_) tp_leader_->forward(b);  // the other tp ranks run the same step on their shards
+  // The other tp ranks run the target's step on their shards (the draft is rank 0's alone).
+  if (tp_leader_ && &model == &model_) tp_leader_->forward(b);
   KILN_ASSIGN_OR_RETURN(const float* rows, model.forward_paged(b, cache));
   const int64_t V = model.config().vocab_size;
   for (const auto& [seq, row] : row_of) first_row[seq] = rows + row * V;

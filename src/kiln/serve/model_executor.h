@@ -39,8 +39,8 @@ class ModelExecutor {
 
   // The K/V pools (num_blocks blocks of block_size tokens per layer) are allocated here, for
   // the draft too (same block ids: one block table addresses both caches). A model with a tp
-  // shard of size > 1 (on tp rank 0) announces every step to the other tp ranks first
-  // (serve/tensor_parallel.h); it has no draft.
+  // shard of size > 1 (on tp rank 0) announces every target step to the other tp ranks first
+  // (serve/tensor_parallel.h); a draft runs whole on rank 0.
   // packed_weights: the engine packed the model's weights (EngineConfig); the other tp ranks do too.
   ModelExecutor(Transformer& model, Transformer* draft, int64_t num_blocks, int64_t block_size,
                 bool packed_weights = false);

@@ -5,6 +5,8 @@
 // sharded paged forward (model/transformer.h, TensorShard): each over its share of the heads,
 // holding only its share of the KV cache (Hkv / T heads per token row, or the one KV head its
 // queries read when T > n_kv_heads). The whole logits come back on every rank; rank 0 samples.
+// Speculative decoding: the draft model runs whole on rank 0; only the target's verification
+// forwards are broadcast.
 // The broadcast is a flat tree of point-to-point sends (T is small: a node's GPUs), so a
 // follower waits for the next step politely (test and sleep) for as long as the server is idle.
 #pragma once
