@@ -21,6 +21,7 @@
 #include "kiln/core/thread_pool.h"
 #include "kiln/model/config.h"
 #include "kiln/parallel/tensor_parallel.h"
+#include "kiln/perf/memory_model.h"
 #include "kiln/perf/tp_model.h"
 #include "kiln/train/trainer.h"
 
@@ -251,9 +252,21 @@ int run_tp_bench(const TpBenchOptions& o) {
       act_mb[sp ? 1 : 0] = r->act_mb;
       if (rank == 0) print_row(*w, p, tp, sp, *r, perf::tp_traffic_formula(w->cfg, tp, sp, rows));
     }
-    if (rank == 0 && act_mb[0] > 0 && act_mb[1] > 0)
-      fmt::print("workload {} tp {} act_mb_sp_off {:.1f} act_mb_sp_on {:.1f} act_saving_pct {:.1f}\n", w->name, tp,
-                 act_mb[0], act_mb[1], 100 * (1 - act_mb[1] / act_mb[0]));
+    if (rank == 0 && act_mb[0] > 0 && act_mb[1] > 0) {
+      // The memory model's activations (perf/memory_model.h: the same buffers, as requested).
+      auto predicted = [&](bool sp) {
+        const perf::MemoryPrediction m =
+            perf::predict_memory(w->cfg, w->batch, w->seq, Precision::kF32, CheckpointMode::kNone,
+                                 perf::DataParallelMemory{.dp = p / tp}, perf::TensorParallelMemory{tp, sp});
+        return static_cast<double>(m.group_bytes("layer activations") + m.group_bytes("other activations") +
+                                   m.group_bytes("scratch")) / (1024.0 * 1024.0);
+      };
+      const double pred_off = predicted(false), pred_on = predicted(true);
+      fmt::print("workload {} tp {} act_mb_sp_off {:.1f} act_mb_sp_on {:.1f} act_saving_pct {:.1f} "
+                 "predicted_act_mb_sp_off {:.1f} predicted_act_mb_sp_on {:.1f} predicted_saving_pct {:.1f}\n",
+                 w->name, tp, act_mb[0], act_mb[1], 100 * (1 - act_mb[1] / act_mb[0]), pred_off, pred_on,
+                 100 * (1 - pred_on / pred_off));
+    }
   }
   comm::finalize();
   return rc;
