@@ -12,6 +12,7 @@ PACKAGES=(
   libopenblas-dev libdnnl-dev                        # peers in benchmarks only
   bible-kjv                                          # bundled default corpus
   python3
+  curl procps                                        # the end-to-end MPI checks: HTTP requests, rank processes
   clang libclang-rt-dev llvm                         # sanitizer builds and libFuzzer (make test, make fuzz); llvm-symbolizer
 )
 
