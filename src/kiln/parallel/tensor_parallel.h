@@ -70,6 +70,10 @@ class TensorParallelPlan final : public ParallelPlan {
   std::vector<OptimizerPiece> checkpoint_pieces() const override;
   std::vector<OptimizerPiece> restore_pieces() const override;
   int64_t checkpoint_num_params() const override { return model_->full_num_params(); }
+  // Every rank: a shard holds part of each tensor, a data-parallel rank part of the batch. The
+  // world has no communication thread, so the layers' amax reductions do not queue behind
+  // gradient buckets.
+  comm::Communicator* amax_group() override { return &mesh_->world(); }
 
   // The model's hooks pass through to the data-parallel plan (its buckets).
   void before_model(Pass pass) override { data_->before_model(pass); }

@@ -77,6 +77,9 @@ class ParallelPlan : public ModelHooks {
   // maps its runs into the single-process model's layout.
   virtual std::vector<OptimizerPiece> restore_pieces() const { return {pieces().begin(), pieces().end()}; }
   virtual int64_t checkpoint_num_params() const = 0;
+  // fp8: the ranks that reduce each tensor's amax (PrecisionContext::amax_group); null: every
+  // rank scales by its own (a data-parallel rank by its rows' amax).
+  virtual comm::Communicator* amax_group() { return nullptr; }
 };
 
 // One process: the whole model's buffers, no communication.

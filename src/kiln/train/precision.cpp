@@ -2,6 +2,8 @@
 // delayed scaling.
 #include "kiln/train/precision.h"
 
+#include "kiln/comm/collectives.h"
+
 #include <algorithm>
 #include <cmath>
 
@@ -207,9 +209,14 @@ class Fp8Backend final : public LinearBackend {
 
  private:
   // dst = qdq(src) with the scaler's delayed scale (the first use: from this tensor's own
-  // amax), then records this amax. Returns the scale used.
-  static float cast(DelayedScaler& s, float* dst, const float* src, int64_t n) {
-    const float amax = abs_max(src, n);
+  // amax), then records this amax (over the tp ranks: PrecisionContext::amax_group). Returns the
+  // scale used.
+  float cast(DelayedScaler& s, float* dst, const float* src, int64_t n) const {
+    float amax = abs_max(src, n);
+    if (ctx_->amax_group != nullptr) {  // the whole tensor's amax (a shard holds part of it)
+      const Status st = comm::all_reduce(*ctx_->amax_group, &amax, &amax, 1, DType::kF32, comm::ReduceOp::kMax);
+      KILN_CHECK_MSG(st.ok(), "fp8 amax reduction: {}", st.to_string());
+    }
     const float scale = s.empty() ? (amax > 0 && std::isfinite(amax) ? fp8_max(s.kind()) / amax : 1.0f) : s.scale();
     fp8_quantize_dequantize(dst, src, n, scale, s.kind());
     s.record(amax);
@@ -223,10 +230,12 @@ class Fp8Backend final : public LinearBackend {
 };
 }  // namespace
 
-Expected<std::shared_ptr<PrecisionContext>> install_precision(Transformer& model, Precision p, int amax_history) {
+Expected<std::shared_ptr<PrecisionContext>> install_precision(Transformer& model, Precision p, int amax_history,
+                                                              comm::Communicator* amax_group) {
   auto ctx = std::make_shared<PrecisionContext>();
   ctx->precision = p;
   ctx->amax_history = amax_history;
+  if (p == Precision::kFP8) ctx->amax_group = amax_group;  // before the weights' first casts below
   if (p == Precision::kF32) return ctx;
   if (amax_history < 1) return invalid_argument("[precision] --amax-history {} must be >= 1", amax_history);
   std::vector<Linear*> lins = model.linears();

@@ -17,6 +17,7 @@
 
 #include "kiln/core/status.h"
 #include "kiln/core/tensor.h"
+#include "kiln/comm/communicator.h"
 #include "kiln/model/transformer.h"
 #include "kiln/train/precision_kernels.h"
 
@@ -73,6 +74,11 @@ struct PrecisionContext {
   Tensor x_scratch, dy_scratch;  // converted matmul inputs: activations, output gradients
   int64_t grads_flushed = 0;     // fp16: non-zero output-gradient values rounded to zero
   int64_t values_rounded = 0;    // elements converted (for the flushed fraction)
+  // fp8 over several ranks: the ranks over which each tensor's amax is reduced (max) before its
+  // scale is taken, so every shard and every data-parallel rank's rows scale as the whole
+  // tensor of the whole batch would in one process (Transformer Engine's amax reduction
+  // group). The Trainer passes ParallelPlan::amax_group(); null: this rank's own amax.
+  comm::Communicator* amax_group = nullptr;
   // A buffer of at least `bytes` in slot t (grown, never shrunk).
   void* scratch(Tensor& t, int64_t bytes);
   // Bytes of scratch a (B·T)-row step needs and of the low-precision weight copies (memory model).
@@ -83,7 +89,9 @@ struct PrecisionContext {
 // Installs the precision's backend on every Linear (fp32: removes them). Fails when a Linear
 // already has another backend (e.g. QAT fake quantization). The backends' sync() must run after
 // every change of the master weights (the Trainer does it after each optimizer step).
-Expected<std::shared_ptr<PrecisionContext>> install_precision(Transformer& model, Precision p, int amax_history = 16);
+// amax_group: fp8's (PrecisionContext::amax_group); collective over it then (the weights' casts).
+Expected<std::shared_ptr<PrecisionContext>> install_precision(Transformer& model, Precision p, int amax_history = 16,
+                                                              comm::Communicator* amax_group = nullptr);
 
 // Calls sync() on the backend of every Linear that has one.
 void sync_backends(Transformer& model);

@@ -47,7 +47,7 @@ Trainer::Trainer(Transformer& model, const TokenShard& train_data, const TokenSh
                  plan_->data_size());
   rows_ = o.batch / plan_->data_size();
   model_.set_checkpointing(o.checkpoint);
-  auto ctx = install_precision(model_, o.precision, o.amax_history);
+  auto ctx = install_precision(model_, o.precision, o.amax_history, plan_->amax_group());
   KILN_CHECK_MSG(ctx.ok(), "{}", ctx.status().message());
   precision_ = *ctx;
   plan_->attach(model_);
