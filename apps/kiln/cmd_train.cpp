@@ -163,8 +163,13 @@ void run_generate(const GenArgs& a) {
   if (!model.ok()) fail("generate", model.status());
   auto tk = tok::Tokenizer::load_hf_json((std::filesystem::path(a.model) / "tokenizer.json").string());
   if (!tk.ok()) fail("generate", tk.status());
-  if (a.tp > 1 && !a.draft_model.empty())
-    fail("generate", invalid_argument("--draft-model with --tp is not implemented: speculative decoding runs one process"));
+  if (a.tp > 1 && !a.draft_model.empty()) {  // one message, rank 0's
+    if (comm::Communicator::world().rank() == 0)
+      fmt::print(stderr, "kiln generate: --draft-model with --tp: generate times speculative against plain decoding "
+                         "in two engines, which one tp group cannot run; kiln serve --tp --draft-model speculates\n");
+    comm::finalize();
+    throw CLI::RuntimeError(kUserError);
+  }
   if (!a.draft_model.empty()) return run_speculative(a, std::move(*model), *tk);
   if (a.tp > 1 && !serve_tensor_parallel(*model, a.tp, "generate", &quantized)) return;  // a follower: done
   auto engine = generation_engine(std::move(*model), nullptr, a);
