@@ -270,11 +270,14 @@ void register_train(CLI::App& app) {
     const bool mpi = run::launched_by_mpi();
     Status st = run::run_training(*ta);
     const int rank = mpi ? comm::Communicator::world().rank() : 0;
-    if (mpi) comm::finalize();
-    if (!st.ok()) {
-      if (rank != 0) throw CLI::RuntimeError(kUserError);  // every rank has the same verdict: rank 0 says it
-      fail("train", st);
+    // Every rank has the same verdict: rank 0 says it, before MPI_Finalize (which the others
+    // wait in), so mpirun cannot end the job on another rank's exit before the message is out.
+    if (!st.ok() && rank == 0) {
+      fmt::print(stderr, "kiln train: {}\n", st.message());
+      std::fflush(stderr);
     }
+    if (mpi) comm::finalize();
+    if (!st.ok()) throw CLI::RuntimeError(kUserError);
   });
 
   auto ga = std::make_shared<GenArgs>();
