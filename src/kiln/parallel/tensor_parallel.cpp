@@ -73,7 +73,6 @@ void TensorParallelPlan::attach(Transformer& model) {
   const int rank = mesh_->coord("tp");
   for (auto& [replicas, ranges] : by_replicas) {
     PartialGroup g;
-    g.replicas = replicas;
     g.ranges = std::move(ranges);
     int64_t n = 0;
     for (auto [off, len] : g.ranges) n += len;

@@ -101,7 +101,6 @@ class TensorParallelPlan final : public ParallelPlan {
   // Partial gradients: per replica group size, its communicator (ranks rank / replicas) and the
   // entries (offset, n) packed into one all-reduce.
   struct PartialGroup {
-    int replicas = 1;
     std::unique_ptr<comm::Communicator> comm;
     std::vector<std::pair<int64_t, int64_t>> ranges;
     Tensor buf;  // (Σ n,) from the caching allocator, so memory reports (perf/memory_model.h) see it
