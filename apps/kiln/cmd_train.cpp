@@ -266,6 +266,17 @@ void register_train(CLI::App& app) {
       ->check(CLI::Range(1, 1 << 16));
   t->add_flag("--sp", ta->tensor.sequence_parallel,
               "Sequence parallelism with --tp: norms and residuals over seq / tp tokens per rank");
+  // Pipeline parallelism (src/kiln/parallel/pipeline.h): pp × dp × tp = the ranks of mpirun.
+  t->add_option("--pp", ta->pipeline.pp, "Pipeline stages (blocks split over pp ranks; dp = ranks / (pp × tp))")
+      ->check(CLI::Range(1, 1 << 10));
+  t->add_option("--pp-layers", ta->pipeline.layers, "Blocks per stage, e.g. 3,3,2 (default: balanced by FLOPs)")
+      ->delimiter(',');
+  t->add_option("--micro-batches", ta->pipeline.micro_batches, "Micro-batches per pipeline step (the batch split M ways)")
+      ->check(CLI::Range(1, 1 << 12));
+  t->add_option("--schedule", ta->schedule, "Pipeline schedule: gpipe | 1f1b | interleaved | zb-h1");
+  t->add_option("--virtual-stages", ta->pipeline.virtual_stages, "Model chunks per rank (interleaved 1F1B)")
+      ->check(CLI::Range(1, 1 << 10));
+  t->add_option("--timeline", ta->timeline, "Pipeline: draw the last step's measured schedule beside the ideal (SVG)");
   t->callback([ta] {
     const bool mpi = run::launched_by_mpi();
     Status st = run::run_training(*ta);

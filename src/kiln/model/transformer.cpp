@@ -3,8 +3,10 @@
 // layer code that training, the KV-cache decode and the paged serving path all run.
 #include "kiln/model/transformer.h"
 
+#include <array>
 #include <cmath>
 #include <cstring>
+#include <map>
 
 #include "kiln/comm/collectives.h"
 #include "kiln/comm/work.h"
@@ -52,6 +54,11 @@ void Linear::forward_f32(float* y, const float* x, int64_t n, const float* resid
 }
 
 void Linear::backward_f32(float* dx, const float* dy, const float* x, int64_t n, bool accumulate_dx) const {
+  backward_input_f32(dx, dy, n, accumulate_dx);
+  backward_weight_f32(dy, x, n);
+}
+
+void Linear::backward_input_f32(float* dx, const float* dy, int64_t n, bool accumulate_dx) const {
   GemmParams pd;  // dx (n, in) = dy (n, out) W (out, in)
   pd.m = n; pd.n = in; pd.k = out;
   pd.a = dy; pd.lda = out;
@@ -59,6 +66,9 @@ void Linear::backward_f32(float* dx, const float* dy, const float* x, int64_t n,
   pd.c = dx; pd.ldc = in;
   pd.beta = accumulate_dx ? 1.0f : 0.0f;
   cpu::gemm(pd);
+}
+
+void Linear::backward_weight_f32(const float* dy, const float* x, int64_t n) const {
   GemmParams pw;  // dW (out, in) += dyᵀ (out, n) x (n, in)
   pw.m = out; pw.n = in; pw.k = n;
   pw.a = dy; pw.lda = out; pw.trans_a = true;
@@ -100,7 +110,53 @@ struct Buf {
     p = other.p;
   }
 };
+
+// Zero-bubble schedules split a Linear's backward: B computes dx now, W the weight gradients
+// later, from a copy of dy and the saved input x (which stays in its activation slot until W).
+struct DeferredWeightGrad {
+  const Linear* linear = nullptr;
+  Tensor dy;
+  const float* x = nullptr;
+  int64_t n = 0;
+};
+using WeightGradQueue = std::vector<DeferredWeightGrad>;
+
+// l.backward(), or with a queue its input half now and its weight half queued (fp32 only: a
+// precision backend computes both halves together).
+void linear_backward(WeightGradQueue* queue, const Linear& l, float* dx, const float* dy, const float* x, int64_t n,
+                     bool accumulate_dx) {
+  if (queue == nullptr) return l.backward(dx, dy, x, n, accumulate_dx);
+  KILN_CHECK_MSG(l.backend == nullptr, "{}: deferred weight gradients need the fp32 Linear", l.name);
+  l.backward_input_f32(dx, dy, n, accumulate_dx);
+  Tensor copy = Tensor::empty({n * l.out});
+  std::memcpy(copy.raw_data(), dy, static_cast<size_t>(n * l.out) * sizeof(float));
+  queue->push_back({&l, std::move(copy), x, n});
+}
 }  // namespace
+
+// Activation slots (Transformer::use_activation_slot): the live buffers are the current slot's;
+// the others' are kept here, swapped in and out (no copies).
+struct Transformer::Slots {
+  struct Saved {
+    std::vector<Buf> resid;
+    Buf final_norm, final_mean, final_rstd, logits, losses, ce_max, ce_sum;
+    std::vector<int32_t> tokens, targets;
+    int64_t num_valid = 0;
+    std::vector<std::vector<Buf>> layers;  // per layer, Layer::kSaved order
+  };
+  std::vector<Saved> stored;              // per slot; the current slot's entry is empty
+  std::vector<bool> allocated;            // per slot: its buffers exist (live or stored)
+  std::vector<WeightGradQueue> deferred;  // per slot: W still to run
+  int current = 0;
+  WeightGradQueue* deferring = nullptr;   // during a backward_stage(…, defer_weights)
+  int64_t saved_bytes = 0;                // of one slot
+  void grow(int n) {
+    if (static_cast<int>(stored.size()) >= n) return;
+    stored.resize(static_cast<size_t>(n));
+    allocated.resize(static_cast<size_t>(n), false);
+    deferred.resize(static_cast<size_t>(n));
+  }
+};
 
 // ---- tensor parallelism inside the layers ---------------------------------------------------
 // Megatron's pair of conjugate operators around each parallel block, as three calls: gather()
@@ -293,6 +349,10 @@ struct Transformer::Layer {
   Linear gate, up, down;  // Llama MLP
   // Saved activations, (N, ·):
   Buf n1, mean1, rstd1, qkv_out, qb, kb, vb, att, lse, x1, n2, mean2, rstd2, ff1, ff2, ffa;
+  static constexpr std::array<Buf Layer::*, 16> kSaved = {
+      &Layer::n1, &Layer::mean1, &Layer::rstd1, &Layer::qkv_out, &Layer::qb, &Layer::kb, &Layer::vb, &Layer::att,
+      &Layer::lse, &Layer::x1, &Layer::n2, &Layer::mean2, &Layer::rstd2, &Layer::ff1, &Layer::ff2, &Layer::ffa};
+  WeightGradQueue* const* defer = nullptr;  // the model's queue while B defers W (else null)
 
   // Without a cache K/V come from this forward (GPT-2: inside the fused QKV rows); with one
   // they are read back from the cache, which holds kv_len = pos + T rows of Hkv·D.
@@ -461,35 +521,35 @@ struct Transformer::Layer {
     }
     float* dx1 = dy;  // the residual carries dy straight through; norm branches add to it
     if (cfg->is_llama()) {
-      down.backward(s.dff_a.p, tp->gather(dy, N, C), ffa.p, N, false);           // d swiglu out
+      linear_backward(*defer, down, s.dff_a.p, tp->gather(dy, N, C), ffa.p, N, false);           // d swiglu out
       cpu::swiglu_backward(s.dff_b.p, s.dff_c.p, s.dff_a.p, ff1.p, ff2.p, N * F);  // d gate, d up
       const float* in2 = tp->gather(n2.p, N, C);
-      gate.backward(s.dnorm.p, s.dff_b.p, in2, N, false);
-      up.backward(s.dnorm.p, s.dff_c.p, in2, N, true);
+      linear_backward(*defer, gate, s.dnorm.p, s.dff_b.p, in2, N, false);
+      linear_backward(*defer, up, s.dnorm.p, s.dff_c.p, in2, N, true);
       cpu::rmsnorm_backward(s.dtmp.p, dnorm2_w, tp->reduce(s.dnorm.p, N, C), x1.p, norm2_w, rstd2.p, Ns, C);
       cpu::accumulate(dx1, s.dtmp.p, Ns * C);
-      o.backward(s.datt.p, tp->gather(dx1, N, C), att.p, N, false);
+      linear_backward(*defer, o, s.datt.p, tp->gather(dx1, N, C), att.p, N, false);
       cpu::attention_backward(s.dq.p, s.dk.p, s.dv.p, s.datt.p, qb.p, kb.p, vb.p, att.p, lse.p, ap);
       cpu::rope_backward(s.dq.p, s.dq.p, *rope, B, T, heads, D, 0);
       cpu::rope_backward(s.dk.p, s.dk.p, *rope, B, T, kv_heads, D, 0);
       const float* in1 = tp->gather(n1.p, N, C);
-      q.backward(s.dnorm.p, s.dq.p, in1, N, false);
-      k.backward(s.dnorm.p, s.dk.p, in1, N, true);
-      v.backward(s.dnorm.p, s.dv.p, in1, N, true);
+      linear_backward(*defer, q, s.dnorm.p, s.dq.p, in1, N, false);
+      linear_backward(*defer, k, s.dnorm.p, s.dk.p, in1, N, true);
+      linear_backward(*defer, v, s.dnorm.p, s.dv.p, in1, N, true);
       cpu::rmsnorm_backward(s.dtmp.p, dnorm1_w, tp->reduce(s.dnorm.p, N, C), x, norm1_w, rstd1.p, Ns, C);
       cpu::accumulate(dx1, s.dtmp.p, Ns * C);
     } else {
-      proj.backward(s.dff_a.p, tp->gather(dy, N, C), ffa.p, N, false);
+      linear_backward(*defer, proj, s.dff_a.p, tp->gather(dy, N, C), ffa.p, N, false);
       cpu::gelu_backward(s.dff_b.p, s.dff_a.p, ff1.p, N * F);
-      fc.backward(s.dnorm.p, s.dff_b.p, tp->gather(n2.p, N, C), N, false);
+      linear_backward(*defer, fc, s.dnorm.p, s.dff_b.p, tp->gather(n2.p, N, C), N, false);
       cpu::layernorm_backward(s.dtmp.p, dnorm2_w, dnorm2_b, tp->reduce(s.dnorm.p, N, C), x1.p, norm2_w, mean2.p,
                               rstd2.p, Ns, C);
       cpu::accumulate(dx1, s.dtmp.p, Ns * C);
-      o.backward(s.datt.p, tp->gather(dx1, N, C), att.p, N, false);
+      linear_backward(*defer, o, s.datt.p, tp->gather(dx1, N, C), att.p, N, false);
       float* dqkv = s.dq.p;  // (N, 3·qw)
       cpu::attention_backward(dqkv, dqkv + qw, dqkv + 2 * qw, s.datt.p, qkv_out.p, qkv_out.p + qw,
                               qkv_out.p + 2 * qw, att.p, lse.p, ap);
-      qkv.backward(s.dnorm.p, dqkv, tp->gather(n1.p, N, C), N, false);
+      linear_backward(*defer, qkv, s.dnorm.p, dqkv, tp->gather(n1.p, N, C), N, false);
       cpu::layernorm_backward(s.dtmp.p, dnorm1_w, dnorm1_b, tp->reduce(s.dnorm.p, N, C), x, norm1_w, mean1.p,
                               rstd1.p, Ns, C);
       cpu::accumulate(dx1, s.dtmp.p, Ns * C);
@@ -497,7 +557,8 @@ struct Transformer::Layer {
   }
 };
 
-Transformer::Transformer(const ModelConfig& c, const TensorShard& shard) : config_(c), shard_(shard) {}
+Transformer::Transformer(const ModelConfig& c, const TensorShard& shard, const PipelineStage& stage)
+    : config_(c), shard_(shard), stage_{stage.begin, stage.end < 0 ? c.n_layers : stage.end} {}
 Transformer::~Transformer() = default;
 
 Status check_tensor_split(const ModelConfig& c, int tp) {
@@ -513,11 +574,13 @@ Status check_tensor_split(const ModelConfig& c, int tp) {
 
 // ---- parameters ----------------------------------------------------------------------------
 std::vector<ParamEntry> Transformer::param_entries_for(const ModelConfig& c, int tp_rank, int tp_size,
-                                                      bool sequence_parallel) {
+                                                      bool sequence_parallel, const PipelineStage& stage) {
   std::vector<ParamEntry> entries_;
   const int64_t C = c.d_model, F = c.d_ff, D = c.head_dim(), V = c.vocab_size, L = c.n_layers;
   const int64_t R = tp_size, r = tp_rank;
+  const int64_t first_block = stage.begin, end_block = stage.end < 0 ? L : stage.end;
   int64_t offset = 0, full_offset = 0;
+  bool keep = first_block == 0;  // whether the tensors added next belong to this pipeline stage
   // A tensor of shape `full`, of which this shard holds `split` (kWhole: all of it).
   auto add_split = [&](std::string name, Shape full, bool decay, ParamSplit split) {
     Shape local = full;
@@ -526,9 +589,10 @@ std::vector<ParamEntry> Transformer::param_entries_for(const ModelConfig& c, int
     split.full = full;
     split.full_offset = full_offset;
     if (split.kind == ParamSplit::Kind::kWhole) split.replicas = static_cast<int>(R);
+    full_offset += full.numel();
+    if (!keep) return;
     entries_.push_back({std::move(name), local, offset, decay, split});
     offset += local.numel();
-    full_offset += full.numel();
   };
   auto whole = [&](std::string name, Shape shape, bool decay, bool partial_under_sp) {
     ParamSplit s;
@@ -570,6 +634,7 @@ std::vector<ParamEntry> Transformer::param_entries_for(const ModelConfig& c, int
     rows("model.embed_tokens.weight", {V, C}, true);
   }
   for (int64_t i = 0; i < L; ++i) {
+    keep = i >= first_block && i < end_block;
     if (gpt2) {
       const std::string p = fmt::format("transformer.h.{}.", i);
       whole(p + "ln_1.weight", {C}, false, true);
@@ -611,6 +676,7 @@ std::vector<ParamEntry> Transformer::param_entries_for(const ModelConfig& c, int
       row("mlp.down_proj", F, c.mlp_bias);
     }
   }
+  keep = end_block == L;
   if (gpt2) {
     whole("transformer.ln_f.weight", {C}, false, true);
     whole("transformer.ln_f.bias", {C}, false, true);
@@ -618,6 +684,13 @@ std::vector<ParamEntry> Transformer::param_entries_for(const ModelConfig& c, int
     whole("model.norm.weight", {C}, false, true);
   }
   if (!c.tied_embeddings) rows("lm_head.weight", {V, C}, true);
+  if (c.tied_embeddings && keep && first_block > 0) {  // the head's copy of the first stage's table
+    const int64_t end = full_offset;
+    full_offset = 0;
+    rows(gpt2 ? "transformer.wte.weight" : "model.embed_tokens.weight", {V, C}, true);
+    entries_.back().split.stage_copy = true;
+    full_offset = end;
+  }
   return entries_;
 }
 
@@ -625,9 +698,13 @@ void Transformer::build_params(uint64_t seed) {
   const ModelConfig& c = config_;
   const int64_t F = c.d_ff, L = c.n_layers;
   const bool gpt2 = c.family == ModelFamily::kGpt2;
-  entries_ = param_entries_for(c, shard_.rank, shard_.size, shard_.sequence_parallel);
+  entries_ = param_entries_for(c, shard_.rank, shard_.size, shard_.sequence_parallel, stage_);
   const int64_t offset = entries_.empty() ? 0 : entries_.back().offset + entries_.back().shape.numel();
-  full_num_params_ = entries_.empty() ? 0 : entries_.back().split.full_offset + entries_.back().split.full.numel();
+  // Every tensor of the shard, in draw order: a pipeline stage draws them all and keeps its own.
+  const std::vector<ParamEntry> all = param_entries_for(c, shard_.rank, shard_.size, shard_.sequence_parallel);
+  full_num_params_ = all.back().split.full_offset + all.back().split.full.numel();
+  std::map<int64_t, const ParamEntry*> local_at;  // full offset -> this stage's entry
+  for (const ParamEntry& e : entries_) local_at[e.split.full_offset] = &e;
   params_ = Tensor::zeros({offset});
   grads_ = Tensor::zeros({offset});
   // GPT-2 initialization: N(0, 0.02); projections into the residual stream scaled by
@@ -636,7 +713,7 @@ void Transformer::build_params(uint64_t seed) {
   Rng rng(seed);
   float* base = params_.data<float>();
   std::vector<float> whole;
-  for (const ParamEntry& e : entries_) {
+  for (const ParamEntry& e : all) {  // a stage draws every tensor, so each keeps its single-process values
     whole.assign(static_cast<size_t>(e.split.full.numel()), 0.0f);
     const bool is_norm = e.name.find("norm") != std::string::npos || e.name.find("ln_") != std::string::npos;
     if (is_norm && e.name.ends_with(".weight")) {
@@ -647,7 +724,9 @@ void Transformer::build_params(uint64_t seed) {
                                  e.name.find("down_proj") != std::string::npos;
       rng.fill_normal(whole, 0.0f, residual_proj ? 0.02f / std::sqrt(2.0f * L) : 0.02f);
     }
-    for_each_entry_run(e, [&](int64_t local, int64_t full, int64_t n) {
+    const auto mine = local_at.find(e.split.full_offset);
+    if (mine == local_at.end()) continue;
+    for_each_entry_run(*mine->second, [&](int64_t local, int64_t full, int64_t n) {
       std::copy_n(whole.data() + (full - e.split.full_offset), n, base + local);
     });
   }
@@ -665,12 +744,15 @@ void Transformer::build_params(uint64_t seed) {
   };
   const int64_t R = shard_.size;
   tp_ = std::make_unique<Tp>();  // at size 1 every operator is the identity
+  slots_ = std::make_unique<Slots>();
+  slots_->grow(1);
   tp_->shard = shard_;
-  for (int64_t i = 0; i < L; ++i) {
+  for (int64_t i = stage_.begin; i < stage_.end; ++i) {
     auto layer = std::make_unique<Layer>();
     layer->cfg = &config_;
     layer->rope = &rope_;
     layer->tp = tp_.get();
+    layer->defer = &slots_->deferring;
     layer->index = i;
     layer->heads = c.n_heads / R;
     layer->kv_heads = kv_heads();
@@ -704,28 +786,37 @@ void Transformer::build_params(uint64_t seed) {
     }
     layers_.push_back(std::move(layer));
   }
-  const std::string final_norm = gpt2 ? "transformer.ln_f." : "model.norm.";
-  final_norm_w_ = P(final_norm + "weight");
-  dfinal_norm_w_ = G(final_norm + "weight");
-  if (gpt2) {
-    final_norm_b_ = P(final_norm + "bias");
-    dfinal_norm_b_ = G(final_norm + "bias");
+  const std::string wte = gpt2 ? "transformer.wte.weight" : "model.embed_tokens.weight";
+  if (has_head()) {
+    const std::string final_norm = gpt2 ? "transformer.ln_f." : "model.norm.";
+    final_norm_w_ = P(final_norm + "weight");
+    dfinal_norm_w_ = G(final_norm + "weight");
+    if (gpt2) {
+      final_norm_b_ = P(final_norm + "bias");
+      dfinal_norm_b_ = G(final_norm + "bias");
+    }
+    head_ = lin(c.tied_embeddings ? wte : "lm_head.weight", "");
   }
-  head_ = lin(c.tied_embeddings ? entries_[0].name : "lm_head.weight", "");
-  wte_ = P(entries_[0].name);
-  dwte_ = G(entries_[0].name);
-  if (gpt2) {
-    wpe_ = P(entries_[1].name);
-    dwpe_ = G(entries_[1].name);
+  if (has_embedding()) {
+    wte_ = P(wte);
+    dwte_ = G(wte);
+    if (gpt2) {
+      wpe_ = P("transformer.wpe.weight");
+      dwpe_ = G("transformer.wpe.weight");
+    }
   }
   num_params_ = offset;
-  // Blocks: the same number of entries each, after the embeddings.
-  const size_t head_entries = gpt2 ? 2 : 1;
-  const size_t per_block = L > 0 ? (entries_.size() - head_entries - (gpt2 ? 2 : 1) - (c.tied_embeddings ? 0 : 1)) /
-                                       static_cast<size_t>(L)
-                                 : 0;
+  // Blocks: the same number of entries each, after the embeddings; then the tail (or the end).
+  const int64_t nb = stage_.end - stage_.begin;
+  const size_t head_entries = has_embedding() ? (gpt2 ? 2 : 1) : 0;
+  const size_t tail_entries = !has_head() ? 0
+                              : (gpt2 ? 2 : 1) + (c.tied_embeddings ? (has_embedding() ? 0 : 1) : 1);
+  const size_t per_block = nb > 0 ? (entries_.size() - head_entries - tail_entries) / static_cast<size_t>(nb) : 0;
   block_begin_.clear();
-  for (int64_t i = 0; i <= L; ++i) block_begin_.push_back(entries_[head_entries + static_cast<size_t>(i) * per_block].offset);
+  for (int64_t i = 0; i <= nb; ++i) {
+    const size_t e = head_entries + static_cast<size_t>(i) * per_block;
+    block_begin_.push_back(e < entries_.size() ? entries_[e].offset : offset);
+  }
   record_pointer_offsets();
   drop_row_parallel_biases();
 }
@@ -832,13 +923,17 @@ float* Transformer::grad(std::string_view name) {
 }
 
 Expected<std::unique_ptr<Transformer>> Transformer::create(const ModelConfig& config, uint64_t seed,
-                                                           const TensorShard& shard) {
+                                                           const TensorShard& shard, const PipelineStage& stage) {
   KILN_RETURN_IF_ERROR(check_config(config));
   KILN_RETURN_IF_ERROR(check_tensor_split(config, shard.size));
   if (shard.rank < 0 || shard.rank >= shard.size || (shard.size > 1 && shard.comm == nullptr))
     return invalid_argument("tensor shard {} of {} needs a rank in [0, size) and, above size 1, a communicator",
                             shard.rank, shard.size);
-  std::unique_ptr<Transformer> t(new Transformer(config, shard));  // private constructor
+  const int64_t end = stage.end < 0 ? config.n_layers : stage.end;
+  if (stage.begin < 0 || stage.begin >= end || end > config.n_layers)
+    return invalid_argument("pipeline stage of blocks [{}, {}) is not a non-empty range of the model's {} blocks",
+                            stage.begin, end, config.n_layers);
+  std::unique_ptr<Transformer> t(new Transformer(config, shard, stage));  // private constructor
   if (config.is_llama()) {
     KILN_ASSIGN_OR_RETURN(t->rope_, make_rope_table(config.head_dim(), config.max_seq_len, config.rope_theta,
                                                      config.rope_scaling));
@@ -852,31 +947,95 @@ void Transformer::ensure_activations(int64_t B, int64_t T) {
   if (acts_ && acts_->B == B && acts_->T == T && acts_->mode == ckpt_ && acts_->sp == tp.sp) return;
   g_activation_bytes = 0;
   acts_.reset();  // free the old buffers before allocating the new ones
+  Slots& sl = *slots_;
+  for (Slots::Saved& saved : sl.stored) saved = {};  // every slot's activations are for the old shape
+  std::fill(sl.allocated.begin(), sl.allocated.end(), false);
   acts_ = std::make_unique<Acts>();
   Acts& a = *acts_;
   a.B = B;
   a.T = T;
   a.mode = ckpt_;
   a.sp = tp.sp;
-  const int64_t N = B * T, Ns = tp.rows(N), C = config_.d_model, R = shard_.size, V = config_.vocab_size / R;
+  const int64_t N = B * T, Ns = tp.rows(N), C = config_.d_model, R = shard_.size;
   const int64_t F = config_.d_ff / R, D = config_.head_dim(), qw = config_.n_heads / R * D;
   const int64_t kvw = layers_.empty() ? 0 : layers_[0]->kv_heads * D;
-  a.resid.resize(static_cast<size_t>(config_.n_layers + 1));
-  for (Buf& r : a.resid) r.alloc(Ns * C);
-  a.final_norm.alloc(N * C);  // whole: the LM head's input (SP gathers it in place)
-  a.final_mean.alloc(Ns); a.final_rstd.alloc(Ns);
-  a.logits.alloc(N * V); a.losses.alloc(N);
   a.dresid.alloc(Ns * C); a.dtmp.alloc(Ns * C); a.dnorm.alloc(N * C); a.datt.alloc(N * qw);
   a.dq.alloc(N * (config_.is_llama() ? qw : 3 * qw));
   a.dk.alloc(N * kvw); a.dv.alloc(N * kvw);
   a.dff_a.alloc(N * F); a.dff_b.alloc(N * F); a.dff_c.alloc(N * F);
-  if (tp.on()) {
-    tp.ce_max.alloc(N); tp.ce_sum.alloc(2 * N);
-    if (tp.sp) { tp.full.alloc(N * C); tp.partial.alloc(N * C); }
-  }
-  for (size_t i = 0; i < layers_.size(); ++i)
-    layers_[i]->alloc(B, T, Ns, i == 0 ? nullptr : layers_[0].get(), ckpt_);
+  if (tp.on() && tp.sp) { tp.full.alloc(N * C); tp.partial.alloc(N * C); }
+  const int64_t scratch = g_activation_bytes;
+  alloc_saved();
+  sl.saved_bytes = g_activation_bytes - scratch;
   activation_bytes_ = g_activation_bytes;
+}
+
+void Transformer::alloc_saved() {
+  Acts& a = *acts_;
+  Tp& tp = *tp_;
+  const int64_t N = a.B * a.T, Ns = tp.rows(N), C = config_.d_model, V = config_.vocab_size / shard_.size;
+  const int64_t H = has_head() ? 1 : 0;  // a stage without the head keeps none of its buffers
+  a.resid.resize(layers_.size() + 1);
+  for (Buf& r : a.resid) r.alloc(Ns * C);
+  a.final_norm.alloc(H * N * C);  // whole: the LM head's input (SP gathers it in place)
+  a.final_mean.alloc(H * Ns); a.final_rstd.alloc(H * Ns);
+  a.logits.alloc(H * N * V); a.losses.alloc(H * N);
+  if (tp.on()) { tp.ce_max.alloc(H * N); tp.ce_sum.alloc(H * 2 * N); }
+  for (size_t i = 0; i < layers_.size(); ++i)
+    layers_[i]->alloc(a.B, a.T, Ns, i == 0 ? nullptr : layers_[0].get(), ckpt_);
+  slots_->allocated[static_cast<size_t>(slots_->current)] = true;
+}
+
+void Transformer::swap_saved(int slot) {
+  Slots::Saved& s = slots_->stored[static_cast<size_t>(slot)];
+  Acts& a = *acts_;
+  std::swap(a.resid, s.resid);
+  std::swap(a.final_norm, s.final_norm); std::swap(a.final_mean, s.final_mean); std::swap(a.final_rstd, s.final_rstd);
+  std::swap(a.logits, s.logits); std::swap(a.losses, s.losses);
+  std::swap(tp_->ce_max, s.ce_max); std::swap(tp_->ce_sum, s.ce_sum);
+  std::swap(a.tokens, s.tokens); std::swap(a.targets, s.targets); std::swap(a.num_valid, s.num_valid);
+  s.layers.resize(layers_.size());
+  for (size_t i = 0; i < layers_.size(); ++i) {
+    s.layers[i].resize(Layer::kSaved.size());
+    for (size_t k = 0; k < Layer::kSaved.size(); ++k) std::swap((*layers_[i]).*Layer::kSaved[k], s.layers[i][k]);
+  }
+}
+
+void Transformer::use_activation_slot(int slot) {
+  KILN_CHECK(slot >= 0);
+  Slots& sl = *slots_;
+  if (slot == sl.current) return;
+  sl.grow(slot + 1);
+  if (acts_) {
+    swap_saved(sl.current);  // the live buffers go to their slot
+    swap_saved(slot);        // and the slot's come in
+  }
+  sl.current = slot;
+  if (acts_ && !sl.allocated[static_cast<size_t>(slot)]) {
+    const int64_t before = g_activation_bytes;
+    alloc_saved();
+    activation_bytes_ += g_activation_bytes - before;
+  }
+}
+
+int Transformer::activation_slots() const {
+  return static_cast<int>(std::count(slots_->allocated.begin(), slots_->allocated.end(), true));
+}
+int64_t Transformer::saved_activation_bytes() const { return slots_->saved_bytes; }
+
+void Transformer::backward_weights() {
+  WeightGradQueue& q = slots_->deferred[static_cast<size_t>(slots_->current)];
+  for (const DeferredWeightGrad& d : q) d.linear->backward_weight_f32(d.dy.data<float>(), d.x, d.n);
+  q.clear();
+}
+
+bool Transformer::weights_pending() const { return !slots_->deferred[static_cast<size_t>(slots_->current)].empty(); }
+
+int64_t Transformer::deferred_weight_bytes() const {
+  int64_t bytes = 0;
+  for (const WeightGradQueue& q : slots_->deferred)
+    for (const DeferredWeightGrad& d : q) bytes += d.dy.nbytes();
+  return bytes;
 }
 
 // ---- forward / backward -------------------------------------------------------------------
@@ -893,7 +1052,7 @@ KVCache Transformer::make_kv_cache(int64_t max_len) const {
   KVCache cache;
   cache.max_len = std::min(max_len, config_.max_seq_len);
   const int64_t width = layers_.empty() ? 0 : layers_[0]->kv_heads * config_.head_dim();  // this shard's KV heads
-  for (int64_t l = 0; l < config_.n_layers; ++l) {
+  for (size_t l = 0; l < layers_.size(); ++l) {
     cache.k.push_back(Tensor::zeros({cache.max_len, width}));
     cache.v.push_back(Tensor::zeros({cache.max_len, width}));
   }
@@ -902,6 +1061,7 @@ KVCache Transformer::make_kv_cache(int64_t max_len) const {
 
 Expected<const float*> Transformer::forward_cached(const int32_t* tokens, int64_t n, KVCache& cache) {
   if (n <= 0) return invalid_argument("[forward_cached] no tokens");
+  if (!stage_.whole(config_)) return invalid_argument("[forward_cached] needs the whole model, not a pipeline stage");
   if (cache.len + n > cache.max_len)
     return out_of_range("[forward_cached] {} cached + {} new tokens exceed the cache of {}", cache.len, n, cache.max_len);
   if (static_cast<int64_t>(cache.k.size()) != config_.n_layers)
@@ -960,14 +1120,26 @@ void positions_backward(float* dwpe, const float* dx, int64_t row0, int64_t rows
 }
 }  // namespace
 
+Expected<float> Transformer::forward_stage(const int32_t* tokens, const int32_t* targets, const float* input,
+                                           int64_t B, int64_t T) {
+  return forward_impl(tokens, targets, B, T, nullptr, input);
+}
+
 Expected<float> Transformer::forward_impl(const int32_t* tokens, const int32_t* targets, int64_t B, int64_t T,
-                                          KVCache* cache) {
+                                          KVCache* cache, const float* input) {
   const ModelConfig& c = config_;
   if (B <= 0 || T <= 0 || T > c.max_seq_len)
     return invalid_argument("[forward] batch {} × seq_len {} must be positive with seq_len <= {}", B, T, c.max_seq_len);
   const int64_t pos = cache ? cache->len : 0;
   const int64_t N = B * T, C = c.d_model, V = c.vocab_size;
-  KILN_RETURN_IF_ERROR(check_token_ids({tokens, static_cast<size_t>(N)}, V));
+  if (has_embedding()) {
+    if (tokens == nullptr) return invalid_argument("[forward] the first stage needs tokens");
+    KILN_RETURN_IF_ERROR(check_token_ids({tokens, static_cast<size_t>(N)}, V));
+  } else if (input == nullptr) {
+    return invalid_argument("[forward] pipeline stage [{}, {}) needs the previous stage's output", stage_.begin,
+                            stage_.end);
+  }
+  if (!has_head()) targets = nullptr;  // the loss is the last stage's
   if (targets) KILN_RETURN_IF_ERROR(check_targets({targets, static_cast<size_t>(N)}, V));
   Tp& tp = *tp_;
   tp.sp = shard_.sequence_parallel && tp.on() && cache == nullptr;
@@ -976,13 +1148,17 @@ Expected<float> Transformer::forward_impl(const int32_t* tokens, const int32_t* 
                             shard_.size, B, T);
   ensure_activations(B, T);
   Acts& a = *acts_;
-  a.tokens.assign(tokens, tokens + N);
-  a.targets.assign(targets ? targets : tokens, (targets ? targets : tokens) + N);
+  if (tokens) a.tokens.assign(tokens, tokens + N);
+  if (const int32_t* t = targets ? targets : tokens; has_head() && t) a.targets.assign(t, t + N);
   const bool gpt2 = c.family == ModelFamily::kGpt2;
   const int64_t Ns = tp.rows(N), row0 = tp.row0(N), Vl = V / shard_.size;
   if (hooks_) hooks_->before_model(Pass::kForward);
-  embed(a.resid[0].p, tokens, N);
-  if (gpt2) add_positions(a.resid[0].p, wpe_, row0, Ns, T, pos, C);
+  if (has_embedding()) {
+    embed(a.resid[0].p, tokens, N);
+    if (gpt2) add_positions(a.resid[0].p, wpe_, row0, Ns, T, pos, C);
+  } else {
+    std::memcpy(a.resid[0].p, input, static_cast<size_t>(Ns * C) * sizeof(float));
+  }
   for (size_t l = 0; l < layers_.size(); ++l) {
     float* ck = cache ? cache->k[l].data<float>() : nullptr;
     float* cv = cache ? cache->v[l].data<float>() : nullptr;
@@ -990,16 +1166,14 @@ Expected<float> Transformer::forward_impl(const int32_t* tokens, const int32_t* 
     layers_[l]->forward(a.resid[l + 1].p, a.resid[l].p, B, T, ck, cv, pos);
     if (hooks_) hooks_->after_block(static_cast<int64_t>(l), Pass::kForward);
   }
+  a.num_valid = 0;
+  if (!has_head()) return 0.0f;
   final_norm(a.final_norm.p + row0 * C, a.resid.back().p, Ns);
   tp.gather_into(a.final_norm.p, N, C);
   head_.forward(a.logits.p, a.final_norm.p, N);
-  if (!targets) {
-    a.num_valid = 0;
-    return 0.0f;
-  }
+  if (!targets) return 0.0f;
   tp.cross_entropy_forward(a.losses.p, a.logits.p, targets, N, Vl);
   double sum = 0;
-  a.num_valid = 0;
   for (int64_t i = 0; i < N; ++i) {
     if (targets[i] == kIgnoreTarget) continue;
     sum += a.losses.p[i];
@@ -1007,6 +1181,10 @@ Expected<float> Transformer::forward_impl(const int32_t* tokens, const int32_t* 
   }
   return a.num_valid ? static_cast<float>(sum / a.num_valid) : 0.0f;
 }
+
+const float* Transformer::stage_output() const { return acts_ ? acts_->resid.back().p : nullptr; }
+const float* Transformer::input_grad() const { return acts_ ? acts_->dresid.p : nullptr; }
+int64_t Transformer::stage_rows() const { return acts_ ? tp_->rows(acts_->B * acts_->T) : 0; }
 
 void Transformer::embed(float* out, const int32_t* tokens, int64_t N) {
   Tp& tp = *tp_;
@@ -1036,27 +1214,36 @@ void Transformer::zero_grad() {
   if (grads_.defined()) std::memset(grads_.raw_data(), 0, static_cast<size_t>(grads_.nbytes()));
 }
 
-void Transformer::backward(float loss_scale) {
-  KILN_CHECK_MSG(acts_ && acts_->num_valid > 0, "backward() needs a forward() with targets first");
+void Transformer::backward(float loss_scale) { backward_stage(nullptr, loss_scale); }
+
+void Transformer::backward_stage(const float* doutput, float loss_scale, bool defer_weights) {
+  KILN_CHECK_MSG(acts_ && (!has_head() || acts_->num_valid > 0), "backward() needs a forward() with targets first");
+  KILN_CHECK_MSG(has_head() || doutput != nullptr, "stage [{}, {}) needs the next stage's input gradient",
+                 stage_.begin, stage_.end);
   const ModelConfig& c = config_;
   Acts& a = *acts_;
   Tp& tp = *tp_;
   const int64_t B = a.B, T = a.T, N = B * T, Ns = tp.rows(N), C = c.d_model, V = c.vocab_size / shard_.size;
   const bool gpt2 = c.family == ModelFamily::kGpt2;
-  // dlosses = 1/num_valid for the mean; dlogits overwrite the logits.
-  for (int64_t i = 0; i < N; ++i) a.losses.p[i] = loss_scale / static_cast<float>(a.num_valid);
-  tp.cross_entropy_backward(a.logits.p, a.logits.p, a.targets.data(), a.losses.p, N, V);
+  slots_->deferring = defer_weights ? &slots_->deferred[static_cast<size_t>(slots_->current)] : nullptr;
   if (hooks_) hooks_->before_model(Pass::kBackward);
-  head_.backward(a.dnorm.p, a.logits.p, a.final_norm.p, N, false);  // a partial sum over vocabulary shards
-  const float* dnorm = tp.reduce(a.dnorm.p, N, C);
-  const float* x = a.resid.back().p;
-  if (gpt2) {
-    cpu::layernorm_backward(a.dresid.p, dfinal_norm_w_, dfinal_norm_b_, dnorm, x, final_norm_w_, a.final_mean.p,
-                            a.final_rstd.p, Ns, C);
+  if (has_head()) {
+    // dlosses = 1/num_valid for the mean; dlogits overwrite the logits.
+    for (int64_t i = 0; i < N; ++i) a.losses.p[i] = loss_scale / static_cast<float>(a.num_valid);
+    tp.cross_entropy_backward(a.logits.p, a.logits.p, a.targets.data(), a.losses.p, N, V);
+    linear_backward(slots_->deferring, head_, a.dnorm.p, a.logits.p, a.final_norm.p, N, false);  // a partial sum over vocabulary shards
+    const float* dnorm = tp.reduce(a.dnorm.p, N, C);
+    const float* x = a.resid.back().p;
+    if (gpt2) {
+      cpu::layernorm_backward(a.dresid.p, dfinal_norm_w_, dfinal_norm_b_, dnorm, x, final_norm_w_, a.final_mean.p,
+                              a.final_rstd.p, Ns, C);
+    } else {
+      cpu::rmsnorm_backward(a.dresid.p, dfinal_norm_w_, dnorm, x, final_norm_w_, a.final_rstd.p, Ns, C);
+    }
+    if (hooks_) hooks_->grads_ready(tail_range());
   } else {
-    cpu::rmsnorm_backward(a.dresid.p, dfinal_norm_w_, dnorm, x, final_norm_w_, a.final_rstd.p, Ns, C);
+    std::memcpy(a.dresid.p, doutput, static_cast<size_t>(Ns * C) * sizeof(float));
   }
-  if (hooks_) hooks_->grads_ready(tail_range());
   KILN_CHECK_MSG(a.mode == ckpt_, "set_checkpointing() between forward() and backward()");
   for (size_t l = layers_.size(); l-- > 0;) {
     const auto li = static_cast<int64_t>(l);
@@ -1073,15 +1260,17 @@ void Transformer::backward(float loss_scale) {
       hooks_->grads_ready(block_range(li));
     }
   }
-  if (tp.on()) {
-    embedding_shard_backward(dwte_, tp.gather(a.dresid.p, N, C), a.tokens.data(), N, shard_.rank * V, V, C);
-  } else {
-    cpu::embedding_backward(dwte_, a.dresid.p, a.tokens.data(), N, V, C);
+  if (has_embedding()) {
+    if (tp.on()) {
+      embedding_shard_backward(dwte_, tp.gather(a.dresid.p, N, C), a.tokens.data(), N, shard_.rank * V, V, C);
+    } else {
+      cpu::embedding_backward(dwte_, a.dresid.p, a.tokens.data(), N, V, C);
+    }
+    if (gpt2) positions_backward(dwpe_, a.dresid.p, tp.row0(N), Ns, T, C);
+    if (hooks_) hooks_->grads_ready(head_range());
   }
-  if (gpt2) positions_backward(dwpe_, a.dresid.p, tp.row0(N), Ns, T, C);
-  if (hooks_) hooks_->grads_ready(head_range());
+  slots_->deferring = nullptr;
 }
-
 
 // ---- serving: the paged KV cache ------------------------------------------------------------
 int64_t PagedKvCache::bytes() const {
@@ -1111,6 +1300,7 @@ PagedKvCache Transformer::make_paged_kv_cache(int64_t num_blocks, int64_t block_
 }
 
 Expected<const float*> Transformer::forward_paged(const PagedBatch& b, PagedKvCache& cache) {
+  if (!stage_.whole(config_)) return invalid_argument("[forward_paged] needs the whole model, not a pipeline stage");
   const ModelConfig& c = config_;
   const int64_t S = static_cast<int64_t>(b.num_new.size()), N = static_cast<int64_t>(b.tokens.size());
   const int64_t C = c.d_model, V = c.vocab_size, M = static_cast<int64_t>(b.logit_rows.size());

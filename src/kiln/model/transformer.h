@@ -48,6 +48,17 @@ struct TensorParallelTraffic {
   double seconds = 0;
 };
 
+// The pipeline stage a model is built for (src/kiln/parallel/pipeline.h): blocks [begin, end)
+// of the model; the stage with block 0 also holds the embedding, the stage with the last block
+// the final norm, the LM head and the loss. With tied embeddings a last stage that is not also
+// the first holds a copy of the token embedding for its head (Megatron's layout): its gradient
+// adds to the first stage's, and checkpoints take the first stage's. The default (end = -1) is
+// the whole model.
+struct PipelineStage {
+  int64_t begin = 0, end = -1;
+  bool whole(const ModelConfig& c) const { return begin == 0 && (end < 0 || end == c.n_layers); }
+};
+
 // InvalidArgument naming the counts when `c` does not split over tp ranks: tp >= 1 divides
 // n_heads, d_ff and vocab_size, and tp divides n_kv_heads or n_kv_heads divides tp.
 Status check_tensor_split(const ModelConfig& c, int tp);
@@ -71,6 +82,8 @@ struct ParamSplit {
   // and positions saw N / size token rows; a replicated KV head saw some of its query heads):
   // the layout all-reduces it over the replicas before the optimizer.
   bool partial_grad = false;
+  // Pipeline parallelism: the last stage's copy of the tied token embedding (PipelineStage).
+  bool stage_copy = false;
 };
 
 struct ParamEntry {
@@ -138,9 +151,12 @@ struct Linear {
   void forward(float* y, const float* x, int64_t n, const float* residual = nullptr) const;
   // dx (n, in) = dy W (or += when accumulate_dx); dW += dyᵀ x; db += Σ dy.
   void backward(float* dx, const float* dy, const float* x, int64_t n, bool accumulate_dx) const;
-  // The fp32 paths, whatever the backend (backends fall back to them).
+  // The fp32 paths, whatever the backend (backends fall back to them); backward_f32 is the
+  // input half (dx) then the weight half (dW, db), which zero-bubble schedules run apart.
   void forward_f32(float* y, const float* x, int64_t n, const float* residual) const;
   void backward_f32(float* dx, const float* dy, const float* x, int64_t n, bool accumulate_dx) const;
+  void backward_input_f32(float* dx, const float* dy, int64_t n, bool accumulate_dx) const;
+  void backward_weight_f32(const float* dy, const float* x, int64_t n) const;
 };
 
 // Keys and values of past tokens for incremental decoding (batch 1), one (max_len, Hkv·D)
@@ -184,13 +200,17 @@ class Transformer {
  public:
   // A shard of size > 1 starts from the single-process model's initial values (the same seed),
   // sliced; its config must pass check_tensor_split.
+  // A pipeline stage holds only its blocks (and the embedding or head where it has them); its
+  // values are the single-process model's.
   static Expected<std::unique_ptr<Transformer>> create(const ModelConfig& config, uint64_t seed,
-                                                       const TensorShard& shard = {});
+                                                       const TensorShard& shard = {},
+                                                       const PipelineStage& stage = {});
   // The parameters create(config) allocates (names, kiln shapes, offsets), computed without
   // allocating anything, so a loader checks a file against them first. config passes check_config.
   // With a shard: its local shapes and offsets, and each entry's split.
   static std::vector<ParamEntry> param_entries_for(const ModelConfig& config, int tp_rank = 0, int tp_size = 1,
-                                                   bool sequence_parallel = false);
+                                                   bool sequence_parallel = false,
+                                                   const PipelineStage& stage = {});
   ~Transformer();
   Transformer(const Transformer&) = delete;
   Transformer& operator=(const Transformer&) = delete;
@@ -254,6 +274,35 @@ class Transformer {
   Expected<const float*> forward_paged(const PagedBatch& batch, PagedKvCache& cache);
   // Bytes of the activation and backward-scratch buffers for the last forward's (B, T).
   int64_t activation_bytes() const { return activation_bytes_; }
+
+  // ---- pipeline stages (src/kiln/parallel/pipeline.h) ----
+  const PipelineStage& stage() const { return stage_; }  // end resolved to the block count
+  bool has_embedding() const { return stage_.begin == 0; }
+  bool has_head() const { return stage_.end == config_.n_layers; }
+  // One stage's forward of a micro-batch (B, T): the first stage reads `tokens`, the others
+  // `input` (B·T rows of d_model, this tp rank's rows under sequence parallelism: the previous
+  // stage's stage_output()); the last computes the mean loss over `targets` and returns it, the
+  // others return 0. forward() is forward_stage on the whole model.
+  Expected<float> forward_stage(const int32_t* tokens, const int32_t* targets, const float* input, int64_t batch,
+                                int64_t seq_len);
+  const float* stage_output() const;  // (rows, d_model): the last block's output
+  int64_t stage_rows() const;         // rows of stage_output() and of input_grad()
+  // The stage's backward: the last stage starts from its loss (scaled by loss_scale), the others
+  // from `doutput` (the next stage's input_grad()). Gradients accumulate (+=). With
+  // defer_weights the weight-gradient GEMMs of every Linear are not run but queued with a copy
+  // of their output gradient (zero-bubble's B); backward_weights() runs them (its W). The
+  // norms' and embeddings' gradients are computed in B.
+  void backward_stage(const float* doutput, float loss_scale, bool defer_weights = false);
+  void backward_weights();
+  bool weights_pending() const;
+  const float* input_grad() const;  // (rows, d_model): the gradient of the stage's input
+  // Micro-batches in flight: the activations a forward saves for its backward live in slot
+  // `slot` (0 is the default) from its forward until its backward (and backward_weights) ran;
+  // a slot's buffers are allocated on first use and kept. The backward scratch is shared.
+  void use_activation_slot(int slot);
+  int activation_slots() const;              // allocated so far
+  int64_t saved_activation_bytes() const;    // of one slot, for the last (B, T)
+  int64_t deferred_weight_bytes() const;     // the output gradients queued now (all slots)
   // Logits (B, T, V) of the last forward (valid until backward()).
   const float* logits() const;
   void zero_grad();
@@ -268,7 +317,7 @@ class Transformer {
   struct Layer;  // one transformer block (defined in transformer.cpp)
 
  private:
-  Transformer(const ModelConfig& c, const TensorShard& shard);
+  Transformer(const ModelConfig& c, const TensorShard& shard, const PipelineStage& stage);
   void build_params(uint64_t seed);
   // Row-parallel biases are added by tp rank 0 only (the reduction sums the partial outputs);
   // the other ranks keep their gradients. Called after every rewiring of the pointers.
@@ -278,8 +327,11 @@ class Transformer {
   void for_each_pointer(F&& f);
   void record_pointer_offsets();
   void ensure_activations(int64_t batch, int64_t seq_len);
+  void alloc_saved();  // the current slot's saved activations, for acts_'s (B, T)
+  struct Slots;        // activation slots and deferred weight gradients (transformer.cpp)
+  void swap_saved(int slot);  // the live saved activations <-> slot's stored ones
   Expected<float> forward_impl(const int32_t* tokens, const int32_t* targets, int64_t batch, int64_t seq_len,
-                               KVCache* cache);
+                               KVCache* cache, const float* input = nullptr);
   // The token embedding of N tokens into this rank's rows (vocab-parallel above tp = 1).
   void embed(float* out, const int32_t* tokens, int64_t N);
   // The final norm of `rows` rows, its statistics saved for backward.
@@ -299,12 +351,14 @@ class Transformer {
   std::vector<int64_t> pointer_offset_;  // for_each_pointer order: the flat offset (-1: null)
   ModelHooks* hooks_ = nullptr;
   TensorShard shard_;
+  PipelineStage stage_;
   int64_t full_num_params_ = 0;
   struct Tp;  // the layers' tensor-parallel collectives and their scratch (transformer.cpp)
   std::unique_ptr<Tp> tp_;
   RopeTable rope_;
   struct Acts;
   std::unique_ptr<Acts> acts_;
+  std::unique_ptr<Slots> slots_;
   struct PagedScratch;  // forward_paged's reused buffers (transformer.cpp)
   std::unique_ptr<PagedScratch> paged_;
   int64_t activation_bytes_ = 0;

@@ -118,18 +118,21 @@ Expected<parallel::DataParallelOptions> resolve_parallel(const TrainRunOptions& 
     p.zero = 3;
   }
   if (p.shard_group > 0 && p.zero == 0) p.zero = 3;
-  const int tp = o.tensor.tp;
+  const int tp = o.tensor.tp, pp = o.pipeline.pp;
   if (o.tensor.sequence_parallel && tp < 2)
     return invalid_argument("--sp splits the sequence over the --tp ranks: it needs --tp 2 or more");
-  if (world % tp != 0)
-    return invalid_argument("--tp {} does not divide the {} ranks of this job (mpirun -np): dp × tp must be the world",
-                            tp, world);
-  const int dp = o.dp > 0 ? o.dp : world / tp;
-  if (dp * tp != world)
-    return invalid_argument("--dp {} × --tp {} does not match the {} ranks of this job (mpirun -np): every rank is "
-                            "one data-parallel rank of one tensor-parallel group",
-                            dp, tp, world);
+  if (world % (tp * pp) != 0)
+    return invalid_argument("--pp {} × --tp {} does not divide the {} ranks of this job (mpirun -np): pp × dp × tp "
+                            "must be the world", pp, tp, world);
+  const int dp = o.dp > 0 ? o.dp : world / (tp * pp);
+  if (dp * tp * pp != world)
+    return invalid_argument("--dp {} × --tp {} × --pp {} does not match the {} ranks of this job (mpirun -np): every "
+                            "rank is one data-parallel rank of one tensor-parallel group of one pipeline stage",
+                            dp, tp, pp, world);
   KILN_RETURN_IF_ERROR(parallel::check_data_parallel(p, dp, t));
+  if (pp > 1 && o.pipeline.schedule == pipeline::ScheduleKind::kZeroBubbleH1 && !o.qat.empty())
+    return invalid_argument("--schedule zb-h1 splits each Linear's backward in fp32; --qat installs a backend that "
+                            "computes both halves at once");
   if (p.zero == 3 && !o.qat.empty())
     return invalid_argument("--qat installs a backend on every whole weight; it needs --zero 0, 1 or 2 (got 3)");
   return p;
@@ -338,14 +341,71 @@ std::string resume_path(const TrainRunOptions& o, bool sharded) {
   const std::string mine = checkpoint_path(o, sharded), other = checkpoint_path(o, !sharded);
   return !std::filesystem::exists(mine) && std::filesystem::exists(other) ? other : mine;
 }
+// A pipeline run's last step: the measured bubble beside the ideal schedule's (the same action
+// list timed with the measured mean cost of each action) and the formula's, each stage's peak
+// activation memory beside its schedule's bound, and the timeline drawn (--timeline).
+// Collective: every rank calls it.
+void report_pipeline(const TrainRunOptions& o, const parallel::PipelineParallelPlan& plan, const RunOutput& out) {
+  const pipeline::Schedule& sched = plan.schedule();
+  const std::vector<pipeline::TimedAction> measured = plan.gather_timeline();
+  const std::vector<parallel::StagePeak> peaks = plan.gather_peaks();
+  // Mean measured seconds of F, B (or BI) and W over the stages: the ideal's costs.
+  double sum[3] = {0, 0, 0};
+  int count[3] = {0, 0, 0};
+  for (const pipeline::TimedAction& a : measured) {
+    const int k = a.action.kind == pipeline::ActionKind::kForward                                            ? 0
+                  : a.action.kind == pipeline::ActionKind::kBackward || a.action.kind == pipeline::ActionKind::kBackwardInput ? 1
+                  : a.action.kind == pipeline::ActionKind::kBackwardWeight                                   ? 2
+                                                                                                             : -1;
+    if (k < 0) continue;
+    sum[k] += a.end - a.start;
+    ++count[k];
+  }
+  pipeline::ActionCosts costs;
+  costs.forward = count[0] ? sum[0] / count[0] : 0;
+  const double b = count[1] ? sum[1] / count[1] : 0, w = count[2] ? sum[2] / count[2] : 0;
+  costs.backward_input = count[2] ? b : b / 2;  // kBackward costs B + W
+  costs.backward_weight = count[2] ? w : b / 2;
+  const std::vector<pipeline::TimedAction> ideal = pipeline::simulate_schedule(sched, costs);
+  const pipeline::ScheduleStats ms = pipeline::schedule_stats(sched, measured), is = pipeline::schedule_stats(sched, ideal);
+  const double formula = pipeline::bubble_formula(sched.spec, costs);
+  out.print("pipeline {} P={} M={}: last step {:.1f} ms, bubble measured {:.1f}% | ideal {:.1f}% ({:.1f} ms) | "
+            "formula {:.1f}%  (F {:.2f} ms, B {:.2f} ms{})\n",
+            pipeline::schedule_name(sched.spec.kind), sched.spec.ranks, sched.spec.micro_batches, 1e3 * ms.makespan,
+            100 * ms.bubble_fraction, 100 * is.bubble_fraction, 1e3 * is.makespan, 100 * formula, 1e3 * costs.forward,
+            1e3 * b, count[2] ? fmt::format(", W {:.2f} ms", 1e3 * w) : std::string());
+  const std::vector<int> bound = pipeline::activation_bound(sched.spec);
+  for (size_t r = 0; r < peaks.size(); ++r)
+    out.print("  stage {} blocks [{}, {}): peak {} micro-batches' activations (bound {}), {:.2f} MiB\n", r,
+              plan.stages()[r].begin, plan.stages()[r].end, peaks[r].micro_batches, bound[r],
+              static_cast<double>(peaks[r].bytes) / (1 << 20));
+  if (!o.timeline.empty()) {
+    const std::string title = fmt::format("{} pipeline, P = {}, M = {}", pipeline::schedule_name(sched.spec.kind),
+                                          sched.spec.ranks, sched.spec.micro_batches);
+    out.write_text(o.timeline, pipeline::timeline_svg({{"measured (last step)", measured, sched.spec.ranks},
+                                                       {"ideal (measured mean action costs)", ideal, sched.spec.ranks}},
+                                                      title));
+    out.print("timeline: {}\n", o.timeline);
+  }
+}
 }  // namespace
 
-Status run_training(const TrainRunOptions& o, const RunOutput& out_in) {
+Status run_training(const TrainRunOptions& o_in, const RunOutput& out_in) {
+  TrainRunOptions o = o_in;
+  {
+    auto kind = pipeline::parse_schedule(o.schedule);
+    if (!kind.ok()) return invalid_argument("--schedule: {}", kind.status().message());
+    o.pipeline.schedule = *kind;
+  }
+  if (!o.timeline.empty() && o.pipeline.pp < 2)
+    return invalid_argument("--timeline draws a pipeline's schedule: it needs --pp 2 or more");
   KILN_ASSIGN_OR_RETURN(TrainOptions t, resolve_train_options(o));
   // Data parallelism: every flag checked before MPI is asked for anything but the world size.
   const bool parallel_run = launched_by_mpi() || o.dp > 0 || o.fsdp || o.parallel.zero > 0 || o.parallel.shard_group > 0 ||
-                            o.reduce_dtype != "f32" || o.tensor.tp > 1 || o.tensor.sequence_parallel;
-  const bool tensor_parallel = o.tensor.tp > 1;
+                            o.reduce_dtype != "f32" || o.tensor.tp > 1 || o.tensor.sequence_parallel ||
+                            o.pipeline.pp > 1;
+  const bool pipeline_parallel = o.pipeline.pp > 1;
+  const bool tensor_parallel = o.tensor.tp > 1 && !pipeline_parallel;
   comm::Communicator* world = parallel_run ? &comm::Communicator::world() : nullptr;
   std::optional<parallel::DataParallelOptions> dpo;
   if (world) {
@@ -361,19 +421,30 @@ Status run_training(const TrainRunOptions& o, const RunOutput& out_in) {
   }
   KILN_ASSIGN_OR_RETURN(const RunData d, std::move(loaded));
   KILN_RETURN_IF_ERROR(check_train_memory(d.config, t));
-  if (tensor_parallel) {  // the model's split, on every rank alike, before any communication
-    KILN_RETURN_IF_ERROR(parallel::check_tensor_parallel(o.tensor, d.config, world->size(), *dpo, t));
+  if (pipeline_parallel) {  // the stages and the schedule, on every rank alike, before any communication
+    KILN_RETURN_IF_ERROR(
+        parallel::check_pipeline_parallel(o.pipeline, d.config, world->size(), o.tensor, *dpo, t));
+  }
+  if (tensor_parallel || (pipeline_parallel && o.tensor.tp > 1)) {  // the model's split, before any communication
+    KILN_RETURN_IF_ERROR(parallel::check_tensor_parallel(o.tensor, d.config, world->size() / o.pipeline.pp, *dpo, t));
     if (!o.qat.empty()) {  // the shards fake-quantize on the single process's grid
       KILN_ASSIGN_OR_RETURN(const quant::QatConfig q, quant::parse_qat(o.qat));
       KILN_RETURN_IF_ERROR(quant::check_qat_tensor_split(q, d.config, o.tensor.tp));
     }
   }
-  const int dp_size = world ? world->size() / o.tensor.tp : 1;
-  // The plan first: a tensor-parallel model is built for its shard of the mesh.
+  const int dp_size = world ? world->size() / (o.tensor.tp * o.pipeline.pp) : 1;
+  // The plan first: a tensor-parallel model is built for its shard of the mesh, a pipeline
+  // stage for its blocks.
   std::unique_ptr<ParallelPlan> plan;
+  parallel::PipelineParallelPlan* pp_plan = nullptr;
   parallel::TensorParallelPlan* tp_plan = nullptr;
   parallel::DataParallelPlan* dp_plan = nullptr;
-  if (tensor_parallel) {
+  if (pipeline_parallel) {
+    KILN_ASSIGN_OR_RETURN(auto p,
+                          parallel::PipelineParallelPlan::create(*world, o.pipeline, o.tensor, *dpo, d.config, t));
+    pp_plan = p.get();
+    plan = std::move(p);
+  } else if (tensor_parallel) {
     KILN_ASSIGN_OR_RETURN(auto p, parallel::TensorParallelPlan::create(*world, o.tensor, *dpo, d.config, t));
     tp_plan = p.get();
     plan = std::move(p);
@@ -384,7 +455,11 @@ Status run_training(const TrainRunOptions& o, const RunOutput& out_in) {
   }
   const AllocatorStats mem_base = default_allocator().stats();  // what was live before the model
   KILN_ASSIGN_OR_RETURN(std::unique_ptr<Transformer> model,
-                        Transformer::create(d.config, t.seed, tp_plan ? tp_plan->shard() : TensorShard{}));
+                        Transformer::create(d.config, t.seed,
+                                            pp_plan   ? pp_plan->shard()
+                                            : tp_plan ? tp_plan->shard()
+                                                      : TensorShard{},
+                                            pp_plan ? pp_plan->stage() : PipelineStage{}));
   t.max_seconds = o.minutes * 60.0;
   if (t.max_seconds > 0 && t.max_steps <= 0) t.max_steps = 1'000'000;
 
@@ -404,8 +479,9 @@ Status run_training(const TrainRunOptions& o, const RunOutput& out_in) {
     KILN_ASSIGN_OR_RETURN(qat, install_qat(o.qat, *model, out));
   }
   if (plan) {
-    out.print("{}: {} (global batch {}, {} per data-parallel rank)\n", tp_plan ? "tensor parallel" : "data parallel",
-              plan->describe(), t.batch, t.batch / dp_size);
+    out.print("{}: {} (global batch {}, {} per data-parallel rank)\n",
+              pp_plan ? "pipeline parallel" : tp_plan ? "tensor parallel" : "data parallel", plan->describe(), t.batch,
+              t.batch / dp_size);
   }
   const std::unique_ptr<Trainer> trainer = make_trainer(*model, d, t, plan.get());
   print_model_memory(*model, t, t.batch / dp_size, progress.flops_per_token, out);
@@ -444,9 +520,10 @@ Status run_training(const TrainRunOptions& o, const RunOutput& out_in) {
     model->restore_storage();
     std::copy(full.begin(), full.end(), model->params().begin());
   }
-  std::unique_ptr<Transformer> whole;  // tensor parallelism: the single-process model, from the shards
-  if (tp_plan) {
-    const std::vector<float> full = tp_plan->gather_full(model->params());
+  if (pp_plan) report_pipeline(o, *pp_plan, out);
+  std::unique_ptr<Transformer> whole;  // tensor and pipeline parallelism: the single-process model, from the shards
+  if (tp_plan || pp_plan) {
+    const std::vector<float> full = pp_plan ? pp_plan->gather_full(model->params()) : tp_plan->gather_full(model->params());
     KILN_ASSIGN_OR_RETURN(whole, Transformer::create(d.config, t.seed));
     std::copy(full.begin(), full.end(), whole->params().begin());
   }

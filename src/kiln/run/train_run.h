@@ -19,6 +19,7 @@
 
 #include "kiln/core/status.h"
 #include "kiln/parallel/data_parallel.h"
+#include "kiln/parallel/pipeline.h"
 #include "kiln/parallel/tensor_parallel.h"
 #include "kiln/train/corpus.h"
 #include "kiln/train/trainer.h"
@@ -50,6 +51,11 @@ struct TrainRunOptions {
   parallel::DataParallelOptions parallel;
   // Tensor parallelism: --tp T (the world is dp × tp; --dp, when given, must be world / T), --sp.
   parallel::TensorParallelOptions tensor;
+  // Pipeline parallelism: --pp P, --pp-layers, --micro-batches M, --schedule, --virtual-stages
+  // (the world is pp × dp × tp); --timeline writes the last step's measured schedule.
+  parallel::PipelineOptions pipeline;
+  std::string schedule = "1f1b";
+  std::string timeline;
 };
 
 // Whether this process was started by mpirun (or another MPI launcher): a plain `kiln train`

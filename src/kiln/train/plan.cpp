@@ -3,6 +3,18 @@
 
 namespace kiln {
 
+double ParallelPlan::forward_backward(Transformer& model, const int32_t* tokens, const int32_t* targets, int64_t rows,
+                                      int64_t seq_len, float loss_scale) {
+  const double loss = model.forward(tokens, targets, rows, seq_len).value();
+  model.backward(loss_scale);
+  return loss;
+}
+
+double ParallelPlan::forward_loss(Transformer& model, const int32_t* tokens, const int32_t* targets, int64_t rows,
+                                  int64_t seq_len) {
+  return model.forward(tokens, targets, rows, seq_len).value();
+}
+
 std::vector<OptimizerPiece> whole_model_pieces(Transformer& model) {
   std::vector<OptimizerPiece> out;
   for (const ParamEntry& e : model.param_entries()) {

@@ -46,6 +46,16 @@ class ParallelPlan : public ModelHooks {
   // Before each micro-batch's forward; `last`: the step's last micro-batch (layouts that
   // reduce once per step skip the reduction on the others, PyTorch's no_sync).
   virtual void begin_micro_batch(bool /*last*/) {}
+  // One micro-batch's forward and backward (rows × seq_len of this rank): the model's, or a
+  // layout that runs them itself (a pipeline schedule over its stages). Returns the loss the
+  // gradients are of, summed over loss_parts() parts (each a mean over its rows) on every rank;
+  // the trainer divides both by loss_parts().
+  virtual double forward_backward(Transformer& model, const int32_t* tokens, const int32_t* targets, int64_t rows,
+                                  int64_t seq_len, float loss_scale);
+  // The mean loss of a forward without backward (validation), on every rank.
+  virtual double forward_loss(Transformer& model, const int32_t* tokens, const int32_t* targets, int64_t rows,
+                              int64_t seq_len);
+  virtual int64_t loss_parts() const { return 1; }
   // After the last backward: every reduction is done; pieces() hold the gradient summed over
   // micro-batches and averaged over the data-parallel ranks.
   virtual void finish_gradients() {}

@@ -24,7 +24,9 @@ double learning_rate(const TrainOptions& o, int64_t step, int64_t total) {
 }
 
 double evaluate(Transformer& model, const TokenShard& data, int64_t batch, int64_t seq_len, int64_t batches,
-                int64_t first_row, int64_t rows) {
+                int64_t first_row, int64_t rows, ParallelPlan* plan) {
+  SingleProcessPlan single;
+  if (plan == nullptr) plan = &single;  // its forward_loss is the model's
   if (rows < 0) rows = batch;
   BatchLoader loader(&data, batch, seq_len, 0);
   std::vector<int32_t> x, y;
@@ -32,7 +34,7 @@ double evaluate(Transformer& model, const TokenShard& data, int64_t batch, int64
   int64_t n = 0;
   const int64_t first = first_row * seq_len;
   for (int64_t i = 0; i < batches && loader.eval_batch(i, x, y); ++i) {
-    sum += model.forward(x.data() + first, y.data() + first, rows, seq_len).value();
+    sum += plan->forward_loss(model, x.data() + first, y.data() + first, rows, seq_len);
     ++n;
   }
   return n ? sum / n : -1;
@@ -59,7 +61,8 @@ Trainer::Trainer(Transformer& model, const TokenShard& train_data, const TokenSh
 Trainer::~Trainer() { model_.set_hooks(nullptr); }
 
 double Trainer::validation_loss() {
-  const double mine = evaluate(model_, *val_, o_.batch, o_.seq_len, o_.eval_batches, plan_->data_rank() * rows_, rows_);
+  const double mine =
+      evaluate(model_, *val_, o_.batch, o_.seq_len, o_.eval_batches, plan_->data_rank() * rows_, rows_, plan_);
   return mine < 0 ? mine : plan_->mean_over_data(mine);  // -1 (no batch) on every rank alike
 }
 
@@ -75,14 +78,15 @@ StepStats Trainer::step() {
   for (int64_t micro = 0; micro < o_.grad_accum; ++micro) {
     loader_.batch_at((step_ - 1) * o_.grad_accum + micro, x_, y_);
     plan_->begin_micro_batch(micro + 1 == o_.grad_accum);
-    loss += model_.forward(x_.data() + first, y_.data() + first, rows_, o_.seq_len).value();
-    model_.backward(static_cast<float>(loss_scale));
+    loss += plan_->forward_backward(model_, x_.data() + first, y_.data() + first, rows_, o_.seq_len,
+                                    static_cast<float>(loss_scale));
   }
   plan_->finish_gradients();
-  loss = plan_->mean_over_data(loss / static_cast<double>(o_.grad_accum));
+  const double parts = static_cast<double>(o_.grad_accum * plan_->loss_parts());
+  loss = plan_->mean_over_data(loss / parts);
   // Unscale (1/S) and average over micro-batches in one multiply; S is a power of two in the
   // dynamic scaler, so unscaling is exact.
-  const float inv = static_cast<float>(1.0 / (static_cast<double>(o_.grad_accum) * loss_scale));
+  const float inv = static_cast<float>(1.0 / (parts * loss_scale));
   double sq = 0;
   for (const OptimizerPiece& p : plan_->pieces()) {
     for (int64_t i = 0; i < p.n; ++i) {

@@ -118,8 +118,9 @@ std::vector<StepStats> train(Transformer& model, const TokenShard& train_data, c
                              const TrainOptions& options, const std::function<void(const StepStats&)>& on_step);
 
 // Mean loss over up to `batches` sequential validation batches; rows [first_row, first_row +
-// rows) of each (rows < 0: all `batch`), a data-parallel rank's part.
+// rows) of each (rows < 0: all `batch`), a data-parallel rank's part; through `plan`'s
+// forward_loss when given (a pipeline runs the stages).
 double evaluate(Transformer& model, const TokenShard& data, int64_t batch, int64_t seq_len, int64_t batches,
-                int64_t first_row = 0, int64_t rows = -1);
+                int64_t first_row = 0, int64_t rows = -1, ParallelPlan* plan = nullptr);
 
 }  // namespace kiln

@@ -1,0 +1,432 @@
+// Pipeline parallelism's plan and executor (pipeline.h).
+#include "kiln/parallel/pipeline.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cstring>
+#include <numeric>
+#include <thread>
+
+#include "kiln/comm/collectives.h"
+#include "kiln/comm/work.h"
+
+namespace kiln::parallel {
+
+using pipeline::Action;
+using pipeline::ActionKind;
+
+namespace {
+// x summed over `c` by MPI's own all-reduce on this thread (the pp and embedding communicators
+// have no communication thread: their calls are this plan's, between compute actions).
+double sum_doubles(comm::Communicator& c, double x, const char* what) {
+  double sum = 0;
+  if (MPI_Allreduce(&x, &sum, 1, MPI_DOUBLE, MPI_SUM, c.handle()) != MPI_SUCCESS)
+    comm::abort_job(fmt::format("MPI_Allreduce of {} over the pipeline stages failed", what));
+  return sum;
+}
+
+// A block's and the head's forward FLOPs per token, for the default split (the embedding is a
+// lookup: no FLOPs).
+pipeline::StageCosts stage_costs(const ModelConfig& c) {
+  const double C = static_cast<double>(c.d_model), T = static_cast<double>(c.max_seq_len);
+  const double kv = static_cast<double>(c.n_kv_heads * c.head_dim());
+  const double mlp = (c.is_llama() ? 3.0 : 2.0) * C * static_cast<double>(c.d_ff);
+  const double attn = 2.0 * C * C + 2.0 * C * kv;
+  pipeline::StageCosts s;
+  s.block_flops = 2.0 * (attn + mlp) + 2.0 * T * C;  // the matmuls, and causal attention's scores and values
+  s.head_flops = 2.0 * C * static_cast<double>(c.vocab_size);
+  return s;
+}
+}  // namespace
+
+Expected<std::vector<PipelineStage>> pipeline_stages(const PipelineOptions& o, const ModelConfig& c) {
+  if (o.pp < 1) return invalid_argument("--pp {} must be >= 1", o.pp);
+  const int stages = o.pp * std::max(o.virtual_stages, 1);
+  Expected<std::vector<int>> split =
+      pipeline::split_layers(static_cast<int>(c.n_layers), stages, o.layers, stage_costs(c));
+  if (!split.ok()) return invalid_argument("--pp-layers: {}", split.status().message());
+  std::vector<PipelineStage> out;
+  int64_t at = 0;
+  for (int n : *split) {
+    out.push_back({at, at + n});
+    at += n;
+  }
+  return out;
+}
+
+Status check_pipeline_parallel(const PipelineOptions& o, const ModelConfig& c, int world,
+                               const TensorParallelOptions& tp, const DataParallelOptions& dp,
+                               const TrainOptions& train) {
+  pipeline::ScheduleSpec spec{o.schedule, o.pp, o.micro_batches, o.virtual_stages};
+  if (Status s = pipeline::check_schedule_spec(spec); !s.ok())
+    return invalid_argument("--schedule {}: {}", pipeline::schedule_name(o.schedule), s.message());
+  if (o.virtual_stages > 1)
+    return invalid_argument("--virtual-stages {}: interleaved 1F1B is drawn and predicted by `kiln plan pp`, but "
+                            "training runs one stage per rank (--virtual-stages 1) so far", o.virtual_stages);
+  KILN_RETURN_IF_ERROR(pipeline_stages(o, c).status());
+  if (world % (o.pp * tp.tp) != 0)
+    return invalid_argument("--pp {} × --tp {} does not divide the {} ranks of this job (mpirun -np): the world is "
+                            "pp × dp × tp", o.pp, tp.tp, world);
+  const int data = world / (o.pp * tp.tp);
+  if (train.batch % (static_cast<int64_t>(data) * o.micro_batches) != 0)
+    return invalid_argument("--batch {} must split into --micro-batches {} on each of the {} data-parallel ranks",
+                            train.batch, o.micro_batches, data);
+  if (dp.zero != 0)
+    return invalid_argument("--pp {} composes with DDP (--zero 0) only; ZeRO/FSDP over pipeline stages is not "
+                            "implemented (got --zero {})", o.pp, dp.zero);
+  if (o.schedule == pipeline::ScheduleKind::kZeroBubbleH1) {
+    if (train.precision != Precision::kF32)
+      return invalid_argument("--schedule zb-h1 splits each Linear's backward into B and W in fp32; --precision {} "
+                              "computes both halves at once", precision_name(train.precision));
+    if (train.checkpoint != CheckpointMode::kNone)
+      return invalid_argument("--schedule zb-h1 reads the saved activations in W; activation checkpointing "
+                              "recomputes them into shared buffers (use --checkpoint none)");
+    if (tp.sequence_parallel && tp.tp > 1)
+      return invalid_argument("--schedule zb-h1 with --sp: W would read the gathered inputs, which are scratch");
+  }
+  return {};
+}
+
+// ---- the executor ----------------------------------------------------------------------------
+// One step over the schedule's actions for this rank. Per micro-batch: the received input
+// activation and output gradient, the sent output and input gradient (kept until every send is
+// done at the end of the step), and the activation slot its forward used.
+// Times are the machine's monotonic clock (comm::now_seconds(), one clock for every process of
+// a node); gather_timeline() puts the step's first start at 0.
+struct PipelineParallelPlan::Executor {
+  Executor(PipelineParallelPlan& p, Transformer& m, int64_t width) : plan(p), model(m), report(p.report_) {
+    const int M = p.o_.micro_batches;
+    if (bufs.size() != static_cast<size_t>(4 * M) || bufs[0].numel() != std::max<int64_t>(width, 1)) {
+      bufs.clear();
+      for (int i = 0; i < 4 * M; ++i) bufs.push_back(Tensor::empty({std::max<int64_t>(width, 1)}));
+    }
+    recv_act.assign(static_cast<size_t>(M), MPI_REQUEST_NULL);
+    recv_grad.assign(static_cast<size_t>(M), MPI_REQUEST_NULL);
+    slot_of.assign(static_cast<size_t>(M), -1);
+  }
+  PipelineParallelPlan& plan;
+  Transformer& model;
+  PipelineStepReport& report;
+  // (4 M,): act in, grad in, act out, grad out; kept between steps of the same shape.
+  static inline thread_local std::vector<Tensor> bufs;
+  std::vector<MPI_Request> recv_act, recv_grad, sends;
+  std::vector<int> slot_of, free_slots;
+  int slots_in_use = 0, slots_made = 0;
+
+  float* buf(int kind, int mb) { return bufs[static_cast<size_t>(kind * plan.o_.micro_batches + mb)].data<float>(); }
+  static double now() { return comm::now_seconds(); }
+
+  // Polls the receive (a dead neighbour ends the job after KILN_COMM_TIMEOUT, naming it).
+  void wait(MPI_Request& r, const Action& a) {
+    const double start = now();
+    int done = 0;
+    const double limit = comm::comm_timeout_seconds();
+    for (int spins = 0;; ++spins) {
+      MPI_Test(&r, &done, MPI_STATUS_IGNORE);
+      if (done) break;
+      if (spins > 64) std::this_thread::sleep_for(std::chrono::microseconds(50));  // leave the core to a busy rank
+      if (now() - start > limit)
+        comm::abort_job(fmt::format("pipeline stage {} waited {:.0f} s for the {} of micro-batch {} (KILN_COMM_TIMEOUT): "
+                                    "a neighbouring stage's rank is gone",
+                                    a.stage, limit, a.kind == ActionKind::kRecvActivation ? "activation" : "gradient",
+                                    a.micro_batch));
+    }
+    report.wait_seconds += now() - start;
+    report.timeline.push_back({a, plan.pp_rank(), start, now()});
+  }
+
+  void use_slot(int mb) {
+    if (slot_of[static_cast<size_t>(mb)] < 0) {
+      int s;
+      if (free_slots.empty()) s = slots_made++;
+      else { s = free_slots.back(); free_slots.pop_back(); }
+      slot_of[static_cast<size_t>(mb)] = s;
+      report.peak_micro_batches = std::max(report.peak_micro_batches, ++slots_in_use);
+    }
+    model.use_activation_slot(slot_of[static_cast<size_t>(mb)]);
+  }
+  void release_slot(int mb) {
+    free_slots.push_back(slot_of[static_cast<size_t>(mb)]);
+    slot_of[static_cast<size_t>(mb)] = -1;
+    --slots_in_use;
+  }
+};
+
+Expected<std::unique_ptr<PipelineParallelPlan>> PipelineParallelPlan::create(comm::Communicator& world,
+                                                                             const PipelineOptions& o,
+                                                                             const TensorParallelOptions& tp,
+                                                                             const DataParallelOptions& dp,
+                                                                             const ModelConfig& config,
+                                                                             const TrainOptions& train) {
+  KILN_RETURN_IF_ERROR(check_pipeline_parallel(o, config, world.size(), tp, dp, train));
+  std::unique_ptr<PipelineParallelPlan> p(new PipelineParallelPlan());
+  p->o_ = o;
+  KILN_ASSIGN_OR_RETURN(p->stages_, pipeline_stages(o, config));
+  KILN_ASSIGN_OR_RETURN(p->schedule_, pipeline::make_schedule({o.schedule, o.pp, o.micro_batches, o.virtual_stages}));
+  const int per_stage = world.size() / o.pp;
+  KILN_ASSIGN_OR_RETURN(p->mesh_, comm::DeviceMesh::create(world, {{"pp", o.pp}, {"dp", per_stage / tp.tp}, {"tp", tp.tp}}));
+  const int stage = p->mesh_->coord("pp");
+  KILN_ASSIGN_OR_RETURN(p->stage_world_, world.split(stage, world.rank()));
+  // Each stage's ranks see the micro-batch as the whole model would: the trainer's rows for this
+  // data-parallel rank (batch / dp), split into M micro-batches by the executor.
+  KILN_ASSIGN_OR_RETURN(p->inner_, TensorParallelPlan::create(*p->stage_world_, tp, dp, config, train));
+  // The tied embedding: the first stage and the last stage's copy, at each (dp, tp) coordinate.
+  if (config.tied_embeddings && o.pp > 1) {
+    const bool end = stage == 0 || stage == o.pp - 1;
+    const int coord = p->mesh_->coord("dp") * tp.tp + p->mesh_->coord("tp");
+    KILN_ASSIGN_OR_RETURN(p->embedding_group_, world.split(end ? coord : per_stage + world.rank(), world.rank()));
+  }
+  return p;
+}
+
+PipelineParallelPlan::~PipelineParallelPlan() = default;
+
+void PipelineParallelPlan::attach(Transformer& model) {
+  const PipelineStage want = stage();
+  KILN_CHECK_MSG(model.stage().begin == want.begin && model.stage().end == want.end,
+                 "the model is built for blocks [{}, {}), pipeline stage {} is [{}, {})", model.stage().begin,
+                 model.stage().end, pp_rank(), want.begin, want.end);
+  model_ = &model;
+  inner_->attach(model);
+  for (const ParamEntry& e : model.param_entries()) {
+    const bool table = e.split.full_offset == 0 && e.shape.rank() == 2;  // the token embedding (or its copy)
+    if (e.split.stage_copy) stage_copy_ = &e;
+    if (table && embedding_group_ && (e.split.stage_copy || model.has_embedding())) {
+      embedding_offset_ = e.offset;
+      embedding_numel_ = e.shape.numel();
+    }
+  }
+}
+
+double PipelineParallelPlan::forward_backward(Transformer& model, const int32_t* tokens, const int32_t* targets,
+                                              int64_t rows, int64_t seq_len, float loss_scale) {
+  KILN_CHECK(&model == model_);
+  const int M = o_.micro_batches;
+  KILN_CHECK_MSG(rows % M == 0, "{} rows do not split into {} micro-batches", rows, M);
+  comm::Communicator& pp = mesh_->comm("pp");
+  const TensorShard& shard = model.tensor_shard();
+  const int64_t mb_rows = rows / M, n = mb_rows * seq_len;
+  const int64_t local_rows = shard.sequence_parallel ? n / shard.size : n;
+  const int64_t width = local_rows * model.config().d_model;
+  report_ = {};
+  Executor ex(*this, model, width);
+  const double step_start = ex.now();
+  const std::vector<Action>& actions = schedule_.ranks[static_cast<size_t>(pp_rank())];
+  const int last_stage = schedule_.spec.stages() - 1;
+  // The DDP buckets go out during the stage's last backward of the step (PyTorch's no_sync on
+  // the others); zero-bubble's W comes later, so finish_gradients() sends them all.
+  int last_backward = -1;
+  for (int i = 0; i < static_cast<int>(actions.size()); ++i)
+    if (actions[static_cast<size_t>(i)].kind == ActionKind::kBackward) last_backward = i;
+  const size_t bytes = static_cast<size_t>(width) * sizeof(float);
+  double loss = 0;
+  enum { kActIn, kGradIn, kActOut, kGradOut };
+  for (int i = 0; i < static_cast<int>(actions.size()); ++i) {
+    const Action& a = actions[static_cast<size_t>(i)];
+    const int mb = a.micro_batch, tag = pipeline::tag_for(a, schedule_.spec);
+    const size_t m = static_cast<size_t>(mb);
+    const int64_t at = static_cast<int64_t>(mb) * n;
+    const double start = ex.now();
+    switch (a.kind) {
+      case ActionKind::kRecvActivation:
+        ex.recv_act[m] = pp.irecv(ex.buf(kActIn, mb), bytes, schedule_.rank_of(a.stage - 1), tag);
+        continue;
+      case ActionKind::kRecvGrad:
+        ex.recv_grad[m] = pp.irecv(ex.buf(kGradIn, mb), bytes, schedule_.rank_of(a.stage + 1), tag);
+        continue;
+      case ActionKind::kSendActivation:
+        ex.sends.push_back(pp.isend(ex.buf(kActOut, mb), bytes, schedule_.rank_of(a.stage + 1), tag));
+        continue;
+      case ActionKind::kSendGrad:
+        ex.sends.push_back(pp.isend(ex.buf(kGradOut, mb), bytes, schedule_.rank_of(a.stage - 1), tag));
+        continue;
+      case ActionKind::kForward: {
+        const float* input = nullptr;
+        if (a.stage > 0) {
+          ex.wait(ex.recv_act[m], {ActionKind::kRecvActivation, mb, a.stage});
+          input = ex.buf(kActIn, mb);
+        }
+        ex.use_slot(mb);
+        const double t = ex.now();
+        const float l = model.forward_stage(tokens + at, targets + at, input, mb_rows, seq_len).value();
+        if (a.stage == last_stage) loss += l;
+        else std::memcpy(ex.buf(kActOut, mb), model.stage_output(), bytes);
+        report_.timeline.push_back({a, pp_rank(), t, ex.now()});
+        break;
+      }
+      case ActionKind::kBackward:
+      case ActionKind::kBackwardInput: {
+        const float* dout = nullptr;
+        if (a.stage < last_stage) {
+          ex.wait(ex.recv_grad[m], {ActionKind::kRecvGrad, mb, a.stage});
+          dout = ex.buf(kGradIn, mb);
+        }
+        ex.use_slot(mb);
+        const double t = ex.now();
+        inner_->begin_micro_batch(last_micro_ && i == last_backward);
+        const bool defer = a.kind == ActionKind::kBackwardInput;
+        model.backward_stage(dout, loss_scale, defer);
+        if (a.stage > 0) std::memcpy(ex.buf(kGradOut, mb), model.input_grad(), bytes);
+        report_.peak_activation_bytes =
+            std::max(report_.peak_activation_bytes,
+                     ex.slots_in_use * model.saved_activation_bytes() + model.deferred_weight_bytes());
+        if (!defer) ex.release_slot(mb);
+        report_.timeline.push_back({a, pp_rank(), t, ex.now()});
+        break;
+      }
+      case ActionKind::kBackwardWeight: {
+        ex.use_slot(mb);
+        model.backward_weights();
+        ex.release_slot(mb);
+        report_.timeline.push_back({a, pp_rank(), start, ex.now()});
+        break;
+      }
+    }
+    report_.peak_activation_bytes =
+        std::max(report_.peak_activation_bytes,
+                 ex.slots_in_use * model.saved_activation_bytes() + model.deferred_weight_bytes());
+  }
+  const double ws = ex.now();
+  comm::Communicator::wait_all(ex.sends);
+  report_.wait_seconds += ex.now() - ws;
+  report_.seconds = ex.now() - step_start;
+  p2p_wait_seconds_ += report_.wait_seconds;
+  // The loss is the last stage's: every rank gets it (the others add 0, exactly).
+  const double t = comm::now_seconds();
+  loss = o_.pp > 1 ? sum_doubles(pp, pp_rank() == o_.pp - 1 ? loss : 0.0, "the loss") : loss;
+  cross_stage_seconds_ += comm::now_seconds() - t;
+  return loss;
+}
+
+double PipelineParallelPlan::forward_loss(Transformer& model, const int32_t* tokens, const int32_t* targets,
+                                          int64_t rows, int64_t seq_len) {
+  // Validation: the micro-batches one after another through the stages (forward only).
+  const int M = o_.micro_batches;
+  comm::Communicator& pp = mesh_->comm("pp");
+  const TensorShard& shard = model.tensor_shard();
+  const int64_t mb_rows = rows / M, n = mb_rows * seq_len;
+  const int64_t width = (shard.sequence_parallel ? n / shard.size : n) * model.config().d_model;
+  std::vector<float> act(static_cast<size_t>(width));
+  const size_t bytes = act.size() * sizeof(float);
+  const int stage = pp_rank();
+  double loss = 0;
+  for (int mb = 0; mb < M; ++mb) {
+    if (stage > 0) pp.recv(act.data(), bytes, stage - 1, 0x7e00 + mb);
+    model.use_activation_slot(0);
+    const float l = model.forward_stage(tokens + mb * n, targets + mb * n, act.data(), mb_rows, seq_len).value();
+    if (stage + 1 < o_.pp) pp.send(model.stage_output(), bytes, stage + 1, 0x7e00 + mb);
+    else loss += l;
+  }
+  loss /= M;
+  return o_.pp > 1 ? sum_doubles(pp, stage == o_.pp - 1 ? loss : 0.0, "the validation loss") : loss;
+}
+
+void PipelineParallelPlan::finish_gradients() {
+  inner_->finish_gradients();
+  if (embedding_offset_ < 0) return;
+  // The tied table's gradient: the embedding's part (first stage) plus the head's (last).
+  const double t = comm::now_seconds();
+  float* g = model_->grads().data() + embedding_offset_;
+  const Status s = comm::all_reduce(*embedding_group_, g, g, embedding_numel_, DType::kF32, comm::ReduceOp::kSum);
+  KILN_CHECK_MSG(s.ok(), "{}", s.to_string());
+  cross_stage_seconds_ += comm::now_seconds() - t;
+}
+
+double PipelineParallelPlan::sum_over_shards(double x) {
+  if (stage_copy_) {  // the copy's squares are the first stage's too: count them once
+    const float* g = model_->grads().data() + stage_copy_->offset;
+    for (int64_t i = 0; i < stage_copy_->shape.numel(); ++i) x -= static_cast<double>(g[i]) * g[i];
+  }
+  x = inner_->sum_over_shards(x);
+  return o_.pp > 1 ? sum_doubles(mesh_->comm("pp"), x, "the gradient norm") : x;
+}
+
+double PipelineParallelPlan::mean_over_data(double x) {
+  x = inner_->mean_over_data(x);
+  // The stages' values agree for the loss; a clock does not: the first stage's decides.
+  if (o_.pp > 1 && MPI_Bcast(&x, 1, MPI_DOUBLE, 0, mesh_->comm("pp").handle()) != MPI_SUCCESS)
+    comm::abort_job("MPI_Bcast over the pipeline stages failed");
+  return x;
+}
+
+CommTimes PipelineParallelPlan::take_comm_times() {
+  CommTimes t = inner_->take_comm_times();
+  // Waiting on a neighbour's activation or gradient is exposed by definition; the transfers
+  // that finished while this rank computed are hidden and not counted.
+  t.comm_seconds += p2p_wait_seconds_ + cross_stage_seconds_;
+  t.exposed_seconds += p2p_wait_seconds_ + cross_stage_seconds_;
+  p2p_wait_seconds_ = cross_stage_seconds_ = 0;
+  return t;
+}
+
+std::string PipelineParallelPlan::describe() const {
+  std::string split;
+  for (const PipelineStage& s : stages_) split += fmt::format("{}{}", split.empty() ? "" : ",", s.end - s.begin);
+  return fmt::format("pp {} ({}, {} micro-batches, blocks {}) × {}", o_.pp, pipeline::schedule_name(o_.schedule),
+                     o_.micro_batches, split, inner_->describe());
+}
+
+std::vector<OptimizerPiece> PipelineParallelPlan::checkpoint_pieces() const {
+  std::vector<OptimizerPiece> out = inner_->checkpoint_pieces();
+  if (!stage_copy_) return out;
+  const float* begin = model_->params().data() + stage_copy_->offset;
+  const float* end = begin + stage_copy_->shape.numel();
+  std::erase_if(out, [&](const OptimizerPiece& p) { return p.params >= begin && p.params < end; });
+  return out;
+}
+
+std::vector<float> PipelineParallelPlan::gather_full(std::span<const float> local) const {
+  std::vector<float> full(static_cast<size_t>(model_->full_num_params()), 0.0f);
+  const int tp_rank = model_->tensor_shard().rank;
+  if (mesh_->coord("dp") == 0) {  // one data-parallel replica contributes
+    for (const ParamEntry& e : model_->param_entries()) {
+      if (e.split.stage_copy || tp_rank % e.split.replicas != 0) continue;  // each value once
+      for_each_entry_run(e, [&](int64_t l, int64_t f, int64_t n) { std::copy_n(local.data() + l, n, full.data() + f); });
+    }
+  }
+  comm::Communicator& world = mesh_->world();
+  const Status s = comm::all_reduce(world, full.data(), full.data(), static_cast<int64_t>(full.size()), DType::kF32,
+                                    comm::ReduceOp::kSum);
+  KILN_CHECK_MSG(s.ok(), "{}", s.to_string());
+  return full;
+}
+
+std::vector<StagePeak> PipelineParallelPlan::gather_peaks() const {
+  comm::Communicator& world = mesh_->world();
+  const int64_t mine[2] = {report_.peak_micro_batches, report_.peak_activation_bytes};
+  std::vector<int64_t> all(static_cast<size_t>(2 * world.size()));
+  MPI_Allgather(mine, 2, MPI_INT64_T, all.data(), 2, MPI_INT64_T, world.handle());
+  std::vector<StagePeak> out;
+  const int per_stage = world.size() / o_.pp;  // pp is the slowest axis: stage s starts at s · per_stage
+  for (int s = 0; s < o_.pp; ++s)
+    out.push_back({static_cast<int>(all[static_cast<size_t>(2 * s * per_stage)]), all[static_cast<size_t>(2 * s * per_stage + 1)]});
+  return out;
+}
+
+std::vector<pipeline::TimedAction> PipelineParallelPlan::gather_timeline() const {
+  // Fixed-size records (kind, micro-batch, stage, rank, start, end) through MPI's all-gather.
+  struct Record {
+    int32_t kind, micro_batch, stage, rank;
+    double start, end;
+  };
+  std::vector<Record> mine;
+  const bool speaks = mesh_->coord("dp") == 0 && mesh_->coord("tp") == 0;  // a stage's first rank
+  if (speaks)
+    for (const pipeline::TimedAction& t : report_.timeline)
+      mine.push_back({static_cast<int32_t>(t.action.kind), t.action.micro_batch, t.action.stage, t.rank, t.start, t.end});
+  comm::Communicator& world = mesh_->world();
+  int count = static_cast<int>(mine.size() * sizeof(Record));
+  std::vector<int> counts(static_cast<size_t>(world.size())), displs(static_cast<size_t>(world.size()));
+  MPI_Allgather(&count, 1, MPI_INT, counts.data(), 1, MPI_INT, world.handle());
+  std::exclusive_scan(counts.begin(), counts.end(), displs.begin(), 0);
+  std::vector<Record> all(static_cast<size_t>((displs.back() + counts.back()) / static_cast<int>(sizeof(Record))));
+  MPI_Allgatherv(mine.data(), count, MPI_BYTE, all.data(), counts.data(), displs.data(), MPI_BYTE, world.handle());
+  double first = all.empty() ? 0 : all[0].start;
+  for (const Record& r : all) first = std::min(first, r.start);
+  std::vector<pipeline::TimedAction> out;
+  for (const Record& r : all)
+    out.push_back({{static_cast<ActionKind>(r.kind), r.micro_batch, r.stage}, r.rank, r.start - first, r.end - first});
+  return out;
+}
+
+}  // namespace kiln::parallel

@@ -1,0 +1,274 @@
+// Pipeline parallelism against the single-process run (the oracle): the same model, data,
+// global batch and seed give, for GPipe, 1F1B and ZB-H1 at every pp that divides this mpirun's
+// P (CTest: P = 1..4, so pp = 2, 3, 4, dp 2 × pp 2 and pp 2 × tp 2), M = 1…8 micro-batches,
+// both families:
+//   * the same gradients after one step, every parameter gathered from the stages;
+//   * the same loss at each of 20 steps;
+//   * each stage's activation slots in use at once equal the schedule's bound;
+//   * a checkpoint written by the stages that one process reads back.
+// The executor's receive waits end the job with a message after KILN_COMM_TIMEOUT, and the
+// MPI test main's watchdog fails a hung test: a deadlock cannot pass silently.
+//
+// Tolerance. A stage runs the single-process layer code in the same order, so a pipeline of
+// one micro-batch is the single-process step but for the tied embedding's gradient, summed
+// from two stages (the whole model adds the embedding's rows onto the head's part: a
+// reassociation of two partial sums, a few ulps). With M micro-batches the gradient is the
+// mean over micro-batches of each one's mean-loss gradient instead of one mean over the batch:
+// the same terms summed in M groups, |δ| ≲ γ_M · Σ|terms|, ~1e-7 relative. tp adds its own
+// reassociations (test_tensor_parallel.cpp). Bounds, as there, about 10× what this machine gave:
+// one-step gradients relative RMS 5e-6 and max 1e-5 of max |g|; 20-step losses 1e-6 relative.
+#include <cmath>
+#include <filesystem>
+#include <map>
+#include <string>
+#include <vector>
+
+#include <gtest/gtest.h>
+
+#include "kiln/comm/communicator.h"
+#include "kiln/core/rng.h"
+#include "kiln/core/thread_pool.h"
+#include "kiln/kernels/cross_entropy.h"
+#include "kiln/parallel/pipeline.h"
+#include "kiln/train/sharded_checkpoint.h"
+#include "kiln/train/trainer.h"
+
+namespace kiln::parallel {
+namespace {
+
+comm::Communicator& world() { return comm::Communicator::world(); }
+
+ModelConfig tiny(ModelFamily f) {
+  ModelConfig c;
+  c.family = f;
+  c.vocab_size = 40; c.d_model = 16; c.n_layers = 4; c.n_heads = 4;
+  c.n_kv_heads = f == ModelFamily::kLlama ? 2 : 4;
+  c.d_ff = 32; c.max_seq_len = 8;
+  c.tied_embeddings = true;  // the last stage's copy of the embedding, summed with the first's
+  return c;
+}
+
+TokenShard random_data() {
+  TokenShard d;
+  d.vocab_size = 40;
+  Rng rng(11);
+  for (int i = 0; i < 6000; ++i) d.tokens.push_back(static_cast<int32_t>(rng.below(40)));
+  return d;
+}
+
+TrainOptions options(int64_t batch) {
+  TrainOptions o;
+  o.batch = batch;
+  o.seq_len = 8;
+  o.max_steps = 20;
+  o.lr = 1e-2;
+  o.warmup_steps = 3;
+  o.eval_every = 0;
+  return o;
+}
+
+struct Layout {
+  int pp, tp;
+  int dp() const { return world().size() / (pp * tp); }
+  std::string name() const { return fmt::format("pp {} × dp {} × tp {}", pp, dp(), tp); }
+};
+
+std::vector<Layout> layouts() {
+  std::vector<Layout> out;
+  for (int pp : {2, 3, 4})
+    if (world().size() % pp == 0) out.push_back({pp, 1});
+  if (world().size() == 4) out.push_back({2, 2});
+  return out;
+}
+
+const pipeline::ScheduleKind kSchedules[] = {pipeline::ScheduleKind::kGpipe, pipeline::ScheduleKind::k1F1B,
+                                             pipeline::ScheduleKind::kZeroBubbleH1};
+
+std::unique_ptr<PipelineParallelPlan> make_plan(const Layout& l, pipeline::ScheduleKind s, int M, const ModelConfig& c,
+                                                const TrainOptions& o) {
+  PipelineOptions po;
+  po.pp = l.pp;
+  po.micro_batches = M;
+  po.schedule = s;
+  TensorParallelOptions tpo;
+  tpo.tp = l.tp;
+  auto plan = PipelineParallelPlan::create(world(), po, tpo, DataParallelOptions{}, c, o);
+  EXPECT_TRUE(plan.ok()) << plan.status().message();
+  return plan.ok() ? std::move(plan).value() : nullptr;
+}
+
+struct Diff {
+  double rel_rms = 0, max_rel = 0;
+};
+Diff diff(const std::vector<float>& got, std::span<const float> ref) {
+  double sq = 0, ref_sq = 0, most = 0, ref_max = 0;
+  for (size_t i = 0; i < ref.size(); ++i) {
+    const double d = static_cast<double>(got[i]) - ref[i];
+    sq += d * d;
+    ref_sq += static_cast<double>(ref[i]) * ref[i];
+    most = std::max(most, std::abs(d));
+    ref_max = std::max(ref_max, std::abs(static_cast<double>(ref[i])));
+  }
+  return {std::sqrt(sq / std::max(ref_sq, 1e-300)), most / std::max(ref_max, 1e-300)};
+}
+
+const char* family(ModelFamily f) { return f == ModelFamily::kGpt2 ? "gpt2" : "llama"; }
+
+TEST(PipelineParallel, OneStepGradientsEqualTheSingleProcess) {
+  set_num_threads(1);
+  const TokenShard data = random_data();
+  for (ModelFamily f : {ModelFamily::kGpt2, ModelFamily::kLlama}) {
+    for (const Layout& l : layouts()) {
+      for (int M = 1; M <= 8; ++M) {
+        const TrainOptions o = options(int64_t{l.dp()} * M);  // one row per micro-batch
+        std::vector<int32_t> x(static_cast<size_t>(o.batch * o.seq_len)), y(x.size());
+        for (size_t i = 0; i < x.size(); ++i) {
+          x[i] = data.tokens[i];
+          y[i] = data.tokens[i + 1];
+        }
+        // An ignored target in every row: each micro-batch keeps the same count of targets, so
+        // the mean of their mean losses is the batch's mean.
+        for (int64_t r = 0; r < o.batch; ++r) y[static_cast<size_t>(r * o.seq_len + 3)] = kIgnoreTarget;
+        auto ref = Transformer::create(tiny(f), 5).value();
+        const float ref_loss = ref->forward(x.data(), y.data(), o.batch, o.seq_len).value();
+        ref->backward();
+        for (pipeline::ScheduleKind s : kSchedules) {
+          const std::string what =
+              fmt::format("{} {} M={} {}", l.name(), pipeline::schedule_name(s), M, family(f));
+          auto plan = make_plan(l, s, M, tiny(f), o);
+          ASSERT_TRUE(plan) << what;
+          auto m = Transformer::create(tiny(f), 5, plan->shard(), plan->stage()).value();
+          plan->attach(*m);
+          m->set_hooks(plan.get());
+          EXPECT_EQ(diff(plan->gather_full(m->params()), ref->params()).max_rel, 0.0) << what;
+          plan->begin_step();
+          plan->begin_micro_batch(true);
+          const int64_t rows = o.batch / plan->data_size(), first = plan->data_rank() * rows * o.seq_len;
+          const double loss = plan->forward_backward(*m, x.data() + first, y.data() + first, rows, o.seq_len, 1.0f) / M;
+          plan->finish_gradients();
+          std::vector<float> g = plan->gather_full(m->grads());
+          for (float& v : g) v /= static_cast<float>(M);
+          const Diff d = diff(g, ref->grads());
+          if (getenv("KILN_TEST_PRINT") && world().rank() == 0)
+            fprintf(stderr, "%s: grad rel rms %.3g max %.3g\n", what.c_str(), d.rel_rms, d.max_rel);
+          EXPECT_NEAR(plan->mean_over_data(loss), ref_loss, 1e-6 * ref_loss) << what;
+          EXPECT_LE(d.rel_rms, 5e-6) << what;
+          EXPECT_LE(d.max_rel, 1e-5) << what;
+          // Activations held at once: the schedule's bound on every stage.
+          const std::vector<StagePeak> peaks = plan->gather_peaks();
+          const std::vector<int> bound = pipeline::activation_bound(plan->schedule().spec);
+          for (int r = 0; r < l.pp; ++r) EXPECT_EQ(peaks[static_cast<size_t>(r)].micro_batches, bound[static_cast<size_t>(r)]) << what << " stage " << r;
+          m->set_hooks(nullptr);
+        }
+      }
+    }
+  }
+}
+
+TEST(PipelineParallel, TwentyStepsGiveTheSingleProcessRun) {
+  set_num_threads(1);
+  const TokenShard data = random_data();
+  for (ModelFamily f : {ModelFamily::kGpt2, ModelFamily::kLlama}) {
+    for (const Layout& l : layouts()) {
+      std::map<int64_t, std::vector<float>> ref_losses;  // by batch
+      for (int M = 1; M <= 8; ++M) {
+        const TrainOptions o = options(int64_t{l.dp()} * M);
+        if (!ref_losses.count(o.batch)) {
+          auto ref = Transformer::create(tiny(f), 5).value();
+          Trainer t(*ref, data, nullptr, o);
+          while (!t.done()) ref_losses[o.batch].push_back(t.step().loss);
+        }
+        const std::vector<float>& want = ref_losses[o.batch];
+        for (pipeline::ScheduleKind s : kSchedules) {
+          const std::string what =
+              fmt::format("{} {} M={} {}", l.name(), pipeline::schedule_name(s), M, family(f));
+          auto plan = make_plan(l, s, M, tiny(f), o);
+          ASSERT_TRUE(plan) << what;
+          auto m = Transformer::create(tiny(f), 5, plan->shard(), plan->stage()).value();
+          Trainer t(*m, data, nullptr, o, plan.get());
+          double worst = 0;
+          for (size_t i = 0; !t.done(); ++i) {
+            const float loss = t.step().loss;
+            worst = std::max(worst, std::abs(static_cast<double>(loss) - want[i]) / want[i]);
+          }
+          if (getenv("KILN_TEST_PRINT") && world().rank() == 0) fprintf(stderr, "%s: loss rel %.3g\n", what.c_str(), worst);
+          EXPECT_LE(worst, 1e-6) << what;
+        }
+      }
+    }
+  }
+}
+
+std::string checkpoint_dir() {
+  const std::string dir = fmt::format("{}/kiln_pp_ckpt_{}", std::filesystem::temp_directory_path().string(), getppid());
+  return dir;
+}
+
+TEST(PipelineParallel, CheckpointsHoldTheSingleProcessModel) {
+  set_num_threads(1);
+  if (world().size() % 2 != 0) GTEST_SKIP() << "pp 2 needs an even P";
+  const TokenShard data = random_data();
+  TrainOptions o = options(4 * world().size() / 2);
+  o.max_steps = 6;
+  auto plan = make_plan({2, 1}, pipeline::ScheduleKind::k1F1B, 4, tiny(ModelFamily::kLlama), o);
+  ASSERT_TRUE(plan);
+  auto m = Transformer::create(tiny(ModelFamily::kLlama), 5, plan->shard(), plan->stage()).value();
+  Trainer t(*m, data, nullptr, o, plan.get());
+  for (int i = 0; i < 3; ++i) t.step();
+  const std::string dir = checkpoint_dir();
+  ASSERT_TRUE(t.save_checkpoint(dir).ok());
+  const std::vector<float> full = plan->gather_full(m->params());
+  std::vector<float> losses;
+  while (!t.done()) losses.push_back(t.step().loss);
+  world().barrier();
+  auto whole = load_checkpoint_whole(dir);
+  ASSERT_TRUE(whole.ok()) << whole.status().message();
+  EXPECT_EQ(whole->meta.step, 3);
+  ASSERT_EQ(whole->params.size(), full.size());
+  EXPECT_EQ(diff(whole->params, full).max_rel, 0.0);
+  // One process resumes the stages' checkpoint and continues with the same losses.
+  auto single = Transformer::create(tiny(ModelFamily::kLlama), 99).value();
+  TrainOptions o1 = o;
+  Trainer t1(*single, data, nullptr, o1);
+  ASSERT_TRUE(t1.load_checkpoint(dir).ok());
+  EXPECT_EQ(diff(full, single->params()).max_rel, 0.0);
+  for (size_t i = 0; !t1.done(); ++i) EXPECT_NEAR(t1.step().loss, losses[i], 1e-6 * losses[i]) << "step " << i + 4;
+  world().barrier();
+  if (world().rank() == 0) std::filesystem::remove_all(dir);
+}
+
+// Flags that cannot work fail before any communication, with the same message on every rank.
+TEST(PipelineParallel, LayoutsThatDoNotFitAreRefusedOnEveryRank) {
+  const ModelConfig c = tiny(ModelFamily::kLlama);
+  const TrainOptions o = options(8);
+  auto refused = [&](PipelineOptions po, TensorParallelOptions tpo, TrainOptions t, const char* needle) {
+    const Status s = check_pipeline_parallel(po, c, 4, tpo, DataParallelOptions{}, t);
+    EXPECT_FALSE(s.ok()) << needle;
+    EXPECT_NE(s.message().find(needle), std::string::npos) << s.message();
+  };
+  PipelineOptions po;
+  po.pp = 2;
+  po.micro_batches = 4;
+  PipelineOptions bad = po;
+  bad.layers = {2, 1};  // 3 of the 4 blocks: never silently dropped
+  refused(bad, {}, o, "4");
+  bad = po;
+  bad.pp = 3;
+  refused(bad, {}, o, "does not divide");
+  bad = po;
+  bad.micro_batches = 3;
+  refused(bad, {}, o, "--micro-batches 3");
+  bad = po;
+  bad.schedule = pipeline::ScheduleKind::kZeroBubbleH1;
+  TrainOptions bf16 = o;
+  bf16.precision = Precision::kBF16;
+  refused(bad, {}, bf16, "zb-h1");
+  bad = po;
+  bad.schedule = pipeline::ScheduleKind::kInterleaved1F1B;
+  bad.virtual_stages = 2;
+  refused(bad, {}, o, "--virtual-stages 2");
+  EXPECT_TRUE(check_pipeline_parallel(po, c, 4, {}, DataParallelOptions{}, o).ok());
+}
+
+}  // namespace
+}  // namespace kiln::parallel
