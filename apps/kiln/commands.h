@@ -30,6 +30,7 @@ void register_bench_dp(CLI::App& app);  // `bench dp`, called by register_bench 
 void register_bench_tp_decode(CLI::App& app);  // `bench tp-decode`, called by register_bench (cmd_bench_tp_decode.cpp)
 void register_bench_tp(CLI::App& app);  // `bench tp`, called by register_bench (cmd_bench_tp.cpp)
 void register_plan_tp(CLI::App& app);   // `plan tp`, after register_comm (cmd_plan_tp.cpp)
+void register_plan_pp(CLI::App& app);   // `plan pp`, after register_comm (cmd_plan_pp.cpp)
 
 // `--tp T` of serve and generate (mpirun -np T, cmd_serve.cpp): replaces `model` with this
 // rank's shard. Rank 0 returns true and runs the engine; ranks 1.. run rank 0's steps until its

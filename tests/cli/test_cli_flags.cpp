@@ -11,6 +11,9 @@
 
 #include <chrono>
 #include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <iterator>
 #include <string>
 #include <vector>
 
@@ -163,6 +166,9 @@ TEST(CliFlags, BadFloatsAreRefused) {
       {{"plan", "tp", "--gemm-efficiency", "nan"}, "--gemm-efficiency"},
       {{"plan", "tp", "--gemm-efficiency", "2"}, "--gemm-efficiency"},
       {{"plan", "tp", "--tflops", "-1"}, "--tflops"},
+      {{"plan", "pp", "--ranks", "4", "--forward-ms", "nan"}, "--forward-ms"},
+      {{"plan", "pp", "--ranks", "4", "--comm-ms", "-1"}, "--comm-ms"},
+      {{"plan", "pp", "--ranks", "4", "--schedule", "zb-h1", "--weight-ms", "3"}, "--weight-ms"},  // W > B + W
   };
   for (const BadCase& c : cases) expect_clean_refusal(c);
 }
@@ -206,6 +212,13 @@ TEST(CliFlags, BadIntegersAreRefused) {
       {{"plan", "tp", "--tp-list", "3"}, "--tp-list"},       // 32 heads do not split over 3
       {{"plan", "tp", "--tp-list", "16"}, "--tp-list"},      // an h100-node has 8 GPUs
       {{"plan", "tp", "--weak", "--tp-list", "16"}, "--weak"},  // Megatron's configs: tp 1..8
+      {{"plan", "pp"}, "--ranks"},
+      {{"plan", "pp", "--ranks", "0"}, "--ranks"},
+      {{"plan", "pp", "--ranks", "4", "--micro-batches", "0"}, "--micro-batches"},
+      {{"plan", "pp", "--ranks", "4", "--micro-batches", "6", "--schedule", "interleaved"}, "--micro-batches"},
+      {{"plan", "pp", "--ranks", "4", "--micro-batches", "8", "--virtual-stages", "2"}, "--virtual-stages"},
+      {{"plan", "pp", "--ranks", "4", "--schedule", "interleaved", "--virtual-stages", "1"}, "--virtual-stages"},
+      {{"plan", "pp", "--ranks", "1024", "--micro-batches", "64"}, "--micro-batches"},  // past MPI's tags
       {{"bench", "tp", "--tp", "3"}, "--tp"},                // 3 does not divide P = 1
       {{"bench", "tp", "--steps", "0"}, "--steps"},
       {{"tokenizer", "decode", "--tokenizer", kTokenizer, "--ids", "99999999999999999999"}, "--ids"},
@@ -227,12 +240,32 @@ TEST(CliFlags, BadNamesAreRefused) {
       {{"plan", "tp", "--topology", "tpu-torus-2d"}, "--tflops"},  // no device peak modelled
       {{"plan", "tp", "--topology", "no-such-topology"}, "--topology"},
       {{"bench", "tp", "--workload", "no-such-workload"}, "--workload"},
+      {{"plan", "pp", "--ranks", "4", "--schedule", "foo"}, "--schedule"},
+      {{"plan", "pp", "--ranks", "4", "--schedule", "foo"}, "'foo'"},
       {{"bench", "tp", "--sp", "sometimes"}, "--sp"},
       {{"--simd", "avx9", "info"}, "--simd"},
       {{"no-such-command"}, "no-such-command"},
       {{"train", "--no-such-flag"}, "--no-such-flag"},
   };
   for (const BadCase& c : cases) expect_clean_refusal(c);
+}
+
+// `kiln plan pp` prints the lists, the bubble beside its formula, and writes the timeline SVG.
+TEST(CliPlanPp, PrintsTheBubbleAndWritesTheTimeline) {
+  const std::string svg = (std::filesystem::temp_directory_path() /
+                           ("kiln_plan_pp_" + std::to_string(getpid()) + ".svg")).string();
+  std::filesystem::remove(svg);
+  const RunResult r = run_kiln({"plan", "pp", "--ranks", "4", "--micro-batches", "8", "--schedule", "zb-h1", "--svg", svg});
+  EXPECT_TRUE(r.exited && r.code == 0) << r.output;
+  EXPECT_NE(r.output.find("rank 3: RA0 F0 RA1 BI0 SG0"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("bubble: simulated 0.1111 (11.11%), formula 0.1111 (11.11%)"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("simulated / bound: 4/4 4/4 4/4 4/4"), std::string::npos) << r.output;
+  std::ifstream f(svg);
+  ASSERT_TRUE(f.good()) << "no " << svg << "\n" << r.output;
+  const std::string text((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+  EXPECT_EQ(text.rfind("<svg", 0), 0u);
+  EXPECT_NE(text.find("bubble 11.1%"), std::string::npos);
+  std::filesystem::remove(svg);
 }
 
 TEST(CliEnvironment, BadValuesAreRefused) {

@@ -85,8 +85,11 @@ struct Schedule {
 // and one backward, then drains; it holds at most P - r micro-batches' activations.
 // Interleaved 1F1B: the same over V model chunks per rank (Megatron's order: micro-batches in
 // groups of P per chunk). ZB-H1 (Qi et al., "Zero Bubble Pipeline Parallelism"): backward
-// split into B and W, B first on the critical path, W deferred to fill the bubble, with 1F1B's
-// activation bound. Sends and receives are placed so that the list is deadlock-free.
+// split into B and W, B first on the critical path, W deferred to fill the bubble, within 1F1B's
+// peak activations (its rank 0's min(M, P), which ZB-H1 reaches on every rank: rank r runs its
+// W's r micro-batches late). Sends and receives are placed so that the list is deadlock-free:
+// each send right after the compute producing it, each receive one compute before the one
+// consuming it.
 Expected<Schedule> make_schedule(const ScheduleSpec& spec);
 
 // Proves a schedule valid, or says the first thing wrong (naming rank, action and
@@ -126,10 +129,14 @@ std::vector<TimedAction> simulate_schedule(const Schedule& s, const ActionCosts&
 ScheduleStats schedule_stats(const Schedule& s, const std::vector<TimedAction>& timeline);
 // The textbook bubble fraction: (P - 1) / (M + P - 1) for GPipe and 1F1B, that divided by V
 // for interleaved ((P-1)/V over M + (P-1)/V), and for ZB-H1 with costs F, B, W:
-// (P - 1)(F + B - W) / (M (F + B + W) + (P - 1)(F + B - W)).
+// (P - 1)(F + B - W) / (M (F + B + W) + (P - 1)(F + B - W)), which ZB-H1's lists meet from
+// M >= P on (with fewer micro-batches the drain has too few W's to fill its bubble).
 double bubble_formula(const ScheduleSpec& spec, const ActionCosts& costs);
-// The activation bound of each rank's schedule (micro-batches held at once): M for GPipe,
-// min(M, P - r) for 1F1B and ZB-H1, and interleaved's (Megatron's warm-up count + 1 per chunk).
+// The activation bound of each rank's schedule (micro-batch-stages held at once, counted as
+// schedule_stats counts them): M for GPipe, min(M, P - r) for 1F1B, min(M, P) for ZB-H1 (1F1B's
+// rank 0 bound on every rank: held until W, and rank r defers r W's; no list can reach ZB-H1's
+// bubble holding only P - r on rank r), and interleaved's min(M V, Megatron's warm-up count + 1)
+// (chunks of a micro-batch, each 1/V of the rank's layers).
 std::vector<int> activation_bound(const ScheduleSpec& spec);
 
 // ---- pictures ------------------------------------------------------------------------------
