@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <set>
+#include <source_location>
 #include <string>
 #include <vector>
 
@@ -64,11 +65,19 @@ std::string refusal(const Schedule& s) {
   return st.message();
 }
 
-// The message names `part`.
-void expect_mentions(const std::string& text, const std::string& part, int line) {
-  EXPECT_NE(text.find(part), std::string::npos) << "line " << line << ": '" << part << "' not in: " << text;
+// The message names `part` (a failure reports the caller's line).
+void expect_mentions(const std::string& text, const std::string& part,
+                     std::source_location at = std::source_location::current()) {
+  EXPECT_NE(text.find(part), std::string::npos) << "line " << at.line() << ": '" << part << "' not in: " << text;
 }
-#define EXPECT_MENTIONS(text, part) expect_mentions(text, part, __LINE__)
+#define EXPECT_MENTIONS(text, part) expect_mentions(text, part)
+
+// The checker refuses `s` with a message naming every one of `parts`.
+void expect_refused(const Schedule& s, const std::vector<std::string>& parts,
+                    std::source_location at = std::source_location::current()) {
+  const std::string message = refusal(s);
+  for (const std::string& part : parts) expect_mentions(message, part, at);
+}
 
 TEST(PipelineSchedule, EveryGeneratedScheduleIsValid) {
   for (const ScheduleSpec& spec : all_specs()) {
@@ -219,44 +228,44 @@ TEST(PipelineSchedule, StatsOfAMeasuredTimeline) {
 // ---- the checker refuses hand-broken schedules ---------------------------------------------------
 using K = ActionKind;
 
-TEST(PipelineScheduleChecker, MissingBackward) {
-  Schedule s = schedule(ScheduleKind::k1F1B, 2, 3);
-  remove(s, 1, {K::kBackward, 2, 1});
-  const std::string m = refusal(s);
-  EXPECT_MENTIONS(m, "rank 1");
-  EXPECT_MENTIONS(m, "backward of mb 2 stage 1 is missing");
-}
+// A generated schedule with one action taken out (or one more put in): refused, by name.
+struct OneActionOff {
+  const char* fault;
+  ScheduleSpec spec;
+  int rank;
+  Action action;
+  bool extra;  // appended to the rank's list, not taken out of it
+  std::vector<std::string> message;
+};
 
-TEST(PipelineScheduleChecker, MissingWeightGradient) {
-  Schedule s = schedule(ScheduleKind::kZeroBubbleH1, 2, 3);
-  remove(s, 0, {K::kBackwardWeight, 1, 0});
-  EXPECT_MENTIONS(refusal(s), "W mb 1 stage 0 is missing");
-}
-
-TEST(PipelineScheduleChecker, DuplicatedForward) {
-  Schedule s = schedule(ScheduleKind::kGpipe, 2, 3);
-  s.ranks[0].push_back({K::kForward, 1, 0});
-  const std::string m = refusal(s);
-  EXPECT_MENTIONS(m, "rank 0");
-  EXPECT_MENTIONS(m, "F mb 1 stage 0");
-  EXPECT_MENTIONS(m, "appears twice");
-}
-
-TEST(PipelineScheduleChecker, SendWithoutItsReceive) {
-  Schedule s = schedule(ScheduleKind::k1F1B, 2, 3);
-  remove(s, 1, {K::kRecvActivation, 1, 1});
-  const std::string m = refusal(s);
-  EXPECT_MENTIONS(m, "rank 0");
-  EXPECT_MENTIONS(m, "SA mb 1 stage 0");
-  EXPECT_MENTIONS(m, "no matching RA mb 1 stage 1 on rank 1");
-}
-
-TEST(PipelineScheduleChecker, ReceiveWithoutItsSend) {
-  Schedule s = schedule(ScheduleKind::k1F1B, 2, 3);
-  remove(s, 1, {K::kSendGrad, 0, 1});
-  const std::string m = refusal(s);
-  EXPECT_MENTIONS(m, "RG mb 0 stage 0");
-  EXPECT_MENTIONS(m, "no matching SG mb 0 stage 1 on rank 1");
+TEST(PipelineScheduleChecker, OneActionMissingOrExtra) {
+  const ScheduleSpec one_f_one_b{ScheduleKind::k1F1B, 2, 3, 1}, zb{ScheduleKind::kZeroBubbleH1, 2, 3, 1};
+  const ScheduleSpec gpipe{ScheduleKind::kGpipe, 2, 3, 1};
+  const OneActionOff cases[] = {
+      {"missing backward", one_f_one_b, 1, {K::kBackward, 2, 1}, false,
+       {"rank 1", "backward of mb 2 stage 1 is missing"}},
+      {"missing W", zb, 0, {K::kBackwardWeight, 1, 0}, false, {"rank 0", "W mb 1 stage 0 is missing"}},
+      {"missing forward", gpipe, 0, {K::kForward, 1, 0}, false, {"rank 0", "F mb 1 stage 0 is missing"}},
+      {"duplicated forward", gpipe, 0, {K::kForward, 1, 0}, true, {"rank 0", "F mb 1 stage 0", "appears twice"}},
+      {"send without its receive", one_f_one_b, 1, {K::kRecvActivation, 1, 1}, false,
+       {"rank 0", "SA mb 1 stage 0", "no matching RA mb 1 stage 1 on rank 1"}},
+      {"receive without its send", one_f_one_b, 1, {K::kSendGrad, 0, 1}, false,
+       {"rank 0", "RG mb 0 stage 0", "no matching SG mb 0 stage 1 on rank 1"}},
+      {"action on the wrong rank", gpipe, 0, {K::kForward, 0, 1}, true,
+       {"rank 0", "F mb 0 stage 1", "stage 1 runs on rank 1, not rank 0"}},
+      {"micro-batch past M", gpipe, 0, {K::kForward, 3, 0}, true, {"rank 0", "micro-batch 3 is outside 0..2"}},
+      {"B beside BI", one_f_one_b, 0, {K::kBackwardInput, 1, 0}, true, {"mb 1 stage 0 has both B and BI"}},
+  };
+  for (const OneActionOff& c : cases) {
+    SCOPED_TRACE(c.fault);
+    Schedule s = make_schedule(c.spec).value();
+    if (c.extra) {
+      s.ranks[c.rank].push_back(c.action);
+    } else {
+      remove(s, c.rank, c.action);
+    }
+    expect_refused(s, c.message);
+  }
 }
 
 TEST(PipelineScheduleChecker, ComputeBeforeItsDependency) {
@@ -264,28 +273,24 @@ TEST(PipelineScheduleChecker, ComputeBeforeItsDependency) {
   Schedule s = schedule(ScheduleKind::k1F1B, 2, 2);
   remove(s, 1, {K::kBackward, 0, 1});
   s.ranks[1].insert(s.ranks[1].begin(), Action{K::kBackward, 0, 1});
-  std::string m = refusal(s);
-  EXPECT_MENTIONS(m, "rank 1, #0 (B mb 0 stage 1)");
-  EXPECT_MENTIONS(m, "needs F mb 0 stage 1 earlier on rank 1, but it comes at");
+  expect_refused(s, {"rank 1, #0 (B mb 0 stage 1)", "needs F mb 0 stage 1 earlier on rank 1, but it comes at"});
   // A forward in front of the receive it consumes.
   s = schedule(ScheduleKind::k1F1B, 2, 2);
   remove(s, 1, {K::kRecvActivation, 1, 1});
   s.ranks[1].push_back({K::kRecvActivation, 1, 1});
-  m = refusal(s);
-  EXPECT_MENTIONS(m, "F mb 1 stage 1");
-  EXPECT_MENTIONS(m, "needs RA mb 1 stage 1 earlier on rank 1");
+  expect_refused(s, {"F mb 1 stage 1", "needs RA mb 1 stage 1 earlier on rank 1"});
   // A W before its BI; a send before the compute that produces it.
   s = schedule(ScheduleKind::kZeroBubbleH1, 1, 2);
   std::swap(s.ranks[0][1], s.ranks[0][2]);  // F0 BI0 W0 … -> F0 W0 BI0 …
-  EXPECT_MENTIONS(refusal(s), "W mb 0 stage 0): needs BI mb 0 stage 0 earlier");
+  expect_refused(s, {"W mb 0 stage 0): needs BI mb 0 stage 0 earlier"});
   s = schedule(ScheduleKind::kGpipe, 2, 1);
   ASSERT_EQ(s.ranks[0][1], (Action{K::kForward, 0, 0}));
   std::swap(s.ranks[0][1], s.ranks[0][2]);  // RG0 F0 SA0 B0 -> RG0 SA0 F0 B0
-  EXPECT_MENTIONS(refusal(s), "SA mb 0 stage 0): needs F mb 0 stage 0 earlier");
+  expect_refused(s, {"SA mb 0 stage 0): needs F mb 0 stage 0 earlier"});
   // Stage 1 of an interleaved rank without the stage-0 forward it reads in memory before it.
   s = schedule(ScheduleKind::kInterleaved1F1B, 1, 1, 2);
   std::swap(s.ranks[0][0], s.ranks[0][1]);  // F0@1 F0@0 …
-  EXPECT_MENTIONS(refusal(s), "F mb 0 stage 1): needs F mb 0 stage 0 earlier on rank 0");
+  expect_refused(s, {"F mb 0 stage 1): needs F mb 0 stage 0 earlier on rank 0"});
 }
 
 TEST(PipelineScheduleChecker, Deadlock) {
@@ -298,10 +303,8 @@ TEST(PipelineScheduleChecker, Deadlock) {
               {K::kForward, 1, 0}, {K::kSendActivation, 1, 0}, {K::kRecvGrad, 1, 0}, {K::kBackward, 1, 0}},
              {{K::kRecvActivation, 1, 1}, {K::kForward, 1, 1}, {K::kBackward, 1, 1}, {K::kSendGrad, 1, 1},
               {K::kRecvActivation, 0, 1}, {K::kForward, 0, 1}, {K::kBackward, 0, 1}, {K::kSendGrad, 0, 1}}};
-  const std::string m = refusal(s);
-  EXPECT_MENTIONS(m, "deadlock");
-  EXPECT_MENTIONS(m, "rank 0 at #3 (B mb 0 stage 0) waits for SG mb 0 stage 1 of rank 1");
-  EXPECT_MENTIONS(m, "rank 1 at #1 (F mb 1 stage 1) waits for SA mb 1 stage 0 of rank 0");
+  expect_refused(s, {"deadlock", "rank 0 at #3 (B mb 0 stage 0) waits for SG mb 0 stage 1 of rank 1",
+                 "rank 1 at #1 (F mb 1 stage 1) waits for SA mb 1 stage 0 of rank 0"});
   // The same lists in a consistent order pass.
   std::swap(s.ranks[1][0], s.ranks[1][4]);
   std::swap(s.ranks[1][1], s.ranks[1][5]);
@@ -310,35 +313,15 @@ TEST(PipelineScheduleChecker, Deadlock) {
   EXPECT_TRUE(check_schedule(s).ok()) << check_schedule(s).message();
 }
 
-TEST(PipelineScheduleChecker, ActionOnTheWrongRank) {
-  Schedule s = schedule(ScheduleKind::kGpipe, 2, 2);
-  remove(s, 1, {K::kForward, 0, 1});
-  s.ranks[0].push_back({K::kForward, 0, 1});
-  const std::string m = refusal(s);
-  EXPECT_MENTIONS(m, "rank 0");
-  EXPECT_MENTIONS(m, "F mb 0 stage 1");
-  EXPECT_MENTIONS(m, "stage 1 runs on rank 1, not rank 0");
-}
-
 TEST(PipelineScheduleChecker, OtherFaults) {
   // A send between two stages of one rank (the value passes in memory).
   Schedule s = schedule(ScheduleKind::kInterleaved1F1B, 1, 1, 2);
   s.ranks[0].insert(s.ranks[0].begin() + 1, Action{K::kSendActivation, 0, 0});
-  EXPECT_MENTIONS(refusal(s), "stages 0 and 1 are both on rank 0");
-  // B and BI for one micro-batch.
-  s = schedule(ScheduleKind::k1F1B, 1, 2);
-  s.ranks[0].push_back({K::kBackwardInput, 1, 0});
-  EXPECT_MENTIONS(refusal(s), "mb 1 stage 0 has both B and BI");
-  // A micro-batch past M; a missing forward; a rank's list missing.
-  s = schedule(ScheduleKind::k1F1B, 1, 2);
-  s.ranks[0].push_back({K::kForward, 2, 0});
-  EXPECT_MENTIONS(refusal(s), "micro-batch 2 is outside 0..1");
-  s = schedule(ScheduleKind::kGpipe, 1, 2);
-  remove(s, 0, {K::kForward, 1, 0});
-  EXPECT_MENTIONS(refusal(s), "F mb 1 stage 0 is missing");
+  expect_refused(s, {"stages 0 and 1 are both on rank 0"});
+  // A rank's list missing.
   s = schedule(ScheduleKind::kGpipe, 2, 2);
   s.ranks.pop_back();
-  EXPECT_MENTIONS(refusal(s), "lists for 1 ranks, its spec 2");
+  expect_refused(s, {"lists for 1 ranks, its spec 2"});
 }
 
 // ---- spec, names, tags -------------------------------------------------------------------------
