@@ -10,7 +10,7 @@ set -u
 kiln=$1
 mpiexec=$2
 dir=$(mktemp -d)
-trap 'rm -rf "$dir"' EXIT
+trap '[ -n "${KEEP:-}" ] || rm -rf "$dir"' EXIT
 mpi=("$mpiexec" --oversubscribe --allow-run-as-root --mca btl self,vader)
 small=(--preset llama-tiny --batch 4 --seq 32 --data "$dir/data" --eval-batches 1)
 fail() { echo "FAIL: $*"; exit 1; }
@@ -63,7 +63,7 @@ check_bad() {  # $1: the expected message; the rest: the command
   [ "$(grep -c -- "$want" "$dir/bad.log")" -eq 1 ] || { cat "$dir/bad.log"; fail "not one clear message for: $*"; }
   grep -q '^step ' "$dir/bad.log" && fail "a step ran with bad flags: $*"
 }
-check_bad "must add up to" "${mpi[@]}" -np 2 "$kiln" train "${small[@]}" --pp 2 --pp-layers 1,1 --steps 2 --out "$dir/bad"
+check_bad "sums to 2 blocks, but the model has" "${mpi[@]}" -np 2 "$kiln" train "${small[@]}" --pp 2 --pp-layers 1,1 --steps 2 --out "$dir/bad"
 check_bad "does not divide the 2 ranks" "${mpi[@]}" -np 2 "$kiln" train "${small[@]}" --pp 3 --steps 2 --out "$dir/bad"
 check_bad "--micro-batches 3" "${mpi[@]}" -np 2 "$kiln" train "${small[@]}" --pp 2 --micro-batches 3 --steps 2 --out "$dir/bad"
 check_bad "--schedule" "${mpi[@]}" -np 2 "$kiln" train "${small[@]}" --pp 2 --schedule fifo --steps 2 --out "$dir/bad"

@@ -15,8 +15,15 @@
 // reassociation of two partial sums, a few ulps). With M micro-batches the gradient is the
 // mean over micro-batches of each one's mean-loss gradient instead of one mean over the batch:
 // the same terms summed in M groups, |δ| ≲ γ_M · Σ|terms|, ~1e-7 relative. tp adds its own
-// reassociations (test_tensor_parallel.cpp). Bounds, as there, about 10× what this machine gave:
-// one-step gradients relative RMS 5e-6 and max 1e-5 of max |g|; 20-step losses 1e-6 relative.
+// reassociations (test_tensor_parallel.cpp). Over 20 AdamW steps these ulps grow: a
+// non-power-of-two M also rounds the 1/M that averages the micro-batches (a uniform 1-ulp
+// perturbation of every gradient). Measured on the 2-core EPYC at P = 2, 3, 4 (session 11):
+// one-step gradients relative RMS 3.1e-7, max 5.7e-7 of max |g|; 20-step losses 3.2e-6
+// relative (pp 2 × tp 2, M = 3; 1.2e-6 at tp 1, M = 3; 6e-7 or less at every power-of-two M).
+// Bounds: gradients relative RMS 5e-6 and max 1e-5 of max |g|; losses 1e-5 relative. GPipe,
+// 1F1B and ZB-H1 accumulate the micro-batches in the same order: they agree bitwise with each
+// other. A dropped micro-batch, a stage that used the wrong input, a missing tied-embedding sum
+// or a doubled one moves these by orders of magnitude more.
 #include <cmath>
 #include <filesystem>
 #include <map>
@@ -192,7 +199,7 @@ TEST(PipelineParallel, TwentyStepsGiveTheSingleProcessRun) {
             worst = std::max(worst, std::abs(static_cast<double>(loss) - want[i]) / want[i]);
           }
           if (getenv("KILN_TEST_PRINT") && world().rank() == 0) fprintf(stderr, "%s: loss rel %.3g\n", what.c_str(), worst);
-          EXPECT_LE(worst, 1e-6) << what;
+          EXPECT_LE(worst, 1e-5) << what;
         }
       }
     }

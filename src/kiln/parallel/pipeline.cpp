@@ -223,7 +223,8 @@ double PipelineParallelPlan::forward_backward(Transformer& model, const int32_t*
   enum { kActIn, kGradIn, kActOut, kGradOut };
   for (int i = 0; i < static_cast<int>(actions.size()); ++i) {
     const Action& a = actions[static_cast<size_t>(i)];
-    const int mb = a.micro_batch, tag = pipeline::tag_for(a, schedule_.spec);
+    const int mb = a.micro_batch;
+    const int tag = pipeline::is_compute(a.kind) ? 0 : pipeline::tag_for(a, schedule_.spec);
     const size_t m = static_cast<size_t>(mb);
     const int64_t at = static_cast<int64_t>(mb) * n;
     const double start = ex.now();
