@@ -6,21 +6,19 @@
 
 #include <algorithm>
 #include <cctype>
-#include <chrono>
 #include <cstdio>
 #include <memory>
 #include <string>
-#include <thread>
 #include <vector>
 
 #include "apps/kiln/commands.h"
 #include "bench/bench_util.h"
+#include "bench/parallel_bench_util.h"
 #include "bench/train_bench.h"
 #include "kiln/comm/communicator.h"
 #include "kiln/core/allocator.h"
 #include "kiln/core/cpu_features.h"
 #include "kiln/core/env.h"
-#include "kiln/core/rng.h"
 #include "kiln/core/thread_pool.h"
 #include "kiln/model/config.h"
 #include "kiln/parallel/data_parallel.h"
@@ -43,8 +41,6 @@ struct DpBenchOptions {
 };
 
 constexpr uint64_t kModelSeed = 1;
-constexpr uint64_t kDataSeed = 7;
-constexpr int64_t kNumDataTokens = int64_t{1} << 20;  // random windows are drawn from these
 
 // A --workload, resolved: the name as printed, the model and the global batch.
 struct Workload {
@@ -122,15 +118,6 @@ parallel::DataParallelOptions dp_options(const Layout& l, bool overlap, const Dp
   return d;
 }
 
-TokenShard random_tokens(int64_t vocab) {
-  TokenShard d;
-  d.vocab_size = vocab;
-  d.tokens.resize(static_cast<size_t>(kNumDataTokens));
-  Rng rng(kDataSeed);
-  for (int32_t& t : d.tokens) t = static_cast<int32_t>(rng.below(static_cast<uint64_t>(vocab)));
-  return d;
-}
-
 // Warm-up steps, then the timed ones; `dpo` null: the single-process trainer. Collective when
 // dpo is given (every rank runs it), local otherwise.
 Expected<Result> measure(const Workload& w, const TokenShard& data, const TrainOptions& t,
@@ -169,19 +156,6 @@ void print_row(const std::string& layout, int p, const std::string& workload,
       layout, p, workload, overlap, 1e3 * r.step_s, r.tokens_per_s, 1e3 * r.comm_s,
       1e3 * r.exposed_s, pct, r.peak_bytes / (1024.0 * 1024.0));
   std::fflush(stdout);
-}
-
-// A barrier that sleeps between polls: the ranks waiting while rank 0 runs the single-process
-// baseline must not take its cores (ranks may outnumber cores), and may wait for minutes (no
-// timeout, unlike the communication layer's polite waits).
-void sleeping_barrier(comm::Communicator& c) {
-  MPI_Request req = MPI_REQUEST_NULL;
-  MPI_Ibarrier(c.handle(), &req);
-  for (int done = 0;;) {
-    MPI_Test(&req, &done, MPI_STATUS_IGNORE);
-    if (done) return;
-    std::this_thread::sleep_for(std::chrono::milliseconds(2));
-  }
 }
 
 // Every flag checked, the same verdict on every rank, before any communication.
@@ -236,7 +210,7 @@ int run_dp_bench(const DpBenchOptions& o) {
           o.per_rank_batch, cpu_features().brand);
     }
     for (const Workload& w : workloads) {
-      const TokenShard data = random_tokens(w.cfg.vocab_size);  // the same on every rank
+      const TokenShard data = bench::random_tokens(w.cfg.vocab_size);  // the same on every rank
       const int64_t rank_batch = w.global_batch / p;
       if (rank == 0)
         fmt::print("# workload {}: {}; global batch {} ({} per rank) x seq {}\n", w.name,
@@ -273,7 +247,7 @@ int run_dp_bench(const DpBenchOptions& o) {
           rc = 1;
         }
       }
-      sleeping_barrier(world);
+      bench::sleeping_barrier(world);
       if (rank == 0 && o.per_rank_batch > 0 && single.tokens_per_s > 0)
         for (const bool overlap : overlaps)
           if (const double ddp = ddp_tokens_per_s[overlap ? 0 : 1]; ddp > 0) {

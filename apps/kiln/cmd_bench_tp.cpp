@@ -15,9 +15,9 @@
 
 #include "apps/kiln/commands.h"
 #include "bench/bench_util.h"
+#include "bench/parallel_bench_util.h"
 #include "kiln/comm/communicator.h"
 #include "kiln/core/cpu_features.h"
-#include "kiln/core/rng.h"
 #include "kiln/core/thread_pool.h"
 #include "kiln/model/config.h"
 #include "kiln/parallel/tensor_parallel.h"
@@ -38,8 +38,6 @@ struct TpBenchOptions {
 };
 
 constexpr uint64_t kModelSeed = 1;
-constexpr uint64_t kDataSeed = 7;
-constexpr int64_t kNumDataTokens = int64_t{1} << 20;
 
 struct Workload {
   std::string name;
@@ -111,15 +109,6 @@ struct Result {
   TensorParallelTraffic per_step;  // measured bytes per step (times: the fields above)
   bool same_on_every_rank = true;
 };
-
-TokenShard random_tokens(int64_t vocab) {
-  TokenShard d;
-  d.vocab_size = vocab;
-  d.tokens.resize(static_cast<size_t>(kNumDataTokens));
-  Rng rng(kDataSeed);
-  for (int32_t& t : d.tokens) t = static_cast<int32_t>(rng.below(static_cast<uint64_t>(vocab)));
-  return d;
-}
 
 TrainOptions train_options(const Workload& w, const TpBenchOptions& o) {
   TrainOptions t;
@@ -240,7 +229,7 @@ int run_tp_bench(const TpBenchOptions& o) {
                  w->cfg.n_layers, rows * w->cfg.d_model * 4);
       if (tp == 1 && o.sp != "off") fmt::print("# tp 1: sequence parallelism has nothing to split; sp off only\n");
     }
-    const TokenShard data = random_tokens(w->cfg.vocab_size);
+    const TokenShard data = bench::random_tokens(w->cfg.vocab_size);
     double act_mb[2] = {0, 0};  // [sp off, on]
     for (bool sp : sps) {
       auto r = measure(*w, data, tp, sp, o);

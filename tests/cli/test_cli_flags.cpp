@@ -243,6 +243,10 @@ TEST(CliFlags, BadNamesAreRefused) {
       {{"plan", "pp", "--ranks", "4", "--schedule", "foo"}, "--schedule"},
       {{"plan", "pp", "--ranks", "4", "--schedule", "foo"}, "'foo'"},
       {{"bench", "tp", "--sp", "sometimes"}, "--sp"},
+      {{"bench", "pp", "--schedule", "foo"}, "--schedule"},
+      {{"bench", "pp", "--schedule", "foo"}, "'foo'"},
+      {{"bench", "pp", "--schedule", "interleaved"}, "'interleaved'"},  // training refuses it so far
+      {{"bench", "pp", "--workload", "w9"}, "--workload"},
       {{"--simd", "avx9", "info"}, "--simd"},
       {{"no-such-command"}, "no-such-command"},
       {{"train", "--no-such-flag"}, "--no-such-flag"},

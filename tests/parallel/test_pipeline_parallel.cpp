@@ -121,6 +121,28 @@ Diff diff(const std::vector<float>& got, std::span<const float> ref) {
 
 const char* family(ModelFamily f) { return f == ModelFamily::kGpt2 ? "gpt2" : "llama"; }
 
+// The gathered timeline is on one clock: a stage's forward of a micro-batch starts after the
+// previous stage's forward of it ended (its activation was sent after that end was stamped), and
+// its backward after the next stage's backward. Causality, not timing: ranks stamping times from
+// their own epochs break it by their start-up skew.
+void expect_causal(const std::vector<pipeline::TimedAction>& timeline, int stages, int M, const std::string& what) {
+  std::map<std::pair<int, int>, pipeline::TimedAction> fwd, bwd;  // (micro-batch, stage)
+  for (const pipeline::TimedAction& t : timeline) {
+    const pipeline::ActionKind k = t.action.kind;
+    if (k == pipeline::ActionKind::kForward) fwd[{t.action.micro_batch, t.action.stage}] = t;
+    if (k == pipeline::ActionKind::kBackward || k == pipeline::ActionKind::kBackwardInput)
+      bwd[{t.action.micro_batch, t.action.stage}] = t;
+  }
+  ASSERT_EQ(fwd.size(), static_cast<size_t>(stages * M)) << what;
+  ASSERT_EQ(bwd.size(), static_cast<size_t>(stages * M)) << what;
+  for (int i = 0; i < M; ++i)
+    for (int s = 1; s < stages; ++s) {
+      const auto key = std::make_pair(i, s), before = std::make_pair(i, s - 1);
+      EXPECT_GE(fwd[key].start, fwd[before].end) << what << " F of micro-batch " << i << " on stage " << s;
+      EXPECT_GE(bwd[before].start, bwd[key].end) << what << " B of micro-batch " << i << " on stage " << s - 1;
+    }
+}
+
 TEST(PipelineParallel, OneStepGradientsEqualTheSingleProcess) {
   set_num_threads(1);
   const TokenShard data = random_data();
@@ -165,6 +187,7 @@ TEST(PipelineParallel, OneStepGradientsEqualTheSingleProcess) {
           const std::vector<StagePeak> peaks = plan->gather_peaks();
           const std::vector<int> bound = pipeline::activation_bound(plan->schedule().spec);
           for (int r = 0; r < l.pp; ++r) EXPECT_EQ(peaks[static_cast<size_t>(r)].micro_batches, bound[static_cast<size_t>(r)]) << what << " stage " << r;
+          expect_causal(plan->gather_timeline(), l.pp, M, what);
           m->set_hooks(nullptr);
         }
       }

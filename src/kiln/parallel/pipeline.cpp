@@ -91,8 +91,9 @@ Status check_pipeline_parallel(const PipelineOptions& o, const ModelConfig& c, i
 // One step over the schedule's actions for this rank. Per micro-batch: the received input
 // activation and output gradient, the sent output and input gradient (kept until every send is
 // done at the end of the step), and the activation slot its forward used.
-// Times are the machine's monotonic clock (comm::now_seconds(), one clock for every process of
-// a node); gather_timeline() puts the step's first start at 0.
+// Times are the machine's monotonic clock itself (steady_clock since boot: one clock for every
+// process of a node; comm::now_seconds() counts from each process's first call, which differ by
+// the ranks' start-up skew); gather_timeline() puts the step's first start at 0.
 struct PipelineParallelPlan::Executor {
   Executor(PipelineParallelPlan& p, Transformer& m, int64_t width) : plan(p), model(m), report(p.report_) {
     const int M = p.o_.micro_batches;
@@ -114,7 +115,9 @@ struct PipelineParallelPlan::Executor {
   int slots_in_use = 0, slots_made = 0;
 
   float* buf(int kind, int mb) { return bufs[static_cast<size_t>(kind * plan.o_.micro_batches + mb)].data<float>(); }
-  static double now() { return comm::now_seconds(); }
+  static double now() {
+    return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+  }
 
   // Polls the receive (a dead neighbour ends the job after KILN_COMM_TIMEOUT, naming it).
   void wait(MPI_Request& r, const Action& a) {
@@ -428,6 +431,38 @@ std::vector<pipeline::TimedAction> PipelineParallelPlan::gather_timeline() const
   for (const Record& r : all)
     out.push_back({{static_cast<ActionKind>(r.kind), r.micro_batch, r.stage}, r.rank, r.start - first, r.end - first});
   return out;
+}
+
+PipelineBubble measure_bubble(const PipelineParallelPlan& plan) {
+  const pipeline::Schedule& sched = plan.schedule();
+  PipelineBubble b;
+  b.measured = plan.gather_timeline();
+  // Mean measured seconds of F, B (or BI) and W over the stages: the ideal's costs.
+  double sum[3] = {0, 0, 0};
+  int count[3] = {0, 0, 0};
+  for (const pipeline::TimedAction& a : b.measured) {
+    int k = -1;
+    switch (a.action.kind) {
+      case ActionKind::kForward: k = 0; break;
+      case ActionKind::kBackward:
+      case ActionKind::kBackwardInput: k = 1; break;
+      case ActionKind::kBackwardWeight: k = 2; break;
+      default: continue;  // sends, receives and their waits
+    }
+    sum[k] += a.end - a.start;
+    ++count[k];
+  }
+  auto mean = [&](int k) { return count[k] ? sum[k] / count[k] : 0.0; };
+  b.split_backward = count[2] > 0;
+  b.backward_seconds = mean(1);
+  b.costs.forward = mean(0);
+  b.costs.backward_input = b.split_backward ? mean(1) : mean(1) / 2;  // kBackward costs B + W
+  b.costs.backward_weight = b.split_backward ? mean(2) : mean(1) / 2;
+  b.ideal = pipeline::simulate_schedule(sched, b.costs);
+  b.measured_stats = pipeline::schedule_stats(sched, b.measured);
+  b.ideal_stats = pipeline::schedule_stats(sched, b.ideal);
+  b.formula = pipeline::bubble_formula(sched.spec, b.costs);
+  return b;
 }
 
 }  // namespace kiln::parallel

@@ -137,4 +137,18 @@ class PipelineParallelPlan final : public ParallelPlan {
   double p2p_wait_seconds_ = 0, cross_stage_seconds_ = 0;  // since take_comm_times()
 };
 
+// The last step's bubble three ways (lesson 9): measured on the gathered timeline; ideal, the
+// same action lists simulated with the measured mean cost of each compute action (no
+// communication); and the textbook formula with those costs. Collective over the world: every
+// rank calls it after a step (`kiln train --pp`'s report and `kiln bench pp` read it).
+struct PipelineBubble {
+  std::vector<pipeline::TimedAction> measured, ideal;  // every rank's actions, the step's start at 0
+  pipeline::ScheduleStats measured_stats, ideal_stats;
+  double formula = 0;           // bubble_formula() of the schedule with `costs`
+  pipeline::ActionCosts costs;  // mean measured F, B (or BI), W seconds; an unsplit B halved into B + W
+  double backward_seconds = 0;  // mean measured B (B and W together) or BI (zero-bubble)
+  bool split_backward = false;  // W measured on its own (zero-bubble's lists)
+};
+PipelineBubble measure_bubble(const PipelineParallelPlan& plan);
+
 }  // namespace kiln::parallel

@@ -347,33 +347,14 @@ std::string resume_path(const TrainRunOptions& o, bool sharded) {
 // Collective: every rank calls it.
 void report_pipeline(const TrainRunOptions& o, const parallel::PipelineParallelPlan& plan, const RunOutput& out) {
   const pipeline::Schedule& sched = plan.schedule();
-  const std::vector<pipeline::TimedAction> measured = plan.gather_timeline();
+  const parallel::PipelineBubble b = parallel::measure_bubble(plan);
   const std::vector<parallel::StagePeak> peaks = plan.gather_peaks();
-  // Mean measured seconds of F, B (or BI) and W over the stages: the ideal's costs.
-  double sum[3] = {0, 0, 0};
-  int count[3] = {0, 0, 0};
-  for (const pipeline::TimedAction& a : measured) {
-    const int k = a.action.kind == pipeline::ActionKind::kForward                                            ? 0
-                  : a.action.kind == pipeline::ActionKind::kBackward || a.action.kind == pipeline::ActionKind::kBackwardInput ? 1
-                  : a.action.kind == pipeline::ActionKind::kBackwardWeight                                   ? 2
-                                                                                                             : -1;
-    if (k < 0) continue;
-    sum[k] += a.end - a.start;
-    ++count[k];
-  }
-  pipeline::ActionCosts costs;
-  costs.forward = count[0] ? sum[0] / count[0] : 0;
-  const double b = count[1] ? sum[1] / count[1] : 0, w = count[2] ? sum[2] / count[2] : 0;
-  costs.backward_input = count[2] ? b : b / 2;  // kBackward costs B + W
-  costs.backward_weight = count[2] ? w : b / 2;
-  const std::vector<pipeline::TimedAction> ideal = pipeline::simulate_schedule(sched, costs);
-  const pipeline::ScheduleStats ms = pipeline::schedule_stats(sched, measured), is = pipeline::schedule_stats(sched, ideal);
-  const double formula = pipeline::bubble_formula(sched.spec, costs);
   out.print("pipeline {} P={} M={}: last step {:.1f} ms, bubble measured {:.1f}% | ideal {:.1f}% ({:.1f} ms) | "
             "formula {:.1f}%  (F {:.2f} ms, B {:.2f} ms{})\n",
-            pipeline::schedule_name(sched.spec.kind), sched.spec.ranks, sched.spec.micro_batches, 1e3 * ms.makespan,
-            100 * ms.bubble_fraction, 100 * is.bubble_fraction, 1e3 * is.makespan, 100 * formula, 1e3 * costs.forward,
-            1e3 * b, count[2] ? fmt::format(", W {:.2f} ms", 1e3 * w) : std::string());
+            pipeline::schedule_name(sched.spec.kind), sched.spec.ranks, sched.spec.micro_batches,
+            1e3 * b.measured_stats.makespan, 100 * b.measured_stats.bubble_fraction, 100 * b.ideal_stats.bubble_fraction,
+            1e3 * b.ideal_stats.makespan, 100 * b.formula, 1e3 * b.costs.forward, 1e3 * b.backward_seconds,
+            b.split_backward ? fmt::format(", W {:.2f} ms", 1e3 * b.costs.backward_weight) : std::string());
   const std::vector<int> bound = pipeline::activation_bound(sched.spec);
   for (size_t r = 0; r < peaks.size(); ++r)
     out.print("  stage {} blocks [{}, {}): peak {} micro-batches' activations (bound {}), {:.2f} MiB\n", r,
@@ -382,8 +363,8 @@ void report_pipeline(const TrainRunOptions& o, const parallel::PipelineParallelP
   if (!o.timeline.empty()) {
     const std::string title = fmt::format("{} pipeline, P = {}, M = {}", pipeline::schedule_name(sched.spec.kind),
                                           sched.spec.ranks, sched.spec.micro_batches);
-    out.write_text(o.timeline, pipeline::timeline_svg({{"measured (last step)", measured, sched.spec.ranks},
-                                                       {"ideal (measured mean action costs)", ideal, sched.spec.ranks}},
+    out.write_text(o.timeline, pipeline::timeline_svg({{"measured (last step)", b.measured, sched.spec.ranks},
+                                                       {"ideal (measured mean action costs)", b.ideal, sched.spec.ranks}},
                                                       title));
     out.print("timeline: {}\n", o.timeline);
   }
