@@ -1,6 +1,6 @@
 // Pipeline parallelism against the single-process run (the oracle): the same model, data,
 // global batch and seed give, for GPipe, 1F1B and ZB-H1 at every pp that divides this mpirun's
-// P (CTest: P = 1..4, so pp = 2, 3, 4, dp 2 × pp 2 and pp 2 × tp 2), M = 1…8 micro-batches,
+// P (CTest: P = 1..4, so pp = 2, 3, 4, dp 2 × pp 2 with DDP and ZeRO-1, pp 2 × tp 2), M = 1…8 micro-batches,
 // and interleaved 1F1B with 2 chunks per rank where M divides by pp, both families:
 //   * the same gradients after one step, every parameter gathered from the stages;
 //   * the same loss at each of 20 steps;
@@ -15,15 +15,17 @@
 // reassociation of two partial sums, a few ulps). With M micro-batches the gradient is the
 // mean over micro-batches of each one's mean-loss gradient instead of one mean over the batch:
 // the same terms summed in M groups, |δ| ≲ γ_M · Σ|terms|, ~1e-7 relative. tp adds its own
-// reassociations (test_tensor_parallel.cpp). Over 20 AdamW steps these ulps grow: a
-// non-power-of-two M also rounds the 1/M that averages the micro-batches (a uniform 1-ulp
-// perturbation of every gradient). Measured on the 2-core EPYC at P = 2, 3, 4 (session 11):
-// one-step gradients relative RMS 3.1e-7, max 5.7e-7 of max |g|; 20-step losses 3.2e-6
-// relative (pp 2 × tp 2, M = 3; 1.2e-6 at tp 1, M = 3; 6e-7 or less at every power-of-two M).
-// Bounds: gradients relative RMS 5e-6 and max 1e-5 of max |g|; losses 1e-5 relative. GPipe,
-// 1F1B and ZB-H1 accumulate the micro-batches in the same order: they agree bitwise with each
-// other. A dropped micro-batch, a stage that used the wrong input, a missing tied-embedding sum
-// or a doubled one moves these by orders of magnitude more.
+// reassociations (test_tensor_parallel.cpp). Over 20 AdamW steps at lr 1e-2 these ulps grow
+// (Adam's m/√v turns a tiny perturbation of a near-zero gradient into a different update; a
+// non-power-of-two M also rounds the 1/M that averages the micro-batches). Measured on the
+// 2-core EPYC at P = 1..4 with this 8-block model (session 11): one-step gradients relative RMS
+// 3.7e-7, max 6.8e-7 of max |g|; 20-step losses 8.9e-6 relative (pp 2 × dp 2, M = 8, Llama;
+// 2.6e-6 or less at dp 1). Bounds: gradients relative RMS 5e-6 and max 1e-5 of max |g| (10×);
+// one-step loss 1e-6 relative; 20-step losses 1e-4 relative (10×, as the weights' bound of
+// test_tensor_parallel.cpp). GPipe, 1F1B, interleaved 1F1B and ZB-H1 accumulate the
+// micro-batches in the same order: they agree bitwise with each other. A dropped micro-batch,
+// a stage that used the wrong input, a missing tied-embedding sum or a doubled one moves the
+// one-step gradients by orders of magnitude more (1e-2 and up).
 #include <cmath>
 #include <filesystem>
 #include <map>
@@ -76,15 +78,21 @@ TrainOptions options(int64_t batch) {
 
 struct Layout {
   int pp, tp;
+  int zero = 0;
   int dp() const { return world().size() / (pp * tp); }
-  std::string name() const { return fmt::format("pp {} × dp {} × tp {}", pp, dp(), tp); }
+  std::string name() const {
+    return fmt::format("pp {} × {} {} × tp {}", pp, zero ? "zero1" : "dp", dp(), tp);
+  }
 };
 
 std::vector<Layout> layouts() {
   std::vector<Layout> out;
   for (int pp : {2, 3, 4})
     if (world().size() % pp == 0) out.push_back({pp, 1});
-  if (world().size() == 4) out.push_back({2, 2});
+  if (world().size() == 4) {
+    out.push_back({2, 2});
+    out.push_back({2, 1, 1});  // ZeRO-1 over the data-parallel pair of each stage
+  }
   return out;
 }
 
@@ -105,7 +113,9 @@ std::unique_ptr<PipelineParallelPlan> make_plan(const Layout& l, pipeline::Sched
   po.virtual_stages = s == pipeline::ScheduleKind::kInterleaved1F1B ? 2 : 1;
   TensorParallelOptions tpo;
   tpo.tp = l.tp;
-  auto plan = PipelineParallelPlan::create(world(), po, tpo, DataParallelOptions{}, c, o);
+  DataParallelOptions dpo;
+  dpo.zero = l.zero;
+  auto plan = PipelineParallelPlan::create(world(), po, tpo, dpo, c, o);
   EXPECT_TRUE(plan.ok()) << plan.status().message();
   return plan.ok() ? std::move(plan).value() : nullptr;
 }
@@ -207,7 +217,7 @@ TEST(PipelineParallel, TwentyStepsGiveTheSingleProcessRun) {
             worst = std::max(worst, std::abs(static_cast<double>(loss) - want[i]) / want[i]);
           }
           if (getenv("KILN_TEST_PRINT") && world().rank() == 0) fprintf(stderr, "%s: loss rel %.3g\n", what.c_str(), worst);
-          EXPECT_LE(worst, 1e-5) << what;
+          EXPECT_LE(worst, 1e-4) << what;
         }
       }
     }
@@ -225,7 +235,10 @@ TEST(PipelineParallel, CheckpointsHoldTheSingleProcessModel) {
   const TokenShard data = random_data();
   TrainOptions o = options(4 * world().size() / 2);
   o.max_steps = 6;
-  auto plan = make_plan({2, 1}, pipeline::ScheduleKind::k1F1B, 4, tiny(ModelFamily::kLlama), o);
+  // At P = 4 the data-parallel pair of each stage shards AdamW's state (ZeRO-1): the checkpoint
+  // maps each rank's shard to the single-process offsets.
+  auto plan = make_plan({2, 1, world().size() == 4 ? 1 : 0}, pipeline::ScheduleKind::k1F1B, 4,
+                        tiny(ModelFamily::kLlama), o);
   ASSERT_TRUE(plan);
   auto m = Transformer::create(tiny(ModelFamily::kLlama), 5, plan->shard(), plan->stage()).value();
   Trainer t(*m, data, nullptr, o, plan.get());

@@ -71,9 +71,9 @@ Status check_pipeline_parallel(const PipelineOptions& o, const ModelConfig& c, i
   if (train.batch % (static_cast<int64_t>(data) * o.micro_batches) != 0)
     return invalid_argument("--batch {} must split into --micro-batches {} on each of the {} data-parallel ranks",
                             train.batch, o.micro_batches, data);
-  if (dp.zero != 0)
-    return invalid_argument("--pp {} composes with DDP (--zero 0) only; ZeRO/FSDP over pipeline stages is not "
-                            "implemented (got --zero {})", o.pp, dp.zero);
+  if (dp.zero > 1)
+    return invalid_argument("--pp {} composes with DDP and ZeRO-1 (--zero 0 or 1); ZeRO-2/3 and FSDP over pipeline "
+                            "stages are not implemented (got --zero {})", o.pp, dp.zero);
   if (o.schedule == pipeline::ScheduleKind::kZeroBubbleH1) {
     if (train.precision != Precision::kF32)
       return invalid_argument("--schedule zb-h1 splits each Linear's backward into B and W in fp32; --precision {} "
@@ -349,9 +349,12 @@ void PipelineParallelPlan::finish_gradients() {
 }
 
 double PipelineParallelPlan::sum_over_shards(double x) {
-  if (stage_copy_) {  // the copy's squares are the first stage's too: count them once
-    const float* g = model_->grads().data() + stage_copy_->offset;
-    for (int64_t i = 0; i < stage_copy_->shape.numel(); ++i) x -= static_cast<double>(g[i]) * g[i];
+  if (stage_copy_) {  // the copy's squares (in this rank's pieces) are the first stage's too: count them once
+    const float* begin = model_->grads().data() + stage_copy_->offset;
+    const float* end = begin + stage_copy_->shape.numel();
+    for (const OptimizerPiece& p : inner_->pieces())
+      if (p.grads >= begin && p.grads < end)
+        for (int64_t i = 0; i < p.n; ++i) x -= static_cast<double>(p.grads[i]) * p.grads[i];
   }
   x = inner_->sum_over_shards(x);
   return o_.pp > 1 ? sum_doubles(mesh_->comm("pp"), x, "the gradient norm") : x;
@@ -386,7 +389,7 @@ std::string PipelineParallelPlan::describe() const {
 std::vector<OptimizerPiece> PipelineParallelPlan::checkpoint_pieces() const {
   std::vector<OptimizerPiece> out = inner_->checkpoint_pieces();
   if (!stage_copy_) return out;
-  const float* begin = model_->params().data() + stage_copy_->offset;
+  const float* begin = model_->params().data() + stage_copy_->offset;  // ZeRO-1 keeps the parameters whole
   const float* end = begin + stage_copy_->shape.numel();
   std::erase_if(out, [&](const OptimizerPiece& p) { return p.params >= begin && p.params < end; });
   return out;

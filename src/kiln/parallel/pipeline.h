@@ -8,9 +8,9 @@
 // weight gradients deferred to their W action. Every compute action and every wait is
 // timestamped: the measured timeline, its bubble and the peak activation memory come from them.
 //
-// Within a stage the ranks are a TensorParallelPlan (tp ≥ 1, DDP over dp): gradient buckets,
-// tensor-parallel partial gradients, the norm over shards, and checkpoints in the
-// single-process layout are its. This plan adds what crosses stages: the tied embedding's
+// Within a stage the ranks are a TensorParallelPlan (tp ≥ 1; DDP over dp, or ZeRO-1 at
+// tp = 1): gradient buckets, tensor-parallel partial gradients, the norm over shards, and
+// checkpoints in the single-process layout are its. This plan adds what crosses stages: the tied embedding's
 // gradient summed between the first stage and the last stage's copy, the gradient norm and the
 // loss over the stages, and the whole model for export.
 #pragma once
@@ -40,7 +40,7 @@ Expected<std::vector<BlockRange>> pipeline_stages(const PipelineOptions& o, cons
 // The same verdict on every rank, with no communication: the schedule is valid for (pp, M, V),
 // the stages split the model, pp × tp divides the world, every micro-batch has rows
 // (batch divisible by dp × M), and what the executor does not support is named: interleaved
-// stages on one rank, ZeRO/FSDP over stages, and zero-bubble with a non-fp32 precision or
+// stages on one rank, ZeRO-2/3 and FSDP over stages, and zero-bubble with a non-fp32 precision or
 // activation checkpointing or sequence parallelism (W reads the saved activations B left).
 Status check_pipeline_parallel(const PipelineOptions& o, const ModelConfig& c, int world,
                                const TensorParallelOptions& tp, const DataParallelOptions& dp,
