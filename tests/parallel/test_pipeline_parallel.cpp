@@ -41,9 +41,13 @@
 #include "kiln/parallel/pipeline.h"
 #include "kiln/train/sharded_checkpoint.h"
 #include "kiln/train/trainer.h"
+#include "tests/parallel/fixtures.h"
 
 namespace kiln::parallel {
 namespace {
+
+using testing::diff;
+using testing::Diff;
 
 comm::Communicator& world() { return comm::Communicator::world(); }
 
@@ -57,13 +61,7 @@ ModelConfig tiny(ModelFamily f) {
   return c;
 }
 
-TokenShard random_data() {
-  TokenShard d;
-  d.vocab_size = 40;
-  Rng rng(11);
-  for (int i = 0; i < 6000; ++i) d.tokens.push_back(static_cast<int32_t>(rng.below(40)));
-  return d;
-}
+TokenShard random_data() { return testing::random_tokens(40, 11, 6000); }
 
 TrainOptions options(int64_t batch) {
   TrainOptions o;
@@ -120,20 +118,6 @@ std::unique_ptr<PipelineParallelPlan> make_plan(const Layout& l, pipeline::Sched
   return plan.ok() ? std::move(plan).value() : nullptr;
 }
 
-struct Diff {
-  double rel_rms = 0, max_rel = 0;
-};
-Diff diff(const std::vector<float>& got, std::span<const float> ref) {
-  double sq = 0, ref_sq = 0, most = 0, ref_max = 0;
-  for (size_t i = 0; i < ref.size(); ++i) {
-    const double d = static_cast<double>(got[i]) - ref[i];
-    sq += d * d;
-    ref_sq += static_cast<double>(ref[i]) * ref[i];
-    most = std::max(most, std::abs(d));
-    ref_max = std::max(ref_max, std::abs(static_cast<double>(ref[i])));
-  }
-  return {std::sqrt(sq / std::max(ref_sq, 1e-300)), most / std::max(ref_max, 1e-300)};
-}
 
 const char* family(ModelFamily f) { return f == ModelFamily::kGpt2 ? "gpt2" : "llama"; }
 
@@ -224,11 +208,6 @@ TEST(PipelineParallel, TwentyStepsGiveTheSingleProcessRun) {
   }
 }
 
-std::string checkpoint_dir() {
-  const std::string dir = fmt::format("{}/kiln_pp_ckpt_{}", std::filesystem::temp_directory_path().string(), getppid());
-  return dir;
-}
-
 TEST(PipelineParallel, CheckpointsHoldTheSingleProcessModel) {
   set_num_threads(1);
   if (world().size() % 2 != 0) GTEST_SKIP() << "pp 2 needs an even P";
@@ -243,7 +222,7 @@ TEST(PipelineParallel, CheckpointsHoldTheSingleProcessModel) {
   auto m = Transformer::create(tiny(ModelFamily::kLlama), 5, plan->shard(), plan->stage()).value();
   Trainer t(*m, data, nullptr, o, plan.get());
   for (int i = 0; i < 3; ++i) t.step();
-  const std::string dir = checkpoint_dir();
+  const std::string dir = testing::checkpoint_dir("pp_ckpt");
   ASSERT_TRUE(t.save_checkpoint(dir).ok());
   const std::vector<float> full = plan->gather_full(m->params());
   std::vector<float> losses;
