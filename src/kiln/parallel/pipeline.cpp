@@ -395,6 +395,13 @@ std::vector<OptimizerPiece> PipelineParallelPlan::checkpoint_pieces() const {
   return out;
 }
 
+std::vector<OptimizerPiece> PipelineParallelPlan::restore_pieces() const {
+  std::vector<OptimizerPiece> out = inner_->restore_pieces();
+  std::stable_sort(out.begin(), out.end(),
+                   [](const OptimizerPiece& a, const OptimizerPiece& b) { return a.flat_begin < b.flat_begin; });
+  return out;
+}
+
 std::vector<float> PipelineParallelPlan::gather_full(std::span<const float> local) const {
   std::vector<float> full(static_cast<size_t>(model_->full_num_params()), 0.0f);
   const int tp_rank = model_->tensor_shard().rank;

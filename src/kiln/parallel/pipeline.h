@@ -99,7 +99,9 @@ class PipelineParallelPlan final : public ParallelPlan {
   std::string describe() const override;
   comm::Communicator* communicator() override { return &mesh_->world(); }
   std::vector<OptimizerPiece> checkpoint_pieces() const override;
-  std::vector<OptimizerPiece> restore_pieces() const override { return inner_->restore_pieces(); }
+  // The stage's pieces in whole-model order (the last stage's copy of the tied embedding, at
+  // offset 0, first): a checkpoint is read range by range in that order.
+  std::vector<OptimizerPiece> restore_pieces() const override;
   int64_t checkpoint_num_params() const override { return inner_->checkpoint_num_params(); }
   comm::Communicator* amax_group() override { return inner_->amax_group(); }
 
