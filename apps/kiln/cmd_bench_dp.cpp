@@ -5,7 +5,6 @@
 #include <fmt/format.h>
 
 #include <algorithm>
-#include <cctype>
 #include <cstdio>
 #include <memory>
 #include <string>
@@ -14,7 +13,6 @@
 #include "apps/kiln/commands.h"
 #include "bench/bench_util.h"
 #include "bench/parallel_bench_util.h"
-#include "bench/train_bench.h"
 #include "kiln/comm/communicator.h"
 #include "kiln/core/allocator.h"
 #include "kiln/core/cpu_features.h"
@@ -42,12 +40,7 @@ struct DpBenchOptions {
 
 constexpr uint64_t kModelSeed = 1;
 
-// A --workload, resolved: the name as printed, the model and the global batch.
-struct Workload {
-  std::string name;  // "W1a" | "W1b"
-  ModelConfig cfg;
-  int64_t global_batch = 0, seq_len = 0;
-};
+using Workload = bench::ParallelWorkload;  // batch: the global batch
 
 // A --layout: its ZeRO stage and HSDP shard group (0: shard over all ranks).
 struct Layout {
@@ -60,23 +53,14 @@ struct Result {
   double peak_bytes = 0;
 };
 
-std::string lower(std::string s) {
-  for (char& c : s) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
-  return s;
-}
-
 Expected<Workload> parse_workload(const std::string& flag, int p, int64_t per_rank_batch) {
-  const std::string key = lower(flag);
-  auto w = bench::train_workload(key);
-  if (!w.ok()) return invalid_argument("--workload: unknown workload '{}' (known: W1a, W1b)", flag);
-  KILN_ASSIGN_OR_RETURN(ModelConfig cfg, preset(w->preset));
-  Workload out{key == "w1a" ? "W1a" : "W1b", cfg,
-               per_rank_batch > 0 ? per_rank_batch * p : w->batch, w->seq_len};
-  if (out.global_batch % p != 0)
+  KILN_ASSIGN_OR_RETURN(Workload out, bench::parallel_workload(flag));
+  if (per_rank_batch > 0) out.batch = per_rank_batch * p;
+  if (out.batch % p != 0)
     return invalid_argument(
         "workload {}: its batch {} (the global batch) does not divide over P = {} ranks; "
         "give --per-rank-batch for weak scaling",
-        out.name, out.global_batch, p);
+        out.name, out.batch, p);
   return out;
 }
 
@@ -98,14 +82,7 @@ Expected<Layout> parse_layout(const std::string& name, int p) {
 }
 
 TrainOptions train_options(const Workload& w, int64_t batch, const DpBenchOptions& o) {
-  TrainOptions t;
-  t.batch = batch;
-  t.seq_len = w.seq_len;
-  t.max_steps = o.warmup + o.steps;
-  t.warmup_steps = 1;
-  t.eval_every = 0;
-  t.seed = kModelSeed;
-  return t;
+  return bench::bench_train_options(batch, w.seq_len, o.warmup + o.steps, kModelSeed);
 }
 
 parallel::DataParallelOptions dp_options(const Layout& l, bool overlap, const DpBenchOptions& o) {
@@ -177,7 +154,7 @@ Status check_flags(const DpBenchOptions& o, int p, std::vector<Workload>& worklo
   for (const Workload& w : workloads)
     for (const Layout& l : layouts) {
       const Status st = parallel::check_data_parallel(dp_options(l, true, o), p,
-                                                      train_options(w, w.global_batch, o));
+                                                      train_options(w, w.batch, o));
       if (!st.ok())
         return invalid_argument("workload {} layout {}: {}", w.name, l.name, st.message());
     }
@@ -211,15 +188,15 @@ int run_dp_bench(const DpBenchOptions& o) {
     }
     for (const Workload& w : workloads) {
       const TokenShard data = bench::random_tokens(w.cfg.vocab_size);  // the same on every rank
-      const int64_t rank_batch = w.global_batch / p;
+      const int64_t rank_batch = w.batch / p;
       if (rank == 0)
         fmt::print("# workload {}: {}; global batch {} ({} per rank) x seq {}\n", w.name,
-                   w.cfg.describe(), w.global_batch, rank_batch, w.seq_len);
+                   w.cfg.describe(), w.batch, rank_batch, w.seq_len);
       double ddp_tokens_per_s[2] = {0, 0};  // [overlap on, off]
       for (const Layout& l : layouts)
         for (const bool overlap : overlaps) {
           const parallel::DataParallelOptions dpo = dp_options(l, overlap, o);
-          auto r = measure(w, data, train_options(w, w.global_batch, o), &dpo, o);
+          auto r = measure(w, data, train_options(w, w.batch, o), &dpo, o);
           if (!r.ok()) {  // the same verdict on every rank (a config or plan error)
             if (rank == 0)
               fmt::print(stderr, "kiln bench dp: workload {} layout {}: {}\n", w.name, l.name,

@@ -1,14 +1,13 @@
 // `kiln bench pp` (BENCH.md W7, pipeline parallelism): W1a / W1b training steps under
-// mpirun -np P at pp = P (one stage per rank, one thread per rank), for each schedule (GPipe,
-// 1F1B, ZB-H1) at M micro-batches: the mean step time, the bubble measured beside the ideal (the
-// same lists simulated with the measured mean action costs) and the formula
+// mpirun -np P at pp = P (one thread per rank), for each schedule (GPipe, 1F1B, interleaved 1F1B
+// over V chunks a rank, ZB-H1) at M micro-batches: the mean step time, the bubble measured beside
+// the ideal (the same lists simulated with the measured mean action costs) and the formula
 // (parallel::measure_bubble), each stage's peak activation memory beside its schedule's bound,
 // and the single-process step of the same model and batch on rank 0 (the speedup). One table,
 // then whether the measured bubbles are ordered ZB-H1 <= 1F1B <= GPipe; --json writes the rows.
 #include <fmt/format.h>
 
 #include <algorithm>
-#include <cctype>
 #include <cstdio>
 #include <fstream>
 #include <memory>
@@ -19,7 +18,6 @@
 #include "apps/kiln/commands.h"
 #include "bench/bench_util.h"
 #include "bench/parallel_bench_util.h"
-#include "bench/train_bench.h"
 #include "kiln/comm/communicator.h"
 #include "kiln/core/cpu_features.h"
 #include "kiln/core/env.h"
@@ -33,8 +31,9 @@ namespace {
 
 struct PpBenchOptions {
   std::vector<std::string> workloads = {"W1a", "W1b"};
-  std::string schedule = "all";  // all | gpipe | 1f1b | zb-h1
+  std::string schedule = "all";  // all | gpipe | 1f1b | interleaved | zb-h1
   int micro_batches = 4;
+  int virtual_stages = 2;  // interleaved's chunks a rank
   int steps = 5;
   int warmup = 2;
   int threads = 1;  // per rank, and the single-process reference's
@@ -44,18 +43,14 @@ struct PpBenchOptions {
 
 constexpr uint64_t kModelSeed = 1;
 
-struct Workload {
-  std::string name;  // "W1a" | "W1b"
-  ModelConfig cfg;
-  int64_t batch = 0, seq_len = 0;
-};
+using Workload = bench::ParallelWorkload;
 
-// One stage of one schedule's run: its blocks, the activation micro-batches held at once
-// (most over the timed steps) and their bytes, beside the schedule's bound (the bound's bytes:
-// that many of the stage's activation slots; zero-bubble's measured bytes also count the output
-// gradients queued for W).
+// One rank of one schedule's run: its blocks (one range a chunk), the activation micro-batches
+// held at once (most over the timed steps; interleaved counts micro-batch-chunks) and their
+// bytes, beside the schedule's bound (the bound's bytes: that many of the rank's activation
+// slots; zero-bubble's measured bytes also count the output gradients queued for W).
 struct StageRow {
-  PipelineStage blocks;
+  std::vector<BlockRange> blocks;
   int peak_micro_batches = 0, bound_micro_batches = 0;
   double peak_mib = 0, bound_mib = 0;
 };
@@ -70,51 +65,25 @@ struct Row {
   double bubble_measured = 0, bubble_ideal = 0, bubble_formula = 0;
   double forward_ms = 0, backward_ms = 0,
          weight_ms = 0;  // mean action costs; weight: zero-bubble's W
+  std::string split;     // blocks per virtual stage in model order: "3,3", "2,1,1,2"
   std::vector<StageRow> stages;
 };
 
-std::string lower(std::string s) {
-  for (char& c : s) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
-  return s;
-}
-
-// Training interleaved 1F1B is refused by check_pipeline_parallel (one stage per rank so far).
-constexpr pipeline::ScheduleKind kBenchedSchedules[] = {pipeline::ScheduleKind::kGpipe,
-                                                        pipeline::ScheduleKind::k1F1B,
-                                                        pipeline::ScheduleKind::kZeroBubbleH1};
+// Every schedule the executor trains, in the order the table lists them.
+constexpr pipeline::ScheduleKind kSchedules[] = {
+    pipeline::ScheduleKind::kGpipe, pipeline::ScheduleKind::k1F1B,
+    pipeline::ScheduleKind::kInterleaved1F1B, pipeline::ScheduleKind::kZeroBubbleH1};
 
 Expected<std::vector<pipeline::ScheduleKind>> parse_schedules(const std::string& name) {
   if (name == "all")
-    return std::vector<pipeline::ScheduleKind>(std::begin(kBenchedSchedules),
-                                               std::end(kBenchedSchedules));
+    return std::vector<pipeline::ScheduleKind>(std::begin(kSchedules), std::end(kSchedules));
   auto kind = pipeline::parse_schedule(name);
-  if (kind.ok() && std::find(std::begin(kBenchedSchedules), std::end(kBenchedSchedules), *kind) !=
-                       std::end(kBenchedSchedules))
-    return std::vector<pipeline::ScheduleKind>{*kind};
-  if (kind.ok())
-    return invalid_argument(
-        "--schedule '{}': training runs one stage per rank so far (`kiln plan pp` draws it); "
-        "bench all, gpipe, 1f1b or zb-h1",
-        name);
-  return invalid_argument("--schedule: unknown schedule '{}' (all, gpipe, 1f1b or zb-h1)", name);
-}
-
-Expected<Workload> parse_workload(const std::string& flag) {
-  auto w = bench::train_workload(lower(flag));
-  if (!w.ok()) return invalid_argument("--workload: unknown workload '{}' (known: W1a, W1b)", flag);
-  KILN_ASSIGN_OR_RETURN(ModelConfig cfg, preset(w->preset));
-  return Workload{lower(flag) == "w1a" ? "W1a" : "W1b", cfg, w->batch, w->seq_len};
+  if (!kind.ok()) return invalid_argument("--schedule: {} (or all)", kind.status().message());
+  return std::vector<pipeline::ScheduleKind>{*kind};
 }
 
 TrainOptions train_options(const Workload& w, const PpBenchOptions& o) {
-  TrainOptions t;
-  t.batch = w.batch;
-  t.seq_len = w.seq_len;
-  t.max_steps = o.warmup + o.steps;
-  t.warmup_steps = 1;
-  t.eval_every = 0;
-  t.seed = kModelSeed;
-  return t;
+  return bench::bench_train_options(w.batch, w.seq_len, o.warmup + o.steps, kModelSeed);
 }
 
 parallel::PipelineOptions pipeline_options(pipeline::ScheduleKind kind, int p,
@@ -123,6 +92,7 @@ parallel::PipelineOptions pipeline_options(pipeline::ScheduleKind kind, int p,
   po.pp = p;
   po.micro_batches = o.micro_batches;
   po.schedule = kind;
+  po.virtual_stages = kind == pipeline::ScheduleKind::kInterleaved1F1B ? o.virtual_stages : 1;
   return po;
 }
 
@@ -132,7 +102,7 @@ Status check_flags(const PpBenchOptions& o, int p, std::vector<Workload>& worklo
   KILN_ASSIGN_OR_RETURN(schedules, parse_schedules(o.schedule));
   if (o.workloads.empty()) return invalid_argument("--workload: give W1a and/or W1b");
   for (const std::string& name : o.workloads) {
-    KILN_ASSIGN_OR_RETURN(Workload w, parse_workload(name));
+    KILN_ASSIGN_OR_RETURN(Workload w, bench::parallel_workload(name));
     workloads.push_back(std::move(w));
   }
   if (p < 2)
@@ -200,13 +170,17 @@ Expected<Row> measure(const Workload& w, const TokenShard& data, pipeline::Sched
   for (double& s : seconds) s *= 1e3;
   r.step_ms = bench::summarize(seconds);
   for (double s : seconds) r.step_ms_mean += s / static_cast<double>(seconds.size());
-  // One activation slot's bytes on every stage (pp = P: world rank r is stage r).
+  // One activation slot's bytes on every rank (pp = P: world rank r is pipeline rank r).
   const double slot = static_cast<double>(model->saved_activation_bytes());
   std::vector<double> slots(static_cast<size_t>(p));
   MPI_Allgather(&slot, 1, MPI_DOUBLE, slots.data(), 1, MPI_DOUBLE, world.handle());
   const std::vector<int> bound = pipeline::activation_bound(plan->schedule().spec);
+  const std::vector<BlockRange>& stages = plan->stages();  // every virtual stage, model order
+  for (size_t v = 0; v < stages.size(); ++v) {
+    r.split += fmt::format("{}{}", r.split.empty() ? "" : ",", stages[v].size());
+    r.stages[v % r.stages.size()].blocks.push_back(stages[v]);  // rank r holds r, r + P, …
+  }
   for (size_t i = 0; i < r.stages.size(); ++i) {
-    r.stages[i].blocks = plan->stages()[i];
     r.stages[i].bound_micro_batches = bound[i];
     r.stages[i].bound_mib = mib(bound[i] * slots[i]);
   }
@@ -232,20 +206,21 @@ std::string percent(double fraction) {
 void print_table(const std::vector<Row>& rows) {
   if (rows.empty()) return;
   std::string head =
-      "| workload | schedule | step ms (mean) | min-max | schedule ms | single ms | speedup | "
-      "bubble measured | ideal | formula | F / B / W ms |";
-  std::string rule = "|---|---|---|---|---|---|---|---|---|---|---|";
+      "| workload | schedule | blocks per stage | step ms (mean) | min-max | schedule ms | single "
+      "ms | "
+      "speedup | bubble measured | ideal | formula | F / B / W ms |";
+  std::string rule = "|---|---|---|---|---|---|---|---|---|---|---|---|";
   for (size_t s = 0; s < rows[0].stages.size(); ++s) {
-    const PipelineStage& b = rows[0].stages[s].blocks;
-    head += fmt::format(" stage {} [{}, {}): peak / bound mb, MiB |", s, b.begin, b.end);
+    head += fmt::format(" rank {}: peak / bound mb, MiB |", s);
     rule += "---|";
   }
   fmt::print("{}\n{}\n", head, rule);
   for (const Row& r : rows) {
     std::string line = fmt::format(
-        "| {} | {} | {:.1f} | {:.1f}-{:.1f} | {:.1f} | {} | {} | {} | {} | {} | {:.2f} / {:.2f} / "
+        "| {} | {} | {} | {:.1f} | {:.1f}-{:.1f} | {:.1f} | {} | {} | {} | {} | {} | {:.2f} / "
+        "{:.2f} / "
         "{} |",
-        r.workload, pipeline::schedule_name(r.schedule), r.step_ms_mean, r.step_ms.min,
+        r.workload, pipeline::schedule_name(r.schedule), r.split, r.step_ms_mean, r.step_ms.min,
         r.step_ms.max, r.schedule_ms, r.single_ms > 0 ? fmt::format("{:.1f}", r.single_ms) : "-",
         r.single_ms > 0 ? fmt::format("{:.2f}x", r.single_ms / r.step_ms_mean) : "-",
         percent(r.bubble_measured), percent(r.bubble_ideal), percent(r.bubble_formula),
@@ -256,14 +231,14 @@ void print_table(const std::vector<Row>& rows) {
     fmt::print("{}\n", line);
   }
   fmt::print(
-      "# schedule ms: the measured makespan of the step's actions (the step adds the tied "
-      "embedding's "
-      "sum over the stages, the gradient norm and AdamW); bubble: idle over P x makespan, mean of "
-      "the timed steps; ideal: the lists simulated with the mean "
-      "F / B / W; peak / bound: activation micro-batches held at once (the MiB bound: that many of "
-      "the "
-      "stage's slots; zb-h1's peak also holds the output gradients queued for W); speedup: single "
-      "/ step\n");
+      "# blocks per stage: virtual stages in model order (rank r holds r, r + P, ...); schedule "
+      "ms: "
+      "the measured makespan of the step's actions (the step adds the tied embedding's sum over "
+      "the stages, the gradient norm and AdamW); bubble: idle over P x makespan, mean of the timed "
+      "steps; ideal: the lists simulated with the mean F / B / W; peak / bound: activation "
+      "micro-batches (interleaved: micro-batch-chunks) held at once (the MiB bound: that many of "
+      "the rank's slots; zb-h1's peak also holds the output gradients queued for W); speedup: "
+      "single / step\n");
 }
 
 // Prints, per workload, whether the measured bubbles fall as the schedules promise (a
@@ -273,8 +248,9 @@ void print_order(const std::vector<Row>& rows, const std::vector<Workload>& work
     double bubble[3] = {-1, -1, -1};  // gpipe, 1f1b, zb-h1
     for (const Row& r : rows) {
       if (r.workload != w.name) continue;
-      for (int k = 0; k < 3; ++k)
-        if (r.schedule == kBenchedSchedules[k]) bubble[k] = r.bubble_measured;
+      if (r.schedule == pipeline::ScheduleKind::kGpipe) bubble[0] = r.bubble_measured;
+      if (r.schedule == pipeline::ScheduleKind::k1F1B) bubble[1] = r.bubble_measured;
+      if (r.schedule == pipeline::ScheduleKind::kZeroBubbleH1) bubble[2] = r.bubble_measured;
     }
     if (bubble[0] < 0 || bubble[1] < 0 || bubble[2] < 0) {
       fmt::print("{} order: zb-h1 ≤ 1f1b ≤ gpipe: n/a (needs --schedule all)\n", w.name);
@@ -291,17 +267,22 @@ Status write_json(const std::string& path, const std::vector<Row>& rows, int p,
   nlohmann::json out = nlohmann::json::array();
   for (const Row& r : rows) {
     nlohmann::json stages = nlohmann::json::array();
-    for (const StageRow& s : r.stages)
-      stages.push_back({{"blocks", {s.blocks.begin, s.blocks.end}},
+    for (const StageRow& s : r.stages) {
+      nlohmann::json blocks = nlohmann::json::array();
+      for (const BlockRange& b : s.blocks) blocks.push_back({b.begin, b.end});
+      stages.push_back({{"blocks", blocks},
                         {"peak_micro_batches", s.peak_micro_batches},
                         {"bound_micro_batches", s.bound_micro_batches},
                         {"peak_mib", s.peak_mib},
                         {"bound_mib", s.bound_mib}});
+    }
     out.push_back({{"bench", "pp"},
                    {"workload", r.workload},
                    {"schedule", std::string(pipeline::schedule_name(r.schedule))},
                    {"P", p},
                    {"micro_batches", o.micro_batches},
+                   {"virtual_stages", pipeline_options(r.schedule, p, o).virtual_stages},
+                   {"blocks_per_stage", r.split},
                    {"threads_per_rank", o.threads},
                    {"steps", o.steps},
                    {"step_ms_mean", r.step_ms_mean},
@@ -341,9 +322,10 @@ int run_pp_bench(const PpBenchOptions& o) {
     set_num_threads(o.threads);
     if (rank == 0)
       fmt::print(
-          "# bench pp P {} (pp {}, one stage a rank) M {} steps {} warmup {} threads/rank {} cpu "
-          "{}\n",
-          p, p, o.micro_batches, o.steps, o.warmup, num_threads(), cpu_features().brand);
+          "# bench pp P {} (pp {}; interleaved: {} chunks a rank) M {} steps {} warmup {} "
+          "threads/rank {} cpu {}\n",
+          p, p, o.virtual_stages, o.micro_batches, o.steps, o.warmup, num_threads(),
+          cpu_features().brand);
     std::vector<Row> rows;
     for (const Workload& w : workloads) {
       const TokenShard data = bench::random_tokens(w.cfg.vocab_size);  // the same on every rank
@@ -361,13 +343,10 @@ int run_pp_bench(const PpBenchOptions& o) {
           continue;
         }
         if (rank == 0) {
-          std::string split;
-          for (const StageRow& s : r->stages)
-            split += fmt::format("{}{}", split.empty() ? "" : ",", s.blocks.end - s.blocks.begin);
           fmt::print(
               "# {} {}: step {:.1f} ms (mean of {}), bubble measured {}, blocks per stage {}\n",
               w.name, pipeline::schedule_name(kind), r->step_ms_mean, o.steps,
-              percent(r->bubble_measured), split);
+              percent(r->bubble_measured), r->split);
           std::fflush(stdout);
         }
         rows.push_back(std::move(*r));
@@ -416,16 +395,19 @@ void register_bench_pp(CLI::App& app) {
   auto opt = std::make_shared<PpBenchOptions>();
   CLI::App* cmd = bench_cmd->add_subcommand(
       "pp",
-      "Pipeline parallelism (W7) under mpirun -np P: GPipe, 1F1B, ZB-H1 step time, bubble measured "
-      "/ ideal / "
-      "formula, peak activations per stage vs the bound, speedup over one process");
+      "Pipeline parallelism (W7) under mpirun -np P: GPipe, 1F1B, interleaved 1F1B, ZB-H1 step "
+      "time, bubble measured / ideal / formula, peak activations per rank vs the bound, speedup "
+      "over one process");
   cmd->add_option("--workload", opt->workloads,
                   "W1a (B 8, T 256), W1b (GPT-2 124M; B 4, T 64); comma list, default both")
       ->delimiter(',');
-  cmd->add_option("--schedule", opt->schedule, "all, gpipe, 1f1b or zb-h1");
+  cmd->add_option("--schedule", opt->schedule, "all, gpipe, 1f1b, interleaved or zb-h1");
   cmd->add_option("--micro-batches", opt->micro_batches,
                   "Micro-batches M per step (the batch must split into M)")
       ->check(CLI::Range(1, 1 << 12));
+  cmd->add_option("--virtual-stages", opt->virtual_stages,
+                  "Model chunks a rank for interleaved (M must be a multiple of P)")
+      ->check(CLI::Range(2, 64));
   cmd->add_option("--steps", opt->steps, "Timed steps after warm-up (mean, min-max)")
       ->check(CLI::Range(1, 10000));
   cmd->add_option("--warmup", opt->warmup, "Untimed warm-up steps")->check(CLI::Range(0, 1000));

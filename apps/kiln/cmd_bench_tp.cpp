@@ -111,14 +111,7 @@ struct Result {
 };
 
 TrainOptions train_options(const Workload& w, const TpBenchOptions& o) {
-  TrainOptions t;
-  t.batch = w.batch;
-  t.seq_len = w.seq;
-  t.max_steps = o.warmup + o.steps;
-  t.warmup_steps = 1;
-  t.eval_every = 0;
-  t.seed = kModelSeed;
-  return t;
+  return bench::bench_train_options(w.batch, w.seq, o.warmup + o.steps, kModelSeed);
 }
 
 // Collective over the world: warm-up steps, then the timed ones. Times are the slowest rank's.

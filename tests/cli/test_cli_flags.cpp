@@ -245,7 +245,6 @@ TEST(CliFlags, BadNamesAreRefused) {
       {{"bench", "tp", "--sp", "sometimes"}, "--sp"},
       {{"bench", "pp", "--schedule", "foo"}, "--schedule"},
       {{"bench", "pp", "--schedule", "foo"}, "'foo'"},
-      {{"bench", "pp", "--schedule", "interleaved"}, "'interleaved'"},  // training refuses it so far
       {{"bench", "pp", "--workload", "w9"}, "--workload"},
       {{"--simd", "avx9", "info"}, "--simd"},
       {{"no-such-command"}, "no-such-command"},

@@ -43,7 +43,7 @@ struct Cut {
 Cut cut(const ModelConfig& c, std::vector<int64_t> bounds) {
   Cut out;
   for (size_t i = 0; i + 1 < bounds.size(); ++i)
-    out.stages.push_back(Transformer::create(c, 7, {}, {bounds[i], bounds[i + 1]}).value());
+    out.stages.push_back(Transformer::create(c, 7, {}, PipelineStage::blocks(bounds[i], bounds[i + 1])).value());
   return out;
 }
 
@@ -108,8 +108,9 @@ TEST(PipelineStage, StagesHoldTheirBlocksAndTheWholeModelsValues) {
     EXPECT_TRUE(p.stages[0]->has_embedding() && !p.stages[0]->has_head());
     EXPECT_TRUE(!p.stages[2]->has_embedding() && p.stages[2]->has_head());
     EXPECT_EQ(p.stages[1]->num_blocks(), 2);
-    EXPECT_FALSE(Transformer::create(c, 7, {}, {3, 3}).ok());
-    EXPECT_FALSE(Transformer::create(c, 7, {}, {4, 6}).ok());
+    EXPECT_FALSE(Transformer::create(c, 7, {}, PipelineStage::blocks(3, 3)).ok());
+    EXPECT_FALSE(Transformer::create(c, 7, {}, PipelineStage::blocks(4, 6)).ok());
+    EXPECT_FALSE(Transformer::create(c, 7, {}, {{{2, 4}, {1, 2}}}).ok());  // chunks out of order
     // A middle stage needs its input.
     const std::vector<int32_t> x = random_ids(16, 1);
     EXPECT_FALSE(p.stages[1]->forward(x.data(), x.data(), 1, 16).ok());
@@ -131,6 +132,45 @@ TEST(PipelineStage, ChainedStagesGiveTheWholeModelsLossAndGradientsBitwise) {
   }
 }
 
+// Interleaved stages: a model of several chunks (rank A holds blocks [0, 1) and [3, 4), rank B
+// [1, 3) and [4, 5)), run chunk by chunk in model order, is the whole model again.
+TEST(PipelineStage, ChunksOfOneModelRunInModelOrder) {
+  for (ModelFamily f : {ModelFamily::kLlama, ModelFamily::kGpt2}) {
+    const ModelConfig c = tiny(f);
+    const int64_t B = 2, T = 16;
+    const std::vector<int32_t> x = random_ids(B * T, 3), y = random_ids(B * T, 4);
+    auto whole = Transformer::create(c, 7).value();
+    const float want = whole->forward(x.data(), y.data(), B, T).value();
+    whole->backward();
+    Cut p;
+    p.stages.push_back(Transformer::create(c, 7, {}, {{{0, 1}, {3, 4}}}).value());
+    p.stages.push_back(Transformer::create(c, 7, {}, {{{1, 3}, {4, 5}}}).value());
+    Transformer& a = *p.stages[0];
+    Transformer& b = *p.stages[1];
+    EXPECT_EQ(a.num_chunks(), 2);
+    EXPECT_TRUE(a.has_embedding() && !a.has_head() && !b.has_embedding() && b.has_head());
+    // Each chunk's forward in its own slot (its activations stay there for its backward).
+    const int32_t* none = nullptr;
+    a.use_activation_slot(0);
+    ASSERT_TRUE(a.forward_stage(x.data(), y.data(), nullptr, B, T, 0).ok());
+    b.use_activation_slot(0);
+    ASSERT_TRUE(b.forward_stage(none, none, a.stage_output(0), B, T, 0).ok());
+    a.use_activation_slot(1);
+    ASSERT_TRUE(a.forward_stage(none, none, b.stage_output(0), B, T, 1).ok());
+    b.use_activation_slot(1);
+    EXPECT_EQ(b.forward_stage(none, y.data(), a.stage_output(1), B, T, 1).value(), want);
+    b.backward_stage(nullptr, 1.0f, false, 1);
+    a.use_activation_slot(1);
+    a.backward_stage(b.input_grad(), 1.0f, false, 1);
+    b.use_activation_slot(0);
+    b.backward_stage(a.input_grad(), 1.0f, false, 0);
+    a.use_activation_slot(0);
+    a.backward_stage(b.input_grad(), 1.0f, false, 0);
+    expect_same_grads(*whole, p);
+    EXPECT_FALSE(a.forward_stage(x.data(), y.data(), nullptr, B, T, 2).ok());  // no chunk 2
+  }
+}
+
 TEST(PipelineStage, SlotsHoldSeveralMicroBatchesAndDeferredWeightsMatch) {
   for (ModelFamily f : {ModelFamily::kLlama, ModelFamily::kGpt2}) {
     const ModelConfig c = tiny(f);
@@ -147,9 +187,15 @@ TEST(PipelineStage, SlotsHoldSeveralMicroBatchesAndDeferredWeightsMatch) {
       want.push_back(whole->forward(x[i].data(), y[i].data(), B, T).value());
       whole->backward();
     }
-    for (bool defer : {false, true}) {
+    // Activation checkpointing shares buffers between a slot's layers (each slot its own set);
+    // its gradients are bitwise kNone's. Zero-bubble's deferred W runs without it.
+    const struct { bool defer; CheckpointMode mode; } cases[] = {
+        {false, CheckpointMode::kNone}, {false, CheckpointMode::kSelective}, {false, CheckpointMode::kFull},
+        {true, CheckpointMode::kNone}};
+    for (const auto [defer, mode] : cases) {
       // All forwards first (GPipe's order), each in its slot, then the backwards in order.
       Cut p = cut(c, {0, 2, 5});
+      for (auto& s : p.stages) s->set_checkpointing(mode);
       for (int i = 0; i < M; ++i) {
         for (auto& s : p.stages) s->use_activation_slot(i);
         EXPECT_EQ(forward(p, x[i], y[i], B, T), want[static_cast<size_t>(i)]);

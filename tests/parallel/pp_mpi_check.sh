@@ -11,13 +11,10 @@ kiln=$1
 mpiexec=$2
 dir=$(mktemp -d)
 trap '[ -n "${KEEP:-}" ] || rm -rf "$dir"' EXIT
-mpi=("$mpiexec" --oversubscribe --allow-run-as-root --mca btl self,vader)
+# shellcheck source=tests/parallel/mpi_check_lib.sh
+source "$(dirname "$0")/mpi_check_lib.sh"
 small=(--preset llama-tiny --batch 4 --seq 32 --data "$dir/data" --eval-batches 1)
-fail() { echo "FAIL: $*"; exit 1; }
-
-yes "In the beginning God created the heaven and the earth. And the earth was without form, and void." |
-  head -c 100000 > "$dir/text.txt"
-"$kiln" data prepare --text "$dir/text.txt" --out "$dir/data" --vocab-size 512 > /dev/null || fail "data prepare"
+prepare_corpus
 
 "${mpi[@]}" -np 2 "$kiln" train "${small[@]}" --pp 2 --micro-batches 4 --schedule 1f1b --steps 12 --lr 3e-3 \
   --timeline "$dir/pp.svg" --out "$dir/pp" > "$dir/pp.log" 2>&1 || { cat "$dir/pp.log"; fail "pp 2 run"; }
@@ -42,27 +39,10 @@ done
 grep -q "peak 4 micro-batches' activations (bound 4)" "$dir/gpipe.log" || { cat "$dir/gpipe.log"; fail "gpipe holds all M"; }
 
 # A killed stage: its neighbour's receive ends the job within KILN_COMM_TIMEOUT, with a message.
-KILN_COMM_TIMEOUT=5 "${mpi[@]}" -np 2 "$kiln" train "${small[@]}" --pp 2 --micro-batches 4 --steps 100000 \
-  --out "$dir/dead" > "$dir/dead.log" 2>&1 &
-job=$!
-for _ in $(seq 1 600); do grep -q '^step ' "$dir/dead.log" && break; sleep 0.1; done
-victim=$(pgrep -P "$job" | sort -n | tail -1)
-[ -n "$victim" ] || fail "no rank process found"
-kill -9 "$victim"
-start=$(date +%s)
-while kill -0 "$job" 2> /dev/null; do
-  [ $(( $(date +%s) - start )) -le 30 ] || { kill -9 "$job"; fail "the job still runs 30 s after a stage died"; }
-  sleep 0.2
-done
+KILN_COMM_TIMEOUT=5 kill_a_rank "$dir/dead.log" "${mpi[@]}" -np 2 "$kiln" train "${small[@]}" --pp 2 \
+  --micro-batches 4 --steps 100000 --out "$dir/dead"
 grep -Eq "exited on signal 9|a neighbouring stage's rank is gone" "$dir/dead.log" || { cat "$dir/dead.log"; fail "no message naming the dead rank"; }
 
-check_bad() {  # $1: the expected message; the rest: the command
-  local want=$1
-  shift
-  "$@" > "$dir/bad.log" 2>&1 && fail "accepted: $*"
-  [ "$(grep -c -- "$want" "$dir/bad.log")" -eq 1 ] || { cat "$dir/bad.log"; fail "not one clear message for: $*"; }
-  grep -q '^step ' "$dir/bad.log" && fail "a step ran with bad flags: $*"
-}
 check_bad "sums to 2 blocks, but the model has" "${mpi[@]}" -np 2 "$kiln" train "${small[@]}" --pp 2 --pp-layers 1,1 --steps 2 --out "$dir/bad"
 check_bad "does not divide the 2 ranks" "${mpi[@]}" -np 2 "$kiln" train "${small[@]}" --pp 3 --steps 2 --out "$dir/bad"
 check_bad "--micro-batches 3" "${mpi[@]}" -np 2 "$kiln" train "${small[@]}" --pp 2 --micro-batches 3 --steps 2 --out "$dir/bad"

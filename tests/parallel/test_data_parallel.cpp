@@ -30,6 +30,7 @@
 #include "kiln/parallel/data_parallel.h"
 #include "kiln/train/sharded_checkpoint.h"
 #include "kiln/train/trainer.h"
+#include "tests/parallel/fixtures.h"
 
 namespace kiln::parallel {
 namespace {
@@ -45,13 +46,7 @@ ModelConfig tiny(ModelFamily f) {
   return c;
 }
 
-TokenShard random_data() {
-  TokenShard d;
-  d.vocab_size = 37;
-  Rng rng(7);
-  for (int i = 0; i < 4000; ++i) d.tokens.push_back(static_cast<int32_t>(rng.below(37)));
-  return d;
-}
+TokenShard random_data() { return testing::random_tokens(37, 7, 4000); }
 
 TrainOptions options(int64_t grad_accum = 1) {
   TrainOptions o;
@@ -190,10 +185,7 @@ TEST(DataParallel, EveryLayoutGivesTheSingleProcessRun) {
   }
 }
 
-// A unique directory per test and P (CTest runs the np variants as parallel processes).
-std::string checkpoint_dir(const std::string& name) {
-  return std::string(KILN_BINARY_DIR) + "/test_dp_" + name + "_p" + std::to_string(world().size());
-}
+std::string checkpoint_dir(const std::string& name) { return testing::checkpoint_dir("dp_" + name); }
 
 // Sharded checkpoints: resuming at the same layout is bitwise the uninterrupted run; another
 // layout, and one process, read the same state (resharding); a single-process file resumes

@@ -1,7 +1,7 @@
 // Pipeline parallelism against the single-process run (the oracle): the same model, data,
 // global batch and seed give, for GPipe, 1F1B and ZB-H1 at every pp that divides this mpirun's
-// P (CTest: P = 1..4, so pp = 2, 3, 4, dp 2 × pp 2 and pp 2 × tp 2), M = 1…8 micro-batches,
-// both families:
+// P (CTest: P = 1..4, so pp = 2, 3, 4, dp 2 × pp 2 with DDP and ZeRO-1, pp 2 × tp 2), M = 1…8 micro-batches,
+// and interleaved 1F1B with 2 chunks per rank where M divides by pp, both families:
 //   * the same gradients after one step, every parameter gathered from the stages;
 //   * the same loss at each of 20 steps;
 //   * each stage's activation slots in use at once equal the schedule's bound;
@@ -15,15 +15,17 @@
 // reassociation of two partial sums, a few ulps). With M micro-batches the gradient is the
 // mean over micro-batches of each one's mean-loss gradient instead of one mean over the batch:
 // the same terms summed in M groups, |δ| ≲ γ_M · Σ|terms|, ~1e-7 relative. tp adds its own
-// reassociations (test_tensor_parallel.cpp). Over 20 AdamW steps these ulps grow: a
-// non-power-of-two M also rounds the 1/M that averages the micro-batches (a uniform 1-ulp
-// perturbation of every gradient). Measured on the 2-core EPYC at P = 2, 3, 4 (session 11):
-// one-step gradients relative RMS 3.1e-7, max 5.7e-7 of max |g|; 20-step losses 3.2e-6
-// relative (pp 2 × tp 2, M = 3; 1.2e-6 at tp 1, M = 3; 6e-7 or less at every power-of-two M).
-// Bounds: gradients relative RMS 5e-6 and max 1e-5 of max |g|; losses 1e-5 relative. GPipe,
-// 1F1B and ZB-H1 accumulate the micro-batches in the same order: they agree bitwise with each
-// other. A dropped micro-batch, a stage that used the wrong input, a missing tied-embedding sum
-// or a doubled one moves these by orders of magnitude more.
+// reassociations (test_tensor_parallel.cpp). Over 20 AdamW steps at lr 1e-2 these ulps grow
+// (Adam's m/√v turns a tiny perturbation of a near-zero gradient into a different update; a
+// non-power-of-two M also rounds the 1/M that averages the micro-batches). Measured on the
+// 2-core EPYC at P = 1..4 with this 8-block model (session 11): one-step gradients relative RMS
+// 3.7e-7, max 6.8e-7 of max |g|; 20-step losses 8.9e-6 relative (pp 2 × dp 2, M = 8, Llama;
+// 2.6e-6 or less at dp 1). Bounds: gradients relative RMS 5e-6 and max 1e-5 of max |g| (10×);
+// one-step loss 1e-6 relative; 20-step losses 1e-4 relative (10×, as the weights' bound of
+// test_tensor_parallel.cpp). GPipe, 1F1B, interleaved 1F1B and ZB-H1 accumulate the
+// micro-batches in the same order: they agree bitwise with each other. A dropped micro-batch,
+// a stage that used the wrong input, a missing tied-embedding sum or a doubled one moves the
+// one-step gradients by orders of magnitude more (1e-2 and up).
 #include <cmath>
 #include <filesystem>
 #include <map>
@@ -39,29 +41,27 @@
 #include "kiln/parallel/pipeline.h"
 #include "kiln/train/sharded_checkpoint.h"
 #include "kiln/train/trainer.h"
+#include "tests/parallel/fixtures.h"
 
 namespace kiln::parallel {
 namespace {
+
+using testing::diff;
+using testing::Diff;
 
 comm::Communicator& world() { return comm::Communicator::world(); }
 
 ModelConfig tiny(ModelFamily f) {
   ModelConfig c;
   c.family = f;
-  c.vocab_size = 40; c.d_model = 16; c.n_layers = 4; c.n_heads = 4;
+  c.vocab_size = 40; c.d_model = 16; c.n_layers = 8; c.n_heads = 4;  // 2 chunks per rank at pp 4
   c.n_kv_heads = f == ModelFamily::kLlama ? 2 : 4;
   c.d_ff = 32; c.max_seq_len = 8;
   c.tied_embeddings = true;  // the last stage's copy of the embedding, summed with the first's
   return c;
 }
 
-TokenShard random_data() {
-  TokenShard d;
-  d.vocab_size = 40;
-  Rng rng(11);
-  for (int i = 0; i < 6000; ++i) d.tokens.push_back(static_cast<int32_t>(rng.below(40)));
-  return d;
-}
+TokenShard random_data() { return testing::random_tokens(40, 11, 6000); }
 
 TrainOptions options(int64_t batch) {
   TrainOptions o;
@@ -76,20 +76,31 @@ TrainOptions options(int64_t batch) {
 
 struct Layout {
   int pp, tp;
+  int zero = 0;
   int dp() const { return world().size() / (pp * tp); }
-  std::string name() const { return fmt::format("pp {} × dp {} × tp {}", pp, dp(), tp); }
+  std::string name() const {
+    return fmt::format("pp {} × {} {} × tp {}", pp, zero ? "zero1" : "dp", dp(), tp);
+  }
 };
 
 std::vector<Layout> layouts() {
   std::vector<Layout> out;
   for (int pp : {2, 3, 4})
     if (world().size() % pp == 0) out.push_back({pp, 1});
-  if (world().size() == 4) out.push_back({2, 2});
+  if (world().size() == 4) {
+    out.push_back({2, 2});
+    out.push_back({2, 1, 1});  // ZeRO-1 over the data-parallel pair of each stage
+  }
   return out;
 }
 
 const pipeline::ScheduleKind kSchedules[] = {pipeline::ScheduleKind::kGpipe, pipeline::ScheduleKind::k1F1B,
+                                             pipeline::ScheduleKind::kInterleaved1F1B,
                                              pipeline::ScheduleKind::kZeroBubbleH1};
+// Interleaved runs 2 chunks per rank where Megatron's rule allows it (M divisible by pp).
+bool runs(pipeline::ScheduleKind s, const Layout& l, int M) {
+  return s != pipeline::ScheduleKind::kInterleaved1F1B || M % l.pp == 0;
+}
 
 std::unique_ptr<PipelineParallelPlan> make_plan(const Layout& l, pipeline::ScheduleKind s, int M, const ModelConfig& c,
                                                 const TrainOptions& o) {
@@ -97,27 +108,16 @@ std::unique_ptr<PipelineParallelPlan> make_plan(const Layout& l, pipeline::Sched
   po.pp = l.pp;
   po.micro_batches = M;
   po.schedule = s;
+  po.virtual_stages = s == pipeline::ScheduleKind::kInterleaved1F1B ? 2 : 1;
   TensorParallelOptions tpo;
   tpo.tp = l.tp;
-  auto plan = PipelineParallelPlan::create(world(), po, tpo, DataParallelOptions{}, c, o);
+  DataParallelOptions dpo;
+  dpo.zero = l.zero;
+  auto plan = PipelineParallelPlan::create(world(), po, tpo, dpo, c, o);
   EXPECT_TRUE(plan.ok()) << plan.status().message();
   return plan.ok() ? std::move(plan).value() : nullptr;
 }
 
-struct Diff {
-  double rel_rms = 0, max_rel = 0;
-};
-Diff diff(const std::vector<float>& got, std::span<const float> ref) {
-  double sq = 0, ref_sq = 0, most = 0, ref_max = 0;
-  for (size_t i = 0; i < ref.size(); ++i) {
-    const double d = static_cast<double>(got[i]) - ref[i];
-    sq += d * d;
-    ref_sq += static_cast<double>(ref[i]) * ref[i];
-    most = std::max(most, std::abs(d));
-    ref_max = std::max(ref_max, std::abs(static_cast<double>(ref[i])));
-  }
-  return {std::sqrt(sq / std::max(ref_sq, 1e-300)), most / std::max(ref_max, 1e-300)};
-}
 
 const char* family(ModelFamily f) { return f == ModelFamily::kGpt2 ? "gpt2" : "llama"; }
 
@@ -162,6 +162,7 @@ TEST(PipelineParallel, OneStepGradientsEqualTheSingleProcess) {
         const float ref_loss = ref->forward(x.data(), y.data(), o.batch, o.seq_len).value();
         ref->backward();
         for (pipeline::ScheduleKind s : kSchedules) {
+          if (!runs(s, l, M)) continue;
           const std::string what =
               fmt::format("{} {} M={} {}", l.name(), pipeline::schedule_name(s), M, family(f));
           auto plan = make_plan(l, s, M, tiny(f), o);
@@ -187,7 +188,7 @@ TEST(PipelineParallel, OneStepGradientsEqualTheSingleProcess) {
           const std::vector<StagePeak> peaks = plan->gather_peaks();
           const std::vector<int> bound = pipeline::activation_bound(plan->schedule().spec);
           for (int r = 0; r < l.pp; ++r) EXPECT_EQ(peaks[static_cast<size_t>(r)].micro_batches, bound[static_cast<size_t>(r)]) << what << " stage " << r;
-          expect_causal(plan->gather_timeline(), l.pp, M, what);
+          expect_causal(plan->gather_timeline(), plan->schedule().spec.stages(), M, what);
           m->set_hooks(nullptr);
         }
       }
@@ -210,6 +211,7 @@ TEST(PipelineParallel, TwentyStepsGiveTheSingleProcessRun) {
         }
         const std::vector<float>& want = ref_losses[o.batch];
         for (pipeline::ScheduleKind s : kSchedules) {
+          if (!runs(s, l, M)) continue;
           const std::string what =
               fmt::format("{} {} M={} {}", l.name(), pipeline::schedule_name(s), M, family(f));
           auto plan = make_plan(l, s, M, tiny(f), o);
@@ -222,16 +224,11 @@ TEST(PipelineParallel, TwentyStepsGiveTheSingleProcessRun) {
             worst = std::max(worst, std::abs(static_cast<double>(loss) - want[i]) / want[i]);
           }
           if (getenv("KILN_TEST_PRINT") && world().rank() == 0) fprintf(stderr, "%s: loss rel %.3g\n", what.c_str(), worst);
-          EXPECT_LE(worst, 1e-5) << what;
+          EXPECT_LE(worst, 1e-4) << what;
         }
       }
     }
   }
-}
-
-std::string checkpoint_dir() {
-  const std::string dir = fmt::format("{}/kiln_pp_ckpt_{}", std::filesystem::temp_directory_path().string(), getppid());
-  return dir;
 }
 
 TEST(PipelineParallel, CheckpointsHoldTheSingleProcessModel) {
@@ -240,12 +237,15 @@ TEST(PipelineParallel, CheckpointsHoldTheSingleProcessModel) {
   const TokenShard data = random_data();
   TrainOptions o = options(4 * world().size() / 2);
   o.max_steps = 6;
-  auto plan = make_plan({2, 1}, pipeline::ScheduleKind::k1F1B, 4, tiny(ModelFamily::kLlama), o);
+  // At P = 4 the data-parallel pair of each stage shards AdamW's state (ZeRO-1): the checkpoint
+  // maps each rank's shard to the single-process offsets.
+  auto plan = make_plan({2, 1, world().size() == 4 ? 1 : 0}, pipeline::ScheduleKind::k1F1B, 4,
+                        tiny(ModelFamily::kLlama), o);
   ASSERT_TRUE(plan);
   auto m = Transformer::create(tiny(ModelFamily::kLlama), 5, plan->shard(), plan->stage()).value();
   Trainer t(*m, data, nullptr, o, plan.get());
   for (int i = 0; i < 3; ++i) t.step();
-  const std::string dir = checkpoint_dir();
+  const std::string dir = testing::checkpoint_dir("pp_ckpt");
   ASSERT_TRUE(t.save_checkpoint(dir).ok());
   const std::vector<float> full = plan->gather_full(m->params());
   std::vector<float> losses;
@@ -263,6 +263,15 @@ TEST(PipelineParallel, CheckpointsHoldTheSingleProcessModel) {
   ASSERT_TRUE(t1.load_checkpoint(dir).ok());
   EXPECT_EQ(diff(full, single->params()).max_rel, 0.0);
   for (size_t i = 0; !t1.done(); ++i) EXPECT_NEAR(t1.step().loss, losses[i], 1e-6 * losses[i]) << "step " << i + 4;
+  // The stages resume it too, on another schedule (the last stage reads its embedding copy from
+  // the first stage's offsets): the same losses.
+  auto plan2 = make_plan({2, 1}, pipeline::ScheduleKind::kZeroBubbleH1, 2, tiny(ModelFamily::kLlama), o);
+  ASSERT_TRUE(plan2);
+  auto m2 = Transformer::create(tiny(ModelFamily::kLlama), 99, plan2->shard(), plan2->stage()).value();
+  Trainer t2(*m2, data, nullptr, o, plan2.get());
+  ASSERT_TRUE(t2.load_checkpoint(dir).ok());
+  EXPECT_EQ(diff(plan2->gather_full(m2->params()), full).max_rel, 0.0);
+  for (size_t i = 0; !t2.done(); ++i) EXPECT_NEAR(t2.step().loss, losses[i], 1e-6 * losses[i]) << "step " << i + 4;
   world().barrier();
   if (world().rank() == 0) std::filesystem::remove_all(dir);
 }
@@ -281,7 +290,7 @@ TEST(PipelineParallel, LayoutsThatDoNotFitAreRefusedOnEveryRank) {
   po.micro_batches = 4;
   PipelineOptions bad = po;
   bad.layers = {2, 1};  // 3 of the 4 blocks: never silently dropped
-  refused(bad, {}, o, "4");
+  refused(bad, {}, o, "sums to 3 blocks, but the model has 8");
   bad = po;
   bad.pp = 3;
   refused(bad, {}, o, "does not divide");
@@ -294,6 +303,7 @@ TEST(PipelineParallel, LayoutsThatDoNotFitAreRefusedOnEveryRank) {
   bf16.precision = Precision::kBF16;
   refused(bad, {}, bf16, "zb-h1");
   bad = po;
+  bad.pp = 1;
   bad.schedule = pipeline::ScheduleKind::kInterleaved1F1B;
   bad.virtual_stages = 2;
   refused(bad, {}, o, "--virtual-stages 2");

@@ -36,9 +36,13 @@
 #include "kiln/quant/qat.h"
 #include "kiln/train/sharded_checkpoint.h"
 #include "kiln/train/trainer.h"
+#include "tests/parallel/fixtures.h"
 
 namespace kiln::parallel {
 namespace {
+
+using testing::diff;
+using testing::Diff;
 
 comm::Communicator& world() { return comm::Communicator::world(); }
 
@@ -52,13 +56,7 @@ ModelConfig tiny(ModelFamily f) {
   return c;
 }
 
-TokenShard random_data() {
-  TokenShard d;
-  d.vocab_size = 40;
-  Rng rng(11);
-  for (int i = 0; i < 4000; ++i) d.tokens.push_back(static_cast<int32_t>(rng.below(40)));
-  return d;
-}
+TokenShard random_data() { return testing::random_tokens(40, 11, 4000); }
 
 TrainOptions options() {
   TrainOptions o;
@@ -95,20 +93,6 @@ std::unique_ptr<TensorParallelPlan> make_plan(const Layout& l, const ModelConfig
   return plan.ok() ? std::move(plan).value() : nullptr;
 }
 
-struct Diff {
-  double rel_rms = 0, max_rel = 0;
-};
-Diff diff(const std::vector<float>& got, std::span<const float> ref) {
-  double sq = 0, ref_sq = 0, most = 0, ref_max = 0;
-  for (size_t i = 0; i < ref.size(); ++i) {
-    const double d = static_cast<double>(got[i]) - ref[i];
-    sq += d * d;
-    ref_sq += static_cast<double>(ref[i]) * ref[i];
-    most = std::max(most, std::abs(d));
-    ref_max = std::max(ref_max, std::abs(static_cast<double>(ref[i])));
-  }
-  return {std::sqrt(sq / std::max(ref_sq, 1e-300)), most / std::max(ref_max, 1e-300)};
-}
 
 TEST(TensorParallel, OneStepGradientsEqualTheSingleProcess) {
   set_num_threads(1);
@@ -279,9 +263,7 @@ TEST(TensorParallel, QatComposesWithTheShards) {
 }
 
 // A unique directory per P (CTest runs the np variants as parallel processes).
-std::string checkpoint_dir() {
-  return std::string(KILN_BINARY_DIR) + "/test_tp_ckpt_p" + std::to_string(world().size());
-}
+std::string checkpoint_dir() { return testing::checkpoint_dir("tp_ckpt"); }
 
 // The checkpoint of a dp × tp run holds the single-process model: one process reads the same
 // weights, and the run resumes from it at another tp with the same next loss as the run that

@@ -15,13 +15,10 @@ cleanup() {
   rm -rf "$dir"
 }
 trap cleanup EXIT
-mpi=("$mpiexec" --oversubscribe --allow-run-as-root --mca btl self,vader)
+# shellcheck source=tests/parallel/mpi_check_lib.sh
+source "$(dirname "$0")/mpi_check_lib.sh"
 small=(--preset llama-tiny --batch 2 --data "$dir/data" --eval-batches 1)
-fail() { echo "FAIL: $*"; exit 1; }
-
-yes "In the beginning God created the heaven and the earth. And the earth was without form, and void." |
-  head -c 100000 > "$dir/text.txt"
-"$kiln" data prepare --text "$dir/text.txt" --out "$dir/data" --vocab-size 512 > /dev/null || fail "data prepare"
+prepare_corpus
 
 "${mpi[@]}" -np 2 "$kiln" train "${small[@]}" --seq 32 --tp 2 --sp --steps 12 --lr 3e-3 --out "$dir/tp" > "$dir/tp.log" 2>&1 ||
   { cat "$dir/tp.log"; fail "tp 2 + sp run"; }
@@ -114,14 +111,6 @@ server=""
 grep -Eq "process rank 1 .*exited on signal 9|exited on signal 9" "$dir/serve.log" || { cat "$dir/serve.log"; fail "no message naming the dead rank"; }
 
 # Bad flags: one message (rank 0's), non-zero exit, no step.
-check_bad() {  # $1: the expected message; the rest: the command
-  local want=$1
-  shift
-  "$@" > "$dir/bad.log" 2>&1 && fail "accepted: $*"
-  [ "$(grep -c -- "$want" "$dir/bad.log")" -eq 1 ] || { cat "$dir/bad.log"; fail "not one clear message for: $*"; }
-  grep -q '^step ' "$dir/bad.log" && fail "a step ran with bad flags: $*"
-  return 0
-}
 check_bad "--tp 3 does not divide the 2 ranks" "${mpi[@]}" -np 2 "$kiln" train "${small[@]}" --seq 32 --tp 3 --steps 2 --out "$dir/bad"
 check_bad "--sp splits the sequence over the --tp ranks" "${mpi[@]}" -np 2 "$kiln" train "${small[@]}" --seq 32 --sp --steps 2 --out "$dir/bad"
 check_bad "--seq 31 must be a multiple" "${mpi[@]}" -np 2 "$kiln" train "${small[@]}" --tp 2 --sp --seq 31 --steps 2 --out "$dir/bad"

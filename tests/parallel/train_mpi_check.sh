@@ -10,14 +10,10 @@ kiln=$1
 mpiexec=$2
 dir=$(mktemp -d)
 trap 'rm -rf "$dir"' EXIT
-mpi=("$mpiexec" --oversubscribe --allow-run-as-root --mca btl self,vader)
+# shellcheck source=tests/parallel/mpi_check_lib.sh
+source "$(dirname "$0")/mpi_check_lib.sh"
 small=(--preset llama-tiny --batch 2 --seq 32 --data "$dir/data" --eval-batches 1)
-fail() { echo "FAIL: $*"; exit 1; }
-
-# A small corpus, prepared once by one process (every rank reads it).
-yes "In the beginning God created the heaven and the earth. And the earth was without form, and void." |
-  head -c 100000 > "$dir/text.txt"
-"$kiln" data prepare --text "$dir/text.txt" --out "$dir/data" --vocab-size 512 > /dev/null || fail "data prepare"
+prepare_corpus
 
 "${mpi[@]}" -np 2 "$kiln" train "${small[@]}" --zero 3 --steps 10 --out "$dir/z3" > "$dir/z3.log" 2>&1 || { cat "$dir/z3.log"; fail "zero 3 run"; }
 grep -q "data parallel: fsdp dp 2" "$dir/z3.log" || fail "no data-parallel line"
@@ -37,17 +33,6 @@ grep -q "resumed from $dir/z3/checkpoint at step 10" "$dir/resume.log" || fail "
 grep -q '^step ' "$dir/bad.log" && fail "a step ran with bad flags"
 
 # A rank dies mid-run.
-"${mpi[@]}" -np 2 "$kiln" train "${small[@]}" --steps 100000 --out "$dir/dead" > "$dir/dead.log" 2>&1 &
-job=$!
-for _ in $(seq 1 600); do grep -q '^step ' "$dir/dead.log" && break; sleep 0.1; done
-victim=$(pgrep -P "$job" | sort -n | tail -1)
-[ -n "$victim" ] || fail "no rank process found"
-kill -9 "$victim"
-start=$(date +%s)
-while kill -0 "$job" 2> /dev/null; do
-  [ $(( $(date +%s) - start )) -le 30 ] || { kill -9 "$job"; fail "the job still runs 30 s after a rank died"; }
-  sleep 0.2
-done
-wait "$job" && fail "the job exited 0 after a rank died"
+kill_a_rank "$dir/dead.log" "${mpi[@]}" -np 2 "$kiln" train "${small[@]}" --steps 100000 --out "$dir/dead"
 grep -Eq "process rank [0-9]+ .*exited on signal 9" "$dir/dead.log" || { cat "$dir/dead.log"; fail "no message naming the dead rank"; }
-echo "ok: zero 3 run, sharded resume, bad flags, dead rank ($(( $(date +%s) - start )) s)"
+echo "ok: zero 3 run, sharded resume, bad flags, dead rank ($killed_after s)"

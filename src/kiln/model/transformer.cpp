@@ -146,6 +146,7 @@ struct Transformer::Slots {
   };
   std::vector<Saved> stored;              // per slot; the current slot's entry is empty
   std::vector<bool> allocated;            // per slot: its buffers exist (live or stored)
+  std::vector<int> chunk_of;              // per slot: the chunk they are for
   std::vector<WeightGradQueue> deferred;  // per slot: W still to run
   int current = 0;
   WeightGradQueue* deferring = nullptr;   // during a backward_stage(…, defer_weights)
@@ -154,6 +155,7 @@ struct Transformer::Slots {
     if (static_cast<int>(stored.size()) >= n) return;
     stored.resize(static_cast<size_t>(n));
     allocated.resize(static_cast<size_t>(n), false);
+    chunk_of.resize(static_cast<size_t>(n), 0);
     deferred.resize(static_cast<size_t>(n));
   }
 };
@@ -558,7 +560,7 @@ struct Transformer::Layer {
 };
 
 Transformer::Transformer(const ModelConfig& c, const TensorShard& shard, const PipelineStage& stage)
-    : config_(c), shard_(shard), stage_{stage.begin, stage.end < 0 ? c.n_layers : stage.end} {}
+    : config_(c), shard_(shard), stage_(stage.chunks.empty() ? PipelineStage::blocks(0, c.n_layers) : stage) {}
 Transformer::~Transformer() = default;
 
 Status check_tensor_split(const ModelConfig& c, int tp) {
@@ -578,9 +580,10 @@ std::vector<ParamEntry> Transformer::param_entries_for(const ModelConfig& c, int
   std::vector<ParamEntry> entries_;
   const int64_t C = c.d_model, F = c.d_ff, D = c.head_dim(), V = c.vocab_size, L = c.n_layers;
   const int64_t R = tp_size, r = tp_rank;
-  const int64_t first_block = stage.begin, end_block = stage.end < 0 ? L : stage.end;
+  const PipelineStage st = stage.chunks.empty() ? PipelineStage::blocks(0, L) : stage;
+  const bool embedding = st.chunks.front().begin == 0, head = st.chunks.back().end == L;
   int64_t offset = 0, full_offset = 0;
-  bool keep = first_block == 0;  // whether the tensors added next belong to this pipeline stage
+  bool keep = embedding;  // whether the tensors added next belong to this pipeline stage
   // A tensor of shape `full`, of which this shard holds `split` (kWhole: all of it).
   auto add_split = [&](std::string name, Shape full, bool decay, ParamSplit split) {
     Shape local = full;
@@ -634,7 +637,7 @@ std::vector<ParamEntry> Transformer::param_entries_for(const ModelConfig& c, int
     rows("model.embed_tokens.weight", {V, C}, true);
   }
   for (int64_t i = 0; i < L; ++i) {
-    keep = i >= first_block && i < end_block;
+    keep = std::any_of(st.chunks.begin(), st.chunks.end(), [&](const BlockRange& r) { return i >= r.begin && i < r.end; });
     if (gpt2) {
       const std::string p = fmt::format("transformer.h.{}.", i);
       whole(p + "ln_1.weight", {C}, false, true);
@@ -676,7 +679,7 @@ std::vector<ParamEntry> Transformer::param_entries_for(const ModelConfig& c, int
       row("mlp.down_proj", F, c.mlp_bias);
     }
   }
-  keep = end_block == L;
+  keep = head;
   if (gpt2) {
     whole("transformer.ln_f.weight", {C}, false, true);
     whole("transformer.ln_f.bias", {C}, false, true);
@@ -684,7 +687,7 @@ std::vector<ParamEntry> Transformer::param_entries_for(const ModelConfig& c, int
     whole("model.norm.weight", {C}, false, true);
   }
   if (!c.tied_embeddings) rows("lm_head.weight", {V, C}, true);
-  if (c.tied_embeddings && keep && first_block > 0) {  // the head's copy of the first stage's table
+  if (c.tied_embeddings && head && !embedding) {  // the head's copy of the first stage's table
     const int64_t end = full_offset;
     full_offset = 0;
     rows(gpt2 ? "transformer.wte.weight" : "model.embed_tokens.weight", {V, C}, true);
@@ -747,7 +750,13 @@ void Transformer::build_params(uint64_t seed) {
   slots_ = std::make_unique<Slots>();
   slots_->grow(1);
   tp_->shard = shard_;
-  for (int64_t i = stage_.begin; i < stage_.end; ++i) {
+  chunk_first_.clear();
+  for (int64_t i = 0; i < L; ++i) {
+    for (const BlockRange& r : stage_.chunks)
+      if (i == r.begin) chunk_first_.push_back(layers_.size());
+    if (std::none_of(stage_.chunks.begin(), stage_.chunks.end(),
+                     [&](const BlockRange& r) { return i >= r.begin && i < r.end; }))
+      continue;
     auto layer = std::make_unique<Layer>();
     layer->cfg = &config_;
     layer->rope = &rope_;
@@ -807,7 +816,8 @@ void Transformer::build_params(uint64_t seed) {
   }
   num_params_ = offset;
   // Blocks: the same number of entries each, after the embeddings; then the tail (or the end).
-  const int64_t nb = stage_.end - stage_.begin;
+  const auto nb = static_cast<int64_t>(layers_.size());
+  chunk_first_.push_back(layers_.size());
   const size_t head_entries = has_embedding() ? (gpt2 ? 2 : 1) : 0;
   const size_t tail_entries = !has_head() ? 0
                               : (gpt2 ? 2 : 1) + (c.tied_embeddings ? (has_embedding() ? 0 : 1) : 1);
@@ -929,10 +939,13 @@ Expected<std::unique_ptr<Transformer>> Transformer::create(const ModelConfig& co
   if (shard.rank < 0 || shard.rank >= shard.size || (shard.size > 1 && shard.comm == nullptr))
     return invalid_argument("tensor shard {} of {} needs a rank in [0, size) and, above size 1, a communicator",
                             shard.rank, shard.size);
-  const int64_t end = stage.end < 0 ? config.n_layers : stage.end;
-  if (stage.begin < 0 || stage.begin >= end || end > config.n_layers)
-    return invalid_argument("pipeline stage of blocks [{}, {}) is not a non-empty range of the model's {} blocks",
-                            stage.begin, end, config.n_layers);
+  int64_t last_end = 0;
+  for (const BlockRange& r : stage.chunks) {
+    if (r.begin < last_end || r.begin >= r.end || r.end > config.n_layers)
+      return invalid_argument("pipeline stage chunk of blocks [{}, {}) is not a non-empty range of the model's {} "
+                              "blocks after the previous chunk", r.begin, r.end, config.n_layers);
+    last_end = r.end;
+  }
   std::unique_ptr<Transformer> t(new Transformer(config, shard, stage));  // private constructor
   if (config.is_llama()) {
     KILN_ASSIGN_OR_RETURN(t->rope_, make_rope_table(config.head_dim(), config.max_seq_len, config.rope_theta,
@@ -964,26 +977,42 @@ void Transformer::ensure_activations(int64_t B, int64_t T) {
   a.dk.alloc(N * kvw); a.dv.alloc(N * kvw);
   a.dff_a.alloc(N * F); a.dff_b.alloc(N * F); a.dff_c.alloc(N * F);
   if (tp.on() && tp.sp) { tp.full.alloc(N * C); tp.partial.alloc(N * C); }
-  const int64_t scratch = g_activation_bytes;
-  alloc_saved();
-  sl.saved_bytes = g_activation_bytes - scratch;
-  activation_bytes_ = g_activation_bytes;
+  for (auto& l : layers_)  // the live saved buffers are the old shape's too
+    for (Buf Layer::*b : Layer::kSaved) (*l).*b = Buf();
+  scratch_bytes_ = g_activation_bytes;
+  sl.saved_bytes = 0;
+  activation_bytes_ = scratch_bytes_;
 }
 
-void Transformer::alloc_saved() {
+void Transformer::alloc_saved(int chunk) {
   Acts& a = *acts_;
   Tp& tp = *tp_;
   const int64_t N = a.B * a.T, Ns = tp.rows(N), C = config_.d_model, V = config_.vocab_size / shard_.size;
-  const int64_t H = has_head() ? 1 : 0;  // a stage without the head keeps none of its buffers
-  a.resid.resize(layers_.size() + 1);
-  for (Buf& r : a.resid) r.alloc(Ns * C);
+  const auto c = static_cast<size_t>(chunk);
+  const size_t first = chunk_first_[c], end = chunk_first_[c + 1];
+  // A chunk without the head keeps none of its buffers; each chunk keeps only its own layers'
+  // and its own input and output rows (resid_index).
+  const int64_t H = chunk + 1 == num_chunks() && has_head() ? 1 : 0;
+  const int64_t before = g_activation_bytes;
+  a.resid.resize(layers_.size() + stage_.chunks.size());
+  for (size_t i = 0; i < a.resid.size(); ++i)
+    a.resid[i].alloc(i >= resid_index(first, chunk) && i <= resid_index(end, chunk) ? Ns * C : 0);
   a.final_norm.alloc(H * N * C);  // whole: the LM head's input (SP gathers it in place)
   a.final_mean.alloc(H * Ns); a.final_rstd.alloc(H * Ns);
   a.logits.alloc(H * N * V); a.losses.alloc(H * N);
   if (tp.on()) { tp.ce_max.alloc(H * N); tp.ce_sum.alloc(H * 2 * N); }
-  for (size_t i = 0; i < layers_.size(); ++i)
-    layers_[i]->alloc(a.B, a.T, Ns, i == 0 ? nullptr : layers_[0].get(), ckpt_);
-  slots_->allocated[static_cast<size_t>(slots_->current)] = true;
+  for (size_t i = 0; i < layers_.size(); ++i) {
+    if (i < first || i >= end) {
+      for (Buf Layer::*b : Layer::kSaved) (*layers_[i]).*b = Buf();
+      continue;
+    }
+    layers_[i]->alloc(a.B, a.T, Ns, i == first ? nullptr : layers_[first].get(), ckpt_);
+  }
+  Slots& sl = *slots_;
+  sl.allocated[static_cast<size_t>(sl.current)] = true;
+  sl.chunk_of[static_cast<size_t>(sl.current)] = chunk;
+  sl.saved_bytes = std::max(sl.saved_bytes, g_activation_bytes - before);
+  activation_bytes_ = scratch_bytes_ + sl.saved_bytes * activation_slots();
 }
 
 void Transformer::swap_saved(int slot) {
@@ -1011,11 +1040,6 @@ void Transformer::use_activation_slot(int slot) {
     swap_saved(slot);        // and the slot's come in
   }
   sl.current = slot;
-  if (acts_ && !sl.allocated[static_cast<size_t>(slot)]) {
-    const int64_t before = g_activation_bytes;
-    alloc_saved();
-    activation_bytes_ += g_activation_bytes - before;
-  }
 }
 
 int Transformer::activation_slots() const {
@@ -1121,25 +1145,29 @@ void positions_backward(float* dwpe, const float* dx, int64_t row0, int64_t rows
 }  // namespace
 
 Expected<float> Transformer::forward_stage(const int32_t* tokens, const int32_t* targets, const float* input,
-                                           int64_t B, int64_t T) {
-  return forward_impl(tokens, targets, B, T, nullptr, input);
+                                           int64_t B, int64_t T, int chunk) {
+  return forward_impl(tokens, targets, B, T, nullptr, input, chunk);
 }
 
 Expected<float> Transformer::forward_impl(const int32_t* tokens, const int32_t* targets, int64_t B, int64_t T,
-                                          KVCache* cache, const float* input) {
+                                          KVCache* cache, const float* input, int chunk) {
   const ModelConfig& c = config_;
   if (B <= 0 || T <= 0 || T > c.max_seq_len)
     return invalid_argument("[forward] batch {} × seq_len {} must be positive with seq_len <= {}", B, T, c.max_seq_len);
+  if (chunk < 0 || chunk >= num_chunks())
+    return invalid_argument("[forward] chunk {} of a stage of {} chunks", chunk, num_chunks());
+  const BlockRange range = stage_.chunks[static_cast<size_t>(chunk)];
+  const bool embedding = chunk == 0 && has_embedding(), head = chunk + 1 == num_chunks() && has_head();
   const int64_t pos = cache ? cache->len : 0;
   const int64_t N = B * T, C = c.d_model, V = c.vocab_size;
-  if (has_embedding()) {
+  if (embedding) {
     if (tokens == nullptr) return invalid_argument("[forward] the first stage needs tokens");
     KILN_RETURN_IF_ERROR(check_token_ids({tokens, static_cast<size_t>(N)}, V));
   } else if (input == nullptr) {
-    return invalid_argument("[forward] pipeline stage [{}, {}) needs the previous stage's output", stage_.begin,
-                            stage_.end);
+    return invalid_argument("[forward] pipeline stage of blocks [{}, {}) needs the previous stage's output",
+                            range.begin, range.end);
   }
-  if (!has_head()) targets = nullptr;  // the loss is the last stage's
+  if (!head) targets = nullptr;  // the loss is the last stage's
   if (targets) KILN_RETURN_IF_ERROR(check_targets({targets, static_cast<size_t>(N)}, V));
   Tp& tp = *tp_;
   tp.sp = shard_.sequence_parallel && tp.on() && cache == nullptr;
@@ -1147,28 +1175,33 @@ Expected<float> Transformer::forward_impl(const int32_t* tokens, const int32_t* 
     return invalid_argument("[forward] sequence parallelism over {} ranks needs batch × seq_len ({} × {}) divisible by it",
                             shard_.size, B, T);
   ensure_activations(B, T);
+  Slots& sl = *slots_;
+  const auto cur = static_cast<size_t>(sl.current);
+  if (!sl.allocated[cur] || sl.chunk_of[cur] != chunk) alloc_saved(chunk);
   Acts& a = *acts_;
-  if (tokens) a.tokens.assign(tokens, tokens + N);
-  if (const int32_t* t = targets ? targets : tokens; has_head() && t) a.targets.assign(t, t + N);
+  if (embedding) a.tokens.assign(tokens, tokens + N);
+  if (const int32_t* t = targets ? targets : tokens; head && t) a.targets.assign(t, t + N);
   const bool gpt2 = c.family == ModelFamily::kGpt2;
   const int64_t Ns = tp.rows(N), row0 = tp.row0(N), Vl = V / shard_.size;
+  const size_t first = chunk_first_[static_cast<size_t>(chunk)], end = chunk_first_[static_cast<size_t>(chunk) + 1];
+  float* x0 = a.resid[resid_index(first, chunk)].p;
   if (hooks_) hooks_->before_model(Pass::kForward);
-  if (has_embedding()) {
-    embed(a.resid[0].p, tokens, N);
-    if (gpt2) add_positions(a.resid[0].p, wpe_, row0, Ns, T, pos, C);
+  if (embedding) {
+    embed(x0, tokens, N);
+    if (gpt2) add_positions(x0, wpe_, row0, Ns, T, pos, C);
   } else {
-    std::memcpy(a.resid[0].p, input, static_cast<size_t>(Ns * C) * sizeof(float));
+    std::memcpy(x0, input, static_cast<size_t>(Ns * C) * sizeof(float));
   }
-  for (size_t l = 0; l < layers_.size(); ++l) {
+  for (size_t l = first; l < end; ++l) {
     float* ck = cache ? cache->k[l].data<float>() : nullptr;
     float* cv = cache ? cache->v[l].data<float>() : nullptr;
     if (hooks_) hooks_->before_block(static_cast<int64_t>(l), Pass::kForward);
-    layers_[l]->forward(a.resid[l + 1].p, a.resid[l].p, B, T, ck, cv, pos);
+    layers_[l]->forward(a.resid[resid_index(l + 1, chunk)].p, a.resid[resid_index(l, chunk)].p, B, T, ck, cv, pos);
     if (hooks_) hooks_->after_block(static_cast<int64_t>(l), Pass::kForward);
   }
   a.num_valid = 0;
-  if (!has_head()) return 0.0f;
-  final_norm(a.final_norm.p + row0 * C, a.resid.back().p, Ns);
+  if (!head) return 0.0f;
+  final_norm(a.final_norm.p + row0 * C, a.resid[resid_index(end, chunk)].p, Ns);
   tp.gather_into(a.final_norm.p, N, C);
   head_.forward(a.logits.p, a.final_norm.p, N);
   if (!targets) return 0.0f;
@@ -1182,7 +1215,10 @@ Expected<float> Transformer::forward_impl(const int32_t* tokens, const int32_t* 
   return a.num_valid ? static_cast<float>(sum / a.num_valid) : 0.0f;
 }
 
-const float* Transformer::stage_output() const { return acts_ ? acts_->resid.back().p : nullptr; }
+const float* Transformer::stage_output(int chunk) const {
+  if (!acts_) return nullptr;
+  return acts_->resid[resid_index(chunk_first_[static_cast<size_t>(chunk) + 1], chunk)].p;
+}
 const float* Transformer::input_grad() const { return acts_ ? acts_->dresid.p : nullptr; }
 int64_t Transformer::stage_rows() const { return acts_ ? tp_->rows(acts_->B * acts_->T) : 0; }
 
@@ -1216,24 +1252,29 @@ void Transformer::zero_grad() {
 
 void Transformer::backward(float loss_scale) { backward_stage(nullptr, loss_scale); }
 
-void Transformer::backward_stage(const float* doutput, float loss_scale, bool defer_weights) {
-  KILN_CHECK_MSG(acts_ && (!has_head() || acts_->num_valid > 0), "backward() needs a forward() with targets first");
-  KILN_CHECK_MSG(has_head() || doutput != nullptr, "stage [{}, {}) needs the next stage's input gradient",
-                 stage_.begin, stage_.end);
+void Transformer::backward_stage(const float* doutput, float loss_scale, bool defer_weights, int chunk) {
+  KILN_CHECK(chunk >= 0 && chunk < num_chunks());
+  const bool embedding = chunk == 0 && has_embedding(), head = chunk + 1 == num_chunks() && has_head();
+  KILN_CHECK_MSG(acts_ && (!head || acts_->num_valid > 0), "backward() needs a forward() with targets first");
+  KILN_CHECK_MSG(slots_->allocated[static_cast<size_t>(slots_->current)] &&
+                     slots_->chunk_of[static_cast<size_t>(slots_->current)] == chunk,
+                 "backward of chunk {} on an activation slot its forward did not fill", chunk);
+  KILN_CHECK_MSG(head || doutput != nullptr, "a pipeline stage's chunk {} needs the next stage's input gradient", chunk);
   const ModelConfig& c = config_;
   Acts& a = *acts_;
   Tp& tp = *tp_;
   const int64_t B = a.B, T = a.T, N = B * T, Ns = tp.rows(N), C = c.d_model, V = c.vocab_size / shard_.size;
   const bool gpt2 = c.family == ModelFamily::kGpt2;
+  const size_t first = chunk_first_[static_cast<size_t>(chunk)], end = chunk_first_[static_cast<size_t>(chunk) + 1];
   slots_->deferring = defer_weights ? &slots_->deferred[static_cast<size_t>(slots_->current)] : nullptr;
   if (hooks_) hooks_->before_model(Pass::kBackward);
-  if (has_head()) {
+  if (head) {
     // dlosses = 1/num_valid for the mean; dlogits overwrite the logits.
     for (int64_t i = 0; i < N; ++i) a.losses.p[i] = loss_scale / static_cast<float>(a.num_valid);
     tp.cross_entropy_backward(a.logits.p, a.logits.p, a.targets.data(), a.losses.p, N, V);
     linear_backward(slots_->deferring, head_, a.dnorm.p, a.logits.p, a.final_norm.p, N, false);  // a partial sum over vocabulary shards
     const float* dnorm = tp.reduce(a.dnorm.p, N, C);
-    const float* x = a.resid.back().p;
+    const float* x = a.resid[resid_index(end, chunk)].p;
     if (gpt2) {
       cpu::layernorm_backward(a.dresid.p, dfinal_norm_w_, dfinal_norm_b_, dnorm, x, final_norm_w_, a.final_mean.p,
                               a.final_rstd.p, Ns, C);
@@ -1245,22 +1286,23 @@ void Transformer::backward_stage(const float* doutput, float loss_scale, bool de
     std::memcpy(a.dresid.p, doutput, static_cast<size_t>(Ns * C) * sizeof(float));
   }
   KILN_CHECK_MSG(a.mode == ckpt_, "set_checkpointing() between forward() and backward()");
-  for (size_t l = layers_.size(); l-- > 0;) {
+  for (size_t l = end; l-- > first;) {
     const auto li = static_cast<int64_t>(l);
     if (hooks_) hooks_->before_block(li, Pass::kBackward);
-    // The last layer's buffers still hold its forward (the shared ones were written by it last):
-    // only the layers below it recompute.
-    const bool recompute = l + 1 < layers_.size();
+    // The chunk's last layer's buffers still hold its forward (the shared ones were written by
+    // it last): only the layers below it recompute.
+    const bool recompute = l + 1 < end;
+    const float* x = a.resid[resid_index(l, chunk)].p;
     // Full checkpointing: re-run the layer from its saved input (its output, rewritten with the
     // same values, is no longer read), filling the shared buffers its backward reads.
-    if (recompute && ckpt_ == CheckpointMode::kFull) layers_[l]->forward(a.resid[l + 1].p, a.resid[l].p, B, T);
-    layers_[l]->backward(a.dresid.p, a.resid[l].p, B, T, a, recompute && ckpt_ == CheckpointMode::kSelective);
+    if (recompute && ckpt_ == CheckpointMode::kFull) layers_[l]->forward(a.resid[resid_index(l + 1, chunk)].p, x, B, T);
+    layers_[l]->backward(a.dresid.p, x, B, T, a, recompute && ckpt_ == CheckpointMode::kSelective);
     if (hooks_) {
       hooks_->after_block(li, Pass::kBackward);
       hooks_->grads_ready(block_range(li));
     }
   }
-  if (has_embedding()) {
+  if (embedding) {
     if (tp.on()) {
       embedding_shard_backward(dwte_, tp.gather(a.dresid.p, N, C), a.tokens.data(), N, shard_.rank * V, V, C);
     } else {
@@ -1343,6 +1385,7 @@ Expected<const float*> Transformer::forward_paged(const PagedBatch& b, PagedKvCa
   // reallocates. Serving never runs sequence parallelism.
   tp_->sp = false;
   if (!acts_ || acts_->B != 1 || acts_->T < N || acts_->sp) ensure_activations(1, (N + 63) / 64 * 64);
+  if (!slots_->allocated[static_cast<size_t>(slots_->current)]) alloc_saved(0);
   Acts& a = *acts_;
   a.num_valid = 0;
   const size_t gather_floats = static_cast<size_t>(2 * gather_rows * cache.row_width);

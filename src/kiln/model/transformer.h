@@ -48,15 +48,27 @@ struct TensorParallelTraffic {
   double seconds = 0;
 };
 
-// The pipeline stage a model is built for (src/kiln/parallel/pipeline.h): blocks [begin, end)
-// of the model; the stage with block 0 also holds the embedding, the stage with the last block
-// the final norm, the LM head and the loss. With tied embeddings a last stage that is not also
-// the first holds a copy of the token embedding for its head (Megatron's layout): its gradient
-// adds to the first stage's, and checkpoints take the first stage's. The default (end = -1) is
-// the whole model.
+// Blocks [begin, end) of a model.
+struct BlockRange {
+  int64_t begin = 0, end = 0;
+  int64_t size() const { return end - begin; }
+  bool operator==(const BlockRange&) const = default;
+};
+
+// The pipeline stage a model is built for (src/kiln/parallel/pipeline.h): one or more chunks of
+// blocks (interleaved schedules give a rank several, e.g. blocks [0, 2) and [4, 6)), ascending
+// and disjoint; each chunk runs forward and backward alone (forward_stage's `chunk`). The model
+// with block 0 also holds the embedding, the one with the last block the final norm, the LM
+// head and the loss. With tied embeddings a model with the head but not the embedding holds a
+// copy of the token embedding (Megatron's layout): its gradient adds to the first stage's, and
+// checkpoints take the first stage's. No chunks: the whole model.
 struct PipelineStage {
-  int64_t begin = 0, end = -1;
-  bool whole(const ModelConfig& c) const { return begin == 0 && (end < 0 || end == c.n_layers); }
+  std::vector<BlockRange> chunks;
+  static PipelineStage blocks(int64_t begin, int64_t end) { return {{{begin, end}}}; }
+  bool whole(const ModelConfig& c) const {
+    return chunks.empty() || (chunks.size() == 1 && chunks[0].begin == 0 && chunks[0].end == c.n_layers);
+  }
+  bool operator==(const PipelineStage&) const = default;
 };
 
 // InvalidArgument naming the counts when `c` does not split over tp ranks: tp >= 1 divides
@@ -276,29 +288,33 @@ class Transformer {
   int64_t activation_bytes() const { return activation_bytes_; }
 
   // ---- pipeline stages (src/kiln/parallel/pipeline.h) ----
-  const PipelineStage& stage() const { return stage_; }  // end resolved to the block count
-  bool has_embedding() const { return stage_.begin == 0; }
-  bool has_head() const { return stage_.end == config_.n_layers; }
+  const PipelineStage& stage() const { return stage_; }  // its chunks (the whole model: one)
+  int num_chunks() const { return static_cast<int>(stage_.chunks.size()); }
+  bool has_embedding() const { return stage_.chunks.front().begin == 0; }
+  bool has_head() const { return stage_.chunks.back().end == config_.n_layers; }
   // One stage's forward of a micro-batch (B, T): the first stage reads `tokens`, the others
   // `input` (B·T rows of d_model, this tp rank's rows under sequence parallelism: the previous
   // stage's stage_output()); the last computes the mean loss over `targets` and returns it, the
   // others return 0. forward() is forward_stage on the whole model.
+  // With several chunks, `chunk` picks the one to run: the embedding is chunk 0's (if the model
+  // has it), the head and loss the last chunk's.
   Expected<float> forward_stage(const int32_t* tokens, const int32_t* targets, const float* input, int64_t batch,
-                                int64_t seq_len);
-  const float* stage_output() const;  // (rows, d_model): the last block's output
-  int64_t stage_rows() const;         // rows of stage_output() and of input_grad()
+                                int64_t seq_len, int chunk = 0);
+  const float* stage_output(int chunk = 0) const;  // (rows, d_model): the chunk's last block's output
+  int64_t stage_rows() const;                      // rows of stage_output() and of input_grad()
   // The stage's backward: the last stage starts from its loss (scaled by loss_scale), the others
   // from `doutput` (the next stage's input_grad()). Gradients accumulate (+=). With
   // defer_weights the weight-gradient GEMMs of every Linear are not run but queued with a copy
   // of their output gradient (zero-bubble's B); backward_weights() runs them (its W). The
   // norms' and embeddings' gradients are computed in B.
-  void backward_stage(const float* doutput, float loss_scale, bool defer_weights = false);
+  void backward_stage(const float* doutput, float loss_scale, bool defer_weights = false, int chunk = 0);
   void backward_weights();
   bool weights_pending() const;
   const float* input_grad() const;  // (rows, d_model): the gradient of the stage's input
   // Micro-batches in flight: the activations a forward saves for its backward live in slot
   // `slot` (0 is the default) from its forward until its backward (and backward_weights) ran;
-  // a slot's buffers are allocated on first use and kept. The backward scratch is shared.
+  // a slot's buffers are allocated by its first forward (for that forward's chunk only) and
+  // kept (reallocated if a forward of another chunk uses it). The backward scratch is shared.
   void use_activation_slot(int slot);
   int activation_slots() const;              // allocated so far
   int64_t saved_activation_bytes() const;    // of one slot, for the last (B, T)
@@ -327,11 +343,15 @@ class Transformer {
   void for_each_pointer(F&& f);
   void record_pointer_offsets();
   void ensure_activations(int64_t batch, int64_t seq_len);
-  void alloc_saved();  // the current slot's saved activations, for acts_'s (B, T)
+  void alloc_saved(int chunk);  // the current slot's saved activations for `chunk`, for acts_'s (B, T)
   struct Slots;        // activation slots and deferred weight gradients (transformer.cpp)
   void swap_saved(int slot);  // the live saved activations <-> slot's stored ones
   Expected<float> forward_impl(const int32_t* tokens, const int32_t* targets, int64_t batch, int64_t seq_len,
-                               KVCache* cache, const float* input = nullptr);
+                               KVCache* cache, const float* input = nullptr, int chunk = 0);
+  // Chunk c's local layers [chunk_first_[c], chunk_first_[c + 1]); local layer l of chunk c reads
+  // resid[l + c] and writes resid[l + c + 1] (each chunk its own input and output rows).
+  std::vector<size_t> chunk_first_;
+  size_t resid_index(size_t layer, int chunk) const { return layer + static_cast<size_t>(chunk); }
   // The token embedding of N tokens into this rank's rows (vocab-parallel above tp = 1).
   void embed(float* out, const int32_t* tokens, int64_t N);
   // The final norm of `rows` rows, its statistics saved for backward.
@@ -362,6 +382,7 @@ class Transformer {
   struct PagedScratch;  // forward_paged's reused buffers (transformer.cpp)
   std::unique_ptr<PagedScratch> paged_;
   int64_t activation_bytes_ = 0;
+  int64_t scratch_bytes_ = 0;  // of it, the backward scratch shared by the slots
   CheckpointMode ckpt_ = CheckpointMode::kNone;
 };
 

@@ -39,13 +39,13 @@ pipeline::StageCosts stage_costs(const ModelConfig& c) {
 }
 }  // namespace
 
-Expected<std::vector<PipelineStage>> pipeline_stages(const PipelineOptions& o, const ModelConfig& c) {
+Expected<std::vector<BlockRange>> pipeline_stages(const PipelineOptions& o, const ModelConfig& c) {
   if (o.pp < 1) return invalid_argument("--pp {} must be >= 1", o.pp);
   const int stages = o.pp * std::max(o.virtual_stages, 1);
   Expected<std::vector<int>> split =
       pipeline::split_layers(static_cast<int>(c.n_layers), stages, o.layers, stage_costs(c));
   if (!split.ok()) return invalid_argument("--pp-layers: {}", split.status().message());
-  std::vector<PipelineStage> out;
+  std::vector<BlockRange> out;
   int64_t at = 0;
   for (int n : *split) {
     out.push_back({at, at + n});
@@ -60,9 +60,9 @@ Status check_pipeline_parallel(const PipelineOptions& o, const ModelConfig& c, i
   pipeline::ScheduleSpec spec{o.schedule, o.pp, o.micro_batches, o.virtual_stages};
   if (Status s = pipeline::check_schedule_spec(spec); !s.ok())
     return invalid_argument("--schedule {}: {}", pipeline::schedule_name(o.schedule), s.message());
-  if (o.virtual_stages > 1)
-    return invalid_argument("--virtual-stages {}: interleaved 1F1B is drawn and predicted by `kiln plan pp`, but "
-                            "training runs one stage per rank (--virtual-stages 1) so far", o.virtual_stages);
+  if (o.virtual_stages > 1 && o.pp < 2)
+    return invalid_argument("--virtual-stages {} interleaves model chunks over pipeline ranks: it needs --pp 2 or more",
+                            o.virtual_stages);
   KILN_RETURN_IF_ERROR(pipeline_stages(o, c).status());
   if (world % (o.pp * tp.tp) != 0)
     return invalid_argument("--pp {} × --tp {} does not divide the {} ranks of this job (mpirun -np): the world is "
@@ -71,9 +71,9 @@ Status check_pipeline_parallel(const PipelineOptions& o, const ModelConfig& c, i
   if (train.batch % (static_cast<int64_t>(data) * o.micro_batches) != 0)
     return invalid_argument("--batch {} must split into --micro-batches {} on each of the {} data-parallel ranks",
                             train.batch, o.micro_batches, data);
-  if (dp.zero != 0)
-    return invalid_argument("--pp {} composes with DDP (--zero 0) only; ZeRO/FSDP over pipeline stages is not "
-                            "implemented (got --zero {})", o.pp, dp.zero);
+  if (dp.zero > 1)
+    return invalid_argument("--pp {} composes with DDP and ZeRO-1 (--zero 0 or 1); ZeRO-2/3 and FSDP over pipeline "
+                            "stages are not implemented (got --zero {})", o.pp, dp.zero);
   if (o.schedule == pipeline::ScheduleKind::kZeroBubbleH1) {
     if (train.precision != Precision::kF32)
       return invalid_argument("--schedule zb-h1 splits each Linear's backward into B and W in fp32; --precision {} "
@@ -95,26 +95,33 @@ Status check_pipeline_parallel(const PipelineOptions& o, const ModelConfig& c, i
 // process of a node; comm::now_seconds() counts from each process's first call, which differ by
 // the ranks' start-up skew); gather_timeline() puts the step's first start at 0.
 struct PipelineParallelPlan::Executor {
-  Executor(PipelineParallelPlan& p, Transformer& m, int64_t width) : plan(p), model(m), report(p.report_) {
-    const int M = p.o_.micro_batches;
-    if (bufs.size() != static_cast<size_t>(4 * M) || bufs[0].numel() != std::max<int64_t>(width, 1)) {
+  Executor(PipelineParallelPlan& p, Transformer& m, int64_t width)
+      : plan(p), model(m), report(p.report_), M(p.o_.micro_batches), V(p.o_.virtual_stages) {
+    const size_t n = static_cast<size_t>(4 * M * V);
+    if (bufs.size() != n || bufs[0].numel() != std::max<int64_t>(width, 1)) {
       bufs.clear();
-      for (int i = 0; i < 4 * M; ++i) bufs.push_back(Tensor::empty({std::max<int64_t>(width, 1)}));
+      for (size_t i = 0; i < n; ++i) bufs.push_back(Tensor::empty({std::max<int64_t>(width, 1)}));
     }
-    recv_act.assign(static_cast<size_t>(M), MPI_REQUEST_NULL);
-    recv_grad.assign(static_cast<size_t>(M), MPI_REQUEST_NULL);
-    slot_of.assign(static_cast<size_t>(M), -1);
+    recv_act.assign(static_cast<size_t>(M * V), MPI_REQUEST_NULL);
+    recv_grad.assign(static_cast<size_t>(M * V), MPI_REQUEST_NULL);
+    slot_of.assign(static_cast<size_t>(M * V), -1);
+    free_slots.resize(static_cast<size_t>(V));
+    slots_made.assign(static_cast<size_t>(V), 0);
   }
   PipelineParallelPlan& plan;
   Transformer& model;
   PipelineStepReport& report;
-  // (4 M,): act in, grad in, act out, grad out; kept between steps of the same shape.
+  const int M, V;
+  // (4, M, V): act in, grad in, act out, grad out per micro-batch and chunk; kept between steps.
   static inline thread_local std::vector<Tensor> bufs;
-  std::vector<MPI_Request> recv_act, recv_grad, sends;
-  std::vector<int> slot_of, free_slots;
-  int slots_in_use = 0, slots_made = 0;
+  std::vector<MPI_Request> recv_act, recv_grad, sends;  // (M, V) receives
+  std::vector<int> slot_of;                             // (M, V): the activation slot in use, or -1
+  std::vector<std::vector<int>> free_slots;             // per chunk
+  std::vector<int> slots_made;                          // per chunk: slot ids chunk + V · k
+  int slots_in_use = 0;
 
-  float* buf(int kind, int mb) { return bufs[static_cast<size_t>(kind * plan.o_.micro_batches + mb)].data<float>(); }
+  size_t at(int mb, int chunk) const { return static_cast<size_t>(mb * V + chunk); }
+  float* buf(int kind, int mb, int chunk) { return bufs[static_cast<size_t>(kind) * M * V + at(mb, chunk)].data<float>(); }
   static double now() {
     return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
   }
@@ -138,19 +145,21 @@ struct PipelineParallelPlan::Executor {
     report.timeline.push_back({a, plan.pp_rank(), start, now()});
   }
 
-  void use_slot(int mb) {
-    if (slot_of[static_cast<size_t>(mb)] < 0) {
-      int s;
-      if (free_slots.empty()) s = slots_made++;
-      else { s = free_slots.back(); free_slots.pop_back(); }
-      slot_of[static_cast<size_t>(mb)] = s;
+  // A chunk's slots are its own (a slot holds that chunk's layers only): ids chunk + V · k.
+  void use_slot(int mb, int chunk) {
+    int& s = slot_of[at(mb, chunk)];
+    if (s < 0) {
+      std::vector<int>& free = free_slots[static_cast<size_t>(chunk)];
+      if (free.empty()) s = chunk + V * slots_made[static_cast<size_t>(chunk)]++;
+      else { s = free.back(); free.pop_back(); }
       report.peak_micro_batches = std::max(report.peak_micro_batches, ++slots_in_use);
     }
-    model.use_activation_slot(slot_of[static_cast<size_t>(mb)]);
+    model.use_activation_slot(s);
   }
-  void release_slot(int mb) {
-    free_slots.push_back(slot_of[static_cast<size_t>(mb)]);
-    slot_of[static_cast<size_t>(mb)] = -1;
+  void release_slot(int mb, int chunk) {
+    int& s = slot_of[at(mb, chunk)];
+    free_slots[static_cast<size_t>(chunk)].push_back(s);
+    s = -1;
     --slots_in_use;
   }
 };
@@ -166,6 +175,7 @@ Expected<std::unique_ptr<PipelineParallelPlan>> PipelineParallelPlan::create(com
   p->o_ = o;
   KILN_ASSIGN_OR_RETURN(p->stages_, pipeline_stages(o, config));
   KILN_ASSIGN_OR_RETURN(p->schedule_, pipeline::make_schedule({o.schedule, o.pp, o.micro_batches, o.virtual_stages}));
+  KILN_RETURN_IF_ERROR(pipeline::check_schedule(p->schedule_));  // the executor runs valid lists only
   const int per_stage = world.size() / o.pp;
   KILN_ASSIGN_OR_RETURN(p->mesh_, comm::DeviceMesh::create(world, {{"pp", o.pp}, {"dp", per_stage / tp.tp}, {"tp", tp.tp}}));
   const int stage = p->mesh_->coord("pp");
@@ -184,11 +194,15 @@ Expected<std::unique_ptr<PipelineParallelPlan>> PipelineParallelPlan::create(com
 
 PipelineParallelPlan::~PipelineParallelPlan() = default;
 
+PipelineStage PipelineParallelPlan::stage() const {
+  PipelineStage s;
+  for (size_t v = static_cast<size_t>(pp_rank()); v < stages_.size(); v += static_cast<size_t>(o_.pp))
+    s.chunks.push_back(stages_[v]);
+  return s;
+}
+
 void PipelineParallelPlan::attach(Transformer& model) {
-  const PipelineStage want = stage();
-  KILN_CHECK_MSG(model.stage().begin == want.begin && model.stage().end == want.end,
-                 "the model is built for blocks [{}, {}), pipeline stage {} is [{}, {})", model.stage().begin,
-                 model.stage().end, pp_rank(), want.begin, want.end);
+  KILN_CHECK_MSG(model.stage() == stage(), "the model is not built for pipeline rank {}'s chunks", pp_rank());
   model_ = &model;
   inner_->attach(model);
   for (const ParamEntry& e : model.param_entries()) {
@@ -226,35 +240,35 @@ double PipelineParallelPlan::forward_backward(Transformer& model, const int32_t*
   enum { kActIn, kGradIn, kActOut, kGradOut };
   for (int i = 0; i < static_cast<int>(actions.size()); ++i) {
     const Action& a = actions[static_cast<size_t>(i)];
-    const int mb = a.micro_batch;
+    const int mb = a.micro_batch, chunk = a.stage / o_.pp;
     const int tag = pipeline::is_compute(a.kind) ? 0 : pipeline::tag_for(a, schedule_.spec);
-    const size_t m = static_cast<size_t>(mb);
+    const size_t m = ex.at(mb, chunk);
     const int64_t at = static_cast<int64_t>(mb) * n;
     const double start = ex.now();
     switch (a.kind) {
       case ActionKind::kRecvActivation:
-        ex.recv_act[m] = pp.irecv(ex.buf(kActIn, mb), bytes, schedule_.rank_of(a.stage - 1), tag);
+        ex.recv_act[m] = pp.irecv(ex.buf(kActIn, mb, chunk), bytes, schedule_.rank_of(a.stage - 1), tag);
         continue;
       case ActionKind::kRecvGrad:
-        ex.recv_grad[m] = pp.irecv(ex.buf(kGradIn, mb), bytes, schedule_.rank_of(a.stage + 1), tag);
+        ex.recv_grad[m] = pp.irecv(ex.buf(kGradIn, mb, chunk), bytes, schedule_.rank_of(a.stage + 1), tag);
         continue;
       case ActionKind::kSendActivation:
-        ex.sends.push_back(pp.isend(ex.buf(kActOut, mb), bytes, schedule_.rank_of(a.stage + 1), tag));
+        ex.sends.push_back(pp.isend(ex.buf(kActOut, mb, chunk), bytes, schedule_.rank_of(a.stage + 1), tag));
         continue;
       case ActionKind::kSendGrad:
-        ex.sends.push_back(pp.isend(ex.buf(kGradOut, mb), bytes, schedule_.rank_of(a.stage - 1), tag));
+        ex.sends.push_back(pp.isend(ex.buf(kGradOut, mb, chunk), bytes, schedule_.rank_of(a.stage - 1), tag));
         continue;
       case ActionKind::kForward: {
         const float* input = nullptr;
         if (a.stage > 0) {
           ex.wait(ex.recv_act[m], {ActionKind::kRecvActivation, mb, a.stage});
-          input = ex.buf(kActIn, mb);
+          input = ex.buf(kActIn, mb, chunk);
         }
-        ex.use_slot(mb);
+        ex.use_slot(mb, chunk);
         const double t = ex.now();
-        const float l = model.forward_stage(tokens + at, targets + at, input, mb_rows, seq_len).value();
+        const float l = model.forward_stage(tokens + at, targets + at, input, mb_rows, seq_len, chunk).value();
         if (a.stage == last_stage) loss += l;
-        else std::memcpy(ex.buf(kActOut, mb), model.stage_output(), bytes);
+        else std::memcpy(ex.buf(kActOut, mb, chunk), model.stage_output(chunk), bytes);
         report_.timeline.push_back({a, pp_rank(), t, ex.now()});
         break;
       }
@@ -263,25 +277,22 @@ double PipelineParallelPlan::forward_backward(Transformer& model, const int32_t*
         const float* dout = nullptr;
         if (a.stage < last_stage) {
           ex.wait(ex.recv_grad[m], {ActionKind::kRecvGrad, mb, a.stage});
-          dout = ex.buf(kGradIn, mb);
+          dout = ex.buf(kGradIn, mb, chunk);
         }
-        ex.use_slot(mb);
+        ex.use_slot(mb, chunk);
         const double t = ex.now();
         inner_->begin_micro_batch(last_micro_ && i == last_backward);
         const bool defer = a.kind == ActionKind::kBackwardInput;
-        model.backward_stage(dout, loss_scale, defer);
-        if (a.stage > 0) std::memcpy(ex.buf(kGradOut, mb), model.input_grad(), bytes);
-        report_.peak_activation_bytes =
-            std::max(report_.peak_activation_bytes,
-                     ex.slots_in_use * model.saved_activation_bytes() + model.deferred_weight_bytes());
-        if (!defer) ex.release_slot(mb);
+        model.backward_stage(dout, loss_scale, defer, chunk);
+        if (a.stage > 0) std::memcpy(ex.buf(kGradOut, mb, chunk), model.input_grad(), bytes);
+        if (!defer) ex.release_slot(mb, chunk);
         report_.timeline.push_back({a, pp_rank(), t, ex.now()});
         break;
       }
       case ActionKind::kBackwardWeight: {
-        ex.use_slot(mb);
+        ex.use_slot(mb, chunk);
         model.backward_weights();
-        ex.release_slot(mb);
+        ex.release_slot(mb, chunk);
         report_.timeline.push_back({a, pp_rank(), start, ex.now()});
         break;
       }
@@ -312,17 +323,21 @@ double PipelineParallelPlan::forward_loss(Transformer& model, const int32_t* tok
   const int64_t width = (shard.sequence_parallel ? n / shard.size : n) * model.config().d_model;
   std::vector<float> act(static_cast<size_t>(width));
   const size_t bytes = act.size() * sizeof(float);
-  const int stage = pp_rank();
+  const int rank = pp_rank(), V = o_.virtual_stages, last = o_.pp * V - 1;
   double loss = 0;
   for (int mb = 0; mb < M; ++mb) {
-    if (stage > 0) pp.recv(act.data(), bytes, stage - 1, 0x7e00 + mb);
-    model.use_activation_slot(0);
-    const float l = model.forward_stage(tokens + mb * n, targets + mb * n, act.data(), mb_rows, seq_len).value();
-    if (stage + 1 < o_.pp) pp.send(model.stage_output(), bytes, stage + 1, 0x7e00 + mb);
-    else loss += l;
+    for (int v = 0; v < V; ++v) {  // virtual stage v · pp + rank, in model order on every rank
+      const int s = v * o_.pp + rank;
+      if (s > 0) pp.recv(act.data(), bytes, (s - 1) % o_.pp, 0x7e00 + mb);
+      model.use_activation_slot(v);  // chunk v's slot (the executor's ids: chunk + V · k)
+      const float l =
+          model.forward_stage(tokens + mb * n, targets + mb * n, act.data(), mb_rows, seq_len, v).value();
+      if (s < last) pp.send(model.stage_output(v), bytes, (s + 1) % o_.pp, 0x7e00 + mb);
+      else loss += l;
+    }
   }
   loss /= M;
-  return o_.pp > 1 ? sum_doubles(pp, stage == o_.pp - 1 ? loss : 0.0, "the validation loss") : loss;
+  return o_.pp > 1 ? sum_doubles(pp, rank == o_.pp - 1 ? loss : 0.0, "the validation loss") : loss;
 }
 
 void PipelineParallelPlan::finish_gradients() {
@@ -337,9 +352,12 @@ void PipelineParallelPlan::finish_gradients() {
 }
 
 double PipelineParallelPlan::sum_over_shards(double x) {
-  if (stage_copy_) {  // the copy's squares are the first stage's too: count them once
-    const float* g = model_->grads().data() + stage_copy_->offset;
-    for (int64_t i = 0; i < stage_copy_->shape.numel(); ++i) x -= static_cast<double>(g[i]) * g[i];
+  if (stage_copy_) {  // the copy's squares (in this rank's pieces) are the first stage's too: count them once
+    const float* begin = model_->grads().data() + stage_copy_->offset;
+    const float* end = begin + stage_copy_->shape.numel();
+    for (const OptimizerPiece& p : inner_->pieces())
+      if (p.grads >= begin && p.grads < end)
+        for (int64_t i = 0; i < p.n; ++i) x -= static_cast<double>(p.grads[i]) * p.grads[i];
   }
   x = inner_->sum_over_shards(x);
   return o_.pp > 1 ? sum_doubles(mesh_->comm("pp"), x, "the gradient norm") : x;
@@ -365,17 +383,25 @@ CommTimes PipelineParallelPlan::take_comm_times() {
 
 std::string PipelineParallelPlan::describe() const {
   std::string split;
-  for (const PipelineStage& s : stages_) split += fmt::format("{}{}", split.empty() ? "" : ",", s.end - s.begin);
-  return fmt::format("pp {} ({}, {} micro-batches, blocks {}) × {}", o_.pp, pipeline::schedule_name(o_.schedule),
-                     o_.micro_batches, split, inner_->describe());
+  for (const BlockRange& s : stages_) split += fmt::format("{}{}", split.empty() ? "" : ",", s.size());
+  const std::string chunks = o_.virtual_stages > 1 ? fmt::format(", {} chunks per rank", o_.virtual_stages) : "";
+  return fmt::format("pp {} ({}, {} micro-batches{}, blocks {}) × {}", o_.pp, pipeline::schedule_name(o_.schedule),
+                     o_.micro_batches, chunks, split, inner_->describe());
 }
 
 std::vector<OptimizerPiece> PipelineParallelPlan::checkpoint_pieces() const {
   std::vector<OptimizerPiece> out = inner_->checkpoint_pieces();
   if (!stage_copy_) return out;
-  const float* begin = model_->params().data() + stage_copy_->offset;
+  const float* begin = model_->params().data() + stage_copy_->offset;  // ZeRO-1 keeps the parameters whole
   const float* end = begin + stage_copy_->shape.numel();
   std::erase_if(out, [&](const OptimizerPiece& p) { return p.params >= begin && p.params < end; });
+  return out;
+}
+
+std::vector<OptimizerPiece> PipelineParallelPlan::restore_pieces() const {
+  std::vector<OptimizerPiece> out = inner_->restore_pieces();
+  std::stable_sort(out.begin(), out.end(),
+                   [](const OptimizerPiece& a, const OptimizerPiece& b) { return a.flat_begin < b.flat_begin; });
   return out;
 }
 

@@ -8,9 +8,9 @@
 // weight gradients deferred to their W action. Every compute action and every wait is
 // timestamped: the measured timeline, its bubble and the peak activation memory come from them.
 //
-// Within a stage the ranks are a TensorParallelPlan (tp ≥ 1, DDP over dp): gradient buckets,
-// tensor-parallel partial gradients, the norm over shards, and checkpoints in the
-// single-process layout are its. This plan adds what crosses stages: the tied embedding's
+// Within a stage the ranks are a TensorParallelPlan (tp ≥ 1; DDP over dp, or ZeRO-1 at
+// tp = 1): gradient buckets, tensor-parallel partial gradients, the norm over shards, and
+// checkpoints in the single-process layout are its. This plan adds what crosses stages: the tied embedding's
 // gradient summed between the first stage and the last stage's copy, the gradient norm and the
 // loss over the stages, and the whole model for export.
 #pragma once
@@ -33,13 +33,14 @@ struct PipelineOptions {
   int virtual_stages = 1;      // --virtual-stages V (interleaved)
 };
 
-// Blocks [begin, end) of each stage: the explicit split checked, or the FLOP-balanced one.
-Expected<std::vector<PipelineStage>> pipeline_stages(const PipelineOptions& o, const ModelConfig& c);
+// Blocks [begin, end) of each virtual stage (pp × virtual_stages of them, in model order): the
+// explicit split checked, or the FLOP-balanced one. Rank r holds stages r, r + pp, ….
+Expected<std::vector<BlockRange>> pipeline_stages(const PipelineOptions& o, const ModelConfig& c);
 
 // The same verdict on every rank, with no communication: the schedule is valid for (pp, M, V),
 // the stages split the model, pp × tp divides the world, every micro-batch has rows
 // (batch divisible by dp × M), and what the executor does not support is named: interleaved
-// stages in training, ZeRO/FSDP over stages, and zero-bubble with a non-fp32 precision or
+// stages on one rank, ZeRO-2/3 and FSDP over stages, and zero-bubble with a non-fp32 precision or
 // activation checkpointing or sequence parallelism (W reads the saved activations B left).
 Status check_pipeline_parallel(const PipelineOptions& o, const ModelConfig& c, int world,
                                const TensorParallelOptions& tp, const DataParallelOptions& dp,
@@ -71,8 +72,8 @@ class PipelineParallelPlan final : public ParallelPlan {
 
   // What to build the model for (Transformer::create(config, seed, shard(), stage())).
   TensorShard shard() { return inner_->shard(); }
-  PipelineStage stage() const { return stages_[static_cast<size_t>(mesh_->coord("pp"))]; }
-  const std::vector<PipelineStage>& stages() const { return stages_; }
+  PipelineStage stage() const;  // this rank's chunks
+  const std::vector<BlockRange>& stages() const { return stages_; }  // every virtual stage
   const pipeline::Schedule& schedule() const { return schedule_; }
   int pp_rank() const { return mesh_->coord("pp"); }
 
@@ -98,7 +99,9 @@ class PipelineParallelPlan final : public ParallelPlan {
   std::string describe() const override;
   comm::Communicator* communicator() override { return &mesh_->world(); }
   std::vector<OptimizerPiece> checkpoint_pieces() const override;
-  std::vector<OptimizerPiece> restore_pieces() const override { return inner_->restore_pieces(); }
+  // The stage's pieces in whole-model order (the last stage's copy of the tied embedding, at
+  // offset 0, first): a checkpoint is read range by range in that order.
+  std::vector<OptimizerPiece> restore_pieces() const override;
   int64_t checkpoint_num_params() const override { return inner_->checkpoint_num_params(); }
   comm::Communicator* amax_group() override { return inner_->amax_group(); }
 
@@ -126,7 +129,7 @@ class PipelineParallelPlan final : public ParallelPlan {
   std::unique_ptr<comm::Communicator> stage_world_;  // the dp × tp ranks of this stage
   std::unique_ptr<TensorParallelPlan> inner_;
   std::unique_ptr<comm::Communicator> embedding_group_;  // first and last stage (tied embeddings)
-  std::vector<PipelineStage> stages_;
+  std::vector<BlockRange> stages_;
   pipeline::Schedule schedule_;
   Transformer* model_ = nullptr;
   const ParamEntry* stage_copy_ = nullptr;  // the last stage's copy of the tied embedding

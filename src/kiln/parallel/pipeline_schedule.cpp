@@ -278,7 +278,11 @@ double inputs_ready(const Action& a, const Schedule& s, const Slots& slots, cons
 // Runs every rank's list in order (list scheduling): an action starts when its rank is free and
 // its inputs are there; sends and receives take no time on the rank. Fills `timeline` (in the
 // order actions ran) and returns ok, or says which ranks wait forever and on what.
-Status run_lists(const Schedule& s, const ActionCosts& costs, std::vector<TimedAction>* timeline) {
+// `per_stage`: one ActionCosts for every stage, or one per stage (S entries).
+Status run_lists(const Schedule& s, const std::vector<ActionCosts>& per_stage, std::vector<TimedAction>* timeline) {
+  const auto costs_of = [&](int stage) -> const ActionCosts& {
+    return per_stage.size() == 1 ? per_stage[0] : per_stage[static_cast<size_t>(stage)];
+  };
   const int P = s.spec.ranks;
   Slots slots(s.spec.micro_batches, s.spec.stages());
   for (int r = 0; r < P; ++r)
@@ -298,6 +302,7 @@ Status run_lists(const Schedule& s, const ActionCosts& costs, std::vector<TimedA
       while (next[r] < s.ranks[r].size()) {
         const Action& a = s.ranks[r][next[r]];
         if (!slots.in_range(a.micro_batch, a.stage)) return invalid_argument("rank {}: {} is out of range", r, describe(a));
+        const ActionCosts& costs = costs_of(a.stage);
         const double ready = inputs_ready(a, s, slots, costs, nullptr);
         if (std::isnan(ready)) break;
         TimedAction t{a, r, free_at[r], free_at[r]};
@@ -319,7 +324,7 @@ Status run_lists(const Schedule& s, const ActionCosts& costs, std::vector<TimedA
       if (next[r] >= s.ranks[r].size()) continue;
       const Action& a = s.ranks[r][next[r]];
       std::string missing;
-      inputs_ready(a, s, slots, costs, &missing);
+      inputs_ready(a, s, slots, costs_of(a.stage), &missing);
       waits += fmt::format("{}rank {} at #{} ({}) waits for {}", waits.empty() ? "" : "; ", r, next[r], describe(a),
                            missing);
     }
@@ -530,13 +535,19 @@ Status check_schedule(const Schedule& s) {
   }
 
   // Run under the semantics: a wait across ranks that never ends is a deadlock.
-  return run_lists(s, ActionCosts{}, nullptr);
+  return run_lists(s, {ActionCosts{}}, nullptr);
 }
 
 // ---- timing ------------------------------------------------------------------------------------
 std::vector<TimedAction> simulate_schedule(const Schedule& s, const ActionCosts& costs) {
+  return simulate_schedule(s, std::vector<ActionCosts>{costs});
+}
+
+std::vector<TimedAction> simulate_schedule(const Schedule& s, const std::vector<ActionCosts>& per_stage) {
+  KILN_CHECK_MSG(per_stage.size() == 1 || static_cast<int>(per_stage.size()) == s.spec.stages(),
+                 "simulate_schedule: {} stage costs for {} stages", per_stage.size(), s.spec.stages());
   std::vector<TimedAction> timeline;
-  const Status st = run_lists(s, costs, &timeline);
+  const Status st = run_lists(s, per_stage, &timeline);
   KILN_CHECK_MSG(st.ok(), "simulate_schedule needs a schedule check_schedule accepts: {}", st.message());
   return timeline;
 }

@@ -125,6 +125,8 @@ struct ScheduleStats {
 // Each rank runs its list in order; an action starts when the rank is free and its inputs are
 // there. Returns the compute actions' intervals (sends/receives as zero-length entries).
 std::vector<TimedAction> simulate_schedule(const Schedule& s, const ActionCosts& costs);
+// The same with each stage's own costs (S entries: a measured pipeline whose stages differ).
+std::vector<TimedAction> simulate_schedule(const Schedule& s, const std::vector<ActionCosts>& per_stage);
 // From any timeline (simulated or measured): makespan, bubble and peak activations.
 ScheduleStats schedule_stats(const Schedule& s, const std::vector<TimedAction>& timeline);
 // The textbook bubble fraction: (P - 1) / (M + P - 1) for GPipe and 1F1B, that divided by V

@@ -167,28 +167,37 @@ std::string TensorParallelPlan::describe() const {
   return fmt::format("{} × {}", data_->describe(), s);
 }
 
-std::vector<OptimizerPiece> TensorParallelPlan::mapped_pieces(bool every_entry) const {
-  // The optimizer's pieces are the model's flat layout (DDP: state at the same offsets); each
-  // run of an entry becomes a piece at its whole-model offset.
+std::vector<OptimizerPiece> TensorParallelPlan::mapped_pieces(const std::vector<OptimizerPiece>& local,
+                                                             bool every_entry) const {
+  // Each piece lies inside one entry (the data plan's pieces never cross one); its values are
+  // that entry's runs, each a piece at its whole-model offset with the piece's state beside it.
   std::vector<OptimizerPiece> out;
   const int rank = mesh_->coord("tp");
-  float* params = model_->params().data();
-  float* grads = model_->grads().data();
-  for (const ParamEntry& e : model_->param_entries()) {
-    if (!every_entry && rank % e.split.replicas != 0) continue;  // a replica written by its first holder
-    for_each_entry_run(e, [&](int64_t local, int64_t full, int64_t n) {
-      out.push_back({params + local, grads + local, n, local, full, e.decay});
+  const std::vector<ParamEntry>& entries = model_->param_entries();
+  for (const OptimizerPiece& p : local) {
+    const auto e = std::find_if(entries.begin(), entries.end(), [&](const ParamEntry& x) {
+      return p.flat_begin >= x.offset && p.flat_begin < x.offset + x.shape.numel();
+    });
+    KILN_CHECK(e != entries.end());
+    if (!every_entry && rank % e->split.replicas != 0) continue;  // a replica is written by its first holder
+    for_each_entry_run(*e, [&](int64_t run, int64_t full, int64_t n) {
+      const int64_t lo = std::max(run, p.flat_begin), hi = std::min(run + n, p.flat_begin + p.n);
+      if (lo >= hi) return;
+      const int64_t d = lo - p.flat_begin;
+      out.push_back({p.params + d, p.grads + d, hi - lo, p.state_offset + d, full + (lo - run), p.decay});
     });
   }
   return out;
 }
 
 std::vector<OptimizerPiece> TensorParallelPlan::checkpoint_pieces() const {
-  if (mesh_->coord("dp") != 0) return {};  // DDP replicas: the first data-parallel group writes
-  return mapped_pieces(false);
+  return mapped_pieces(data_->checkpoint_pieces(), false);  // the data plan tiles its ranks' state once
 }
 
-std::vector<OptimizerPiece> TensorParallelPlan::restore_pieces() const { return mapped_pieces(true); }
+std::vector<OptimizerPiece> TensorParallelPlan::restore_pieces() const {
+  const std::span<const OptimizerPiece> mine = data_->pieces();
+  return mapped_pieces({mine.begin(), mine.end()}, true);
+}
 
 std::vector<float> TensorParallelPlan::gather_full(std::span<const float> local) const {
   std::vector<float> full(static_cast<size_t>(model_->full_num_params()), 0.0f);

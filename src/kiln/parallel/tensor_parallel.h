@@ -91,8 +91,9 @@ class TensorParallelPlan final : public ParallelPlan {
 
  private:
   TensorParallelPlan() = default;
-  // The pieces of the entries this rank writes (keep(entry)), mapped to whole-model offsets.
-  std::vector<OptimizerPiece> mapped_pieces(bool every_entry) const;
+  // `local` (pieces in this shard's flat layout) at their whole-model offsets; without
+  // every_entry, a tensor replicated over tp ranks only on its first holder.
+  std::vector<OptimizerPiece> mapped_pieces(const std::vector<OptimizerPiece>& local, bool every_entry) const;
 
   TensorParallelOptions o_;
   std::unique_ptr<comm::DeviceMesh> mesh_;

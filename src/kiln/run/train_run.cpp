@@ -356,10 +356,13 @@ void report_pipeline(const TrainRunOptions& o, const parallel::PipelineParallelP
             1e3 * b.ideal_stats.makespan, 100 * b.formula, 1e3 * b.costs.forward, 1e3 * b.backward_seconds,
             b.split_backward ? fmt::format(", W {:.2f} ms", 1e3 * b.costs.backward_weight) : std::string());
   const std::vector<int> bound = pipeline::activation_bound(sched.spec);
-  for (size_t r = 0; r < peaks.size(); ++r)
-    out.print("  stage {} blocks [{}, {}): peak {} micro-batches' activations (bound {}), {:.2f} MiB\n", r,
-              plan.stages()[r].begin, plan.stages()[r].end, peaks[r].micro_batches, bound[r],
-              static_cast<double>(peaks[r].bytes) / (1 << 20));
+  for (size_t r = 0; r < peaks.size(); ++r) {
+    std::string blocks;  // the rank's chunks: virtual stages r, r + P, …
+    for (size_t v = r; v < plan.stages().size(); v += peaks.size())
+      blocks += fmt::format("{}[{}, {})", blocks.empty() ? "" : " ", plan.stages()[v].begin, plan.stages()[v].end);
+    out.print("  stage {} blocks {}: peak {} micro-batches' activations (bound {}), {:.2f} MiB\n", r, blocks,
+              peaks[r].micro_batches, bound[r], static_cast<double>(peaks[r].bytes) / (1 << 20));
+  }
   if (!o.timeline.empty()) {
     const std::string title = fmt::format("{} pipeline, P = {}, M = {}", pipeline::schedule_name(sched.spec.kind),
                                           sched.spec.ranks, sched.spec.micro_batches);
