@@ -20,7 +20,7 @@ prepare_corpus
   --timeline "$dir/pp.svg" --out "$dir/pp" > "$dir/pp.log" 2>&1 || { cat "$dir/pp.log"; fail "pp 2 run"; }
 grep -q "pipeline parallel: pp 2 (1f1b, 4 micro-batches" "$dir/pp.log" || { cat "$dir/pp.log"; fail "no pipeline line"; }
 grep -Eq "step +12/12 .*MiB/rank .*exposed" "$dir/pp.log" || { cat "$dir/pp.log"; fail "no per-rank progress line"; }
-grep -Eq "bubble measured [0-9.]+% \| ideal [0-9.]+% .* formula 20.0%" "$dir/pp.log" ||
+grep -Eq "bubble measured [0-9.]+% \| at these stages. costs [0-9.]+% .* \| ideal [0-9.]+% .* formula 20.0%" "$dir/pp.log" ||
   { cat "$dir/pp.log"; fail "no bubble line (1F1B at P 2, M 4: formula 1/5)"; }
 grep -q "stage 0 blocks \[0, .*peak 2 micro-batches' activations (bound 2)" "$dir/pp.log" || { cat "$dir/pp.log"; fail "stage 0's peak"; }
 grep -q "stage 1 blocks .*peak 1 micro-batches' activations (bound 1)" "$dir/pp.log" || { cat "$dir/pp.log"; fail "stage 1's peak"; }

@@ -2,6 +2,7 @@
 #include "kiln/parallel/pipeline.h"
 
 #include <algorithm>
+#include <array>
 #include <chrono>
 #include <cstring>
 #include <numeric>
@@ -463,9 +464,11 @@ PipelineBubble measure_bubble(const PipelineParallelPlan& plan) {
   const pipeline::Schedule& sched = plan.schedule();
   PipelineBubble b;
   b.measured = plan.gather_timeline();
-  // Mean measured seconds of F, B (or BI) and W over the stages: the ideal's costs.
-  double sum[3] = {0, 0, 0};
-  int count[3] = {0, 0, 0};
+  // Mean measured seconds of F, B (or BI) and W, over all stages (the ideal's costs) and per
+  // stage (the staged ideal's).
+  const int S = sched.spec.stages();
+  std::vector<std::array<double, 3>> sum(static_cast<size_t>(S + 1), {0, 0, 0});  // entry S: every stage
+  std::vector<std::array<int, 3>> count(static_cast<size_t>(S + 1), {0, 0, 0});
   for (const pipeline::TimedAction& a : b.measured) {
     int k = -1;
     switch (a.action.kind) {
@@ -475,16 +478,27 @@ PipelineBubble measure_bubble(const PipelineParallelPlan& plan) {
       case ActionKind::kBackwardWeight: k = 2; break;
       default: continue;  // sends, receives and their waits
     }
-    sum[k] += a.end - a.start;
-    ++count[k];
+    for (size_t at : {static_cast<size_t>(a.action.stage), static_cast<size_t>(S)}) {
+      sum[at][static_cast<size_t>(k)] += a.end - a.start;
+      ++count[at][static_cast<size_t>(k)];
+    }
   }
-  auto mean = [&](int k) { return count[k] ? sum[k] / count[k] : 0.0; };
-  b.split_backward = count[2] > 0;
-  b.backward_seconds = mean(1);
-  b.costs.forward = mean(0);
-  b.costs.backward_input = b.split_backward ? mean(1) : mean(1) / 2;  // kBackward costs B + W
-  b.costs.backward_weight = b.split_backward ? mean(2) : mean(1) / 2;
+  b.split_backward = count[static_cast<size_t>(S)][2] > 0;
+  auto costs_of = [&](size_t at) {
+    auto mean = [&](size_t k) { return count[at][k] ? sum[at][k] / count[at][k] : 0.0; };
+    pipeline::ActionCosts c;
+    c.forward = mean(0);
+    c.backward_input = b.split_backward ? mean(1) : mean(1) / 2;  // kBackward costs B + W
+    c.backward_weight = b.split_backward ? mean(2) : mean(1) / 2;
+    return c;
+  };
+  b.costs = costs_of(static_cast<size_t>(S));
+  b.backward_seconds = b.split_backward ? b.costs.backward_input : 2 * b.costs.backward_input;
+  std::vector<pipeline::ActionCosts> per_stage;
+  for (int st = 0; st < S; ++st) per_stage.push_back(costs_of(static_cast<size_t>(st)));
   b.ideal = pipeline::simulate_schedule(sched, b.costs);
+  b.staged = pipeline::simulate_schedule(sched, per_stage);
+  b.staged_stats = pipeline::schedule_stats(sched, b.staged);
   b.measured_stats = pipeline::schedule_stats(sched, b.measured);
   b.ideal_stats = pipeline::schedule_stats(sched, b.ideal);
   b.formula = pipeline::bubble_formula(sched.spec, b.costs);

@@ -144,9 +144,13 @@ class PipelineParallelPlan final : public ParallelPlan {
 // same action lists simulated with the measured mean cost of each compute action (no
 // communication); and the textbook formula with those costs. Collective over the world: every
 // rank calls it after a step (`kiln train --pp`'s report and `kiln bench pp` read it).
+// The last step's bubble three ways: measured; `ideal`, the same lists simulated with the mean
+// measured F / B / W over all stages (a balanced pipeline: its bubble is the formula's); and
+// `staged`, simulated with each stage's own mean costs (what this split could reach without
+// communication and overheads: the gap to `ideal` is the stages' imbalance).
 struct PipelineBubble {
-  std::vector<pipeline::TimedAction> measured, ideal;  // every rank's actions, the step's start at 0
-  pipeline::ScheduleStats measured_stats, ideal_stats;
+  std::vector<pipeline::TimedAction> measured, ideal, staged;  // every rank's actions, the step's start at 0
+  pipeline::ScheduleStats measured_stats, ideal_stats, staged_stats;
   double formula = 0;           // bubble_formula() of the schedule with `costs`
   pipeline::ActionCosts costs;  // mean measured F, B (or BI), W seconds; an unsplit B halved into B + W
   double backward_seconds = 0;  // mean measured B (B and W together) or BI (zero-bubble)

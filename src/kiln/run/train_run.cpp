@@ -349,10 +349,11 @@ void report_pipeline(const TrainRunOptions& o, const parallel::PipelineParallelP
   const pipeline::Schedule& sched = plan.schedule();
   const parallel::PipelineBubble b = parallel::measure_bubble(plan);
   const std::vector<parallel::StagePeak> peaks = plan.gather_peaks();
-  out.print("pipeline {} P={} M={}: last step {:.1f} ms, bubble measured {:.1f}% | ideal {:.1f}% ({:.1f} ms) | "
-            "formula {:.1f}%  (F {:.2f} ms, B {:.2f} ms{})\n",
+  out.print("pipeline {} P={} M={}: last step {:.1f} ms, bubble measured {:.1f}% | at these stages' costs {:.1f}% "
+            "({:.1f} ms) | ideal {:.1f}% ({:.1f} ms) | formula {:.1f}%  (mean F {:.2f} ms, B {:.2f} ms{})\n",
             pipeline::schedule_name(sched.spec.kind), sched.spec.ranks, sched.spec.micro_batches,
-            1e3 * b.measured_stats.makespan, 100 * b.measured_stats.bubble_fraction, 100 * b.ideal_stats.bubble_fraction,
+            1e3 * b.measured_stats.makespan, 100 * b.measured_stats.bubble_fraction,
+            100 * b.staged_stats.bubble_fraction, 1e3 * b.staged_stats.makespan, 100 * b.ideal_stats.bubble_fraction,
             1e3 * b.ideal_stats.makespan, 100 * b.formula, 1e3 * b.costs.forward, 1e3 * b.backward_seconds,
             b.split_backward ? fmt::format(", W {:.2f} ms", 1e3 * b.costs.backward_weight) : std::string());
   const std::vector<int> bound = pipeline::activation_bound(sched.spec);
@@ -366,9 +367,12 @@ void report_pipeline(const TrainRunOptions& o, const parallel::PipelineParallelP
   if (!o.timeline.empty()) {
     const std::string title = fmt::format("{} pipeline, P = {}, M = {}", pipeline::schedule_name(sched.spec.kind),
                                           sched.spec.ranks, sched.spec.micro_batches);
-    out.write_text(o.timeline, pipeline::timeline_svg({{"measured (last step)", b.measured, sched.spec.ranks},
-                                                       {"ideal (measured mean action costs)", b.ideal, sched.spec.ranks}},
-                                                      title));
+    out.write_text(o.timeline,
+                   pipeline::timeline_svg({{"measured (last step)", b.measured, sched.spec.ranks},
+                                           {"ideal at each stage's measured mean costs", b.staged, sched.spec.ranks},
+                                           {"ideal, balanced (the mean costs of every stage)", b.ideal,
+                                            sched.spec.ranks}},
+                                          title));
     out.print("timeline: {}\n", o.timeline);
   }
 }
