@@ -111,6 +111,13 @@ void wait_all_requests(int n, MPI_Request* reqs) {
   check_mpi(MPI_Waitall(n, reqs, MPI_STATUSES_IGNORE), "MPI_Waitall");
 }
 
+double all_reduce_scalar(Communicator& c, double x, MPI_Op op, const char* what) {
+  double out = 0;
+  if (MPI_Allreduce(&x, &out, 1, MPI_DOUBLE, op, c.handle()) != MPI_SUCCESS)
+    abort_job(fmt::format("MPI_Allreduce of {} failed", what));
+  return out;
+}
+
 void finalize() {
   if (is_initialized()) Communicator::world().stop_comm_thread();
   int inited = 0, finished = 0;

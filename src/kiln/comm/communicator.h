@@ -60,6 +60,11 @@ double comm_timeout_seconds();
 // Waits for n requests: MPI_Waitall, or polite polling on a thread that turned it on.
 void wait_all_requests(int n, MPI_Request* reqs);
 
+class Communicator;
+// One double combined by `op` over `c` through MPI's own all-reduce (one value: nothing to
+// implement), on the calling thread; a failure ends the job with a message naming `what`.
+double all_reduce_scalar(Communicator& c, double x, MPI_Op op, const char* what);
+
 class Communicator {
  public:
   // The world: every process of the job (MPI_COMM_WORLD), initializing MPI if needed.

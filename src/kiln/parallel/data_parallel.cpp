@@ -371,8 +371,7 @@ double all_reduce_double(comm::Communicator& c, double x, MPI_Op op) {
   double out = 0;
   Status s = c.comm_thread()
                  .submit([&]() -> Status {
-                   if (MPI_Allreduce(&x, &out, 1, MPI_DOUBLE, op, c.handle()) != MPI_SUCCESS)
-                     return internal_error("MPI_Allreduce of a double failed");
+                   out = comm::all_reduce_scalar(c, x, op, "a double over the data-parallel ranks");
                    return {};
                  })
                  .wait();

@@ -17,15 +17,6 @@ using pipeline::Action;
 using pipeline::ActionKind;
 
 namespace {
-// x summed over `c` by MPI's own all-reduce on this thread (the pp and embedding communicators
-// have no communication thread: their calls are this plan's, between compute actions).
-double sum_doubles(comm::Communicator& c, double x, const char* what) {
-  double sum = 0;
-  if (MPI_Allreduce(&x, &sum, 1, MPI_DOUBLE, MPI_SUM, c.handle()) != MPI_SUCCESS)
-    comm::abort_job(fmt::format("MPI_Allreduce of {} over the pipeline stages failed", what));
-  return sum;
-}
-
 // A block's and the head's forward FLOPs per token, for the default split (the embedding is a
 // lookup: no FLOPs).
 pipeline::StageCosts stage_costs(const ModelConfig& c) {
@@ -309,7 +300,7 @@ double PipelineParallelPlan::forward_backward(Transformer& model, const int32_t*
   p2p_wait_seconds_ += report_.wait_seconds;
   // The loss is the last stage's: every rank gets it (the others add 0, exactly).
   const double t = comm::now_seconds();
-  loss = o_.pp > 1 ? sum_doubles(pp, pp_rank() == o_.pp - 1 ? loss : 0.0, "the loss") : loss;
+  loss = o_.pp > 1 ? comm::all_reduce_scalar(pp, pp_rank() == o_.pp - 1 ? loss : 0.0, MPI_SUM, "the loss over the stages") : loss;
   cross_stage_seconds_ += comm::now_seconds() - t;
   return loss;
 }
@@ -338,7 +329,7 @@ double PipelineParallelPlan::forward_loss(Transformer& model, const int32_t* tok
     }
   }
   loss /= M;
-  return o_.pp > 1 ? sum_doubles(pp, rank == o_.pp - 1 ? loss : 0.0, "the validation loss") : loss;
+  return o_.pp > 1 ? comm::all_reduce_scalar(pp, rank == o_.pp - 1 ? loss : 0.0, MPI_SUM, "the validation loss over the stages") : loss;
 }
 
 void PipelineParallelPlan::finish_gradients() {
@@ -361,7 +352,7 @@ double PipelineParallelPlan::sum_over_shards(double x) {
         for (int64_t i = 0; i < p.n; ++i) x -= static_cast<double>(p.grads[i]) * p.grads[i];
   }
   x = inner_->sum_over_shards(x);
-  return o_.pp > 1 ? sum_doubles(mesh_->comm("pp"), x, "the gradient norm") : x;
+  return o_.pp > 1 ? comm::all_reduce_scalar(mesh_->comm("pp"), x, MPI_SUM, "the gradient norm over the stages") : x;
 }
 
 double PipelineParallelPlan::mean_over_data(double x) {

@@ -8,17 +8,6 @@
 
 namespace kiln::parallel {
 
-namespace {
-// One double summed over `c` through MPI's own all-reduce, on this thread: the tp communicator
-// has no communication thread (its collectives are the layers' blocking calls).
-double sum_on_this_thread(comm::Communicator& c, double x, const char* what) {
-  double sum = 0;
-  if (MPI_Allreduce(&x, &sum, 1, MPI_DOUBLE, MPI_SUM, c.handle()) != MPI_SUCCESS)
-    comm::abort_job(fmt::format("MPI_Allreduce of {} over the tp ranks failed", what));
-  return sum;
-}
-}  // namespace
-
 Status check_tensor_parallel(const TensorParallelOptions& o, const ModelConfig& c, int world,
                              const DataParallelOptions& dp, const TrainOptions& train) {
   if (o.tp < 1) return invalid_argument("--tp {} must be >= 1", o.tp);
@@ -117,7 +106,7 @@ double TensorParallelPlan::sum_over_shards(double x) {
     if (e.split.replicas == 1 || rank % e.split.replicas == 0) continue;
     for (int64_t i = 0; i < e.shape.numel(); ++i) x -= static_cast<double>(grads[e.offset + i]) * grads[e.offset + i];
   }
-  return sum_on_this_thread(mesh_->comm("tp"), x, "the gradient norm");
+  return comm::all_reduce_scalar(mesh_->comm("tp"), x, MPI_SUM, "the gradient norm over the tp ranks");
 }
 
 // What the model counted is kept for take_tp_traffic(): the Trainer takes the comm times
@@ -144,7 +133,7 @@ TensorParallelTraffic TensorParallelPlan::take_tp_traffic() {
 double TensorParallelPlan::mean_over_data(double x) {
   x = data_->mean_over_data(x);
   comm::Communicator& tp = mesh_->comm("tp");
-  return tp.size() == 1 ? x : sum_on_this_thread(tp, x, "a mean") / tp.size();
+  return tp.size() == 1 ? x : comm::all_reduce_scalar(tp, x, MPI_SUM, "a mean over the tp ranks") / tp.size();
 }
 
 CommTimes TensorParallelPlan::take_comm_times() {
