@@ -1220,7 +1220,6 @@ const float* Transformer::stage_output(int chunk) const {
   return acts_->resid[resid_index(chunk_first_[static_cast<size_t>(chunk) + 1], chunk)].p;
 }
 const float* Transformer::input_grad() const { return acts_ ? acts_->dresid.p : nullptr; }
-int64_t Transformer::stage_rows() const { return acts_ ? tp_->rows(acts_->B * acts_->T) : 0; }
 
 void Transformer::embed(float* out, const int32_t* tokens, int64_t N) {
   Tp& tp = *tp_;

@@ -300,8 +300,9 @@ class Transformer {
   // has it), the head and loss the last chunk's.
   Expected<float> forward_stage(const int32_t* tokens, const int32_t* targets, const float* input, int64_t batch,
                                 int64_t seq_len, int chunk = 0);
-  const float* stage_output(int chunk = 0) const;  // (rows, d_model): the chunk's last block's output
-  int64_t stage_rows() const;                      // rows of stage_output() and of input_grad()
+  // (rows, d_model): the chunk's last block's output; rows are B·T, or this tp rank's B·T / tp
+  // under sequence parallelism (input_grad() alike).
+  const float* stage_output(int chunk = 0) const;
   // The stage's backward: the last stage starts from its loss (scaled by loss_scale), the others
   // from `doutput` (the next stage's input_grad()). Gradients accumulate (+=). With
   // defer_weights the weight-gradient GEMMs of every Linear are not run but queued with a copy
