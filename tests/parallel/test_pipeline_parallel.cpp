@@ -1,6 +1,7 @@
 // Pipeline parallelism against the single-process run (the oracle): the same model, data,
 // global batch and seed give, for GPipe, 1F1B and ZB-H1 at every pp that divides this mpirun's
-// P (CTest: P = 1..4, so pp = 2, 3, 4, dp 2 × pp 2 with DDP and ZeRO-1, pp 2 × tp 2), M = 1…8 micro-batches,
+// P (CTest: P = 1..4, so pp = 2, 3, 4, dp 2 × pp 2 with DDP and ZeRO-1, pp 2 × tp 2 with and
+// without sequence parallelism), M = 1…8 micro-batches,
 // and interleaved 1F1B with 2 chunks per rank where M divides by pp, both families:
 //   * the same gradients after one step, every parameter gathered from the stages;
 //   * the same loss at each of 20 steps;
@@ -77,28 +78,41 @@ TrainOptions options(int64_t batch) {
 struct Layout {
   int pp, tp;
   int zero = 0;
+  bool sp = false;  // sequence parallelism in each stage's tp group
   int dp() const { return world().size() / (pp * tp); }
   std::string name() const {
-    return fmt::format("pp {} × {} {} × tp {}", pp, zero ? "zero1" : "dp", dp(), tp);
+    return fmt::format("pp {} × {} {} × tp {}{}", pp, zero ? "zero1" : "dp", dp(), tp, sp ? " + sp" : "");
   }
 };
 
-std::vector<Layout> layouts() {
+// The pipeline alone (dp = P / pp DDP ranks beside it), or composed with tensor parallelism
+// (with and without sequence parallelism) and ZeRO-1 at P = 4. Each set is its own test, so
+// each stays well inside the MPI test main's per-test watchdog (ASan builds run ~3x slower).
+std::vector<Layout> layouts(bool composed) {
   std::vector<Layout> out;
-  for (int pp : {2, 3, 4})
-    if (world().size() % pp == 0) out.push_back({pp, 1});
-  if (world().size() == 4) {
+  if (!composed) {
+    for (int pp : {2, 3, 4})
+      if (world().size() % pp == 0) out.push_back({pp, 1});
+  } else if (world().size() == 4) {
     out.push_back({2, 2});
+    out.push_back({2, 2, 0, true});
     out.push_back({2, 1, 1});  // ZeRO-1 over the data-parallel pair of each stage
   }
   return out;
 }
 
+// Every M = 1…8 for the pipeline alone; an odd, an even and a square M for the compositions.
+std::vector<int> micro_batch_counts(bool composed) {
+  return composed ? std::vector<int>{1, 3, 4} : std::vector<int>{1, 2, 3, 4, 5, 6, 7, 8};
+}
+
 const pipeline::ScheduleKind kSchedules[] = {pipeline::ScheduleKind::kGpipe, pipeline::ScheduleKind::k1F1B,
                                              pipeline::ScheduleKind::kInterleaved1F1B,
                                              pipeline::ScheduleKind::kZeroBubbleH1};
-// Interleaved runs 2 chunks per rank where Megatron's rule allows it (M divisible by pp).
+// Interleaved runs 2 chunks per rank where Megatron's rule allows it (M divisible by pp); ZB-H1
+// is refused with sequence parallelism (its W would read gathered scratch).
 bool runs(pipeline::ScheduleKind s, const Layout& l, int M) {
+  if (s == pipeline::ScheduleKind::kZeroBubbleH1 && l.sp) return false;
   return s != pipeline::ScheduleKind::kInterleaved1F1B || M % l.pp == 0;
 }
 
@@ -111,6 +125,7 @@ std::unique_ptr<PipelineParallelPlan> make_plan(const Layout& l, pipeline::Sched
   po.virtual_stages = s == pipeline::ScheduleKind::kInterleaved1F1B ? 2 : 1;
   TensorParallelOptions tpo;
   tpo.tp = l.tp;
+  tpo.sequence_parallel = l.sp;
   DataParallelOptions dpo;
   dpo.zero = l.zero;
   auto plan = PipelineParallelPlan::create(world(), po, tpo, dpo, c, o);
@@ -143,12 +158,12 @@ void expect_causal(const std::vector<pipeline::TimedAction>& timeline, int stage
     }
 }
 
-TEST(PipelineParallel, OneStepGradientsEqualTheSingleProcess) {
+void one_step_gradients(bool composed, pipeline::ScheduleKind s) {
   set_num_threads(1);
   const TokenShard data = random_data();
   for (ModelFamily f : {ModelFamily::kGpt2, ModelFamily::kLlama}) {
-    for (const Layout& l : layouts()) {
-      for (int M = 1; M <= 8; ++M) {
+    for (const Layout& l : layouts(composed)) {
+      for (int M : micro_batch_counts(composed)) {
         const TrainOptions o = options(int64_t{l.dp()} * M);  // one row per micro-batch
         std::vector<int32_t> x(static_cast<size_t>(o.batch * o.seq_len)), y(x.size());
         for (size_t i = 0; i < x.size(); ++i) {
@@ -161,7 +176,7 @@ TEST(PipelineParallel, OneStepGradientsEqualTheSingleProcess) {
         auto ref = Transformer::create(tiny(f), 5).value();
         const float ref_loss = ref->forward(x.data(), y.data(), o.batch, o.seq_len).value();
         ref->backward();
-        for (pipeline::ScheduleKind s : kSchedules) {
+        {
           if (!runs(s, l, M)) continue;
           const std::string what =
               fmt::format("{} {} M={} {}", l.name(), pipeline::schedule_name(s), M, family(f));
@@ -196,13 +211,14 @@ TEST(PipelineParallel, OneStepGradientsEqualTheSingleProcess) {
   }
 }
 
-TEST(PipelineParallel, TwentyStepsGiveTheSingleProcessRun) {
+
+void twenty_steps(bool composed, pipeline::ScheduleKind s) {
   set_num_threads(1);
   const TokenShard data = random_data();
   for (ModelFamily f : {ModelFamily::kGpt2, ModelFamily::kLlama}) {
-    for (const Layout& l : layouts()) {
+    for (const Layout& l : layouts(composed)) {
       std::map<int64_t, std::vector<float>> ref_losses;  // by batch
-      for (int M = 1; M <= 8; ++M) {
+      for (int M : micro_batch_counts(composed)) {
         const TrainOptions o = options(int64_t{l.dp()} * M);
         if (!ref_losses.count(o.batch)) {
           auto ref = Transformer::create(tiny(f), 5).value();
@@ -210,7 +226,7 @@ TEST(PipelineParallel, TwentyStepsGiveTheSingleProcessRun) {
           while (!t.done()) ref_losses[o.batch].push_back(t.step().loss);
         }
         const std::vector<float>& want = ref_losses[o.batch];
-        for (pipeline::ScheduleKind s : kSchedules) {
+        {
           if (!runs(s, l, M)) continue;
           const std::string what =
               fmt::format("{} {} M={} {}", l.name(), pipeline::schedule_name(s), M, family(f));
@@ -230,6 +246,25 @@ TEST(PipelineParallel, TwentyStepsGiveTheSingleProcessRun) {
     }
   }
 }
+
+// One test per schedule and layout set, each well inside the per-test watchdog (the 20-step
+// runs are the suite's longest; ASan builds run ~3x slower than release).
+class PipelineOracle : public ::testing::TestWithParam<std::tuple<pipeline::ScheduleKind, bool>> {};
+
+TEST_P(PipelineOracle, OneStepGradientsEqualTheSingleProcess) {
+  one_step_gradients(std::get<1>(GetParam()), std::get<0>(GetParam()));
+}
+TEST_P(PipelineOracle, TwentyStepsGiveTheSingleProcessRun) {
+  twenty_steps(std::get<1>(GetParam()), std::get<0>(GetParam()));
+}
+
+INSTANTIATE_TEST_SUITE_P(Schedules, PipelineOracle,
+                         ::testing::Combine(::testing::ValuesIn(kSchedules), ::testing::Bool()),
+                         [](const auto& info) {
+                           std::string name(pipeline::schedule_name(std::get<0>(info.param)));
+                           std::erase(name, '-');
+                           return name + (std::get<1>(info.param) ? "_composed" : "_alone");
+                         });
 
 TEST(PipelineParallel, CheckpointsHoldTheSingleProcessModel) {
   set_num_threads(1);
