@@ -117,14 +117,27 @@ TEST(PipelineStage, StagesHoldTheirBlocksAndTheWholeModelsValues) {
   }
 }
 
+// The whole model's loss and gradients of one batch: the oracle.
+struct Reference {
+  std::unique_ptr<Transformer> model;
+  float loss = 0;
+};
+Reference whole_step(const ModelConfig& c, const std::vector<int32_t>& x, const std::vector<int32_t>& y, int64_t B,
+                     int64_t T) {
+  Reference r{Transformer::create(c, 7).value()};
+  r.loss = r.model->forward(x.data(), y.data(), B, T).value();
+  r.model->backward();
+  return r;
+}
+
 TEST(PipelineStage, ChainedStagesGiveTheWholeModelsLossAndGradientsBitwise) {
   for (ModelFamily f : {ModelFamily::kLlama, ModelFamily::kGpt2}) {
     const ModelConfig c = tiny(f);
     const int64_t B = 2, T = 16;
     const std::vector<int32_t> x = random_ids(B * T, 3), y = random_ids(B * T, 4);
-    auto whole = Transformer::create(c, 7).value();
-    const float want = whole->forward(x.data(), y.data(), B, T).value();
-    whole->backward();
+    const Reference ref = whole_step(c, x, y, B, T);
+    Transformer* whole = ref.model.get();
+    const float want = ref.loss;
     Cut p = cut(c, {0, 1, 3, 5});
     EXPECT_EQ(forward(p, x, y, B, T), want);
     backward(p);
@@ -139,9 +152,9 @@ TEST(PipelineStage, ChunksOfOneModelRunInModelOrder) {
     const ModelConfig c = tiny(f);
     const int64_t B = 2, T = 16;
     const std::vector<int32_t> x = random_ids(B * T, 3), y = random_ids(B * T, 4);
-    auto whole = Transformer::create(c, 7).value();
-    const float want = whole->forward(x.data(), y.data(), B, T).value();
-    whole->backward();
+    const Reference ref = whole_step(c, x, y, B, T);
+    Transformer* whole = ref.model.get();
+    const float want = ref.loss;
     Cut p;
     p.stages.push_back(Transformer::create(c, 7, {}, {{{0, 1}, {3, 4}}}).value());
     p.stages.push_back(Transformer::create(c, 7, {}, {{{1, 3}, {4, 5}}}).value());

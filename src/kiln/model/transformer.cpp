@@ -145,8 +145,7 @@ struct Transformer::Slots {
     std::vector<std::vector<Buf>> layers;  // per layer, Layer::kSaved order
   };
   std::vector<Saved> stored;              // per slot; the current slot's entry is empty
-  std::vector<bool> allocated;            // per slot: its buffers exist (live or stored)
-  std::vector<int> chunk_of;              // per slot: the chunk they are for
+  std::vector<int> chunk_of;              // per slot: the chunk its buffers are for; -1: none yet
   std::vector<WeightGradQueue> deferred;  // per slot: W still to run
   int current = 0;
   WeightGradQueue* deferring = nullptr;   // during a backward_stage(…, defer_weights)
@@ -154,8 +153,7 @@ struct Transformer::Slots {
   void grow(int n) {
     if (static_cast<int>(stored.size()) >= n) return;
     stored.resize(static_cast<size_t>(n));
-    allocated.resize(static_cast<size_t>(n), false);
-    chunk_of.resize(static_cast<size_t>(n), 0);
+    chunk_of.resize(static_cast<size_t>(n), -1);
     deferred.resize(static_cast<size_t>(n));
   }
 };
@@ -962,7 +960,7 @@ void Transformer::ensure_activations(int64_t B, int64_t T) {
   acts_.reset();  // free the old buffers before allocating the new ones
   Slots& sl = *slots_;
   for (Slots::Saved& saved : sl.stored) saved = {};  // every slot's activations are for the old shape
-  std::fill(sl.allocated.begin(), sl.allocated.end(), false);
+  std::fill(sl.chunk_of.begin(), sl.chunk_of.end(), -1);
   acts_ = std::make_unique<Acts>();
   Acts& a = *acts_;
   a.B = B;
@@ -1009,7 +1007,6 @@ void Transformer::alloc_saved(int chunk) {
     layers_[i]->alloc(a.B, a.T, Ns, i == first ? nullptr : layers_[first].get(), ckpt_);
   }
   Slots& sl = *slots_;
-  sl.allocated[static_cast<size_t>(sl.current)] = true;
   sl.chunk_of[static_cast<size_t>(sl.current)] = chunk;
   sl.saved_bytes = std::max(sl.saved_bytes, g_activation_bytes - before);
   activation_bytes_ = scratch_bytes_ + sl.saved_bytes * activation_slots();
@@ -1043,7 +1040,7 @@ void Transformer::use_activation_slot(int slot) {
 }
 
 int Transformer::activation_slots() const {
-  return static_cast<int>(std::count(slots_->allocated.begin(), slots_->allocated.end(), true));
+  return static_cast<int>(std::count_if(slots_->chunk_of.begin(), slots_->chunk_of.end(), [](int c) { return c >= 0; }));
 }
 int64_t Transformer::saved_activation_bytes() const { return slots_->saved_bytes; }
 
@@ -1177,7 +1174,7 @@ Expected<float> Transformer::forward_impl(const int32_t* tokens, const int32_t* 
   ensure_activations(B, T);
   Slots& sl = *slots_;
   const auto cur = static_cast<size_t>(sl.current);
-  if (!sl.allocated[cur] || sl.chunk_of[cur] != chunk) alloc_saved(chunk);
+  if (sl.chunk_of[cur] != chunk) alloc_saved(chunk);
   Acts& a = *acts_;
   if (embedding) a.tokens.assign(tokens, tokens + N);
   if (const int32_t* t = targets ? targets : tokens; head && t) a.targets.assign(t, t + N);
@@ -1255,8 +1252,7 @@ void Transformer::backward_stage(const float* doutput, float loss_scale, bool de
   KILN_CHECK(chunk >= 0 && chunk < num_chunks());
   const bool embedding = chunk == 0 && has_embedding(), head = chunk + 1 == num_chunks() && has_head();
   KILN_CHECK_MSG(acts_ && (!head || acts_->num_valid > 0), "backward() needs a forward() with targets first");
-  KILN_CHECK_MSG(slots_->allocated[static_cast<size_t>(slots_->current)] &&
-                     slots_->chunk_of[static_cast<size_t>(slots_->current)] == chunk,
+  KILN_CHECK_MSG(slots_->chunk_of[static_cast<size_t>(slots_->current)] == chunk,
                  "backward of chunk {} on an activation slot its forward did not fill", chunk);
   KILN_CHECK_MSG(head || doutput != nullptr, "a pipeline stage's chunk {} needs the next stage's input gradient", chunk);
   const ModelConfig& c = config_;
@@ -1384,7 +1380,7 @@ Expected<const float*> Transformer::forward_paged(const PagedBatch& b, PagedKvCa
   // reallocates. Serving never runs sequence parallelism.
   tp_->sp = false;
   if (!acts_ || acts_->B != 1 || acts_->T < N || acts_->sp) ensure_activations(1, (N + 63) / 64 * 64);
-  if (!slots_->allocated[static_cast<size_t>(slots_->current)]) alloc_saved(0);
+  if (slots_->chunk_of[static_cast<size_t>(slots_->current)] != 0) alloc_saved(0);
   Acts& a = *acts_;
   a.num_valid = 0;
   const size_t gather_floats = static_cast<size_t>(2 * gather_rows * cache.row_width);

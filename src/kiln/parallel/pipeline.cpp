@@ -29,6 +29,13 @@ pipeline::StageCosts stage_costs(const ModelConfig& c) {
   s.head_flops = 2.0 * C * static_cast<double>(c.vocab_size);
   return s;
 }
+
+// Floats of one activation (or its gradient) between stages for a micro-batch of n tokens: this
+// tp rank's rows of the residual stream (n / tp under sequence parallelism).
+int64_t message_floats(const Transformer& model, int64_t n) {
+  const TensorShard& shard = model.tensor_shard();
+  return (shard.sequence_parallel ? n / shard.size : n) * model.config().d_model;
+}
 }  // namespace
 
 Expected<std::vector<BlockRange>> pipeline_stages(const PipelineOptions& o, const ModelConfig& c) {
@@ -213,10 +220,7 @@ double PipelineParallelPlan::forward_backward(Transformer& model, const int32_t*
   const int M = o_.micro_batches;
   KILN_CHECK_MSG(rows % M == 0, "{} rows do not split into {} micro-batches", rows, M);
   comm::Communicator& pp = mesh_->comm("pp");
-  const TensorShard& shard = model.tensor_shard();
-  const int64_t mb_rows = rows / M, n = mb_rows * seq_len;
-  const int64_t local_rows = shard.sequence_parallel ? n / shard.size : n;
-  const int64_t width = local_rows * model.config().d_model;
+  const int64_t mb_rows = rows / M, n = mb_rows * seq_len, width = message_floats(model, n);
   report_ = {};
   Executor ex(*this, model, width);
   const double step_start = ex.now();
@@ -310,10 +314,8 @@ double PipelineParallelPlan::forward_loss(Transformer& model, const int32_t* tok
   // Validation: the micro-batches one after another through the stages (forward only).
   const int M = o_.micro_batches;
   comm::Communicator& pp = mesh_->comm("pp");
-  const TensorShard& shard = model.tensor_shard();
   const int64_t mb_rows = rows / M, n = mb_rows * seq_len;
-  const int64_t width = (shard.sequence_parallel ? n / shard.size : n) * model.config().d_model;
-  std::vector<float> act(static_cast<size_t>(width));
+  std::vector<float> act(static_cast<size_t>(message_floats(model, n)));
   const size_t bytes = act.size() * sizeof(float);
   const int rank = pp_rank(), V = o_.virtual_stages, last = o_.pp * V - 1;
   double loss = 0;
