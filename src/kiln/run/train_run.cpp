@@ -341,10 +341,10 @@ std::string resume_path(const TrainRunOptions& o, bool sharded) {
   const std::string mine = checkpoint_path(o, sharded), other = checkpoint_path(o, !sharded);
   return !std::filesystem::exists(mine) && std::filesystem::exists(other) ? other : mine;
 }
-// A pipeline run's last step: the measured bubble beside the ideal schedule's (the same action
-// list timed with the measured mean cost of each action) and the formula's, each stage's peak
-// activation memory beside its schedule's bound, and the timeline drawn (--timeline).
-// Collective: every rank calls it.
+// A pipeline run's last step: the measured bubble beside the same lists simulated at each
+// stage's own measured costs and at the mean costs of every stage (measure_bubble), and the
+// formula's; each stage's peak activation memory beside its schedule's bound; the timeline
+// drawn (--timeline). Collective: every rank calls it.
 void report_pipeline(const TrainRunOptions& o, const parallel::PipelineParallelPlan& plan, const RunOutput& out) {
   const pipeline::Schedule& sched = plan.schedule();
   const parallel::PipelineBubble b = parallel::measure_bubble(plan);
