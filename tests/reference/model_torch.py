@@ -1,28 +1,51 @@
 #!/usr/bin/env python3
-"""Whole-model PyTorch reference for kiln's transformer (GPT-2 and Llama), forward and backward.
+"""Whole-model PyTorch reference for kiln's transformer (GPT-2, Llama, Mixtral), forward and backward.
 
-For each family this builds a W1a-width model (d 384, 6 heads; 2 layers, B 2, T 32) whose
-weights come from a counter-based hash that tests/model/test_torch_model.cpp computes
-identically (so no weights are stored), runs one forward/backward in float64 on fixed tokens
-and targets (two targets are -1, ignored) and writes tests/reference/model_torch_<family>.safetensors:
+For each family this builds a small model (GPT-2 and Llama at W1a width: d 384, 6 heads; Mixtral d 128,
+4 heads, 4 experts, top-2; 2 layers, B 2, T 32) whose weights come from a counter-based hash that
+tests/model/test_torch_model.cpp computes identically (so no weights are stored), runs one
+forward/backward in float64 on fixed tokens and targets (two targets are -1, ignored) and writes
+tests/reference/model_torch_<family>.safetensors:
 
   tokens, targets            I32 (B, T)
   loss                       F64 (1,)    mean cross-entropy over the valid targets
   logits                     F32 (B, T, V)
   param_sum.<name>           F64 (1,)    sum of the weights (catches a weight-formula mismatch)
-  grad.<name>                F32         full gradient, kiln layout, when numel <= 65536
-  grad_rows.<name>           F32 (R, in) evenly spaced rows of a larger matrix's gradient,
-  grad_row_idx.<name>        I64 (R,)    with their indices
+  grad.<name>                F32         full gradient, kiln layout, when numel <= 65536 (Mixtral 16384)
+  grad_rows.<name>           F32 (R, in) evenly spaced rows of a larger matrix's gradient (16384 elements,
+  grad_row_idx.<name>        I64 (R,)    Mixtral 4096: under 1 MiB), with their indices
   grad_norm.<name>           F64 (1,)    Frobenius norm of the full gradient
   grad_sketch.<name>         F64 (32,)   projections of the full gradient on 32 hashed +-1
                                          vectors: ||S(a-b)|| / ||S b|| estimates ||a-b|| / ||b||,
                                          an error anywhere in the tensor shows
-Names are Hugging Face's; "kiln layout" is nn.Linear's (out, in), so GPT-2's Conv1D gradients
-are the transpose of HF's storage. The metadata holds the HF config.json that kiln parses.
+and for Mixtral (L MoE layers, N = B*T tokens, k experts per token):
+  aux_loss, z_loss           F64 (1,)    mean_l aux_l, mean_l z_l (below)
+  objective                  F64 (1,)    J = loss + router_aux_loss_coef aux_loss + router_z_loss_coef z_loss
+  route_experts              I32 (L, N, k) each token's experts, by descending router probability
+  route_gates                F32 (L, N, k) their probabilities renormalized to sum 1 (Mixtral's gates)
+  route_margin               F64 (1,)    min over layers and tokens of p_(k) - p_(k+1), the gap at the top-k
+                                         boundary (kiln's fp32 routing could differ only where it is ~1e-5)
+Names are Hugging Face's (Mixtral's the Hub checkpoint's: block_sparse_moe.gate, experts.{j}.w1/w2/w3);
+"kiln layout" is nn.Linear's (out, in), so GPT-2's Conv1D gradients are the transpose of HF's storage.
+The metadata holds the HF config.json that kiln parses (Mixtral's adds kiln's router_z_loss_coef).
 
-The reference is Hugging Face `transformers` (GPT2LMHeadModel / LlamaForCausalLM, float64)
-when installed, checked against the plain-torch model below; without transformers the plain
-model is the reference. Run:  /usr/bin/python3 tests/reference/model_torch.py
+Mixtral's grad.* are of kiln's training objective J, not of the loss. For layer l with router logits
+z (N, E) over all N tokens (ignored targets included), p = softmax(z), S_t the top-k experts of token t:
+  f_i = |{t : i in S_t}| / (N k)  (a constant),  P_i = (1/N) sum_t p_ti,  aux_l = E sum_i f_i P_i  (1 when balanced),
+  z_l = (1/N) sum_t (logsumexp_i z_ti)^2.
+transformers' load_balancing_loss_func differs: it pools all layers' tokens into one f and one P (not
+a mean of per-layer losses) and its f sums to k (2 at perfect balance, not 1). So the script passes
+transformers no labels (it then adds nothing to the loss) and computes J from the router logits that
+transformers returns (output_router_logits). The tokens and targets use seed 20264, the first from
+20242 whose route_margin is >= 2e-3 (20242's: 1.4e-4); the router weights keep make_weight's
+projection scale.
+
+The reference is Hugging Face `transformers` (GPT2LMHeadModel / LlamaForCausalLM / MixtralForCausalLM,
+float64, eager attention and experts) when installed, checked against the plain-torch model below; without
+transformers the plain model is the reference. transformers 5 stores Mixtral's experts fused
+(mlp.experts.gate_up_proj = [w1; w3], down_proj = w2), mapped by fused_moe and tested by
+check_fused_experts; 4.x keeps the Hub names, and fused_moe maps nothing.
+Run:  /usr/bin/python3 tests/reference/model_torch.py [family ...]   (default: all three)
 """
 import json
 import math
@@ -44,7 +67,9 @@ B, T = 2, 32
 FULL_LIMIT = 65536   # gradients up to this many elements are stored whole
 ROW_BUDGET = 16384   # elements of sampled rows per larger matrix
 SKETCH_K = 32
+MOE_LIMITS = (16384, 4096)     # mixtral's FULL_LIMIT, ROW_BUDGET: its 24 expert matrices whole would be 2.4 MB
 IGNORED = [(0, 5), (1, T - 1)]  # (batch, position) targets set to -1
+SEED = {"gpt2": 20240, "llama": 20241, "mixtral": 20264}  # tokens and targets; mixtral: see the docstring
 
 GPT2 = {"architectures": ["GPT2LMHeadModel"], "model_type": "gpt2", "vocab_size": 65, "n_embd": 384,
         "n_layer": 2, "n_head": 6, "n_inner": 1536, "n_positions": T, "n_ctx": T,
@@ -55,6 +80,13 @@ LLAMA = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "vocab_si
          "intermediate_size": 1024, "max_position_embeddings": T, "rms_norm_eps": 1e-5,
          "rope_theta": 10000.0, "hidden_act": "silu", "tie_word_embeddings": False,
          "attention_bias": False, "torch_dtype": "float32"}
+MIXTRAL = {"architectures": ["MixtralForCausalLM"], "model_type": "mixtral", "vocab_size": 96, "hidden_size": 128,
+           "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2, "intermediate_size": 192,
+           "num_local_experts": 4, "num_experts_per_tok": 2, "max_position_embeddings": T, "rms_norm_eps": 1e-5,
+           "rope_theta": 10000.0, "hidden_act": "silu", "tie_word_embeddings": False, "router_aux_loss_coef": 0.02,
+           "router_jitter_noise": 0.0, "sliding_window": None,
+           "router_z_loss_coef": 0.001,  # kiln's key: MixtralConfig keeps it as an unused attribute
+           "torch_dtype": "float32"}
 
 # ---- the shared weight and sketch formulas (mirrored in tests/model/test_torch_model.cpp) ----
 M64 = (1 << 64) - 1
@@ -132,6 +164,8 @@ def gpt2_params(c):
 
 
 def llama_params(c):
+    """Llama's, or Mixtral's when c has num_local_experts: the MLP becomes the router (E, C) and each expert's
+    w1 (gate, (F, C)), w2 (down, (C, F)), w3 (up, (F, C)) under block_sparse_moe (the Hub checkpoint names)."""
     C, V, F_, L = c["hidden_size"], c["vocab_size"], c["intermediate_size"], c["num_hidden_layers"]
     H, KV = c["num_attention_heads"], c["num_key_value_heads"]
     D = C // H
@@ -140,9 +174,16 @@ def llama_params(c):
         h = f"model.layers.{i}."
         p += [(h + "input_layernorm.weight", (C,)), (h + "self_attn.q_proj.weight", (H * D, C)),
               (h + "self_attn.k_proj.weight", (KV * D, C)), (h + "self_attn.v_proj.weight", (KV * D, C)),
-              (h + "self_attn.o_proj.weight", (C, H * D)), (h + "post_attention_layernorm.weight", (C,)),
-              (h + "mlp.gate_proj.weight", (F_, C)), (h + "mlp.up_proj.weight", (F_, C)),
-              (h + "mlp.down_proj.weight", (C, F_))]
+              (h + "self_attn.o_proj.weight", (C, H * D)), (h + "post_attention_layernorm.weight", (C,))]
+        if "num_local_experts" in c:
+            m = h + "block_sparse_moe."
+            p.append((m + "gate.weight", (c["num_local_experts"], C)))
+            for j in range(c["num_local_experts"]):
+                e = f"{m}experts.{j}."
+                p += [(e + "w1.weight", (F_, C)), (e + "w2.weight", (C, F_)), (e + "w3.weight", (F_, C))]
+        else:
+            p += [(h + "mlp.gate_proj.weight", (F_, C)), (h + "mlp.up_proj.weight", (F_, C)),
+                  (h + "mlp.down_proj.weight", (C, F_))]
     p.append(("model.norm.weight", (C,)))
     if not c["tie_word_embeddings"]:
         p.append(("lm_head.weight", (V, C)))
@@ -182,7 +223,23 @@ def rotate_half(x):
     return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
 
 
-def llama_forward(c, W, tokens):
+def moe_block(c, W, h, x):
+    """Mixtral's sparse MoE on x (N, C) -> (y (N, C), router logits z (N, E)): p = softmax(z), each token's
+    top-k experts with their probabilities renormalized to sum 1 as gates,
+    y = sum_j gate_j w2_j(silu(w1_j x) * w3_j x)."""
+    z = x @ W[h + "block_sparse_moe.gate.weight"].T                                 # (N, E)
+    top_p, top_i = torch.softmax(z, dim=-1).topk(c["num_experts_per_tok"], dim=-1)  # (N, k), descending
+    gates = torch.zeros_like(z).scatter(1, top_i, top_p / top_p.sum(-1, keepdim=True))  # (N, E), 0 off the top-k
+    y = torch.zeros_like(x)
+    for j in range(c["num_local_experts"]):
+        e = f"{h}block_sparse_moe.experts.{j}."
+        a = F.silu(x @ W[e + "w1.weight"].T) * (x @ W[e + "w3.weight"].T)           # (N, F)
+        y = y + gates[:, j:j + 1] * (a @ W[e + "w2.weight"].T)
+    return y, z
+
+
+def llama_forward(c, W, tokens, routers):
+    """Llama, or Mixtral (c has num_local_experts): each MoE layer's router logits (N, E) are appended to routers."""
     C, H, KV, eps = c["hidden_size"], c["num_attention_heads"], c["num_key_value_heads"], c["rms_norm_eps"]
     D = C // H
     Bn, Tn = tokens.shape
@@ -204,19 +261,52 @@ def llama_forward(c, W, tokens):
         k, v = k.repeat_interleave(H // KV, dim=1), v.repeat_interleave(H // KV, dim=1)  # q head j uses kv head j // (H/KV)
         x = x + causal_attention(q, k, v) @ W[h + "self_attn.o_proj.weight"].T
         n = rms(x, W[h + "post_attention_layernorm.weight"])
-        a = F.silu(n @ W[h + "mlp.gate_proj.weight"].T) * (n @ W[h + "mlp.up_proj.weight"].T)
-        x = x + a @ W[h + "mlp.down_proj.weight"].T
+        if "num_local_experts" in c:
+            y, z = moe_block(c, W, h, n.reshape(-1, C))
+            routers.append(z)
+            x = x + y.reshape(Bn, Tn, C)
+        else:
+            a = F.silu(n @ W[h + "mlp.gate_proj.weight"].T) * (n @ W[h + "mlp.up_proj.weight"].T)
+            x = x + a @ W[h + "mlp.down_proj.weight"].T
     x = rms(x, W["model.norm.weight"])
     head = W["model.embed_tokens.weight"] if c["tie_word_embeddings"] else W["lm_head.weight"]
     return x @ head.T
 
 
+def objective(c, logits, targets, routers):
+    """(CE, J, routing): the mean cross-entropy and kiln's training objective J = CE + alpha mean_l aux_l +
+    beta mean_l z_l over the MoE layers' router logits (J = CE without any), with what they routed."""
+    ce = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1), ignore_index=-1)
+    if not routers:
+        return ce, ce, {}
+    E, k = c["num_local_experts"], c["num_experts_per_tok"]
+    aux, zl, experts, gates, margin = [], [], [], [], []
+    for z in routers:                                            # (N, E), all B*T tokens
+        p = torch.softmax(z, dim=-1)
+        sp, si = p.sort(dim=-1, descending=True)                 # (N, E)
+        f = torch.bincount(si[:, :k].reshape(-1), minlength=E).to(p.dtype) / si[:, :k].numel()  # (E,), constant
+        aux.append(E * (f * p.mean(0)).sum())                    # = 1 at perfect balance
+        zl.append(torch.logsumexp(z, dim=-1).pow(2).mean())
+        experts.append(si[:, :k])
+        gates.append(sp[:, :k] / sp[:, :k].sum(-1, keepdim=True))
+        margin.append((sp[:, k - 1] - sp[:, k]).min())
+    aux, zl = torch.stack(aux).mean(), torch.stack(zl).mean()
+    J = ce + c["router_aux_loss_coef"] * aux + c["router_z_loss_coef"] * zl
+    experts = torch.stack(experts).numpy().astype(np.int32)     # (L, N, k)
+    return ce, J, {"aux_loss": np.array([aux.item()]), "z_loss": np.array([zl.item()]),
+                   "objective": np.array([J.item()]), "route_experts": experts,
+                   "route_gates": torch.stack(gates).detach().numpy().astype(np.float32),
+                   "route_margin": np.array([torch.stack(margin).min().item()]),
+                   "counts": np.stack([np.bincount(e.reshape(-1), minlength=E) for e in experts])}  # (L, E) tokens
+
+
 def run_plain(family, c, weights, tokens, targets):
     W = {n: torch.tensor(w, dtype=torch.float64, requires_grad=True) for n, w in weights.items()}
-    logits = (gpt2_forward if family == "gpt2" else llama_forward)(c, W, tokens)
-    loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1), ignore_index=-1)
-    loss.backward()
-    return loss.item(), logits.detach(), {n: t.grad.detach() for n, t in W.items()}
+    routers = []
+    logits = gpt2_forward(c, W, tokens) if family == "gpt2" else llama_forward(c, W, tokens, routers)
+    loss, J, routing = objective(c, logits, targets, routers)
+    J.backward()
+    return loss.item(), logits.detach(), {n: t.grad.detach() for n, t in W.items()}, routing
 
 
 # ---- Hugging Face transformers (float64) ----
@@ -224,34 +314,77 @@ def gpt2_conv1d(name):
     return name.endswith(("attn.c_attn.weight", "attn.c_proj.weight", "mlp.c_fc.weight", "mlp.c_proj.weight"))
 
 
+def fused_moe(c):
+    """kiln name -> (transformers 5 parameter, index into it) for the MoE tensors, which 5.x stores fused:
+    mlp.gate.weight (E, C), mlp.experts.gate_up_proj (E, 2F, C) = [w1_j; w3_j], mlp.experts.down_proj (E, C, F)."""
+    F_, out = c["intermediate_size"], {}
+    for i in range(c["num_hidden_layers"]):
+        h = f"model.layers.{i}."
+        out[h + "block_sparse_moe.gate.weight"] = (h + "mlp.gate.weight", ())
+        for j in range(c["num_local_experts"]):
+            e = f"{h}block_sparse_moe.experts.{j}."
+            out[e + "w1.weight"] = (h + "mlp.experts.gate_up_proj", (j, slice(0, F_)))
+            out[e + "w3.weight"] = (h + "mlp.experts.gate_up_proj", (j, slice(F_, 2 * F_)))
+            out[e + "w2.weight"] = (h + "mlp.experts.down_proj", (j,))
+    return out
+
+
+def check_fused_experts(model, c, weights):
+    """One layer-0 expert of the loaded model on a few rows against w2(silu(w1 x) * w3 x): tests fused_moe's order."""
+    x = torch.tensor(weights["model.embed_tokens.weight"][:8], dtype=torch.float64)  # (8, C)
+    W = {n: torch.tensor(w, dtype=torch.float64) for n, w in weights.items()}
+    for j in range(c["num_local_experts"]):
+        e = f"model.layers.0.block_sparse_moe.experts.{j}."
+        want = (F.silu(x @ W[e + "w1.weight"].T) * (x @ W[e + "w3.weight"].T)) @ W[e + "w2.weight"].T
+        got = model.model.layers[0].mlp.experts(x, torch.full((8, 1), j), torch.ones(8, 1, dtype=torch.float64))
+        if rel(got.detach().numpy(), want.numpy()) > 1e-12:
+            raise RuntimeError(f"expert {j} of transformers' fused layout is not w2(silu(w1 x) * w3 x): "
+                               "fused_moe's order is wrong")
+
+
 def run_hf(family, c, weights, tokens, targets):
     import transformers
+    kw = {k: v for k, v in c.items() if k not in ("architectures", "torch_dtype")}
     if family == "gpt2":
-        cfg = transformers.GPT2Config(**{k: v for k, v in c.items() if k not in ("architectures", "torch_dtype")})
-        model = transformers.GPT2LMHeadModel(cfg)
+        model = transformers.GPT2LMHeadModel(transformers.GPT2Config(**kw))
+    elif family == "llama":
+        model = transformers.LlamaForCausalLM(transformers.LlamaConfig(**kw, attn_implementation="eager"))
     else:
-        cfg = transformers.LlamaConfig(**{k: v for k, v in c.items() if k not in ("architectures", "torch_dtype")},
-                                       attn_implementation="eager")
-        model = transformers.LlamaForCausalLM(cfg)
+        model = transformers.MixtralForCausalLM(transformers.MixtralConfig(
+            **kw, attn_implementation="eager", experts_implementation="eager"))
     model = model.double().eval()  # eval: no dropout (all zero anyway); gradients still flow
+    shapes = {n: p.shape for n, p in model.named_parameters()}
+    fused = {n: s for n, s in fused_moe(c).items() if s[0] in shapes} if family == "mixtral" else {}
     state = {}
     for n, w in weights.items():
         t = torch.tensor(w, dtype=torch.float64)
-        state[n] = t.T.contiguous() if family == "gpt2" and gpt2_conv1d(n) else t
+        if n in fused:
+            hf_name, idx = fused[n]
+            state.setdefault(hf_name, torch.zeros(shapes[hf_name], dtype=torch.float64))[idx] = t
+        else:
+            state[n] = t.T.contiguous() if family == "gpt2" and gpt2_conv1d(n) else t
     missing, unexpected = model.load_state_dict(state, strict=False)
     missing = [m for m in missing if not m.endswith(("attn.bias", "attn.masked_bias")) and m != "lm_head.weight"]
     if missing or unexpected:
         raise RuntimeError(f"state dict mismatch: missing {missing}, unexpected {unexpected}")
     if c["tie_word_embeddings"]:
         assert model.lm_head.weight.data_ptr() == model.get_input_embeddings().weight.data_ptr()
-    logits = model(input_ids=tokens).logits
-    loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1), ignore_index=-1)
-    loss.backward()
-    grads = {}
-    for n, p in model.named_parameters():
-        g = p.grad.detach()
-        grads[n] = g.T.contiguous() if family == "gpt2" and gpt2_conv1d(n) else g
-    return loss.item(), logits.detach(), grads, transformers.__version__
+    if fused:
+        check_fused_experts(model, c, weights)
+    if family == "mixtral":  # router logits, and no labels: transformers adds no aux loss of its own
+        out = model(input_ids=tokens, output_router_logits=True)
+        logits, routers = out.logits, list(out.router_logits)
+    else:
+        logits, routers = model(input_ids=tokens).logits, []
+    loss, J, routing = objective(c, logits, targets, routers)
+    J.backward()
+    grads = {n: p.grad.detach() for n, p in model.named_parameters()}
+    for n, (hf_name, idx) in fused.items():
+        grads[n] = grads[hf_name][idx]
+    for n in grads:
+        if family == "gpt2" and gpt2_conv1d(n):
+            grads[n] = grads[n].T.contiguous()
+    return loss.item(), logits.detach(), grads, routing, transformers.__version__
 
 
 def rel(a, b):
@@ -281,7 +414,7 @@ def write_safetensors(path, tensors, metadata):
 
 
 def dump(family, c, params):
-    rng = np.random.RandomState(20240 + (family == "llama"))
+    rng = np.random.RandomState(SEED[family])
     tokens = rng.randint(0, c["vocab_size"], size=(B, T)).astype(np.int32)
     targets = rng.randint(0, c["vocab_size"], size=(B, T)).astype(np.int32)
     for b, t in IGNORED:
@@ -289,31 +422,37 @@ def dump(family, c, params):
     weights = {n: make_weight(n, s) for n, s in params}
     tok, tgt = torch.tensor(tokens, dtype=torch.long), torch.tensor(targets, dtype=torch.long)
 
-    loss, logits, grads = run_plain(family, c, weights, tok, tgt)
+    loss, logits, grads, routing = run_plain(family, c, weights, tok, tgt)
     reference = f"plain torch {torch.__version__} (float64)"
     try:
-        hf_loss, hf_logits, hf_grads, hf_version = run_hf(family, c, weights, tok, tgt)
+        hf_loss, hf_logits, hf_grads, hf_routing, hf_version = run_hf(family, c, weights, tok, tgt)
     except ImportError:
         print(f"{family}: transformers not installed; the plain-torch model is the reference")
     else:
-        worst = max(rel(hf_grads[n].numpy(), grads[n].numpy()) for n, _ in params)
-        print(f"{family}: transformers {hf_version} vs plain torch: loss {abs(hf_loss - loss) / abs(loss):.2e}, "
-              f"logits {rel(hf_logits.numpy(), logits.numpy()):.2e}, worst gradient {worst:.2e}")
-        if worst > 1e-6 or rel(hf_logits.numpy(), logits.numpy()) > 1e-6:
+        figures = {"loss": abs(hf_loss - loss) / abs(loss), "logits": rel(hf_logits.numpy(), logits.numpy()),
+                   "worst gradient": max(rel(hf_grads[n].numpy(), grads[n].numpy()) for n, _ in params)}
+        figures.update({k: rel(hf_routing[k], routing[k]) for k in ("aux_loss", "z_loss") if routing})
+        same_routes = not routing or np.array_equal(hf_routing["route_experts"], routing["route_experts"])
+        print(f"{family}: transformers {hf_version} vs plain torch: "
+              + ", ".join(f"{k} {v:.2e}" for k, v in figures.items())
+              + (f", routes {'equal' if same_routes else 'DIFFER'}" if routing else ""))
+        if max(v for k, v in figures.items() if k != "loss") > 1e-6 or not same_routes:
             raise SystemExit(f"{family}: transformers and the plain-torch model disagree")
-        loss, logits, grads = hf_loss, hf_logits, hf_grads
+        loss, logits, grads, routing = hf_loss, hf_logits, hf_grads, hf_routing
         reference = f"transformers {hf_version} {c['architectures'][0]} on torch {torch.__version__} (float64)"
 
     out = {"tokens": tokens, "targets": targets, "loss": np.array([loss]),
            "logits": logits.numpy().astype(np.float32)}
+    out.update({k: v for k, v in routing.items() if k != "counts"})
+    full_limit, row_budget = MOE_LIMITS if "num_local_experts" in c else (FULL_LIMIT, ROW_BUDGET)
     for name, shape in params:
         g = grads[name].numpy().astype(np.float64)
         assert g.shape == tuple(shape), (name, g.shape, shape)
         out["param_sum." + name] = np.array([weights[name].astype(np.float64).sum()])
-        if g.size <= FULL_LIMIT:
+        if g.size <= full_limit:
             out["grad." + name] = g.astype(np.float32)
             continue
-        rows_n = min(shape[0], max(8, ROW_BUDGET // shape[1]))
+        rows_n = min(shape[0], max(8, row_budget // shape[1]))
         idx = np.array([(2 * j + 1) * shape[0] // (2 * rows_n) for j in range(rows_n)], dtype=np.int64)
         out["grad_rows." + name] = g[idx].astype(np.float32)
         out["grad_row_idx." + name] = idx
@@ -325,12 +464,21 @@ def dump(family, c, params):
     path = os.path.join(HERE, f"model_torch_{family}.safetensors")
     write_safetensors(path, out, meta)
     print(f"wrote {path}: {os.path.getsize(path) / 1024:.0f} KiB, loss {loss:.6f}; reference: {reference}")
+    if routing:
+        print(f"{family}: aux {routing['aux_loss'][0]:.6f}, z {routing['z_loss'][0]:.6f}, "
+              f"objective {routing['objective'][0]:.6f}, route_margin {routing['route_margin'][0]:.3e}, "
+              f"tokens per expert (layer: expert 0..E-1) " + "; ".join(
+                  f"{l}: {' '.join(map(str, n))}" for l, n in enumerate(routing["counts"])))
 
 
 def main():
     torch.manual_seed(0)
-    dump("gpt2", GPT2, gpt2_params(GPT2))
-    dump("llama", LLAMA, llama_params(LLAMA))
+    families = {"gpt2": (GPT2, gpt2_params), "llama": (LLAMA, llama_params), "mixtral": (MIXTRAL, llama_params)}
+    for family in sys.argv[1:] or families:
+        if family not in families:
+            raise SystemExit(f"model_torch.py: unknown family '{family}' (known: {', '.join(families)})")
+        c, params = families[family]
+        dump(family, c, params(c))
 
 
 if __name__ == "__main__":
