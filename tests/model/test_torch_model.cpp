@@ -141,6 +141,7 @@ struct Case {
   std::unique_ptr<Transformer> model;
   float loss = 0;
   std::vector<float> logits;  // (B, T, V), saved before backward() reuses the buffer
+  MoeStats moe;               // the forward's routing (MoE models)
 };
 
 std::optional<Case> run_case(const std::string& family) {
@@ -155,7 +156,7 @@ std::optional<Case> run_case(const std::string& family) {
     ADD_FAILURE() << cfg.status().message();
     return std::nullopt;
   }
-  Case c{std::move(*dump), Transformer::create(*cfg, 0).value(), 0, {}};
+  Case c{std::move(*dump), Transformer::create(*cfg, 0).value(), 0, {}, {}};
   fill_weights(*c.model);
   for (const ParamEntry& e : c.model->param_entries()) {
     const auto ref = c.dump.f64("param_sum." + e.name);
@@ -177,6 +178,7 @@ std::optional<Case> run_case(const std::string& family) {
   }
   c.loss = *loss;
   c.logits.assign(c.model->logits(), c.model->logits() + B * T * cfg->vocab_size);
+  c.moe = c.model->take_moe_stats();
   c.model->backward();
   return c;
 }
@@ -215,6 +217,16 @@ void check_family(const std::string& family, const std::string& label) {
   const auto ref_logits = c->dump.f32("logits");
   EXPECT_EQ(ref_logits.size(), c->logits.size());
   note("logits", rel_error(c->logits, ref_logits));
+  if (c->dump.has("aux_loss")) {  // MoE: the router losses and the routing itself
+    note("aux_loss", std::fabs(c->moe.aux_mean() - c->dump.f64("aux_loss").at(0)) / c->dump.f64("aux_loss").at(0));
+    note("z_loss", std::fabs(c->moe.z_mean() - c->dump.f64("z_loss").at(0)) / c->dump.f64("z_loss").at(0));
+    const auto routes = c->dump.i32("route_experts");  // (L, N, k)
+    const int64_t E = c->model->config().num_experts;
+    std::vector<int64_t> counts(static_cast<size_t>(c->moe.blocks * E), 0);
+    const size_t per_block = routes.size() / static_cast<size_t>(std::max<int64_t>(c->moe.blocks, 1));
+    for (size_t i = 0; i < routes.size(); ++i) ++counts[i / per_block * static_cast<size_t>(E) + static_cast<size_t>(routes[i])];
+    EXPECT_EQ(c->moe.tokens_per_expert, counts) << family << ": tokens per expert differ from the reference routing";
+  }
   int checked = 0;
   for (const ParamEntry& e : c->model->param_entries()) {
     const float* g = c->model->grads().data() + e.offset;
@@ -251,6 +263,8 @@ void check_all_targets(const std::string& family) {
 
 TEST(TorchModel, Gpt2MatchesPytorch) { check_all_targets("gpt2"); }
 TEST(TorchModel, LlamaMatchesPytorch) { check_all_targets("llama"); }
+// Mixtral (MoE: router, top-2 of 4 experts, the load-balancing and z losses in the gradients).
+TEST(TorchModel, MixtralMatchesPytorch) { check_all_targets("mixtral"); }
 
 // The check can fail: a 3e-4 relative error confined to one element of a row that is not
 // sampled is invisible to the rows but must show in the sketch (and the norm).

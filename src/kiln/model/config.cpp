@@ -25,9 +25,10 @@ Size operator*(Size a, Size b) { return a.v && b.v ? Size(checked_mul(*a.v, *b.v
 }  // namespace
 
 std::optional<int64_t> checked_num_params(const ModelConfig& c) {
-  for (int64_t x : {c.vocab_size, c.d_model, c.n_layers, c.n_heads, c.n_kv_heads, c.d_ff, c.max_seq_len})
+  for (int64_t x : {c.vocab_size, c.d_model, c.n_layers, c.n_heads, c.n_kv_heads, c.d_ff, c.max_seq_len,
+                    c.num_experts, c.num_shared_experts, c.moe_d_ff})
     if (x < 0) return std::nullopt;
-  if (c.n_heads == 0) return std::nullopt;
+  if (c.n_heads == 0 || (c.is_moe() && c.moe_layer_freq <= 0)) return std::nullopt;
   const Size C = c.d_model, D = c.head_dim(), L = c.n_layers, F = c.d_ff, V = c.vocab_size;
   const Size H = c.n_heads, Hkv = c.n_kv_heads;
   Size per_layer = 0, other = 0;
@@ -48,7 +49,17 @@ std::optional<int64_t> checked_num_params(const ModelConfig& c) {
     other = V * C + C;                       // embed_tokens, final norm
   }
   if (!c.tied_embeddings) other = other + V * C;
-  return (L * per_layer + other).v;
+  if (!c.is_moe()) return (L * per_layer + other).v;
+  // MoE blocks: the dense MLP replaced by the router, the experts and the shared experts.
+  const Size moe_layers = c.num_moe_layers(), Fe = c.expert_d_ff();
+  const Size moe_mlp = Size(c.num_experts) * C + Size(c.num_experts + c.num_shared_experts) * 3 * C * Fe;
+  const Size dense_mlp = Size(3) * C * F + (c.mlp_bias ? Size(2) * F + C : Size(0));
+  return (L * per_layer + other + moe_layers * moe_mlp + Size(-1) * moe_layers * dense_mlp).v;
+}
+
+int64_t ModelConfig::num_active_params() const {
+  const int64_t inactive = num_moe_layers() * (num_experts - num_experts_per_tok) * 3 * d_model * expert_d_ff();
+  return num_params() - inactive;
 }
 
 std::optional<int64_t> model_bytes(const ModelConfig& c) {
@@ -70,8 +81,9 @@ int64_t ModelConfig::num_non_embedding_params() const {
 }
 
 double ModelConfig::train_flops_per_token(int64_t seq_len) const {
-  // Matmul parameters include the LM head (tied or not, it is a matmul every token).
-  const double matmul_params = static_cast<double>(num_non_embedding_params()) +
+  // Matmul parameters include the LM head (tied or not, it is a matmul every token); a MoE
+  // block's only the experts a token runs through.
+  const double matmul_params = static_cast<double>(num_non_embedding_params() - (num_params() - num_active_params())) +
                                (tied_embeddings ? static_cast<double>(vocab_size * d_model) : 0.0);
   return 6.0 * matmul_params + 12.0 * n_layers * seq_len * d_model;
 }
@@ -91,6 +103,13 @@ std::string ModelConfig::describe() const {
   if (mlp_bias) extra += " mlp_bias";
   if (!scale_attn_weights) extra += " unscaled-attention";
   if (scale_attn_by_inverse_layer_idx) extra += " attention/(layer+1)";
+  if (is_moe()) {
+    extra += fmt::format(" moe {} experts top-{} ffn {}", num_experts, num_experts_per_tok, expert_d_ff());
+    if (num_shared_experts > 0) extra += fmt::format(" +{} shared", num_shared_experts);
+    if (moe_layer_freq > 1) extra += fmt::format(" every {} blocks", moe_layer_freq);
+    extra += capacity_factor > 0 ? fmt::format(" capacity {:g}", capacity_factor) : std::string(" dropless");
+    if (n) extra += fmt::format(", {:.2f}M active", static_cast<double>(num_active_params()) / 1e6);
+  }
   return fmt::format("{} vocab {} d {} layers {} heads {} kv_heads {} ffn {} ctx {}{} ({} params)",
                      family_name(family), vocab_size, d_model, n_layers, n_heads, n_kv_heads, d_ff, max_seq_len,
                      extra, n ? fmt::format("{:.2f}M", static_cast<double>(*n) / 1e6) : std::string("overflowing"));
@@ -101,6 +120,36 @@ int64_t physical_memory_bytes() {
   if (pages <= 0 || page <= 0) return std::numeric_limits<int64_t>::max();
   return checked_mul<int64_t>(pages, page).value_or(std::numeric_limits<int64_t>::max());
 }
+
+namespace {
+Status check_moe_config(const ModelConfig& c) {
+  if (c.num_experts < 0) return invalid_argument("[model config] num_experts must be >= 0 (0: dense), got {}", c.num_experts);
+  if (!c.is_moe()) {
+    if (c.num_shared_experts != 0 || c.capacity_factor != 0 || c.router_aux_loss_coef != 0 || c.router_z_loss_coef != 0)
+      return invalid_argument("[model config] num_shared_experts, capacity_factor and the router loss coefficients "
+                              "need num_experts > 0");
+    return {};
+  }
+  if (c.family != ModelFamily::kLlama)
+    return invalid_argument("[model config] mixture of experts is a Llama-family option (HF Mixtral), not GPT-2");
+  if (c.mlp_bias) return invalid_argument("[model config] MoE experts have no biases (mlp_bias with num_experts > 0)");
+  if (c.num_experts_per_tok < 1 || c.num_experts_per_tok > c.num_experts)
+    return invalid_argument("[model config] num_experts_per_tok {} must be in [1, num_experts {}]", c.num_experts_per_tok,
+                            c.num_experts);
+  if (c.num_shared_experts < 0 || c.moe_d_ff < 0)
+    return invalid_argument("[model config] num_shared_experts ({}) and moe_d_ff ({}) must be >= 0",
+                            c.num_shared_experts, c.moe_d_ff);
+  if (c.moe_layer_freq < 1 || c.moe_layer_freq > c.n_layers)
+    return invalid_argument("[model config] moe_layer_freq {} must be in [1, n_layers {}] (every n-th block is MoE)",
+                            c.moe_layer_freq, c.n_layers);
+  for (const auto& [name, v] : {std::pair{"capacity_factor", c.capacity_factor},
+                                std::pair{"router_aux_loss_coef", c.router_aux_loss_coef},
+                                std::pair{"router_z_loss_coef", c.router_z_loss_coef}})
+    if (!(v >= 0) || !std::isfinite(v))
+      return invalid_argument("[model config] {} must be finite and >= 0, got {}", name, v);
+  return {};
+}
+}  // namespace
 
 Status check_config(const ModelConfig& c, int64_t memory_limit_bytes) {
   const std::pair<const char*, int64_t> sizes[] = {{"vocab_size", c.vocab_size}, {"d_model", c.d_model},
@@ -141,6 +190,7 @@ Status check_config(const ModelConfig& c, int64_t memory_limit_bytes) {
     if (Status s = check_rope_scaling(c.rope_scaling); !s.ok())
       return invalid_argument("[model config] {}", s.message());
   }
+  if (Status s = check_moe_config(c); !s.ok()) return s;
   // The memory the weights need, before anything is allocated.
   const std::optional<int64_t> bytes = model_bytes(c);
   const int64_t limit = memory_limit_bytes > 0 ? memory_limit_bytes : physical_memory_bytes();
@@ -173,12 +223,26 @@ ModelConfig llama(int64_t vocab, int64_t d, int64_t layers, int64_t heads, int64
 }
 }  // namespace
 
-std::vector<std::string> preset_names() { return {"gpt2-124m", "w1a", "llama-tiny", "w2-s", "w2-l"}; }
+std::vector<std::string> preset_names() {
+  return {"gpt2-124m", "w1a", "llama-tiny", "w2-s", "w2-l", "llama-moe-tiny", "w1-moe"};
+}
 
 Expected<ModelConfig> preset(std::string_view name) {
   if (name == "gpt2-124m") return gpt2(50257, 768, 12, 12, 1024);
   if (name == "w1a") return gpt2(65, 384, 6, 6, 256);                   // BENCH.md W1a
   if (name == "llama-tiny") return llama(4096, 384, 6, 6, 2, 1024, 256, true);  // ~10M params
+  if (name == "llama-moe-tiny" || name == "w1-moe") {
+    // llama-tiny's width with 8 experts, top-2, every block MoE. llama-moe-tiny's experts are
+    // half as wide, so a token's active FLOPs are llama-tiny's (the dense model to compare
+    // with); w1-moe (BENCH.md W1-MoE) has experts as wide as llama-tiny's MLP.
+    ModelConfig c = llama(4096, 384, 6, 6, 2, 1024, 256, true);
+    c.num_experts = 8;
+    c.num_experts_per_tok = 2;
+    c.moe_d_ff = name == "w1-moe" ? 1024 : 512;
+    c.router_aux_loss_coef = 0.01;
+    c.router_z_loss_coef = 0.001;
+    return c;
+  }
   if (name == "w2-s") return llama(32000, 768, 12, 12, 4, 2048, 2048, false);
   if (name == "w2-l") return llama(32000, 2048, 22, 32, 4, 5632, 2048, false);  // TinyLlama-1.1B shape
   std::string names;

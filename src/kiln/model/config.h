@@ -40,17 +40,42 @@ struct ModelConfig {
   // Special token ids written to config.json (generation stops at eos); -1: none.
   int64_t bos_token_id = -1;
   int64_t eos_token_id = -1;
+  // Mixture of experts (Llama family; HF Mixtral's layout, model/moe.h). num_experts > 0 makes
+  // the MLP of every moe_layer_freq-th block (blocks i with (i + 1) % moe_layer_freq == 0; the
+  // others stay dense) a router over num_experts SwiGLU experts of width moe_d_ff (0: d_ff):
+  // each token goes to its top num_experts_per_tok experts, weighted by their renormalized
+  // router probabilities, plus num_shared_experts always-on experts (DeepSeek) fused into one
+  // MLP of num_shared_experts · moe_d_ff columns. capacity_factor > 0: an expert takes at most
+  // ceil(CF · k · N / E) of a batch's N tokens' assignments, in token order, and the overflow
+  // passes through the residual; 0: dropless. The objective adds router_aux_loss_coef times the
+  // Switch load-balancing loss and router_z_loss_coef times the router z-loss, each averaged
+  // over the MoE blocks.
+  int64_t num_experts = 0;
+  int64_t num_experts_per_tok = 2;
+  int64_t num_shared_experts = 0;
+  int64_t moe_layer_freq = 1;
+  int64_t moe_d_ff = 0;
+  double capacity_factor = 0.0;
+  double router_aux_loss_coef = 0.0;
+  double router_z_loss_coef = 0.0;
 
   int64_t head_dim() const { return d_model / n_heads; }
   bool is_llama() const { return family == ModelFamily::kLlama; }
+  bool is_moe() const { return num_experts > 0; }
+  bool is_moe_layer(int64_t layer) const { return is_moe() && moe_layer_freq > 0 && (layer + 1) % moe_layer_freq == 0; }
+  int64_t num_moe_layers() const { return is_moe() && moe_layer_freq > 0 ? n_layers / moe_layer_freq : 0; }
+  int64_t expert_d_ff() const { return moe_d_ff > 0 ? moe_d_ff : d_ff; }
   // The attention scores' multiplier in layer `layer` (0-based).
   float attention_scale(int64_t layer) const;
   // Parameter count (call on a config check_config accepted: it does not check overflow);
   // non-embedding excludes token (and position) embeddings.
   int64_t num_params() const;
   int64_t num_non_embedding_params() const;
-  // Training FLOPs per token: 6·N (matmuls, forward + backward) + 12·L·T·d attention scores
-  // (the PaLM / llm.c estimate), at sequence length seq_len.
+  // The parameters one token runs through: a MoE block counts its router, k of its experts and
+  // the shared ones (num_params() for a dense model).
+  int64_t num_active_params() const;
+  // Training FLOPs per token: 6·N (matmuls, forward + backward; N the active parameters) +
+  // 12·L·T·d attention scores (the PaLM / llm.c estimate), at sequence length seq_len.
   double train_flops_per_token(int64_t seq_len) const;
   std::string describe() const;
 };
@@ -70,7 +95,7 @@ Status check_config(const ModelConfig& c, int64_t memory_limit_bytes = 0);
 // The machine's physical memory (sysconf), or int64 max when it cannot be read.
 int64_t physical_memory_bytes();
 
-// Named presets: gpt2-124m, w1a, llama-tiny (default), w2-s, w2-l.
+// Named presets: gpt2-124m, w1a, llama-tiny (default), w2-s, w2-l, llama-moe-tiny, w1-moe.
 Expected<ModelConfig> preset(std::string_view name);
 std::vector<std::string> preset_names();
 

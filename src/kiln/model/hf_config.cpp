@@ -285,6 +285,26 @@ Expected<ModelConfig> read_llama(Keys& k, const json& j) {
   return c;
 }
 
+// Mixtral: Llama plus the MoE keys (intermediate_size is the experts' width). kiln's own
+// extensions (shared experts, dense blocks between MoE ones, capacity, the z-loss) have keys
+// transformers' Mixtral ignores; they are written only when not at their Mixtral defaults.
+Expected<ModelConfig> read_mixtral(Keys& k, const json& j) {
+  KILN_ASSIGN_OR_RETURN(ModelConfig c, read_llama(k, j));
+  KILN_ASSIGN_OR_RETURN(c.num_experts, k.integer("num_local_experts", int64_t{8}, 1));
+  KILN_ASSIGN_OR_RETURN(c.num_experts_per_tok, k.integer("num_experts_per_tok", int64_t{2}, 1));
+  KILN_ASSIGN_OR_RETURN(c.router_aux_loss_coef, k.number("router_aux_loss_coef", 0.001, 0.0, true));
+  KILN_ASSIGN_OR_RETURN(c.router_z_loss_coef, k.number("router_z_loss_coef", 0.0, 0.0, true));
+  KILN_ASSIGN_OR_RETURN(c.num_shared_experts, k.integer("num_shared_experts", int64_t{0}, 0));
+  KILN_ASSIGN_OR_RETURN(c.moe_layer_freq, k.integer("moe_layer_freq", int64_t{1}, 1));
+  KILN_ASSIGN_OR_RETURN(c.moe_d_ff, k.integer("moe_intermediate_size", int64_t{0}, 0));
+  KILN_ASSIGN_OR_RETURN(c.capacity_factor, k.number("capacity_factor", 0.0, 0.0, true));
+  // Training-time noise on the router's input; kiln trains without it.
+  KILN_RETURN_IF_ERROR(k.only("router_jitter_noise", [](const json& v) { return v.is_null() || v == 0 || v == 0.0; },
+                              "0 (kiln has no router jitter)"));
+  KILN_RETURN_IF_ERROR(k.boolean("output_router_logits", false).status());  // what HF returns, not the math
+  return c;
+}
+
 }  // namespace
 
 std::string config_to_hf_json(const ModelConfig& c) {
@@ -325,6 +345,26 @@ std::string config_to_hf_json(const ModelConfig& c) {
          {"rope_scaling", s.type == RopeType::kDefault ? nlohmann::ordered_json(nullptr) : rope},
          {"rope_parameters", rope}, {"hidden_act", "silu"}, {"tie_word_embeddings", c.tied_embeddings},
          {"attention_bias", c.attention_bias}, {"mlp_bias", c.mlp_bias}, {"torch_dtype", "float32"}};
+    if (c.is_moe()) {
+      j["architectures"] = {"MixtralForCausalLM"};
+      j["model_type"] = "mixtral";
+      j.erase("mlp_bias");  // Mixtral's experts have none (check_config)
+      // Every block MoE (Mixtral): intermediate_size is the experts' width.
+      const bool all_moe = c.moe_layer_freq == 1;
+      j["intermediate_size"] = all_moe ? c.expert_d_ff() : c.d_ff;
+      j["num_local_experts"] = c.num_experts;
+      j["num_experts_per_tok"] = c.num_experts_per_tok;
+      j["router_aux_loss_coef"] = c.router_aux_loss_coef;
+      j["router_jitter_noise"] = 0.0;
+      j["sliding_window"] = nullptr;
+      if (c.router_z_loss_coef != 0) j["router_z_loss_coef"] = c.router_z_loss_coef;
+      if (c.num_shared_experts != 0) j["num_shared_experts"] = c.num_shared_experts;
+      if (!all_moe) {
+        j["moe_layer_freq"] = c.moe_layer_freq;
+        j["moe_intermediate_size"] = c.expert_d_ff();
+      }
+      if (c.capacity_factor != 0) j["capacity_factor"] = c.capacity_factor;
+    }
   }
   // Always written, null when unknown: transformers would otherwise assume its defaults
   // (Llama: 1 and 2, GPT-2: 50256).
@@ -340,10 +380,12 @@ Expected<ModelConfig> config_from_hf_json(const std::string& text) {
   if (!j.is_object()) return data_loss("config.json is not a JSON object");
   Keys k(j, "config.json");
   KILN_ASSIGN_OR_RETURN(const std::string type, k.string("model_type", ""));
-  Expected<ModelConfig> read = type == "gpt2"    ? read_gpt2(k)
-                               : type == "llama" ? read_llama(k, j)
-                                                 : Expected<ModelConfig>(unimplemented(
-                                                       "config.json \"model_type\" '{}' (kiln loads 'llama' and 'gpt2')", type));
+  Expected<ModelConfig> read = type == "gpt2"      ? read_gpt2(k)
+                               : type == "llama"   ? read_llama(k, j)
+                               : type == "mixtral" ? read_mixtral(k, j)
+                                                   : Expected<ModelConfig>(unimplemented(
+                                                         "config.json \"model_type\" '{}' (kiln loads 'llama', 'mixtral' "
+                                                         "and 'gpt2')", type));
   if (!read.ok()) return read.status();
   ModelConfig c = *read;
   KILN_ASSIGN_OR_RETURN(c.bos_token_id, token_id(k, "bos_token_id"));
@@ -355,7 +397,7 @@ Expected<ModelConfig> config_from_hf_json(const std::string& text) {
                               "unquantized checkpoints here (kiln quantize makes its own)"));
   if (j.contains("architectures") && !j["architectures"].is_null()) {
     const json& a = j["architectures"];
-    const char* want = type == "gpt2" ? "GPT2LMHeadModel" : "LlamaForCausalLM";
+    const char* want = type == "gpt2" ? "GPT2LMHeadModel" : type == "mixtral" ? "MixtralForCausalLM" : "LlamaForCausalLM";
     if (!a.is_array() || !std::all_of(a.begin(), a.end(), [](const json& e) { return e.is_string(); }))
       return invalid_argument("config.json \"architectures\" must be a list of class names, got {}", shown(a));
     for (const json& e : a) {

@@ -7,6 +7,7 @@
 #include <cmath>
 #include <cstring>
 #include <map>
+#include <utility>
 
 #include "kiln/comm/collectives.h"
 #include "kiln/comm/work.h"
@@ -17,6 +18,7 @@
 #include "kiln/kernels/elementwise.h"
 #include "kiln/kernels/embedding.h"
 #include "kiln/kernels/norm.h"
+#include "kiln/model/moe.h"
 
 namespace kiln {
 
@@ -143,6 +145,7 @@ struct Transformer::Slots {
     std::vector<int32_t> tokens, targets;
     int64_t num_valid = 0;
     std::vector<std::vector<Buf>> layers;  // per layer, Layer::kSaved order
+    std::vector<MoeActivations> moe;       // per layer (MoE blocks)
   };
   std::vector<Saved> stored;              // per slot; the current slot's entry is empty
   std::vector<int> chunk_of;              // per slot: the chunk its buffers are for; -1: none yet
@@ -347,6 +350,9 @@ struct Transformer::Layer {
   Linear q, k, v, o;      // Llama (o is c_proj for GPT-2)
   Linear fc, proj;        // GPT-2 MLP: c_fc, c_proj
   Linear gate, up, down;  // Llama MLP
+  std::unique_ptr<MoeBlock> moe;  // a MoE block's MLP instead (Llama family)
+  MoeActivations moe_acts;        // saved by its forward (kept per layer under checkpointing too)
+  MoeStats* moe_stats = nullptr;  // the model's
   // Saved activations, (N, ·):
   Buf n1, mean1, rstd1, qkv_out, qb, kb, vb, att, lse, x1, n2, mean2, rstd2, ff1, ff2, ffa;
   static constexpr std::array<Buf Layer::*, 16> kSaved = {
@@ -448,10 +454,11 @@ struct Transformer::Layer {
     get(&Layer::n1, Ns * C); get(&Layer::mean1, Ns); get(&Layer::rstd1, Ns);
     get(&Layer::att, N * heads * D, true); get(&Layer::lse, B * heads * T, true); get(&Layer::x1, Ns * C);
     get(&Layer::n2, Ns * C); get(&Layer::mean2, Ns); get(&Layer::rstd2, Ns);
-    get(&Layer::ff1, N * F); get(&Layer::ffa, N * F);
+    const int64_t Fd = moe ? 0 : F;  // a MoE block keeps its own (MoeActivations)
+    get(&Layer::ff1, N * Fd); get(&Layer::ffa, N * Fd);
     if (cfg->is_llama()) {
       get(&Layer::qb, N * heads * D); get(&Layer::kb, N * kv_heads * D);
-      get(&Layer::vb, N * kv_heads * D); get(&Layer::ff2, N * F);
+      get(&Layer::vb, N * kv_heads * D); get(&Layer::ff2, N * Fd);
     } else {
       get(&Layer::qkv_out, N * 3 * heads * D);
     }
@@ -483,6 +490,7 @@ struct Transformer::Layer {
       }
       tp->row_forward(o, x1.p, att.p, N, x);
       cpu::rmsnorm_forward(n2.p, rstd2.p, x1.p, norm2_w, Ns, C, cfg->norm_eps);
+      if (moe) return moe->forward(y, n2.p, N, x1.p, moe_acts, *moe_stats);  // tp = 1: Ns = N
       const float* in2 = tp->gather(n2.p, N, C);
       gate.forward(ff1.p, in2, N);
       up.forward(ff2.p, in2, N);
@@ -521,11 +529,15 @@ struct Transformer::Layer {
     }
     float* dx1 = dy;  // the residual carries dy straight through; norm branches add to it
     if (cfg->is_llama()) {
-      linear_backward(*defer, down, s.dff_a.p, tp->gather(dy, N, C), ffa.p, N, false);           // d swiglu out
-      cpu::swiglu_backward(s.dff_b.p, s.dff_c.p, s.dff_a.p, ff1.p, ff2.p, N * F);  // d gate, d up
-      const float* in2 = tp->gather(n2.p, N, C);
-      linear_backward(*defer, gate, s.dnorm.p, s.dff_b.p, in2, N, false);
-      linear_backward(*defer, up, s.dnorm.p, s.dff_c.p, in2, N, true);
+      if (moe) {  // its weight gradients are computed here, also when B defers the others' (W)
+        moe->backward(s.dnorm.p, dy, n2.p, N, moe_acts, false, *moe_stats);
+      } else {
+        linear_backward(*defer, down, s.dff_a.p, tp->gather(dy, N, C), ffa.p, N, false);  // d swiglu out
+        cpu::swiglu_backward(s.dff_b.p, s.dff_c.p, s.dff_a.p, ff1.p, ff2.p, N * F);      // d gate, d up
+        const float* in2 = tp->gather(n2.p, N, C);
+        linear_backward(*defer, gate, s.dnorm.p, s.dff_b.p, in2, N, false);
+        linear_backward(*defer, up, s.dnorm.p, s.dff_c.p, in2, N, true);
+      }
       cpu::rmsnorm_backward(s.dtmp.p, dnorm2_w, tp->reduce(s.dnorm.p, N, C), x1.p, norm2_w, rstd2.p, Ns, C);
       cpu::accumulate(dx1, s.dtmp.p, Ns * C);
       linear_backward(*defer, o, s.datt.p, tp->gather(dx1, N, C), att.p, N, false);
@@ -557,8 +569,12 @@ struct Transformer::Layer {
   }
 };
 
-Transformer::Transformer(const ModelConfig& c, const TensorShard& shard, const PipelineStage& stage)
-    : config_(c), shard_(shard), stage_(stage.chunks.empty() ? PipelineStage::blocks(0, c.n_layers) : stage) {}
+Transformer::Transformer(const ModelConfig& c, const TensorShard& shard, const PipelineStage& stage,
+                         const ExpertShard& experts)
+    : config_(c),
+      shard_(shard),
+      stage_(stage.chunks.empty() ? PipelineStage::blocks(0, c.n_layers) : stage),
+      experts_(experts) {}
 Transformer::~Transformer() = default;
 
 Status check_tensor_split(const ModelConfig& c, int tp) {
@@ -569,12 +585,23 @@ Status check_tensor_split(const ModelConfig& c, int tp) {
   if (c.n_kv_heads % tp != 0 && tp % c.n_kv_heads != 0)
     return invalid_argument("tensor parallelism over {} ranks: n_kv_heads ({}) must be a multiple of it (KV heads "
                             "split) or divide it (KV heads replicated)", tp, c.n_kv_heads);
+  if (tp > 1 && c.is_moe())
+    return invalid_argument("tensor parallelism of a MoE model is not implemented: shard its experts with --ep");
+  return {};
+}
+
+Status check_expert_split(const ModelConfig& c, int ep) {
+  if (ep < 1) return invalid_argument("expert parallelism over {} ranks: it must be at least 1", ep);
+  if (ep > 1 && !c.is_moe()) return invalid_argument("expert parallelism over {} ranks needs a MoE model (num_experts > 0)", ep);
+  if (c.is_moe() && c.num_experts % ep != 0)
+    return invalid_argument("expert parallelism over {} ranks must divide num_experts ({})", ep, c.num_experts);
   return {};
 }
 
 // ---- parameters ----------------------------------------------------------------------------
 std::vector<ParamEntry> Transformer::param_entries_for(const ModelConfig& c, int tp_rank, int tp_size,
-                                                      bool sequence_parallel, const PipelineStage& stage) {
+                                                      bool sequence_parallel, const PipelineStage& stage, int ep_rank,
+                                                      int ep_size) {
   std::vector<ParamEntry> entries_;
   const int64_t C = c.d_model, F = c.d_ff, D = c.head_dim(), V = c.vocab_size, L = c.n_layers;
   const int64_t R = tp_size, r = tp_rank;
@@ -672,9 +699,30 @@ std::vector<ParamEntry> Transformer::param_entries_for(const ModelConfig& c, int
       col("self_attn.v_proj", c.n_kv_heads * D, c.attention_bias, true);
       row("self_attn.o_proj", c.n_heads * D, c.attention_bias);
       whole(p + "post_attention_layernorm.weight", {C}, false, true);
-      col("mlp.gate_proj", F, c.mlp_bias, false);
-      col("mlp.up_proj", F, c.mlp_bias, false);
-      row("mlp.down_proj", F, c.mlp_bias);
+      if (c.is_moe_layer(i)) {  // tp = 1 (check_tensor_split)
+        const std::string m = p + "block_sparse_moe.";
+        const int64_t E = c.num_experts, Fe = c.expert_d_ff(), El = E / ep_size;
+        whole(m + "gate.weight", {E, C}, true, false);
+        const bool block_kept = keep;
+        for (int64_t j = 0; j < E; ++j) {  // HF Mixtral: w1 gate, w2 down, w3 up
+          keep = block_kept && j / El == ep_rank;
+          for (auto [w, shape] : {std::pair{"w1", Shape{Fe, C}}, std::pair{"w2", Shape{C, Fe}}, std::pair{"w3", Shape{Fe, C}}}) {
+            whole(fmt::format("{}experts.{}.{}.weight", m, j, w), shape, true, false);
+            if (keep) entries_.back().split.expert = ep_size > 1;
+          }
+        }
+        keep = block_kept;
+        if (c.num_shared_experts > 0) {
+          const int64_t Fs = c.num_shared_experts * Fe;
+          whole(m + "shared_experts.gate_proj.weight", {Fs, C}, true, false);
+          whole(m + "shared_experts.up_proj.weight", {Fs, C}, true, false);
+          whole(m + "shared_experts.down_proj.weight", {C, Fs}, true, false);
+        }
+      } else {
+        col("mlp.gate_proj", F, c.mlp_bias, false);
+        col("mlp.up_proj", F, c.mlp_bias, false);
+        row("mlp.down_proj", F, c.mlp_bias);
+      }
     }
   }
   keep = head;
@@ -699,7 +747,8 @@ void Transformer::build_params(uint64_t seed) {
   const ModelConfig& c = config_;
   const int64_t F = c.d_ff, L = c.n_layers;
   const bool gpt2 = c.family == ModelFamily::kGpt2;
-  entries_ = param_entries_for(c, shard_.rank, shard_.size, shard_.sequence_parallel, stage_);
+  entries_ = param_entries_for(c, shard_.rank, shard_.size, shard_.sequence_parallel, stage_, experts_.rank,
+                               experts_.size);
   const int64_t offset = entries_.empty() ? 0 : entries_.back().offset + entries_.back().shape.numel();
   // Every tensor of the shard, in draw order: a pipeline stage draws them all and keeps its own.
   const std::vector<ParamEntry> all = param_entries_for(c, shard_.rank, shard_.size, shard_.sequence_parallel);
@@ -722,7 +771,8 @@ void Transformer::build_params(uint64_t seed) {
     } else if (e.shape.rank() == 2) {
       const bool residual_proj = e.name.find("c_proj") != std::string::npos ||
                                  e.name.find("o_proj") != std::string::npos ||
-                                 e.name.find("down_proj") != std::string::npos;
+                                 e.name.find("down_proj") != std::string::npos ||
+                                 e.name.ends_with(".w2.weight");  // a MoE expert's down projection
       rng.fill_normal(whole, 0.0f, residual_proj ? 0.02f / std::sqrt(2.0f * L) : 0.02f);
     }
     const auto mine = local_at.find(e.split.full_offset);
@@ -787,9 +837,36 @@ void Transformer::build_params(uint64_t seed) {
       layer->k = llama_lin("self_attn.k_proj", c.attention_bias);
       layer->v = llama_lin("self_attn.v_proj", c.attention_bias);
       layer->o = llama_lin("self_attn.o_proj", c.attention_bias);
-      layer->gate = llama_lin("mlp.gate_proj", c.mlp_bias);
-      layer->up = llama_lin("mlp.up_proj", c.mlp_bias);
-      layer->down = llama_lin("mlp.down_proj", c.mlp_bias);
+      if (c.is_moe_layer(i)) {
+        auto moe = std::make_unique<MoeBlock>();
+        moe->d_model = c.d_model;
+        moe->d_ff = c.expert_d_ff();
+        moe->num_experts = c.num_experts;
+        moe->top_k = c.num_experts_per_tok;
+        moe->shared_ff = c.num_shared_experts * c.expert_d_ff();
+        moe->capacity_factor = c.capacity_factor;
+        moe->aux_coef = static_cast<float>(c.router_aux_loss_coef / static_cast<double>(c.num_moe_layers()));
+        moe->z_coef = static_cast<float>(c.router_z_loss_coef / static_cast<double>(c.num_moe_layers()));
+        moe->ep = experts_;
+        const std::string m = p + "block_sparse_moe.";
+        moe->router = lin(m + "gate.weight", "");
+        for (int64_t j = moe->first_expert(); j < moe->first_expert() + moe->local_experts(); ++j) {
+          moe->w1.push_back(lin(fmt::format("{}experts.{}.w1.weight", m, j), ""));
+          moe->w2.push_back(lin(fmt::format("{}experts.{}.w2.weight", m, j), ""));
+          moe->w3.push_back(lin(fmt::format("{}experts.{}.w3.weight", m, j), ""));
+        }
+        if (c.num_shared_experts > 0) {
+          moe->shared_gate = lin(m + "shared_experts.gate_proj.weight", "");
+          moe->shared_up = lin(m + "shared_experts.up_proj.weight", "");
+          moe->shared_down = lin(m + "shared_experts.down_proj.weight", "");
+        }
+        layer->moe = std::move(moe);
+        layer->moe_stats = &moe_stats_;
+      } else {
+        layer->gate = llama_lin("mlp.gate_proj", c.mlp_bias);
+        layer->up = llama_lin("mlp.up_proj", c.mlp_bias);
+        layer->down = llama_lin("mlp.down_proj", c.mlp_bias);
+      }
     }
     layers_.push_back(std::move(layer));
   }
@@ -813,18 +890,19 @@ void Transformer::build_params(uint64_t seed) {
     }
   }
   num_params_ = offset;
-  // Blocks: the same number of entries each, after the embeddings; then the tail (or the end).
-  const auto nb = static_cast<int64_t>(layers_.size());
+  // Blocks: each starts at its first entry, after the embeddings; then the tail (or the end).
   chunk_first_.push_back(layers_.size());
-  const size_t head_entries = has_embedding() ? (gpt2 ? 2 : 1) : 0;
+  block_begin_.clear();
+  size_t e = 0;
+  for (const auto& layer : layers_) {
+    const std::string prefix = gpt2 ? fmt::format("transformer.h.{}.", layer->index) : fmt::format("model.layers.{}.", layer->index);
+    while (e < entries_.size() && !entries_[e].name.starts_with(prefix)) ++e;
+    KILN_CHECK_MSG(e < entries_.size(), "block {} has no parameters", layer->index);
+    block_begin_.push_back(entries_[e].offset);
+  }
   const size_t tail_entries = !has_head() ? 0
                               : (gpt2 ? 2 : 1) + (c.tied_embeddings ? (has_embedding() ? 0 : 1) : 1);
-  const size_t per_block = nb > 0 ? (entries_.size() - head_entries - tail_entries) / static_cast<size_t>(nb) : 0;
-  block_begin_.clear();
-  for (int64_t i = 0; i <= nb; ++i) {
-    const size_t e = head_entries + static_cast<size_t>(i) * per_block;
-    block_begin_.push_back(e < entries_.size() ? entries_[e].offset : offset);
-  }
+  block_begin_.push_back(tail_entries > 0 ? entries_[entries_.size() - tail_entries].offset : offset);
   record_pointer_offsets();
   drop_row_parallel_biases();
 }
@@ -838,6 +916,8 @@ void Transformer::drop_row_parallel_biases() {
 int64_t Transformer::kv_heads() const {
   return config_.n_kv_heads % shard_.size == 0 ? config_.n_kv_heads / shard_.size : 1;
 }
+
+MoeStats Transformer::take_moe_stats() { return std::exchange(moe_stats_, MoeStats{}); }
 
 TensorParallelTraffic Transformer::take_tp_traffic() {
   const TensorParallelTraffic t = tp_->traffic;
@@ -863,6 +943,11 @@ void Transformer::for_each_pointer(F&& f) {
     f(l->norm1_w, false); f(l->norm1_b, false); f(l->dnorm1_w, true); f(l->dnorm1_b, true);
     f(l->norm2_w, false); f(l->norm2_b, false); f(l->dnorm2_w, true); f(l->dnorm2_b, true);
     for (Linear* x : {&l->qkv, &l->q, &l->k, &l->v, &l->o, &l->fc, &l->proj, &l->gate, &l->up, &l->down}) lin(*x);
+    if (!l->moe) continue;
+    MoeBlock& m = *l->moe;
+    for (Linear* x : {&m.router, &m.shared_gate, &m.shared_up, &m.shared_down}) lin(*x);
+    for (auto* experts : {&m.w1, &m.w2, &m.w3})
+      for (Linear& x : *experts) lin(x);
   }
   f(final_norm_w_, false); f(final_norm_b_, false); f(dfinal_norm_w_, true); f(dfinal_norm_b_, true);
   lin(head_);
@@ -918,6 +1003,11 @@ std::vector<Linear*> Transformer::linears() {
   for (auto& l : layers_) {
     for (Linear* lin : {&l->qkv, &l->q, &l->k, &l->v, &l->o, &l->fc, &l->proj, &l->gate, &l->up, &l->down})
       if (lin->w != nullptr) out.push_back(lin);
+    // A MoE block's shared experts run through their Linears; the router (fp32) and the routed
+    // experts (grouped GEMMs over raw weights) do not take backends.
+    if (l->moe)
+      for (Linear* lin : {&l->moe->shared_gate, &l->moe->shared_up, &l->moe->shared_down})
+        if (lin->w != nullptr) out.push_back(lin);
   }
   out.push_back(&head_);
   return out;
@@ -931,9 +1021,15 @@ float* Transformer::grad(std::string_view name) {
 }
 
 Expected<std::unique_ptr<Transformer>> Transformer::create(const ModelConfig& config, uint64_t seed,
-                                                           const TensorShard& shard, const PipelineStage& stage) {
+                                                           const TensorShard& shard, const PipelineStage& stage,
+                                                           const ExpertShard& experts) {
   KILN_RETURN_IF_ERROR(check_config(config));
   KILN_RETURN_IF_ERROR(check_tensor_split(config, shard.size));
+  KILN_RETURN_IF_ERROR(check_expert_split(config, experts.size));
+  if (experts.rank < 0 || experts.rank >= experts.size || (experts.size > 1 && experts.comm == nullptr) ||
+      experts.chunks < 1)
+    return invalid_argument("expert shard {} of {} needs a rank in [0, size), above size 1 a communicator, and at "
+                            "least 1 dispatch chunk (got {})", experts.rank, experts.size, experts.chunks);
   if (shard.rank < 0 || shard.rank >= shard.size || (shard.size > 1 && shard.comm == nullptr))
     return invalid_argument("tensor shard {} of {} needs a rank in [0, size) and, above size 1, a communicator",
                             shard.rank, shard.size);
@@ -944,7 +1040,7 @@ Expected<std::unique_ptr<Transformer>> Transformer::create(const ModelConfig& co
                               "blocks after the previous chunk", r.begin, r.end, config.n_layers);
     last_end = r.end;
   }
-  std::unique_ptr<Transformer> t(new Transformer(config, shard, stage));  // private constructor
+  std::unique_ptr<Transformer> t(new Transformer(config, shard, stage, experts));  // private constructor
   if (config.is_llama()) {
     KILN_ASSIGN_OR_RETURN(t->rope_, make_rope_table(config.head_dim(), config.max_seq_len, config.rope_theta,
                                                      config.rope_scaling));
@@ -1021,9 +1117,11 @@ void Transformer::swap_saved(int slot) {
   std::swap(tp_->ce_max, s.ce_max); std::swap(tp_->ce_sum, s.ce_sum);
   std::swap(a.tokens, s.tokens); std::swap(a.targets, s.targets); std::swap(a.num_valid, s.num_valid);
   s.layers.resize(layers_.size());
+  s.moe.resize(layers_.size());
   for (size_t i = 0; i < layers_.size(); ++i) {
     s.layers[i].resize(Layer::kSaved.size());
     for (size_t k = 0; k < Layer::kSaved.size(); ++k) std::swap((*layers_[i]).*Layer::kSaved[k], s.layers[i][k]);
+    std::swap(layers_[i]->moe_acts, s.moe[i]);
   }
 }
 
@@ -1037,6 +1135,14 @@ void Transformer::use_activation_slot(int slot) {
     swap_saved(slot);        // and the slot's come in
   }
   sl.current = slot;
+}
+
+int64_t Transformer::activation_bytes() const {
+  int64_t bytes = activation_bytes_;
+  for (const auto& l : layers_) bytes += l->moe_acts.bytes();
+  for (const Slots::Saved& saved : slots_->stored)
+    for (const MoeActivations& m : saved.moe) bytes += m.bytes();
+  return bytes;
 }
 
 int Transformer::activation_slots() const {

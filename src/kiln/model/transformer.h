@@ -38,6 +38,22 @@ struct TensorShard {
   bool sequence_parallel = false;
 };
 
+// The expert-parallel shard a MoE model is built for (src/kiln/parallel/expert_parallel.h):
+// over `size` ranks, experts [rank · E / size, (rank + 1) · E / size) of every MoE block are this
+// rank's; a block sends its tokens' rows to the ranks holding their experts (all-to-all over
+// `comm`) and combines the results back (model/moe.h). `batch` is the group of ranks whose
+// micro-batches together make the single-process batch (every data-parallel rank, in data-rank
+// order): the load-balancing loss's statistics and the capacity limit are taken over it, so a
+// layout computes the single-process model's losses, drops and gradients. `chunks`: tokens are
+// dispatched in that many chunks, chunk i + 1's all-to-all in flight while chunk i's experts
+// run. The default is one process: its own batch, all experts.
+struct ExpertShard {
+  int rank = 0, size = 1;
+  comm::Communicator* comm = nullptr;   // the ep ranks; null at size 1
+  comm::Communicator* batch = nullptr;  // the data-parallel ranks; null: this process's batch only
+  int chunks = 1;
+};
+
 // What a rank put through the tensor-parallel collectives (bytes of each whole buffer: an
 // all-reduce's, an all-gather's output, a reduce-scatter's input), and their time: they block
 // the layer that calls them.
@@ -46,6 +62,26 @@ struct TensorParallelTraffic {
   int64_t cross_entropy_bytes = 0;  // the vocab-parallel loss's row max, sum and target logit
   int64_t logits_bytes = 0;         // whole logits gathered for sampling (decode)
   double seconds = 0;
+};
+
+// MoE routing (model/moe.h), summed over the model's MoE blocks and forwards (batch-group-wide
+// values).
+struct MoeStats {
+  int64_t blocks = 0;
+  double aux = 0, z = 0;                    // Σ over blocks of aux_l and z_l (before the coefficients)
+  int64_t assignments = 0, dropped = 0;     // Σ over blocks: N · k and those over capacity
+  std::vector<int64_t> tokens_per_expert;   // (blocks, E): assignments routed to each expert
+  // Expert parallelism: bytes this rank sent through the all-to-alls (dispatch and combine,
+  // forward and backward), their time on the communication thread, and the compute thread's
+  // wait for them (exposed).
+  int64_t all_to_all_bytes = 0;
+  double all_to_all_seconds = 0, exposed_seconds = 0;
+  double aux_mean() const { return blocks ? aux / blocks : 0.0; }
+  double z_mean() const { return blocks ? z / blocks : 0.0; }
+  double drop_rate() const { return assignments ? static_cast<double>(dropped) / assignments : 0.0; }
+  // max over experts / mean of the tokens per expert, over all blocks (1: balanced).
+  double max_over_mean() const;
+  void add(const MoeStats& o);
 };
 
 // Blocks [begin, end) of a model.
@@ -72,8 +108,12 @@ struct PipelineStage {
 };
 
 // InvalidArgument naming the counts when `c` does not split over tp ranks: tp >= 1 divides
-// n_heads, d_ff and vocab_size, and tp divides n_kv_heads or n_kv_heads divides tp.
+// n_heads, d_ff and vocab_size, and tp divides n_kv_heads or n_kv_heads divides tp; a MoE
+// model does not split (its experts shard over ep instead).
 Status check_tensor_split(const ModelConfig& c, int tp);
+// InvalidArgument when `c`'s experts do not shard over ep ranks: ep >= 1 divides num_experts
+// (ep > 1 needs a MoE model).
+Status check_expert_split(const ModelConfig& c, int ep);
 
 // Where a shard's parameter sits in the whole (single-process) tensor.
 struct ParamSplit {
@@ -96,6 +136,9 @@ struct ParamSplit {
   bool partial_grad = false;
   // Pipeline parallelism: the last stage's copy of the tied token embedding (PipelineStage).
   bool stage_copy = false;
+  // Expert parallelism: one of this rank's experts (ExpertShard), held by the ranks with the
+  // same ep coordinate only; everything else is replicated over the ep ranks.
+  bool expert = false;
 };
 
 struct ParamEntry {
@@ -214,15 +257,18 @@ class Transformer {
   // sliced; its config must pass check_tensor_split.
   // A pipeline stage holds only its blocks (and the embedding or head where it has them); its
   // values are the single-process model's.
+  // An expert shard holds its experts only (ExpertShard), with the single-process values.
   static Expected<std::unique_ptr<Transformer>> create(const ModelConfig& config, uint64_t seed,
                                                        const TensorShard& shard = {},
-                                                       const PipelineStage& stage = {});
+                                                       const PipelineStage& stage = {},
+                                                       const ExpertShard& experts = {});
   // The parameters create(config) allocates (names, kiln shapes, offsets), computed without
   // allocating anything, so a loader checks a file against them first. config passes check_config.
   // With a shard: its local shapes and offsets, and each entry's split.
   static std::vector<ParamEntry> param_entries_for(const ModelConfig& config, int tp_rank = 0, int tp_size = 1,
                                                    bool sequence_parallel = false,
-                                                   const PipelineStage& stage = {});
+                                                   const PipelineStage& stage = {}, int ep_rank = 0,
+                                                   int ep_size = 1);
   ~Transformer();
   Transformer(const Transformer&) = delete;
   Transformer& operator=(const Transformer&) = delete;
@@ -252,6 +298,10 @@ class Transformer {
   void load_from_full(std::span<const float> full);
   // The tensor-parallel collectives since the last call (zeros at tp = 1).
   TensorParallelTraffic take_tp_traffic();
+  // MoE: the routing of the forwards (and the all-to-all traffic of their backwards) since the
+  // last call; empty for a dense model.
+  MoeStats take_moe_stats();
+  const ExpertShard& expert_shard() const { return experts_; }
   int64_t num_blocks() const { return static_cast<int64_t>(layers_.size()); }
   // Block l's parameters: one contiguous range. head_range(): the embeddings before the
   // blocks; tail_range(): the final norm and the untied LM head after them.
@@ -284,8 +334,9 @@ class Transformer {
   // decode). Returns logits (logit_rows.size(), V); errors name bad shapes, ids or positions.
   PagedKvCache make_paged_kv_cache(int64_t num_blocks, int64_t block_size) const;
   Expected<const float*> forward_paged(const PagedBatch& batch, PagedKvCache& cache);
-  // Bytes of the activation and backward-scratch buffers for the last forward's (B, T).
-  int64_t activation_bytes() const { return activation_bytes_; }
+  // Bytes of the activation and backward-scratch buffers for the last forward's (B, T), with
+  // the MoE blocks' routing-sized buffers (every slot's).
+  int64_t activation_bytes() const;
 
   // ---- pipeline stages (src/kiln/parallel/pipeline.h) ----
   const PipelineStage& stage() const { return stage_; }  // its chunks (the whole model: one)
@@ -334,7 +385,7 @@ class Transformer {
   struct Layer;  // one transformer block (defined in transformer.cpp)
 
  private:
-  Transformer(const ModelConfig& c, const TensorShard& shard, const PipelineStage& stage);
+  Transformer(const ModelConfig& c, const TensorShard& shard, const PipelineStage& stage, const ExpertShard& experts);
   void build_params(uint64_t seed);
   // Row-parallel biases are added by tp rank 0 only (the reduction sums the partial outputs);
   // the other ranks keep their gradients. Called after every rewiring of the pointers.
@@ -373,6 +424,8 @@ class Transformer {
   ModelHooks* hooks_ = nullptr;
   TensorShard shard_;
   PipelineStage stage_;
+  ExpertShard experts_;
+  MoeStats moe_stats_;
   int64_t full_num_params_ = 0;
   struct Tp;  // the layers' tensor-parallel collectives and their scratch (transformer.cpp)
   std::unique_ptr<Tp> tp_;
