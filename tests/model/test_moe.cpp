@@ -61,7 +61,7 @@ struct BlockCase {
   double loss(MoeActivations& a, std::vector<int32_t>* route = nullptr) {
     std::vector<float> y(x.size()), res(x.size(), 0.0f);
     MoeStats st;
-    block.forward(y.data(), x.data(), N, res.data(), a, st);
+    block.forward(y.data(), x.data(), N, res.data(), a, &st);
     double l = block.aux_coef * st.aux + block.z_coef * st.z;
     for (size_t i = 0; i < y.size(); ++i) l += static_cast<double>(y[i]) * r[i];
     if (route) {
@@ -132,7 +132,7 @@ TEST(Moe, CapacityDropsTheLaterTokens) {
   MoeActivations a;
   std::vector<float> y(c.x.size()), res(c.x.size(), 0.0f);
   MoeStats st;
-  c.block.forward(y.data(), c.x.data(), BlockCase::N, res.data(), a, st);
+  c.block.forward(y.data(), c.x.data(), BlockCase::N, res.data(), a, &st);
   const int64_t cap = 5;
   std::vector<int64_t> seen(BlockCase::E, 0);
   int64_t dropped = 0;
@@ -174,7 +174,7 @@ TEST(Moe, RouterLossValues) {
   MoeActivations a;
   std::vector<float> y(c.x.size()), res(c.x.size(), 0.0f);
   MoeStats st;
-  c.block.forward(y.data(), c.x.data(), BlockCase::N, res.data(), a, st);
+  c.block.forward(y.data(), c.x.data(), BlockCase::N, res.data(), a, &st);
   const int64_t N = BlockCase::N, E = BlockCase::E, K = BlockCase::K;
   double aux = 0, z = 0;
   for (int64_t i = 0; i < E; ++i) {

@@ -63,6 +63,16 @@ void check_gradients(const ModelConfig& config) {
   EXPECT_GT(checked, 20);
 }
 
+// A Llama with a dense block and a MoE block (4 experts, top-2, a shared expert; dropless).
+ModelConfig tiny_moe() {
+  ModelConfig c = tiny(ModelFamily::kLlama);
+  c.num_experts = 4;
+  c.moe_d_ff = 6;
+  c.num_shared_experts = 1;
+  c.moe_layer_freq = 2;
+  return c;
+}
+
 TEST(Transformer, Gpt2GradientsMatchFiniteDifferences) { check_gradients(tiny(ModelFamily::kGpt2)); }
 TEST(Transformer, LlamaGradientsMatchFiniteDifferences) { check_gradients(tiny(ModelFamily::kLlama)); }
 
@@ -177,7 +187,7 @@ namespace {
 // Greedy decoding through the KV cache gives the same tokens (and nearly the same logits) as
 // recomputing the whole sequence every step.
 TEST(Transformer, KvCacheMatchesFullRecompute) {
-  std::vector<ModelConfig> configs = {tiny(ModelFamily::kGpt2), tiny(ModelFamily::kLlama)};
+  std::vector<ModelConfig> configs = {tiny(ModelFamily::kGpt2), tiny(ModelFamily::kLlama), tiny_moe()};
   for (const ModelConfig& c : option_configs()) configs.push_back(c);  // the decode path has the options too
   for (ModelConfig c : configs) {
     c.max_seq_len = 24;
@@ -263,7 +273,7 @@ namespace {
 // The serving path (forward_paged: paged KV cache, split-KV decode, gathered prefill chunks)
 // gives the logits of the full forward, with every config option: one model code path.
 TEST(Transformer, PagedForwardMatchesFullForwardWithOptions) {
-  std::vector<ModelConfig> configs = {tiny(ModelFamily::kGpt2), tiny(ModelFamily::kLlama)};
+  std::vector<ModelConfig> configs = {tiny(ModelFamily::kGpt2), tiny(ModelFamily::kLlama), tiny_moe()};
   for (const ModelConfig& c : option_configs()) configs.push_back(c);
   for (ModelConfig c : configs) {
     c.max_seq_len = 24;

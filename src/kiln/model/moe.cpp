@@ -116,7 +116,7 @@ void MoeStats::add(const MoeStats& o) {
 }
 
 void MoeBlock::forward(float* y, const float* x, int64_t N, const float* residual, MoeActivations& a,
-                       MoeStats& stats) const {
+                       MoeStats* stats) const {
   const int64_t C = d_model, E = num_experts, K = top_k, F = d_ff, El = local_experts();
   a.tokens = N;
   grow(a.probs, N * E); grow(a.lse, N); grow(a.choice, N * K); grow(a.gates, N * K); grow(a.row, N * K);
@@ -155,9 +155,10 @@ void MoeBlock::forward(float* y, const float* x, int64_t N, const float* residua
   }
   for (int64_t i = 0; i < E; ++i) st[static_cast<size_t>(i)] = static_cast<double>(counts[static_cast<size_t>(i)]);
   st[static_cast<size_t>(2 * E + 1)] = static_cast<double>(N);
-  sum_over_batch(ep.batch, st);
+  comm::Communicator* batch = stats ? ep.batch : nullptr;
+  sum_over_batch(batch, st);
   const double Ng = st[static_cast<size_t>(2 * E + 1)];
-  const double ranks = ep.batch ? ep.batch->size() : 1;  // each rank's gradient is its rows' share × ranks
+  const double ranks = batch ? batch->size() : 1;  // each rank's gradient is its rows' share × ranks
   double aux = 0;
   grow(a.aux_dp, E);
   for (int64_t i = 0; i < E; ++i) {
@@ -169,21 +170,21 @@ void MoeBlock::forward(float* y, const float* x, int64_t N, const float* residua
   a.z_dp = static_cast<float>(z_coef * 2.0 * ranks / Ng);
   // Capacity: each expert keeps its first C assignments in the batch group's token order (data
   // rank, token, then the token's choices in order).
-  const int64_t capacity = capacity_factor > 0
+  const int64_t capacity = capacity_factor > 0 && stats
                                ? static_cast<int64_t>(std::ceil(capacity_factor * static_cast<double>(K) * Ng / E))
                                : -1;
-  std::vector<int64_t> seen = capacity >= 0 ? earlier_ranks_counts(ep.batch, counts) : std::vector<int64_t>(E, 0);
-  int64_t dropped = 0;
-  for (int64_t i = 0; i < E; ++i) {
-    const auto g = static_cast<int64_t>(st[static_cast<size_t>(i)]);
-    if (capacity >= 0) dropped += std::max<int64_t>(0, g - capacity);
-    stats.tokens_per_expert.push_back(g);
+  std::vector<int64_t> seen = capacity >= 0 ? earlier_ranks_counts(batch, counts) : std::vector<int64_t>(E, 0);
+  if (stats) {
+    for (int64_t i = 0; i < E; ++i) {
+      const auto g = static_cast<int64_t>(st[static_cast<size_t>(i)]);
+      if (capacity >= 0) stats->dropped += std::max<int64_t>(0, g - capacity);
+      stats->tokens_per_expert.push_back(g);
+    }
+    ++stats->blocks;
+    stats->aux += aux;
+    stats->z += st[static_cast<size_t>(2 * E)] / Ng;
+    stats->assignments += static_cast<int64_t>(Ng) * K;
   }
-  ++stats.blocks;
-  stats.aux += aux;
-  stats.z += st[static_cast<size_t>(2 * E)] / Ng;
-  stats.assignments += static_cast<int64_t>(Ng) * K;
-  stats.dropped += dropped;
   // Sent rows: per chunk of tokens, the kept assignments sorted by expert, then token.
   const int64_t chunks = std::max<int64_t>(1, std::min<int64_t>(ep.chunks, N));
   a.chunk_sent.assign(static_cast<size_t>(chunks + 1), 0);

@@ -73,7 +73,9 @@ struct MoeBlock {
   int64_t local_experts() const { return num_experts / ep.size; }
   int64_t first_expert() const { return ep.rank * local_experts(); }
   // y (N, C) = residual + the MoE MLP of x (N, C); saves into `a`, adds the routing to `stats`.
-  void forward(float* y, const float* x, int64_t N, const float* residual, MoeActivations& a, MoeStats& stats) const;
+  // Without stats (decoding through a KV cache, serving) the block is dropless and local: no
+  // capacity, no batch-group statistics.
+  void forward(float* y, const float* x, int64_t N, const float* residual, MoeActivations& a, MoeStats* stats) const;
   // dx (N, C) = (or += when accumulate) the gradient of x from dy (N, C) and the router losses;
   // the weight gradients accumulate. x is the forward's input.
   void backward(float* dx, const float* dy, const float* x, int64_t N, MoeActivations& a, bool accumulate,

@@ -490,7 +490,7 @@ struct Transformer::Layer {
       }
       tp->row_forward(o, x1.p, att.p, N, x);
       cpu::rmsnorm_forward(n2.p, rstd2.p, x1.p, norm2_w, Ns, C, cfg->norm_eps);
-      if (moe) return moe->forward(y, n2.p, N, x1.p, moe_acts, *moe_stats);  // tp = 1: Ns = N
+      if (moe) return moe->forward(y, n2.p, N, x1.p, moe_acts, cached || paged ? nullptr : moe_stats);  // tp = 1
       const float* in2 = tp->gather(n2.p, N, C);
       gate.forward(ff1.p, in2, N);
       up.forward(ff2.p, in2, N);

@@ -318,6 +318,13 @@ std::string format_progress(const StepStats& s, int64_t total_steps, const Progr
     scaling += fmt::format(" | mem {:.0f} MiB/rank | comm {:.0f} ms, exposed {:.0f}%", mib, s.comm.comm_seconds * 1e3,
                            s.comm.comm_seconds > 0 ? 100.0 * s.comm.exposed_seconds / s.comm.comm_seconds : 0.0);
   }
+  if (s.moe.blocks > 0) {  // MoE: the router losses, the load (max / mean tokens per expert), drops
+    scaling += fmt::format(" | aux {:.3f} z {:.2f} load {:.2f}x drop {:.1f}%", s.moe.aux_mean(), s.moe.z_mean(),
+                           s.moe.max_over_mean(), 100.0 * s.moe.drop_rate());
+    if (s.moe.all_to_all_seconds > 0)
+      scaling += fmt::format(" | a2a {:.0f} ms, exposed {:.0f}%", s.moe.all_to_all_seconds * 1e3,
+                             100.0 * s.moe.exposed_seconds / s.moe.all_to_all_seconds);
+  }
   return fmt::format("step {:5d}/{} | loss {:.4f}{} | lr {:.2e} | gnorm {:.2f}{} | {:.0f} tok/s | {:.1f} GFLOP/s | "
                      "MFU {:.1f}% | HFU {:.1f}% | ETA {:.0f}s",
                      s.step, total_steps, s.loss, s.val_loss >= 0 ? fmt::format(" val {:.4f}", s.val_loss) : std::string(),

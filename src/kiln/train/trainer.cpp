@@ -63,6 +63,7 @@ Trainer::~Trainer() { model_.set_hooks(nullptr); }
 double Trainer::validation_loss() {
   const double mine =
       evaluate(model_, *val_, o_.batch, o_.seq_len, o_.eval_batches, plan_->data_rank() * rows_, rows_, plan_);
+  model_.take_moe_stats();  // the evaluation's routing is not a training step's
   return mine < 0 ? mine : plan_->mean_over_data(mine);  // -1 (no batch) on every rank alike
 }
 
@@ -123,6 +124,7 @@ StepStats Trainer::step() {
   s.grads_flushed = precision_->grads_flushed - flushed0;
   s.grads_rounded = precision_->values_rounded - rounded0;
   s.comm = plan_->take_comm_times();
+  s.moe = model_.take_moe_stats();
   s.seconds = std::chrono::duration<double>(clock::now() - t0).count();
   elapsed_ += s.seconds;
   s.elapsed = elapsed_;

@@ -51,6 +51,7 @@ struct StepStats {
   int64_t grads_flushed = 0;   // fp16: output-gradient values rounded to zero in this step
   int64_t grads_rounded = 0;   // fp16: output-gradient values rounded in this step
   CommTimes comm;              // data-parallel layouts: communication of this step
+  MoeStats moe;                // MoE models: this step's routing (every micro-batch)
 };
 
 // Learning rate at `step` (1-based): linear warm-up, then cosine decay to min_lr_fraction·lr.
