@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <tuple>
 #include <vector>
 
 #include "kiln/kernels/cpu/gemm_driver.h"
@@ -73,8 +74,10 @@ Cut cut_group(const GemmGroup& e, int64_t mstrips, int64_t nstrips, int64_t nr, 
   return best;
 }
 
-// The work items of all groups, largest first (ties in group order: the same plan every call).
-std::vector<WorkItem> plan_items(const GroupedGemmParams& p, const PackedPath& path, int threads) {
+// The work items of all groups into `items`, largest first (ties in group and position order:
+// the same plan every call).
+void plan_items(const GroupedGemmParams& p, const PackedPath& path, int threads,
+                std::vector<WorkItem>& items) {
   double total = 0;
   for (const GemmGroup& e : p.groups) total += gemm_flops(e.m, e.n, e.k);
   // One thread: no cut for balance (only to keep B panels in cache).
@@ -83,7 +86,7 @@ std::vector<WorkItem> plan_items(const GroupedGemmParams& p, const PackedPath& p
   const auto pieces_for = [&](double cost) {
     return std::isinf(target) ? int64_t{1} : std::max<int64_t>(1, std::llround(cost / target));
   };
-  std::vector<WorkItem> items;
+  items.clear();
   for (size_t g = 0; g < p.groups.size(); ++g) {
     const GemmGroup& e = p.groups[g];
     if (e.m == 0 || e.n == 0) continue;
@@ -119,9 +122,10 @@ std::vector<WorkItem> plan_items(const GroupedGemmParams& p, const PackedPath& p
       }
     }
   }
-  std::stable_sort(items.begin(), items.end(),
-                   [](const WorkItem& a, const WorkItem& b) { return a.cost > b.cost; });
-  return items;
+  std::sort(items.begin(), items.end(), [](const WorkItem& a, const WorkItem& b) {
+    if (a.cost != b.cost) return a.cost > b.cost;
+    return std::tie(a.group, a.r0, a.c0) < std::tie(b.group, b.r0, b.c0);
+  });
 }
 
 // C (m, n) = beta·C for a group with k = 0 (no product to add).
@@ -144,7 +148,11 @@ void grouped_gemm(const GroupedGemmParams& p) {
   const PackedPath& path = kernels.f32;
   const GemmBlocking blk = gemm_blocking(GemmPath::kF32);
   const int64_t mc_strips = std::max<int64_t>(1, blk.mc / path.mr);
-  const std::vector<WorkItem> items = plan_items(p, path, num_threads());
+  // This thread's item list, reused (no allocation per call once grown); named through a
+  // reference so that the pool's threads read this one, not their own thread_local copy.
+  thread_local std::vector<WorkItem> reused;
+  std::vector<WorkItem>& items = reused;
+  plan_items(p, path, num_threads(), items);
   run_tasks(static_cast<int64_t>(items.size()), [&](int64_t t) {
     const WorkItem& it = items[static_cast<size_t>(t)];
     const GemmParams q = group_gemm_params(p, static_cast<size_t>(it.group));
