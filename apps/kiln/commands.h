@@ -26,6 +26,7 @@ void register_quantize(CLI::App& app);  // `quantize` and `bench quant-decode`, 
 void register_convert(CLI::App& app);       // `convert` (cmd_convert.cpp)
 void register_bench_quant(CLI::App& app);   // `bench quant`, after register_bench (cmd_bench_quant.cpp)
 void register_bench_prepacked(CLI::App& app);  // `bench prepacked`, after register_bench (cmd_bench_prepacked.cpp)
+void register_bench_grouped_gemm(CLI::App& app);  // `bench grouped-gemm`, after register_bench (cmd_bench_grouped_gemm.cpp)
 void register_bench_dp(CLI::App& app);  // `bench dp`, called by register_bench (cmd_bench_dp.cpp)
 void register_bench_tp_decode(CLI::App& app);  // `bench tp-decode`, called by register_bench (cmd_bench_tp_decode.cpp)
 void register_bench_tp(CLI::App& app);  // `bench tp`, called by register_bench (cmd_bench_tp.cpp)

@@ -1,7 +1,8 @@
 // Fast CPU GEMM driver: BLIS-style loops (NC panels of B -> KC blocks -> pack B -> MC blocks of A
 // packed per task -> NR x MR micro-tiles), threads over (M block, N chunk) tiles of the kiln pool
 // or, for small problems, one column chunk per thread, the small-M streaming path for decode-like
-// shapes, the scalar target, and the tuning cache.
+// shapes, the scalar target, and the tuning cache. The single-thread pieces other drivers reuse
+// (cpu::grouped_gemm) are declared in gemm_driver.h.
 #include <sys/stat.h>
 
 #include <algorithm>
@@ -23,6 +24,7 @@
 #include "kiln/core/file_io.h"
 #include "kiln/core/json.h"
 #include "kiln/kernels/cpu/gemm_cpu.h"
+#include "kiln/kernels/cpu/gemm_driver.h"
 #include "kiln/kernels/cpu/gemm_simd.h"
 #include "kiln/kernels/dispatch.h"
 #include "kiln/kernels/cpu/parallel.h"
@@ -98,11 +100,6 @@ ScratchBuffer& small_a_buffer() { thread_local ScratchBuffer b; return b; }
 ScratchBuffer& small_acc_buffer() { thread_local ScratchBuffer b; return b; }
 ScratchBuffer& small_a16_buffer() { thread_local ScratchBuffer b; return b; }
 
-const GemmTargetKernels& target_kernels() {
-  using KernelsFn = const GemmTargetKernels& (*)();
-  return Dispatch<KernelsFn>{&gemm_kernels_scalar, &gemm_kernels_avx2, &gemm_kernels_avx512}.pick()();
-}
-
 // ---- blocking and the tuning cache ----------------------------------------------------------
 struct BlockingState {
   std::mutex mu;
@@ -148,17 +145,7 @@ void load_tuning_locked(BlockingState& s) {
   }
 }
 
-// ---- the packed path -------------------------------------------------------------------------
-// A packed panel of B: K block after K block; within one, strip after strip of NR x steps
-// elements (steps = k values / k_per_step).
-struct PanelLayout {
-  int64_t strips = 0, nr = 0, ks = 1, kc_block = 0, num_pc = 1, k = 0;
-  int64_t steps_block() const { return kc_block / ks; }  // exact: kc_block is even
-  int64_t offset(int64_t q) const { return strips * nr * steps_block() * q; }
-  int64_t steps(int64_t q) const { return ceil_div(std::min(kc_block, k - q * kc_block), ks); }
-  int64_t elems() const { return offset(num_pc - 1) + strips * nr * steps(num_pc - 1) + 16; }
-};
-
+// ---- the packed path (PanelLayout: gemm_driver.h) ---------------------------------------------
 // The most 64-byte lines that `rows` rows of row_bytes, stride bytes apart, put in one set of a
 // 32 KiB 8-way L1 (64 sets). The rows of a strip are read together, k step by k step, and stay
 // in L1 while a group of B micro-panels runs against them; back to back (stride = row_bytes)
@@ -238,12 +225,33 @@ void run_block(const GemmParams& p, const PackedPath& path, const PanelLayout& l
   }
 }
 
-// The column split (see gemm_packed) is used while each thread's packed part of B stays within
-// 4 MiB (a quarter of the 32 MiB L3 for both threads) and M <= N (each thread packs all of A, so
-// the duplicated packing stays below the B traffic it saves). Measured on the 2-core EPYC VM
-// (alternating blocks, one process): f32 and bf16 squares 256-1536 gain 1-10% at 2 threads,
-// bf16 2048 is even; larger panels keep the shared-panel path.
-constexpr int64_t kColumnSplitBytes = int64_t{4} << 20;
+}  // namespace
+
+PanelLayout panel_layout(const GemmParams& p, const PackedPath& path, GemmBlocking blk) {
+  const int64_t num_kb = std::max<int64_t>(1, ceil_div(p.k, blk.kc));
+  PanelLayout lay;
+  lay.nr = path.nr;
+  lay.ks = path.k_per_step;
+  lay.kc_block = std::max<int64_t>(2, (ceil_div(p.k, num_kb) + 1) & ~int64_t{1});
+  lay.num_pc = p.k == 0 ? 1 : ceil_div(p.k, lay.kc_block);
+  lay.k = p.k;
+  return lay;
+}
+
+void run_column_chunk(const GemmParams& p, const PackedPath& path, PanelLayout lay, int64_t s0,
+                      int64_t s1, int64_t ms0, int64_t ms1, int64_t mc_strips) {
+  const int64_t jc = s0 * lay.nr, nc = std::min(p.n, s1 * lay.nr) - jc;
+  lay.strips = s1 - s0;
+  auto* bpack = static_cast<uint32_t*>(b_pack_buffer().get(4 * lay.elems()));
+  for (int64_t q = 0; q < lay.num_pc && p.k > 0; ++q) {
+    const int64_t pc = q * lay.kc_block;
+    path.pack_b(p, jc, nc, pc, std::min(lay.kc_block, p.k - pc), bpack + lay.offset(q));
+  }
+  for (int64_t b = ms0; b < ms1; b += mc_strips)
+    run_block(p, path, lay, bpack, jc, nc, b, std::min(ms1, b + mc_strips), 0, lay.strips);
+}
+
+namespace {
 
 // Per NC panel of B: one parallel region packs the whole K x NC panel (all K blocks), a second
 // runs the (M block, N chunk) tasks, each looping over the K blocks itself (packing its MC x KC
@@ -253,37 +261,25 @@ constexpr int64_t kColumnSplitBytes = int64_t{4} << 20;
 // per thread, each thread packing its own part of B and all of A (duplicated, cheap at these
 // sizes). No packed data written by one core is read by another, and a thread's C columns stay
 // in its own L2 from call to call.
+// The column split is used while each thread's packed part of B stays within kThreadPanelBytes
+// and M <= N (each thread packs all of A, so the duplicated packing stays below the B traffic it
+// saves). Measured on the 2-core EPYC VM (alternating blocks, one process): f32 and bf16 squares
+// 256-1536 gain 1-10% at 2 threads, bf16 2048 is even; larger panels keep the shared-panel path.
 void gemm_packed(const GemmParams& p, const PackedPath& path, GemmBlocking blk) {
   const int64_t mr = path.mr, nr = path.nr, ks = path.k_per_step;
   const int threads = num_threads();
-  // K blocks of equal, even size (an even size keeps bf16 pairs inside one block).
-  const int64_t num_kb = std::max<int64_t>(1, ceil_div(p.k, blk.kc));
-  const int64_t kc_block = std::max<int64_t>(2, (ceil_div(p.k, num_kb) + 1) & ~int64_t{1});
-  const int64_t num_pc = p.k == 0 ? 1 : ceil_div(p.k, kc_block);
+  PanelLayout lay = panel_layout(p, path, blk);
+  const int64_t kc_block = lay.kc_block, num_pc = lay.num_pc;
   const int64_t mstrips = ceil_div(p.m, mr);
   const int64_t mc_strips = std::max<int64_t>(1, blk.mc / mr);
-  PanelLayout lay;
-  lay.nr = nr;
-  lay.ks = ks;
-  lay.kc_block = kc_block;
-  lay.num_pc = num_pc;
-  lay.k = p.k;
 
   const int64_t all_strips = ceil_div(p.n, nr);
   const int64_t b_bytes = 4 * ceil_div(std::max<int64_t>(p.k, 1), ks) * all_strips * nr;
-  if (threads > 1 && p.m <= p.n && all_strips >= 2 * threads && b_bytes <= threads * kColumnSplitBytes) {
+  if (threads > 1 && p.m <= p.n && all_strips >= 2 * threads &&
+      b_bytes <= threads * kThreadPanelBytes) {
     run_tasks(threads, [&](int64_t t) {
-      const int64_t s0 = all_strips * t / threads, s1 = all_strips * (t + 1) / threads;
-      const int64_t jc = s0 * nr, nc = std::min(p.n, s1 * nr) - jc;
-      PanelLayout own = lay;
-      own.strips = s1 - s0;
-      auto* bpack = static_cast<uint32_t*>(b_pack_buffer().get(4 * own.elems()));
-      for (int64_t q = 0; q < num_pc && p.k > 0; ++q) {
-        const int64_t pc = q * kc_block;
-        path.pack_b(p, jc, nc, pc, std::min(kc_block, p.k - pc), bpack + own.offset(q));
-      }
-      for (int64_t ms0 = 0; ms0 < mstrips; ms0 += mc_strips)
-        run_block(p, path, own, bpack, jc, nc, ms0, std::min(mstrips, ms0 + mc_strips), 0, own.strips);
+      run_column_chunk(p, path, lay, all_strips * t / threads, all_strips * (t + 1) / threads, 0,
+                       mstrips, mc_strips);
     });
     return;
   }
@@ -330,15 +326,18 @@ void gemm_packed(const GemmParams& p, const PackedPath& path, GemmBlocking blk) 
   }
 }
 
+}  // namespace
+
 // ---- the small-M (decode-like) path: B streamed once, straight from the caller's memory ------
-void gemm_small_m(const GemmParams& p, const GemmTargetKernels& kernels) {
+SmallMArgs small_m_args(const GemmParams& p) {
   // Row stride of the f32 copy of A: rows 64..448 bytes apart modulo 4 KiB, so the M rows (read
   // together in every k step) land in different L1 sets; with K = 4096 unpadded they all alias
   // one set with the B rows and thrash the 8-way L1.
   int64_t lda = (p.k + 15) & ~int64_t{15};
   while ((lda * 4) % 4096 < 64 || (lda * 4) % 4096 > 448) lda += 16;
   auto* a32 = static_cast<float*>(small_a_buffer().get(4 * (p.m * lda + 16)));  // (m, k), ld lda
-  // The copies run before the threads start: keep the dtype and layout tests out of the loops.
+  // The copies run once, before the column loops (and in cpu::gemm before the threads start):
+  // keep the dtype and layout tests out of the loops.
   const int64_t si = p.trans_a ? 1 : p.lda, sk = p.trans_a ? p.lda : 1;  // strides of i and k
   const bool a_bf16 = p.a_dtype == DType::kBF16;
   for (int64_t i = 0; i < p.m; ++i) {
@@ -376,27 +375,44 @@ void gemm_small_m(const GemmParams& p, const GemmTargetKernels& kernels) {
     s.a16 = a16;
     s.lda16 = lda16;
   }
+  return s;
+}
+
+void small_m_columns(const GemmParams& p, const GemmTargetKernels& kernels, const SmallMArgs& s,
+                     int64_t j0, int64_t j1) {
+  // (m, j1 - j0)
+  auto* acc = static_cast<float*>(small_acc_buffer().get(4 * (p.m * (j1 - j0) + 16)));
+  kernels.small_m(s, j0, j1, acc);
+  TileEpilogue ep;
+  ep.alpha = p.alpha;
+  ep.beta = p.beta;
+  ep.act = p.act;
+  ep.bias = p.bias ? p.bias + j0 : nullptr;
+  ep.residual = p.residual ? p.residual + j0 : nullptr;
+  ep.ldr = p.ldr;
+  kernels.epilogue_rows(p.c + j0, p.ldc, acc, j1 - j0, p.m, j1 - j0, ep);
+}
+
+namespace {
+
+void gemm_small_m(const GemmParams& p, const GemmTargetKernels& kernels) {
+  const SmallMArgs s = small_m_args(p);  // read by every thread
   // Column chunks of >= 64 (multiples of 16), about four per thread for balance.
   const int threads = num_threads();
   const int64_t num_chunks = threads == 1 ? 1 : std::max<int64_t>(1, std::min(ceil_div(p.n, 64), int64_t{4} * threads));
   run_tasks(num_chunks, [&](int64_t t) {
     const int64_t j0 = t == 0 ? 0 : (p.n * t / num_chunks) & ~int64_t{15};
     const int64_t j1 = t + 1 == num_chunks ? p.n : (p.n * (t + 1) / num_chunks) & ~int64_t{15};
-    if (j1 <= j0) return;
-    auto* acc = static_cast<float*>(small_acc_buffer().get(4 * (p.m * (j1 - j0) + 16)));  // (m, j1-j0)
-    kernels.small_m(s, j0, j1, acc);
-    TileEpilogue ep;
-    ep.alpha = p.alpha;
-    ep.beta = p.beta;
-    ep.act = p.act;
-    ep.bias = p.bias ? p.bias + j0 : nullptr;
-    ep.residual = p.residual ? p.residual + j0 : nullptr;
-    ep.ldr = p.ldr;
-    kernels.epilogue_rows(p.c + j0, p.ldc, acc, j1 - j0, p.m, j1 - j0, ep);
+    if (j1 > j0) small_m_columns(p, kernels, s, j0, j1);
   });
 }
 
 }  // namespace
+
+const GemmTargetKernels& gemm_target_kernels() {
+  using KernelsFn = const GemmTargetKernels& (*)();
+  return Dispatch<KernelsFn>{&gemm_kernels_scalar, &gemm_kernels_avx2, &gemm_kernels_avx512}.pick()();
+}
 
 const GemmTargetKernels& gemm_kernels_scalar() {
   static const GemmTargetKernels k = make_scalar_kernels();
@@ -457,15 +473,15 @@ Status save_gemm_tuning() {
 }
 
 std::string gemm_path_name(GemmPath path) {
-  const GemmTargetKernels& k = target_kernels();
+  const GemmTargetKernels& k = gemm_target_kernels();
   return path == GemmPath::kBF16 ? k.bf16.name : k.f32.name;
 }
-std::string gemm_small_m_name() { return target_kernels().small_m_name; }
+std::string gemm_small_m_name() { return gemm_target_kernels().small_m_name; }
 
 void gemm(const GemmParams& p) {
   KILN_CHECK_MSG(check_gemm(p).ok(), "{}", check_gemm(p).message());
   if (p.m == 0 || p.n == 0) return;
-  const GemmTargetKernels& kernels = target_kernels();
+  const GemmTargetKernels& kernels = gemm_target_kernels();
   if (p.m <= kGemmSmallM) return gemm_small_m(p, kernels);
   const bool bf16 = p.a_dtype == DType::kBF16 || p.b_dtype == DType::kBF16;
   const PackedPath& path = bf16 ? kernels.bf16 : kernels.f32;
