@@ -277,6 +277,12 @@ void register_train(CLI::App& app) {
   t->add_option("--virtual-stages", ta->pipeline.virtual_stages, "Model chunks per rank (interleaved 1F1B)")
       ->check(CLI::Range(1, 1 << 10));
   t->add_option("--timeline", ta->timeline, "Pipeline: draw the last step's measured schedule beside the ideal (SVG)");
+  // Expert parallelism (src/kiln/parallel/expert_parallel.h): MoE experts over ep ranks, edp × ep = the ranks.
+  t->add_option("--ep", ta->expert.ep, "Expert-parallel ranks (each holds num_experts / ep experts; tokens move by all-to-all)")
+      ->check(CLI::Range(1, 1 << 16));
+  t->add_option("--ep-chunks", ta->expert.chunks,
+                "--ep: dispatch chunks per MoE layer, each chunk's all-to-all overlapping the previous chunk's experts")
+      ->check(CLI::Range(1, 1 << 10));
   t->callback([ta] {
     const bool mpi = run::launched_by_mpi();
     Status st = run::run_training(*ta);

@@ -301,6 +301,49 @@ TEST(Gguf, LlamaModelRoundTripEveryType) {
   }
 }
 
+// Mixtral in llama.cpp's layout: the router as ffn_gate_inp, each layer's experts stacked into
+// ffn_{gate,down,up}_exps (dims {cols, rows, E}), expert_count / expert_used_count; back, every
+// expert's slice is decode(encode(w)) as for a plain matrix. kiln's own MoE extensions that
+// llama.cpp's llama architecture lacks are refused by name.
+TEST(Gguf, MixtralModelRoundTrip) {
+  ModelConfig cfg = small_llama();
+  cfg.num_experts = 4;
+  cfg.num_experts_per_tok = 2;
+  cfg.moe_d_ff = 64;
+  auto model = Transformer::create(cfg, 42).value();
+  Rng rng(3);
+  for (float& w : model->params()) w += 0.1f * rng.normal();
+  for (TensorType type : {TensorType::kF32, TensorType::kQ4_0}) {
+    auto f = gguf::llama_to_gguf(*model, "", type, "test");
+    ASSERT_TRUE(f.ok()) << f.status().to_string();
+    EXPECT_EQ(f->tensor("blk.1.ffn_gate_exps.weight")->dims, (std::vector<int64_t>{64, 64, 4}));
+    EXPECT_EQ(f->tensor("blk.1.ffn_down_exps.weight")->dims, (std::vector<int64_t>{64, 64, 4}));
+    EXPECT_EQ(f->tensor("blk.0.ffn_gate_inp.weight")->dims, (std::vector<int64_t>{64, 4}));
+    EXPECT_EQ(f->tensor("blk.0.ffn_gate.weight"), nullptr);
+    EXPECT_EQ(f->find("llama.expert_count")->i, 4);
+    EXPECT_EQ(f->find("llama.expert_used_count")->i, 2);
+    EXPECT_EQ(f->find("llama.feed_forward_length")->i, 64);
+    auto back = gguf::llama_from_gguf(gguf::parse(gguf::serialize(*f)).value());
+    ASSERT_TRUE(back.ok()) << back.status().to_string();
+    EXPECT_EQ(back->model->config().num_experts, 4);
+    EXPECT_EQ(back->model->num_params(), model->num_params());
+    for (const ParamEntry& e : model->param_entries()) {
+      const float* a = model->params().data() + e.offset;
+      const float* b = back->model->param(e.name);
+      ASSERT_NE(b, nullptr) << e.name;
+      const int64_t n = e.shape.numel();
+      const TensorType t = e.shape.rank() == 1 ? TensorType::kF32 : type;
+      std::vector<float> want(a, a + n);
+      if (t != TensorType::kF32) gguf::decode_tensor(gguf::encode_tensor(a, n, t), n, t, want.data());
+      for (int64_t i = 0; i < n; ++i) ASSERT_EQ(b[i], want[i]) << e.name << " " << i;
+    }
+  }
+  cfg.num_shared_experts = 1;
+  auto shared = Transformer::create(cfg, 42).value();
+  EXPECT_NE(gguf::llama_to_gguf(*shared, "", TensorType::kF32, "t").status().message().find("shared experts"),
+            std::string::npos);
+}
+
 // llama.cpp's RoPE (adjacent pairs) on the permuted q rows must equal kiln's rotate-half RoPE on
 // the original rows, up to the same row permutation: then attention scores agree.
 TEST(Gguf, RopePermutationMatchesInterleavedRotation) {

@@ -232,13 +232,13 @@ Expected<ModelConfig> preset(std::string_view name) {
   if (name == "w1a") return gpt2(65, 384, 6, 6, 256);                   // BENCH.md W1a
   if (name == "llama-tiny") return llama(4096, 384, 6, 6, 2, 1024, 256, true);  // ~10M params
   if (name == "llama-moe-tiny" || name == "w1-moe") {
-    // llama-tiny's width with 8 experts, top-2, every block MoE. llama-moe-tiny's experts are
-    // half as wide, so a token's active FLOPs are llama-tiny's (the dense model to compare
-    // with); w1-moe (BENCH.md W1-MoE) has experts as wide as llama-tiny's MLP.
-    ModelConfig c = llama(4096, 384, 6, 6, 2, 1024, 256, true);
+    // llama-tiny's width with 8 experts, top-2, every block MoE (d_ff is the experts' width, as
+    // Mixtral's intermediate_size). llama-moe-tiny's experts are half as wide, so a token's
+    // active FLOPs are llama-tiny's (the dense model to compare with); w1-moe (BENCH.md W1-MoE)
+    // has experts as wide as llama-tiny's MLP.
+    ModelConfig c = llama(4096, 384, 6, 6, 2, name == "w1-moe" ? 1024 : 512, 256, true);
     c.num_experts = 8;
     c.num_experts_per_tok = 2;
-    c.moe_d_ff = name == "w1-moe" ? 1024 : 512;
     c.router_aux_loss_coef = 0.01;
     c.router_z_loss_coef = 0.001;
     return c;

@@ -4,10 +4,13 @@
 #include "kiln/model/gguf.h"
 
 #include <algorithm>
+#include <cinttypes>
 #include <cmath>
+#include <cstdio>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <set>
 
 #include <nlohmann/json.hpp>
@@ -476,10 +479,30 @@ std::string llama_tensor_name(std::string_view hf) {
       {"mlp.gate_proj.weight", "ffn_gate.weight"},
       {"mlp.up_proj.weight", "ffn_up.weight"},
       {"mlp.down_proj.weight", "ffn_down.weight"},
+      {"block_sparse_moe.gate.weight", "ffn_gate_inp.weight"},  // MoE (Mixtral): the router
   };
   for (const auto& [from, to] : kMap)
     if (suffix == from) return fmt::format("blk.{}.{}", idx, to);
+  // An expert's matrix is one slice of its layer's stacked tensor (moe_expert_tensor).
+  if (suffix.starts_with("block_sparse_moe.experts.")) {
+    const std::string_view w = suffix.substr(suffix.size() - std::string_view("w1.weight").size());
+    const char* stacked = w == "w1.weight" ? "ffn_gate_exps" : w == "w2.weight" ? "ffn_down_exps"
+                          : w == "w3.weight" ? "ffn_up_exps" : nullptr;
+    if (stacked) return fmt::format("blk.{}.{}.weight", idx, stacked);
+  }
   return "";
+}
+
+Expected<std::pair<int64_t, int64_t>> moe_expert_slice(std::string_view hf) {
+  // model.layers.L.block_sparse_moe.experts.J.wK.weight -> (J, K)
+  constexpr std::string_view kExperts = ".block_sparse_moe.experts.";
+  const size_t at = hf.find(kExperts);
+  if (at == std::string_view::npos) return invalid_argument("{} is not a MoE expert's weight", hf);
+  const std::string_view rest = hf.substr(at + kExperts.size());
+  int64_t j = 0, k = 0;
+  if (std::sscanf(std::string(rest).c_str(), "%" SCNd64 ".w%" SCNd64 ".weight", &j, &k) != 2)
+    return invalid_argument("{} is not a MoE expert's weight", hf);
+  return std::pair{j, k};
 }
 
 void permute_rope_rows_to_gguf(const float* hf, float* out, int64_t heads, int64_t head_dim, int64_t cols) {
@@ -647,6 +670,12 @@ Expected<File> llama_to_gguf(Transformer& model, std::string_view tokenizer_json
   if (!c.is_llama()) return unimplemented("GGUF export of a {} model (kiln writes the Llama family)", family_name(c.family));
   if (c.rope_scaling.type != RopeType::kDefault || c.attention_bias || c.mlp_bias)  // not written: refuse, not drop
     return unimplemented("GGUF export of a Llama with RoPE scaling or biases ({})", c.describe());
+  if (c.is_moe() && (c.num_shared_experts > 0 || c.moe_layer_freq != 1))
+    return unimplemented("GGUF export of a MoE model with shared experts or dense blocks between MoE ones: llama.cpp's "
+                         "llama architecture has neither ({})", c.describe());
+  if (model.expert_shard().size != 1)
+    return invalid_argument("GGUF export needs every expert, not an expert shard ({} of {})", model.expert_shard().rank,
+                            model.expert_shard().size);
   File f;
   f.metadata.emplace_back("general.architecture", Value::str("llama"));
   f.metadata.emplace_back("general.name", Value::str(std::string(name)));
@@ -661,6 +690,12 @@ Expected<File> llama_to_gguf(Transformer& model, std::string_view tokenizer_json
   f.metadata.emplace_back("llama.rope.dimension_count", Value::u32(static_cast<uint32_t>(c.head_dim())));
   f.metadata.emplace_back("llama.rope.freq_base", Value::f32(static_cast<float>(c.rope_theta)));
   f.metadata.emplace_back("llama.attention.layer_norm_rms_epsilon", Value::f32(c.norm_eps));
+  if (c.is_moe()) {  // Mixtral: feed_forward_length is the experts' width
+    for (auto& [key, v] : f.metadata)
+      if (key == "llama.feed_forward_length") v = Value::u32(static_cast<uint32_t>(c.expert_d_ff()));
+    f.metadata.emplace_back("llama.expert_count", Value::u32(static_cast<uint32_t>(c.num_experts)));
+    f.metadata.emplace_back("llama.expert_used_count", Value::u32(static_cast<uint32_t>(c.num_experts_per_tok)));
+  }
   if (!tokenizer_json.empty()) KILN_RETURN_IF_ERROR(add_tokenizer(f, tokenizer_json, c.vocab_size));
 
   std::vector<float> tmp;
@@ -669,7 +704,20 @@ Expected<File> llama_to_gguf(Transformer& model, std::string_view tokenizer_json
     t.name = llama_tensor_name(e.name);
     if (t.name.empty()) return internal_error("no llama.cpp name for tensor {}", e.name);
     const float* w = model.params().data() + e.offset;
-    const int64_t n = e.shape.numel();
+    int64_t n = e.shape.numel();
+    if (auto slice = moe_expert_slice(e.name); slice.ok()) {
+      // The layer's experts stacked into one (E, rows, cols) tensor, written at expert 0.
+      if (slice->first != 0) continue;
+      const std::string prefix = e.name.substr(0, e.name.find(".experts.") + 9);
+      tmp.resize(static_cast<size_t>(n * c.num_experts));
+      for (int64_t j = 0; j < c.num_experts; ++j)
+        std::copy_n(model.param(fmt::format("{}{}.w{}.weight", prefix, j, slice->second)), n, tmp.data() + j * n);
+      t.dims = {e.shape[1], e.shape[0], c.num_experts};
+      t.type = (e.shape[1] % block_elems(type) == 0) ? type : TensorType::kF16;
+      t.data = encode_tensor(tmp.data(), n * c.num_experts, t.type);
+      f.tensors.push_back(std::move(t));
+      continue;
+    }
     if (e.shape.rank() == 2) {
       const int64_t rows = e.shape[0], cols = e.shape[1];
       t.dims = {cols, rows};
@@ -709,6 +757,11 @@ Expected<LoadedModel> llama_from_gguf(const File& f) {
   c.rope_theta = get_float(f, "llama.rope.freq_base", 10000.0);
   c.norm_eps = static_cast<float>(get_float(f, "llama.attention.layer_norm_rms_epsilon", 1e-5));
   c.tied_embeddings = f.tensor("output.weight") == nullptr;
+  KILN_ASSIGN_OR_RETURN(c.num_experts, get_int(f, "llama.expert_count", 0));
+  if (c.is_moe()) {  // Mixtral: every block MoE, feed_forward_length the experts' width
+    KILN_ASSIGN_OR_RETURN(c.num_experts_per_tok, get_int(f, "llama.expert_used_count", -1));
+    if (c.num_experts > 4096) return data_loss("gguf: llama.expert_count {} is absurd", c.num_experts);
+  }
   if (f.find("llama.rope.scaling.type") || f.find("llama.rope.scaling.factor"))
     return unimplemented("gguf: Llama RoPE scaling is not supported");
   if (c.n_layers > 4096 || c.d_model > (1 << 20) || c.d_ff > (1 << 22) || c.vocab_size > (1 << 24) ||
@@ -725,6 +778,7 @@ Expected<LoadedModel> llama_from_gguf(const File& f) {
     if (!t) return data_loss("gguf: tensor {} (kiln's {}) is missing", gname, e.name);
     std::vector<int64_t> want;
     for (int64_t d = e.shape.rank() - 1; d >= 0; --d) want.push_back(e.shape[d]);
+    if (moe_expert_slice(e.name).ok()) want.push_back(c.num_experts);  // the layer's experts stacked
     if (t->dims != want)
       return invalid_argument("gguf: tensor {} has dims [{}], the config needs [{}] (fastest first)", gname,
                               fmt::join(t->dims, ", "), fmt::join(want, ", "));
@@ -734,13 +788,22 @@ Expected<LoadedModel> llama_from_gguf(const File& f) {
   KILN_CHECK(model->param_entries().size() == entries.size());
 
   std::vector<float> tmp;
+  std::map<const TensorInfo*, std::vector<float>> stacked;  // MoE: a layer's experts, decoded
   for (size_t k = 0; k < entries.size(); ++k) {
     const ParamEntry& e = model->param_entries()[k];
     const TensorInfo* t = infos[k];
     float* w = model->params().data() + e.offset;
     const int64_t n = e.shape.numel();
     const bool is_q = e.name.ends_with("q_proj.weight"), is_k = e.name.ends_with("k_proj.weight");
-    if (is_q || is_k) {
+    if (auto slice = moe_expert_slice(e.name); slice.ok()) {  // expert j's slice of the stacked tensor
+      std::vector<float>& all = stacked[t];  // decoded once per layer and projection
+      if (all.empty()) {
+        all.resize(static_cast<size_t>(n * c.num_experts));
+        decode_tensor(t->data, n * c.num_experts, t->type, all.data());
+      }
+      std::copy_n(all.data() + slice->first * n, n, w);
+      if (slice->first + 1 == c.num_experts) all = {};
+    } else if (is_q || is_k) {
       tmp.resize(static_cast<size_t>(n));
       decode_tensor(t->data, n, t->type, tmp.data());
       permute_rope_rows_from_gguf(tmp.data(), w, is_q ? c.n_heads : c.n_kv_heads, c.head_dim(), e.shape[1]);

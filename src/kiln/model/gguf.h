@@ -9,6 +9,7 @@
 #include <memory>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 #include "kiln/core/status.h"
@@ -102,6 +103,10 @@ Status write(const std::string& path, const File& f);  // temporary file + renam
 // kiln (Hugging Face) tensor name -> llama.cpp name ("model.layers.3.mlp.up_proj.weight" ->
 // "blk.3.ffn_up.weight"); empty when the name has no llama.cpp counterpart.
 std::string llama_tensor_name(std::string_view hf_name);
+// A MoE expert's weight (model.layers.L.block_sparse_moe.experts.J.wK.weight): (J, K). In GGUF
+// the layer's experts are one stacked tensor per projection (llama.cpp's ffn_{gate,down,up}_exps,
+// dims {cols, rows, num_experts}), which llama_tensor_name names for every J.
+Expected<std::pair<int64_t, int64_t>> moe_expert_slice(std::string_view hf_name);
 
 // Row order of q_proj / k_proj: kiln (and HF) rotate pairs (i, i + D/2) of each head; llama.cpp
 // rotates adjacent pairs (2i, 2i+1), so its convert script permutes the rows of each head:

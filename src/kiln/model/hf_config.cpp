@@ -349,7 +349,8 @@ std::string config_to_hf_json(const ModelConfig& c) {
       j["architectures"] = {"MixtralForCausalLM"};
       j["model_type"] = "mixtral";
       j.erase("mlp_bias");  // Mixtral's experts have none (check_config)
-      // Every block MoE (Mixtral): intermediate_size is the experts' width.
+      // Every block MoE (Mixtral): intermediate_size is the experts' width (a moe_d_ff there
+      // reads back as d_ff: the dense width no block uses is not kept).
       const bool all_moe = c.moe_layer_freq == 1;
       j["intermediate_size"] = all_moe ? c.expert_d_ff() : c.d_ff;
       j["num_local_experts"] = c.num_experts;

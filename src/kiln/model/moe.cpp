@@ -9,10 +9,13 @@
 #include <cstring>
 #include <numeric>
 
+#include "kiln/comm/collectives.h"
 #include "kiln/comm/communicator.h"
+#include "kiln/comm/work.h"
 #include "kiln/core/thread_pool.h"
 #include "kiln/kernels/activation.h"
 #include "kiln/kernels/gemm.h"
+#include "kiln/kernels/grouped_gemm.h"
 
 namespace kiln {
 
@@ -27,42 +30,37 @@ void grow(std::vector<T>& v, int64_t n) {
   if (static_cast<int64_t>(v.size()) < n) v.resize(static_cast<size_t>(n));
 }
 
-// One GEMM per local expert over its rows [off[e], off[e + 1]) of the expert-row buffers.
-//   kForward: Y_e (m_e, out) = X_e (m_e, in) · W_eᵀ
-//   kInput:   dX_e (m_e, in) (+)= dY_e (m_e, out) · W_e
-//   kWeight:  dW_e (out, in) += dY_eᵀ · X_e
+// One grouped GEMM over the local experts, expert e on its rows [off[e], off[e + 1]) of the
+// expert-row buffers (kernels/grouped_gemm.h: the ragged groups' tiles in one parallel region):
+//   kForward: out = Y_e (m_e, out) = X_e (m_e, in) · W_eᵀ, in = X
+//   kInput:   out = dX_e (m_e, in) (+)= dY_e (m_e, out) · W_e, in = dY
+//   kWeight:  dW_e (out, in) += dY_eᵀ · X_e, in = dY, in2 = X (out unused)
 enum class ExpertGemm { kForward, kInput, kWeight };
-void expert_gemm(ExpertGemm kind, const std::vector<Linear>& experts, const int64_t* off, float* y, const float* x,
-                 bool accumulate = false) {
+void expert_gemm(ExpertGemm kind, const std::vector<Linear>& experts, const int64_t* off, float* out, const float* in,
+                 const float* in2 = nullptr, bool accumulate = false) {
+  std::vector<GemmGroup> groups(experts.size());
   for (size_t e = 0; e < experts.size(); ++e) {
     const Linear& l = experts[e];
     const int64_t r0 = off[e], m = off[e + 1] - off[e];
-    if (m == 0) continue;
-    GemmParams p;
+    GemmGroup& g = groups[e];
     switch (kind) {
-      case ExpertGemm::kForward:  // y rows (out), x rows (in)
-        p.m = m; p.n = l.out; p.k = l.in;
-        p.a = x + r0 * l.in; p.lda = l.in;
-        p.b = l.w; p.ldb = l.in; p.trans_b = true;
-        p.c = y + r0 * l.out; p.ldc = l.out;
+      case ExpertGemm::kForward:
+        g = {m, l.out, l.in, in + r0 * l.in, l.in, l.w, l.in, out + r0 * l.out, l.out};
         break;
-      case ExpertGemm::kInput:  // y: dX rows (in), x: dY rows (out)
-        p.m = m; p.n = l.in; p.k = l.out;
-        p.a = x + r0 * l.out; p.lda = l.out;
-        p.b = l.w; p.ldb = l.in;
-        p.c = y + r0 * l.in; p.ldc = l.in;
-        p.beta = accumulate ? 1.0f : 0.0f;
+      case ExpertGemm::kInput:
+        g = {m, l.in, l.out, in + r0 * l.out, l.out, l.w, l.in, out + r0 * l.in, l.in};
         break;
-      case ExpertGemm::kWeight:  // y: dY rows (out), x: X rows (in)
-        p.m = l.out; p.n = l.in; p.k = m;
-        p.a = y + r0 * l.out; p.lda = l.out; p.trans_a = true;
-        p.b = x + r0 * l.in; p.ldb = l.in;
-        p.c = l.dw; p.ldc = l.in;
-        p.beta = 1.0f;
+      case ExpertGemm::kWeight:
+        g = {l.out, l.in, m, in + r0 * l.out, l.out, in2 + r0 * l.in, l.in, l.dw, l.in};
         break;
     }
-    cpu::gemm(p);
   }
+  GroupedGemmParams p;
+  p.groups = groups;
+  p.trans_a = kind == ExpertGemm::kWeight;
+  p.trans_b = kind == ExpertGemm::kForward;
+  p.beta = kind == ExpertGemm::kWeight || accumulate ? 1.0f : 0.0f;
+  cpu::grouped_gemm(p);
 }
 
 // Sums over the batch group (MPI's own all-reduce: a few doubles per block).
@@ -87,7 +85,7 @@ std::vector<int64_t> earlier_ranks_counts(comm::Communicator* batch, const std::
 int64_t MoeActivations::bytes() const {
   return vec_bytes(probs) + vec_bytes(lse) + vec_bytes(choice) + vec_bytes(gates) + vec_bytes(row) +
          vec_bytes(sent_token) + vec_bytes(returned) + vec_bytes(xin) + vec_bytes(h1) + vec_bytes(h3) +
-         vec_bytes(act) + vec_bytes(chunk_sent) + vec_bytes(expert_rows) + vec_bytes(recv_from) +
+         vec_bytes(act) + vec_bytes(chunk_sent) + vec_bytes(expert_rows) + vec_bytes(recv_from) + vec_bytes(a2a) +
          vec_bytes(shared_h1) + vec_bytes(shared_h3) + vec_bytes(shared_act) + vec_bytes(aux_dp);
 }
 
@@ -117,7 +115,7 @@ void MoeStats::add(const MoeStats& o) {
 
 void MoeBlock::forward(float* y, const float* x, int64_t N, const float* residual, MoeActivations& a,
                        MoeStats* stats) const {
-  const int64_t C = d_model, E = num_experts, K = top_k, F = d_ff, El = local_experts();
+  const int64_t C = d_model, E = num_experts, K = top_k;
   a.tokens = N;
   grow(a.probs, N * E); grow(a.lse, N); grow(a.choice, N * K); grow(a.gates, N * K); grow(a.row, N * K);
   // Router: logits (fp32 GEMM), softmax and top-k per token, in place.
@@ -219,30 +217,8 @@ void MoeBlock::forward(float* y, const float* x, int64_t N, const float* residua
       }
     }
   }
-  const int64_t S = a.chunk_sent.back();
-  grow(a.returned, S * C);
-  KILN_CHECK_MSG(ep.size == 1, "expert parallelism: dispatch not built yet");
-  // One process: the sent rows are the expert rows.
-  a.expert_rows.assign(static_cast<size_t>(chunks * (El + 1)), 0);
-  for (int64_t c = 0; c < chunks; ++c) {
-    int64_t* off = a.expert_rows.data() + c * (El + 1);
-    off[0] = a.chunk_sent[static_cast<size_t>(c)];
-    for (int64_t e = 0; e < El; ++e) off[e + 1] = off[e] + chunk_counts[static_cast<size_t>(c * E + e)];
-  }
-  grow(a.xin, S * C); grow(a.h1, S * F); grow(a.h3, S * F); grow(a.act, S * F);
-  parallel_for(S, 16, [&](int64_t r0, int64_t r1) {
-    for (int64_t r = r0; r < r1; ++r)
-      std::memcpy(a.xin.data() + r * C, x + int64_t{a.sent_token[static_cast<size_t>(r)]} * C,
-                  static_cast<size_t>(C) * sizeof(float));
-  });
-  for (int64_t c = 0; c < chunks; ++c) {
-    const int64_t* off = a.expert_rows.data() + c * (El + 1);
-    expert_gemm(ExpertGemm::kForward, w1, off, a.h1.data(), a.xin.data());
-    expert_gemm(ExpertGemm::kForward, w3, off, a.h3.data(), a.xin.data());
-    cpu::swiglu_forward(a.act.data() + off[0] * F, a.h1.data() + off[0] * F, a.h3.data() + off[0] * F,
-                        (off[El] - off[0]) * F);
-    expert_gemm(ExpertGemm::kForward, w2, off, a.returned.data(), a.act.data());
-  }
+  grow(a.returned, a.chunk_sent.back() * C);
+  dispatch_forward(x, chunk_counts, a, stats);
   // Shared experts, then the gated sum of the routed ones.
   const float* base = residual;
   if (shared_gate.w != nullptr) {
@@ -268,11 +244,206 @@ void MoeBlock::forward(float* y, const float* x, int64_t N, const float* residua
   });
 }
 
+namespace {
+// A collective of the MoE exchange: its arguments are the layer's own, so a failure is a broken
+// invariant (a dead peer ends the job in the communicator's wait).
+void a2a_ok(const Status& s) {
+  if (!s.ok()) fatal(__FILE__, __LINE__, "MoE all-to-all: " + s.to_string());
+}
+
+// Chunk c's rows as exchanged (source-major: each source's rows, by local expert) to or from the
+// expert rows (expert-major: each local expert's rows, by source), `width` floats a row.
+void permute_rows(const MoeActivations& a, int64_t c, int ep, int64_t El, const float* from, float* to, int64_t width,
+                  bool to_expert_major) {
+  const int64_t* rf = a.recv_from.data() + c * ep * El;       // (ep, El)
+  const int64_t* off = a.expert_rows.data() + c * (El + 1);   // expert rows of chunk c
+  int64_t src = off[0];
+  std::vector<int64_t> at(off, off + El);  // the next expert row of each local expert
+  for (int s = 0; s < ep; ++s) {
+    for (int64_t e = 0; e < El; ++e) {
+      const int64_t n = rf[s * El + e];
+      const float* f = to_expert_major ? from + src * width : from + at[static_cast<size_t>(e)] * width;
+      float* t = to_expert_major ? to + at[static_cast<size_t>(e)] * width : to + src * width;
+      std::memcpy(t, f, static_cast<size_t>(n * width) * sizeof(float));
+      src += n;
+      at[static_cast<size_t>(e)] += n;
+    }
+  }
+}
+}  // namespace
+
+void MoeBlock::experts_forward(const int64_t* off, MoeActivations& a, float* out) const {
+  const int64_t F = d_ff, El = local_experts(), r0 = off[0], rows = off[El] - off[0];
+  expert_gemm(ExpertGemm::kForward, w1, off, a.h1.data(), a.xin.data());
+  expert_gemm(ExpertGemm::kForward, w3, off, a.h3.data(), a.xin.data());
+  cpu::swiglu_forward(a.act.data() + r0 * F, a.h1.data() + r0 * F, a.h3.data() + r0 * F, rows * F);
+  expert_gemm(ExpertGemm::kForward, w2, off, out, a.act.data());
+}
+
+void MoeBlock::experts_backward(const int64_t* off, const float* dout, float* dxin, MoeActivations& a) const {
+  const int64_t F = d_ff, El = local_experts(), r0 = off[0], rows = off[El] - off[0];
+  expert_gemm(ExpertGemm::kInput, w2, off, dact_.data(), dout);
+  expert_gemm(ExpertGemm::kWeight, w2, off, nullptr, dout, a.act.data());
+  cpu::swiglu_backward(dh1_.data() + r0 * F, dh3_.data() + r0 * F, dact_.data() + r0 * F, a.h1.data() + r0 * F,
+                       a.h3.data() + r0 * F, rows * F);
+  expert_gemm(ExpertGemm::kInput, w1, off, dxin, dh1_.data());
+  expert_gemm(ExpertGemm::kInput, w3, off, dxin, dh3_.data(), nullptr, true);
+  expert_gemm(ExpertGemm::kWeight, w1, off, nullptr, dh1_.data(), a.xin.data());
+  expert_gemm(ExpertGemm::kWeight, w3, off, nullptr, dh3_.data(), a.xin.data());
+}
+
+void MoeBlock::dispatch_forward(const float* x, const std::vector<int64_t>& chunk_counts, MoeActivations& a,
+                                MoeStats* stats) const {
+  const int64_t C = d_model, E = num_experts, F = d_ff, El = local_experts();
+  const int64_t chunks = static_cast<int64_t>(a.chunk_sent.size()) - 1, S = a.chunk_sent.back();
+  const int P = ep.size;
+  // The sent rows of x (one process: they are the expert rows themselves).
+  float* sent = P == 1 ? (grow(a.xin, S * C), a.xin.data()) : (grow(send_, S * C), send_.data());
+  parallel_for(S, 16, [&](int64_t r0, int64_t r1) {
+    for (int64_t r = r0; r < r1; ++r)
+      std::memcpy(sent + r * C, x + int64_t{a.sent_token[static_cast<size_t>(r)]} * C, static_cast<size_t>(C) * sizeof(float));
+  });
+  a.expert_rows.assign(static_cast<size_t>(chunks * (El + 1)), 0);
+  if (P == 1) {
+    for (int64_t c = 0; c < chunks; ++c) {
+      int64_t* off = a.expert_rows.data() + c * (El + 1);
+      off[0] = a.chunk_sent[static_cast<size_t>(c)];
+      for (int64_t e = 0; e < El; ++e) off[e + 1] = off[e] + chunk_counts[static_cast<size_t>(c * E + e)];
+    }
+    grow(a.h1, S * F); grow(a.h3, S * F); grow(a.act, S * F);
+    for (int64_t c = 0; c < chunks; ++c) experts_forward(a.expert_rows.data() + c * (El + 1), a, a.returned.data());
+    return;
+  }
+  // Expert parallelism. The counts first: rank d gets, per chunk, how many rows of each of its
+  // experts this rank sends (one all-to-all of chunks · E_local floats per peer: exact counts).
+  comm::Communicator& comm = *ep.comm;
+  const double t_counts = comm::now_seconds();
+  std::vector<float> send_counts(static_cast<size_t>(P * chunks * El)), recv_counts(send_counts.size());
+  for (int d = 0; d < P; ++d)
+    for (int64_t c = 0; c < chunks; ++c)
+      for (int64_t e = 0; e < El; ++e)
+        send_counts[static_cast<size_t>((d * chunks + c) * El + e)] =
+            static_cast<float>(chunk_counts[static_cast<size_t>(c * E + d * El + e)]);
+  a2a_ok(comm::all_to_all(comm, send_counts.data(), recv_counts.data(), chunks * El, DType::kF32));
+  const double counts_seconds = comm::now_seconds() - t_counts;
+  a.recv_from.assign(static_cast<size_t>(chunks * P * El), 0);
+  for (int s = 0; s < P; ++s)
+    for (int64_t c = 0; c < chunks; ++c)
+      for (int64_t e = 0; e < El; ++e)
+        a.recv_from[static_cast<size_t>((c * P + s) * El + e)] =
+            static_cast<int64_t>(recv_counts[static_cast<size_t>((s * chunks + c) * El + e)]);
+  // Per chunk: the exchange's arguments (in floats) and the expert rows' layout.
+  a.a2a.assign(static_cast<size_t>(chunks * 4 * P), 0);
+  int64_t R = 0;  // expert rows so far
+  for (int64_t c = 0; c < chunks; ++c) {
+    int64_t* sc = a.a2a.data() + c * 4 * P;
+    int64_t *sd = sc + P, *rc = sc + 2 * P, *rd = sc + 3 * P;
+    int64_t sent_row = a.chunk_sent[static_cast<size_t>(c)], recv_row = R;
+    for (int d = 0; d < P; ++d) {
+      int64_t n = 0, m = 0;
+      for (int64_t e = 0; e < El; ++e) {
+        n += chunk_counts[static_cast<size_t>(c * E + d * El + e)];
+        m += a.recv_from[static_cast<size_t>((c * P + d) * El + e)];
+      }
+      sc[d] = n * C; sd[d] = sent_row * C; sent_row += n;
+      rc[d] = m * C; rd[d] = recv_row * C; recv_row += m;
+    }
+    int64_t* off = a.expert_rows.data() + c * (El + 1);
+    off[0] = R;
+    for (int64_t e = 0; e < El; ++e) {
+      int64_t n = 0;
+      for (int s = 0; s < P; ++s) n += a.recv_from[static_cast<size_t>((c * P + s) * El + e)];
+      off[e + 1] = off[e] + n;
+    }
+    R = recv_row;
+  }
+  grow(recv_, R * C); grow(a.xin, R * C); grow(a.h1, R * F); grow(a.h3, R * F); grow(a.act, R * F);
+  grow(out_, R * C); grow(back_, R * C);
+  // All chunks' dispatches are queued at once (they run in order on the communication thread);
+  // chunk c's experts run as soon as its rows are in, while later chunks are still moving, and
+  // each chunk's combine is queued as soon as its outputs are.
+  auto args = [&](int64_t c) { return std::span<const int64_t>(a.a2a.data() + c * 4 * P, static_cast<size_t>(4 * P)); };
+  std::vector<comm::Work> dispatch, combine;
+  for (int64_t c = 0; c < chunks; ++c) {
+    const auto g = args(c);
+    dispatch.push_back(comm::all_to_all_v_async(comm, send_.data(), g.subspan(0, P), g.subspan(P, P), recv_.data(),
+                                                g.subspan(2 * P, P), g.subspan(3 * P, P), DType::kF32));
+  }
+  double exposed = counts_seconds;
+  for (int64_t c = 0; c < chunks; ++c) {
+    const double t0 = comm::now_seconds();
+    a2a_ok(dispatch[static_cast<size_t>(c)].wait());
+    exposed += comm::now_seconds() - t0;
+    permute_rows(a, c, P, El, recv_.data(), a.xin.data(), C, true);
+    experts_forward(a.expert_rows.data() + c * (El + 1), a, out_.data());
+    permute_rows(a, c, P, El, out_.data(), back_.data(), C, false);
+    const auto g = args(c);
+    combine.push_back(comm::all_to_all_v_async(comm, back_.data(), g.subspan(2 * P, P), g.subspan(3 * P, P),
+                                               a.returned.data(), g.subspan(0, P), g.subspan(P, P), DType::kF32));
+  }
+  const double t0 = comm::now_seconds();
+  for (const comm::Work& w : combine) a2a_ok(w.wait());
+  exposed += comm::now_seconds() - t0;
+  if (stats) {
+    double busy = counts_seconds;
+    for (const auto* works : {&dispatch, &combine})
+      for (const comm::Work& w : *works) busy += w.end_seconds() - w.start_seconds();
+    stats->all_to_all_seconds += busy;
+    stats->exposed_seconds += exposed;
+    stats->all_to_all_bytes += static_cast<int64_t>((send_counts.size() + 2 * S * C) * sizeof(float));
+  }
+}
+
+void MoeBlock::dispatch_backward(const float* dsent, float* dsent_in, MoeActivations& a, MoeStats& stats) const {
+  const int64_t C = d_model, F = d_ff, El = local_experts();
+  const int64_t chunks = static_cast<int64_t>(a.chunk_sent.size()) - 1, S = a.chunk_sent.back();
+  const int P = ep.size;
+  const int64_t R = a.expert_rows[static_cast<size_t>(chunks * (El + 1) - 1)];
+  grow(dact_, R * F); grow(dh1_, R * F); grow(dh3_, R * F);
+  if (P == 1) {  // the sent rows are the expert rows
+    for (int64_t c = 0; c < chunks; ++c)
+      experts_backward(a.expert_rows.data() + c * (El + 1), dsent, dsent_in, a);
+    return;
+  }
+  comm::Communicator& comm = *ep.comm;
+  grow(recv_, R * C); grow(out_, R * C); grow(back_, R * C);
+  float* dout = out_.data();   // expert-major output gradients
+  float* dxin = recv_.data();  // expert-major input gradients (recv_ is free once permuted)
+  std::vector<float> drecv(static_cast<size_t>(R * C));
+  auto args = [&](int64_t c) { return std::span<const int64_t>(a.a2a.data() + c * 4 * P, static_cast<size_t>(4 * P)); };
+  std::vector<comm::Work> dispatch, combine;
+  for (int64_t c = 0; c < chunks; ++c) {
+    const auto g = args(c);
+    dispatch.push_back(comm::all_to_all_v_async(comm, dsent, g.subspan(0, P), g.subspan(P, P), drecv.data(),
+                                                g.subspan(2 * P, P), g.subspan(3 * P, P), DType::kF32));
+  }
+  double exposed = 0;
+  for (int64_t c = 0; c < chunks; ++c) {
+    const double t0 = comm::now_seconds();
+    a2a_ok(dispatch[static_cast<size_t>(c)].wait());
+    exposed += comm::now_seconds() - t0;
+    permute_rows(a, c, P, El, drecv.data(), dout, C, true);
+    experts_backward(a.expert_rows.data() + c * (El + 1), dout, dxin, a);
+    permute_rows(a, c, P, El, dxin, back_.data(), C, false);
+    const auto g = args(c);
+    combine.push_back(comm::all_to_all_v_async(comm, back_.data(), g.subspan(2 * P, P), g.subspan(3 * P, P), dsent_in,
+                                               g.subspan(0, P), g.subspan(P, P), DType::kF32));
+  }
+  const double t0 = comm::now_seconds();
+  for (const comm::Work& w : combine) a2a_ok(w.wait());
+  exposed += comm::now_seconds() - t0;
+  double busy = 0;
+  for (const auto* works : {&dispatch, &combine})
+    for (const comm::Work& w : *works) busy += w.end_seconds() - w.start_seconds();
+  stats.all_to_all_seconds += busy;
+  stats.exposed_seconds += exposed;
+  stats.all_to_all_bytes += static_cast<int64_t>(2 * S * C * sizeof(float));
+}
+
 void MoeBlock::backward(float* dx, const float* dy, const float* x, int64_t N, MoeActivations& a, bool accumulate,
-                        MoeStats& /*stats*/) const {
+                        MoeStats& stats) const {
   KILN_CHECK_MSG(a.tokens == N, "MoE backward of {} tokens after a forward of {}", N, a.tokens);
-  const int64_t C = d_model, E = num_experts, K = top_k, F = d_ff, El = local_experts();
-  const int64_t S = a.chunk_sent.back(), chunks = static_cast<int64_t>(a.chunk_sent.size()) - 1;
+  const int64_t C = d_model, E = num_experts, K = top_k, S = a.chunk_sent.back();
   // The gates' gradients and the sent rows' output gradients (gate · dy).
   std::vector<float> dgate(static_cast<size_t>(N * K), 0.0f), dsent(static_cast<size_t>(S * C));
   parallel_for(N, 16, [&](int64_t t0, int64_t t1) {
@@ -293,22 +464,8 @@ void MoeBlock::backward(float* dx, const float* dy, const float* x, int64_t N, M
       }
     }
   });
-  KILN_CHECK_MSG(ep.size == 1, "expert parallelism: dispatch not built yet");
-  // Experts' backward over the expert rows (the sent rows in one process).
-  std::vector<float> dact(static_cast<size_t>(S * F)), dh1(static_cast<size_t>(S * F)), dh3(static_cast<size_t>(S * F));
-  std::vector<float> dxin(static_cast<size_t>(S * C));
-  for (int64_t c = 0; c < chunks; ++c) {
-    const int64_t* off = a.expert_rows.data() + c * (El + 1);
-    const int64_t r0 = off[0], rows = off[El] - off[0];
-    expert_gemm(ExpertGemm::kInput, w2, off, dact.data(), dsent.data());
-    expert_gemm(ExpertGemm::kWeight, w2, off, dsent.data(), a.act.data());
-    cpu::swiglu_backward(dh1.data() + r0 * F, dh3.data() + r0 * F, dact.data() + r0 * F, a.h1.data() + r0 * F,
-                         a.h3.data() + r0 * F, rows * F);
-    expert_gemm(ExpertGemm::kInput, w1, off, dxin.data(), dh1.data());
-    expert_gemm(ExpertGemm::kInput, w3, off, dxin.data(), dh3.data(), true);
-    expert_gemm(ExpertGemm::kWeight, w1, off, dh1.data(), a.xin.data());
-    expert_gemm(ExpertGemm::kWeight, w3, off, dh3.data(), a.xin.data());
-  }
+  std::vector<float> dsent_in(static_cast<size_t>(S * C));  // the sent rows' input gradients
+  dispatch_backward(dsent.data(), dsent_in.data(), a, stats);
   // Router: gates -> probabilities (+ the load-balancing loss) -> logits (+ the z-loss).
   std::vector<float> dlogits(static_cast<size_t>(N * E));
   parallel_for(N, 16, [&](int64_t t0, int64_t t1) {
@@ -346,7 +503,7 @@ void MoeBlock::backward(float* dx, const float* dy, const float* x, int64_t N, M
       for (int64_t j = 0; j < K; ++j) {
         const int32_t r = a.row[t * K + j];
         if (r < 0) continue;
-        const float* g = dxin.data() + int64_t{r} * C;
+        const float* g = dsent_in.data() + int64_t{r} * C;
         for (int64_t i = 0; i < C; ++i) d[i] += g[i];
       }
     }

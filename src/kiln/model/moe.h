@@ -25,6 +25,7 @@
 #pragma once
 
 #include <cstdint>
+#include <span>
 #include <vector>
 
 #include "kiln/model/transformer.h"
@@ -51,6 +52,9 @@ struct MoeActivations {
   // Expert parallelism: per chunk, the rows exchanged with each peer (recv_from (chunks, ep,
   // E_local): rows rank s sent for local expert e).
   std::vector<int64_t> recv_from;
+  // Per chunk the all-to-all arguments in elements, [chunk][send counts, send displacements,
+  // receive counts, receive displacements][ep]; the backward reuses them.
+  std::vector<int64_t> a2a;
   std::vector<float> shared_h1, shared_h3, shared_act;  // (N, S·F)
   // The router losses' gradient: d(α · aux)/dp_ti = aux_dp[i] for every token, and
   // d(β · z)/dz_ti = z_dp · lse_t · p_ti (from the batch group's statistics).
@@ -80,6 +84,20 @@ struct MoeBlock {
   // the weight gradients accumulate. x is the forward's input.
   void backward(float* dx, const float* dy, const float* x, int64_t N, MoeActivations& a, bool accumulate,
                 MoeStats& stats) const;
+
+ private:
+  // The sent rows of x to the expert rows (one process: the same rows; expert parallelism: the
+  // all-to-alls, chunk by chunk), the experts, and their outputs back into a.returned.
+  void dispatch_forward(const float* x, const std::vector<int64_t>& chunk_counts, MoeActivations& a,
+                        MoeStats* stats) const;
+  // The sent rows' output gradients dsent (S, C) through the same exchange and the experts'
+  // backward, to the sent rows' input gradients dsent_in (S, C); the weight gradients accumulate.
+  void dispatch_backward(const float* dsent, float* dsent_in, MoeActivations& a, MoeStats& stats) const;
+  // The experts over expert rows [off[0], off[E_local]) (off: each local expert's first row).
+  void experts_forward(const int64_t* off, MoeActivations& a, float* out) const;
+  void experts_backward(const int64_t* off, const float* dout, float* dxin, MoeActivations& a) const;
+  // Reused buffers of the exchange and the backward (not saved between forward and backward).
+  mutable std::vector<float> send_, recv_, out_, back_, dact_, dh1_, dh3_;
 };
 
 }  // namespace kiln

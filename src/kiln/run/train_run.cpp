@@ -135,6 +135,9 @@ Expected<parallel::DataParallelOptions> resolve_parallel(const TrainRunOptions& 
                             "computes both halves at once");
   if (p.zero == 3 && !o.qat.empty())
     return invalid_argument("--qat installs a backend on every whole weight; it needs --zero 0, 1 or 2 (got 3)");
+  if (o.expert.ep > 1 && (tp > 1 || pp > 1))
+    return invalid_argument("--ep {} composes with data parallelism only; with --tp or --pp it is not implemented",
+                            o.expert.ep);
   return p;
 }
 
@@ -398,7 +401,7 @@ Status run_training(const TrainRunOptions& o_in, const RunOutput& out_in) {
   // Data parallelism: every flag checked before MPI is asked for anything but the world size.
   const bool parallel_run = launched_by_mpi() || o.dp > 0 || o.fsdp || o.parallel.zero > 0 || o.parallel.shard_group > 0 ||
                             o.reduce_dtype != "f32" || o.tensor.tp > 1 || o.tensor.sequence_parallel ||
-                            o.pipeline.pp > 1;
+                            o.pipeline.pp > 1 || o.expert.ep > 1;
   const bool pipeline_parallel = o.pipeline.pp > 1;
   const bool tensor_parallel = o.tensor.tp > 1 && !pipeline_parallel;
   comm::Communicator* world = parallel_run ? &comm::Communicator::world() : nullptr;
@@ -427,6 +430,12 @@ Status run_training(const TrainRunOptions& o_in, const RunOutput& out_in) {
       KILN_RETURN_IF_ERROR(quant::check_qat_tensor_split(q, d.config, o.tensor.tp));
     }
   }
+  // A MoE model's data-parallel layouts: expert parallelism (ep 1 is DDP with the single-process
+  // routing statistics), unless ZeRO/FSDP is asked for without --ep.
+  const bool expert_parallel = world && !pipeline_parallel && !tensor_parallel && d.config.is_moe() &&
+                               (o.expert.ep > 1 || (dpo->zero == 0 && dpo->shard_group == 0));
+  if (expert_parallel || o.expert.ep > 1)
+    KILN_RETURN_IF_ERROR(parallel::check_expert_parallel(o.expert, d.config, world->size(), *dpo, t));
   const int dp_size = world ? world->size() / (o.tensor.tp * o.pipeline.pp) : 1;
   // The plan first: a tensor-parallel model is built for its shard of the mesh, a pipeline
   // stage for its blocks.
@@ -434,7 +443,12 @@ Status run_training(const TrainRunOptions& o_in, const RunOutput& out_in) {
   parallel::PipelineParallelPlan* pp_plan = nullptr;
   parallel::TensorParallelPlan* tp_plan = nullptr;
   parallel::DataParallelPlan* dp_plan = nullptr;
-  if (pipeline_parallel) {
+  parallel::ExpertParallelPlan* ep_plan = nullptr;
+  if (expert_parallel) {
+    KILN_ASSIGN_OR_RETURN(auto p, parallel::ExpertParallelPlan::create(*world, o.expert, *dpo, d.config, t));
+    ep_plan = p.get();
+    plan = std::move(p);
+  } else if (pipeline_parallel) {
     KILN_ASSIGN_OR_RETURN(auto p,
                           parallel::PipelineParallelPlan::create(*world, o.pipeline, o.tensor, *dpo, d.config, t));
     pp_plan = p.get();
@@ -454,7 +468,8 @@ Status run_training(const TrainRunOptions& o_in, const RunOutput& out_in) {
                                             pp_plan   ? pp_plan->shard()
                                             : tp_plan ? tp_plan->shard()
                                                       : TensorShard{},
-                                            pp_plan ? pp_plan->stage() : PipelineStage{}));
+                                            pp_plan ? pp_plan->stage() : PipelineStage{},
+                                            ep_plan ? ep_plan->shard() : ExpertShard{}));
   t.max_seconds = o.minutes * 60.0;
   if (t.max_seconds > 0 && t.max_steps <= 0) t.max_steps = 1'000'000;
 
@@ -475,7 +490,11 @@ Status run_training(const TrainRunOptions& o_in, const RunOutput& out_in) {
   }
   if (plan) {
     out.print("{}: {} (global batch {}, {} per data-parallel rank)\n",
-              pp_plan ? "pipeline parallel" : tp_plan ? "tensor parallel" : "data parallel", plan->describe(), t.batch,
+              pp_plan   ? "pipeline parallel"
+              : tp_plan ? "tensor parallel"
+              : ep_plan ? "expert parallel"
+                        : "data parallel",
+              plan->describe(), t.batch,
               t.batch / dp_size);
   }
   const std::unique_ptr<Trainer> trainer = make_trainer(*model, d, t, plan.get());
@@ -517,8 +536,10 @@ Status run_training(const TrainRunOptions& o_in, const RunOutput& out_in) {
   }
   if (pp_plan) report_pipeline(o, *pp_plan, out);
   std::unique_ptr<Transformer> whole;  // tensor and pipeline parallelism: the single-process model, from the shards
-  if (tp_plan || pp_plan) {
-    const std::vector<float> full = pp_plan ? pp_plan->gather_full(model->params()) : tp_plan->gather_full(model->params());
+  if (tp_plan || pp_plan || ep_plan) {
+    const std::vector<float> full = pp_plan   ? pp_plan->gather_full(model->params())
+                                    : tp_plan ? tp_plan->gather_full(model->params())
+                                              : ep_plan->gather_full(model->params());
     KILN_ASSIGN_OR_RETURN(whole, Transformer::create(d.config, t.seed));
     std::copy(full.begin(), full.end(), whole->params().begin());
   }

@@ -19,6 +19,7 @@
 
 #include "kiln/core/status.h"
 #include "kiln/parallel/data_parallel.h"
+#include "kiln/parallel/expert_parallel.h"
 #include "kiln/parallel/pipeline.h"
 #include "kiln/parallel/tensor_parallel.h"
 #include "kiln/train/corpus.h"
@@ -56,6 +57,10 @@ struct TrainRunOptions {
   parallel::PipelineOptions pipeline;
   std::string schedule = "1f1b";
   std::string timeline;
+  // Expert parallelism (MoE models): --ep E, --ep-chunks (the world is edp × ep; every rank a
+  // data-parallel rank). A MoE model under mpirun without --ep runs it at ep 1 (DDP with the
+  // single-process routing statistics) unless ZeRO/FSDP is asked for.
+  parallel::ExpertParallelOptions expert;
 };
 
 // Whether this process was started by mpirun (or another MPI launcher): a plain `kiln train`
