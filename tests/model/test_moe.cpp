@@ -252,6 +252,40 @@ TEST(Moe, ModelGradientsMatchFiniteDifferences) {
   EXPECT_GT(checked, 40) << skipped << " skipped";
 }
 
+// Activation checkpointing re-runs a MoE block's forward inside its backward: it routes and
+// drops as the first forward did (capacity mode here) and records its routing once.
+TEST(Moe, CheckpointingGivesBitwiseGradientsAndRoutingOnce) {
+  ModelConfig cfg = tiny_moe();
+  cfg.moe_layer_freq = 1;
+  cfg.capacity_factor = 1.0;
+  const int64_t B = 2, T = 8;
+  Rng rng(4);
+  std::vector<int32_t> tokens(B * T), targets(B * T);
+  for (auto& t : tokens) t = static_cast<int32_t>(rng.below(11));
+  for (auto& t : targets) t = static_cast<int32_t>(rng.below(11));
+  std::vector<float> ref;
+  MoeStats ref_stats;
+  for (CheckpointMode mode : {CheckpointMode::kNone, CheckpointMode::kFull, CheckpointMode::kSelective}) {
+    auto m = Transformer::create(cfg, 3).value();
+    for (float& w : m->params()) w += 0.3f * static_cast<float>(std::sin(static_cast<double>(&w - m->params().data())));
+    m->set_checkpointing(mode);
+    m->zero_grad();
+    ASSERT_TRUE(m->forward(tokens.data(), targets.data(), B, T).ok());
+    m->backward();
+    const MoeStats st = m->take_moe_stats();
+    const std::vector<float> g(m->grads().begin(), m->grads().end());
+    if (mode == CheckpointMode::kNone) {
+      ref = g;
+      ref_stats = st;
+      EXPECT_GT(st.dropped, 0);
+      continue;
+    }
+    EXPECT_EQ(g, ref) << checkpoint_mode_name(mode);
+    EXPECT_EQ(st.blocks, ref_stats.blocks) << checkpoint_mode_name(mode);
+    EXPECT_EQ(st.dropped, ref_stats.dropped) << checkpoint_mode_name(mode);
+  }
+}
+
 TEST(Moe, ParameterCountsAndActiveParameters) {
   const ModelConfig cfg = tiny_moe();
   auto model = Transformer::create(cfg, 1).value();

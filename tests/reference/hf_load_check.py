@@ -1,10 +1,10 @@
 #!/usr/bin/env python3
 """Hugging Face `transformers` loads checkpoints that kiln saves and gives kiln's logits.
 
-For GPT-2 (preset w1a) and Llama (preset llama-tiny): `kiln train` runs two steps on a small
+For GPT-2 (preset w1a), Llama (preset llama-tiny) and Mixtral (preset llama-moe-tiny): `kiln train` runs two steps on a small
 text and saves the model directory (config.json + model.safetensors + tokenizer.json); `kiln
 eval --dump-logits` writes kiln's logits for fixed token ids; GPT2LMHeadModel /
-LlamaForCausalLM.from_pretrained(dir) run the same ids in fp32. Passes when the relative error
+LlamaForCausalLM / MixtralForCausalLM.from_pretrained(dir) run the same ids in fp32. Passes when the relative error
 ||kiln - hf|| / ||hf|| of the logits is <= 1e-4 and the argmax agrees at every position.
 Exit 77 (CTest's SKIP_RETURN_CODE) when torch or transformers is not installed.
 
@@ -72,6 +72,7 @@ def main():
         text = "\n".join(parts) * 20
         ok = check(a.kiln, work, "w1a", "GPT2LMHeadModel", text)
         ok = check(a.kiln, work, "llama-tiny", "LlamaForCausalLM", text) and ok
+        ok = check(a.kiln, work, "llama-moe-tiny", "MixtralForCausalLM", text) and ok
     return 0 if ok else 1
 
 

@@ -353,6 +353,7 @@ struct Transformer::Layer {
   std::unique_ptr<MoeBlock> moe;  // a MoE block's MLP instead (Llama family)
   MoeActivations moe_acts;        // saved by its forward (kept per layer under checkpointing too)
   MoeStats* moe_stats = nullptr;  // the model's
+  bool recomputing = false;       // a checkpointed forward re-run in backward: routes, records nothing
   // Saved activations, (N, ·):
   Buf n1, mean1, rstd1, qkv_out, qb, kb, vb, att, lse, x1, n2, mean2, rstd2, ff1, ff2, ffa;
   static constexpr std::array<Buf Layer::*, 16> kSaved = {
@@ -490,7 +491,10 @@ struct Transformer::Layer {
       }
       tp->row_forward(o, x1.p, att.p, N, x);
       cpu::rmsnorm_forward(n2.p, rstd2.p, x1.p, norm2_w, Ns, C, cfg->norm_eps);
-      if (moe) return moe->forward(y, n2.p, N, x1.p, moe_acts, cached || paged ? nullptr : moe_stats);  // tp = 1
+      if (moe) {  // tp = 1; a recomputed forward routes as the first (capacity, batch statistics)
+        MoeStats discarded;
+        return moe->forward(y, n2.p, N, x1.p, moe_acts, cached || paged ? nullptr : recomputing ? &discarded : moe_stats);
+      }
       const float* in2 = tp->gather(n2.p, N, C);
       gate.forward(ff1.p, in2, N);
       up.forward(ff2.p, in2, N);
@@ -1396,7 +1400,11 @@ void Transformer::backward_stage(const float* doutput, float loss_scale, bool de
     const float* x = a.resid[resid_index(l, chunk)].p;
     // Full checkpointing: re-run the layer from its saved input (its output, rewritten with the
     // same values, is no longer read), filling the shared buffers its backward reads.
-    if (recompute && ckpt_ == CheckpointMode::kFull) layers_[l]->forward(a.resid[resid_index(l + 1, chunk)].p, x, B, T);
+    if (recompute && ckpt_ == CheckpointMode::kFull) {
+      layers_[l]->recomputing = true;
+      layers_[l]->forward(a.resid[resid_index(l + 1, chunk)].p, x, B, T);
+      layers_[l]->recomputing = false;
+    }
     layers_[l]->backward(a.dresid.p, x, B, T, a, recompute && ckpt_ == CheckpointMode::kSelective);
     if (hooks_) {
       hooks_->after_block(li, Pass::kBackward);
