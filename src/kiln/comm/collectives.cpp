@@ -57,6 +57,13 @@ MpiHalfTypes& half_types() {
 
 }  // namespace
 
+Status check_dtype(const char* name, DType dtype) {
+  if (!is_collective_dtype(dtype))
+    return unimplemented("[{}] dtype {} is not supported (f32, bf16, f16)", name,
+                         dtype_name(dtype));
+  return Status::ok_status();
+}
+
 MPI_Datatype mpi_type(DType dtype) {
   return dtype == DType::kF32 ? MPI_FLOAT : half_types().half;
 }
@@ -75,8 +82,7 @@ using detail::RedSpec;
 
 Status check_common(const char* name, const Communicator& comm, int64_t count, DType dtype,
                     int64_t messages_per_block) {
-  if (!is_collective_dtype(dtype))
-    return unimplemented("[{}] dtype {} is not supported (f32, bf16, f16)", name, dtype_name(dtype));
+  KILN_RETURN_IF_ERROR(detail::check_dtype(name, dtype));
   if (count < 0) return invalid_argument("[{}] count must be >= 0, got {}", name, count);
   // One message carries at most a block (or the whole vector for the folding algorithms).
   const int64_t bytes = dtype_nbytes(dtype, count) * messages_per_block;
@@ -124,22 +130,11 @@ void run_resolved(Communicator& comm, CollOp op, int64_t nbytes_total, Algo algo
   detail::auto_finish(comm, op, t);
 }
 
-// While the communicator has a communication thread (work.h), a blocking call from another
-// thread is queued on it behind the calls already in flight and waited for, so blocking and
-// nonblocking calls may be mixed in any order. Returns false when the call should run here.
-template <class F>
-bool run_on_comm_thread(Communicator& comm, Status& out, F&& call) {
-  CommThread* t = comm.started_comm_thread();
-  if (t == nullptr || t->is_current()) return false;
-  out = t->submit(std::forward<F>(call)).wait();
-  return true;
-}
-
 }  // namespace
 
 Status all_reduce(Communicator& comm, const void* send, void* recv, int64_t count, DType dtype,
                   ReduceOp op, Algo algo) {
-  if (Status routed; run_on_comm_thread(comm, routed, [&] { return all_reduce(comm, send, recv, count, dtype, op, algo); })) return routed;
+  if (Status routed; detail::run_on_comm_thread(comm, routed, [&] { return all_reduce(comm, send, recv, count, dtype, op, algo); })) return routed;
   KILN_RETURN_IF_ERROR(check_common("all_reduce", comm, count, dtype, 1));
   KILN_RETURN_IF_ERROR(check_algo("all_reduce", algo, CollOp::kAllReduce));
   if (count == 0) return Status::ok_status();
@@ -163,7 +158,7 @@ Status all_reduce(Communicator& comm, const void* send, void* recv, int64_t coun
 
 Status all_gather(Communicator& comm, const void* send, void* recv, int64_t count_per_rank,
                   DType dtype, Algo algo) {
-  if (Status routed; run_on_comm_thread(comm, routed, [&] { return all_gather(comm, send, recv, count_per_rank, dtype, algo); })) return routed;
+  if (Status routed; detail::run_on_comm_thread(comm, routed, [&] { return all_gather(comm, send, recv, count_per_rank, dtype, algo); })) return routed;
   KILN_RETURN_IF_ERROR(check_common("all_gather", comm, count_per_rank, dtype, comm.size()));
   KILN_RETURN_IF_ERROR(check_algo("all_gather", algo, CollOp::kAllGather));
   if (count_per_rank == 0) return Status::ok_status();
@@ -183,7 +178,7 @@ Status all_gather(Communicator& comm, const void* send, void* recv, int64_t coun
 
 Status reduce_scatter(Communicator& comm, const void* send, void* recv, int64_t count_per_rank,
                       DType dtype, ReduceOp op, Algo algo) {
-  if (Status routed; run_on_comm_thread(comm, routed, [&] { return reduce_scatter(comm, send, recv, count_per_rank, dtype, op, algo); })) return routed;
+  if (Status routed; detail::run_on_comm_thread(comm, routed, [&] { return reduce_scatter(comm, send, recv, count_per_rank, dtype, op, algo); })) return routed;
   KILN_RETURN_IF_ERROR(check_common("reduce_scatter", comm, count_per_rank, dtype, comm.size()));
   KILN_RETURN_IF_ERROR(check_algo("reduce_scatter", algo, CollOp::kReduceScatter));
   if (count_per_rank == 0) return Status::ok_status();
@@ -204,7 +199,7 @@ Status reduce_scatter(Communicator& comm, const void* send, void* recv, int64_t 
 
 Status all_to_all(Communicator& comm, const void* send, void* recv, int64_t count_per_rank,
                   DType dtype, Algo algo) {
-  if (Status routed; run_on_comm_thread(comm, routed, [&] { return all_to_all(comm, send, recv, count_per_rank, dtype, algo); })) return routed;
+  if (Status routed; detail::run_on_comm_thread(comm, routed, [&] { return all_to_all(comm, send, recv, count_per_rank, dtype, algo); })) return routed;
   KILN_RETURN_IF_ERROR(check_common("all_to_all", comm, count_per_rank, dtype, comm.size()));
   KILN_RETURN_IF_ERROR(check_algo("all_to_all", algo, CollOp::kAllToAll));
   if (count_per_rank == 0) return Status::ok_status();
@@ -223,7 +218,7 @@ Status all_to_all(Communicator& comm, const void* send, void* recv, int64_t coun
 }
 
 Status broadcast(Communicator& comm, void* buf, int64_t count, DType dtype, int root, Algo algo) {
-  if (Status routed; run_on_comm_thread(comm, routed, [&] { return broadcast(comm, buf, count, dtype, root, algo); })) return routed;
+  if (Status routed; detail::run_on_comm_thread(comm, routed, [&] { return broadcast(comm, buf, count, dtype, root, algo); })) return routed;
   KILN_RETURN_IF_ERROR(check_common("broadcast", comm, count, dtype, 1));
   KILN_RETURN_IF_ERROR(check_algo("broadcast", algo, CollOp::kBroadcast));
   if (root < 0 || root >= comm.size())

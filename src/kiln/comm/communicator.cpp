@@ -7,6 +7,7 @@
 #include <chrono>
 #include <climits>
 #include <cstdio>
+#include <functional>
 #include <thread>
 
 #include "kiln/comm/auto_probe.h"
@@ -80,25 +81,33 @@ double comm_timeout_seconds() {
 }
 
 namespace {
-// Polls `reqs` until all complete: spins for the first 50 us (a reply that is already on its
-// way), then sleeps between polls, 20 us at first and doubling up to kMaxPollSleepUs (each
-// wake-up costs the compute thread on this core a context switch; a wait for a rank that is
-// still computing is long); ends the job past comm_timeout_seconds().
+// Polls `reqs` with MPI_Testall until all complete (filling `statuses`, which may be
+// MPI_STATUSES_IGNORE) and returns its code, MPI_SUCCESS or MPI_ERR_IN_STATUS (a request failed:
+// its status says why); past comm_timeout_seconds() ends the job, naming what it waited for:
+// `pending()`, or "another rank" when that is empty.
+// Polite (`sleep`): spins for the first 50 us (a reply that is already on its way), then sleeps
+// between polls, 20 us at first and doubling up to kMaxPollSleepUs (each wake-up costs the
+// compute thread on this core a context switch; a wait for a rank that is still computing is
+// long). Otherwise it spins throughout, as MPI_Waitall would.
 constexpr int kMaxPollSleepUs = 200;
-void polite_wait_all(int n, MPI_Request* reqs) {
+template <class Pending>
+int poll_all(int n, MPI_Request* reqs, MPI_Status* statuses, bool sleep, Pending pending) {
   using clock = std::chrono::steady_clock;
   const auto t0 = clock::now();
   int sleep_us = 20;
-  for (int polls = 0;; ++polls) {
+  for (;;) {
     int done = 0;
-    check_mpi(MPI_Testall(n, reqs, &done, MPI_STATUSES_IGNORE), "MPI_Testall");
-    if (done) return;
+    const int rc = MPI_Testall(n, reqs, &done, statuses);
+    if (rc != MPI_SUCCESS && rc != MPI_ERR_IN_STATUS) check_mpi(rc, "MPI_Testall");
+    if (done) return rc;
     const double waited = std::chrono::duration<double>(clock::now() - t0).count();
-    if (waited > comm_timeout_seconds())
-      abort_job(fmt::format("no progress for {:.0f} s waiting for another rank (KILN_COMM_TIMEOUT): "
+    if (waited > comm_timeout_seconds()) {
+      const std::string who = pending();
+      abort_job(fmt::format("no progress for {:.0f} s waiting for {} (KILN_COMM_TIMEOUT): "
                             "a rank died or hangs; ending the job",
-                            waited));
-    if (waited > 50e-6) {
+                            waited, who.empty() ? "another rank" : who));
+    }
+    if (sleep && waited > 50e-6) {
       std::this_thread::sleep_for(std::chrono::microseconds(sleep_us));
       sleep_us = std::min(2 * sleep_us, kMaxPollSleepUs);
     }
@@ -107,8 +116,25 @@ void polite_wait_all(int n, MPI_Request* reqs) {
 }  // namespace
 
 void wait_all_requests(int n, MPI_Request* reqs) {
-  if (t_polite) return polite_wait_all(n, reqs);
+  if (t_polite) {
+    check_mpi(poll_all(n, reqs, MPI_STATUSES_IGNORE, true, [] { return std::string(); }),
+              "MPI_Testall");
+    return;
+  }
   check_mpi(MPI_Waitall(n, reqs, MPI_STATUSES_IGNORE), "MPI_Waitall");
+}
+
+int wait_all_bounded(int n, MPI_Request* reqs, MPI_Status* statuses,
+                     const std::function<std::string(int)>& describe) {
+  return poll_all(n, reqs, statuses, t_polite, [&] {
+    std::string open;
+    for (int i = 0; i < n; ++i) {
+      int complete = 0;
+      MPI_Request_get_status(reqs[i], &complete, MPI_STATUS_IGNORE);
+      if (!complete) open += (open.empty() ? "" : ", ") + describe(i);
+    }
+    return open;
+  });
 }
 
 double all_reduce_scalar(Communicator& c, double x, MPI_Op op, const char* what) {

@@ -5,9 +5,11 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <unordered_map>
 #include <memory>
+#include <string>
 #include <vector>
 
 // kiln uses MPI's C API only; keep OpenMPI's deprecated C++ bindings out (MPI::MPI_C links
@@ -59,6 +61,14 @@ bool polite_waiting();
 double comm_timeout_seconds();
 // Waits for n requests: MPI_Waitall, or polite polling on a thread that turned it on.
 void wait_all_requests(int n, MPI_Request* reqs);
+// The wait of a call whose message sizes come from the caller and can disagree between ranks
+// (all_to_all_v): fills statuses[i] and returns MPI_SUCCESS, or MPI_ERR_IN_STATUS when a
+// request failed (statuses[i].MPI_ERROR; a message longer than its receive is MPI_ERR_TRUNCATE),
+// instead of ending the job. Bounded on every thread: polite polling where it is on, polling
+// without sleeps elsewhere; past comm_timeout_seconds() it ends the job naming describe(i) for
+// each request still open (a count that is 0 on one side only leaves a receive unmatched).
+int wait_all_bounded(int n, MPI_Request* reqs, MPI_Status* statuses,
+                     const std::function<std::string(int)>& describe);
 
 class Communicator;
 // One double combined by `op` over `c` through MPI's own all-reduce (one value: nothing to

@@ -11,6 +11,7 @@
 #include "kiln/comm/communicator.h"
 #include "kiln/comm/reduce.h"
 #include "kiln/comm/types.h"
+#include "kiln/comm/work.h"
 
 namespace kiln::comm::detail {
 
@@ -22,6 +23,8 @@ enum Tag : int {
   kTagAllToAll = 20,  // pairwise and scattered
   kTagBcast = 21,
   kTagFold = 22,
+  kTagAllToAllV = 23,  // apart from kTagAllToAll: a message left by a count mismatch never
+                       // meets a fixed-size all-to-all
 };
 
 // OpenMPI's shared-memory transport (vader) sends a message of up to 4 KiB with its header
@@ -208,6 +211,20 @@ void alltoall_mpi(Communicator& c, const std::byte* send, std::byte* recv, int64
 void bcast_binomial(Communicator& c, std::byte* buf, size_t nbytes, int root);
 void bcast_chain(Communicator& c, std::byte* buf, size_t nbytes, int root);
 void bcast_mpi(Communicator& c, std::byte* buf, size_t nbytes, int root);
+
+// ---- shared by the public entry points ----------------------------------------------------------
+// While the communicator has a communication thread (work.h), a blocking call from another
+// thread is queued on it behind the calls already in flight and waited for, so blocking and
+// nonblocking calls may be mixed in any order. Returns false when the call should run here.
+template <class F>
+bool run_on_comm_thread(Communicator& comm, Status& out, F&& call) {
+  CommThread* t = comm.started_comm_thread();
+  if (t == nullptr || t->is_current()) return false;
+  out = t->submit(std::forward<F>(call)).wait();
+  return true;
+}
+// Unimplemented, naming the op `name`, unless the collectives move `dtype` (is_collective_dtype).
+Status check_dtype(const char* name, DType dtype);
 
 // MPI datatype and reduction op for the peer (16-bit floats get user-defined ops).
 MPI_Datatype mpi_type(DType dtype);

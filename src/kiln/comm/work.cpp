@@ -139,4 +139,15 @@ Work broadcast_async(Communicator& comm, void* buf, int64_t count, DType dtype, 
       [&comm, buf, count, dtype, root, algo] { return broadcast(comm, buf, count, dtype, root, algo); });
 }
 
+Work all_to_all_v_async(Communicator& comm, const void* send, std::span<const int64_t> send_counts,
+                        std::span<const int64_t> send_displs, void* recv,
+                        std::span<const int64_t> recv_counts, std::span<const int64_t> recv_displs,
+                        DType dtype) {
+  return comm.comm_thread().submit(
+      [&comm, send, send_counts, send_displs, recv, recv_counts, recv_displs, dtype] {
+        return all_to_all_v(comm, send, send_counts, send_displs, recv, recv_counts, recv_displs,
+                            dtype);
+      });
+}
+
 }  // namespace kiln::comm

@@ -23,6 +23,7 @@
 #include <functional>
 #include <memory>
 #include <mutex>
+#include <span>
 #include <string>
 #include <thread>
 #include <vector>
@@ -96,5 +97,11 @@ Work reduce_scatter_async(Communicator& comm, const void* send, void* recv, int6
                           DType dtype, ReduceOp op, Algo algo = Algo::kAuto);
 Work broadcast_async(Communicator& comm, void* buf, int64_t count, DType dtype, int root,
                      Algo algo = Algo::kAuto);
+// all_to_all_v on the communication thread. The four spans are not copied: buffers AND the
+// count and displacement arrays must stay valid and untouched until the Work completes.
+Work all_to_all_v_async(Communicator& comm, const void* send, std::span<const int64_t> send_counts,
+                        std::span<const int64_t> send_displs, void* recv,
+                        std::span<const int64_t> recv_counts, std::span<const int64_t> recv_displs,
+                        DType dtype);
 
 }  // namespace kiln::comm
