@@ -227,6 +227,23 @@ void check_family(const std::string& family, const std::string& label) {
     for (size_t i = 0; i < routes.size(); ++i) ++counts[i / per_block * static_cast<size_t>(E) + static_cast<size_t>(routes[i])];
     EXPECT_EQ(c->moe.tokens_per_expert, counts) << family << ": tokens per expert differ from the reference routing";
   }
+  if (c->dump.has("mla_latent.0")) {  // latent attention: the compressed cache holds transformers' latent rows
+    const auto tokens = c->dump.i32("tokens");
+    const auto& shape = c->dump.tensors.at("tokens").shape;
+    const int64_t B = shape.at(0), T = shape.at(1);
+    for (int64_t b = 0; b < B; ++b) {
+      KVCache cache = c->model->make_kv_cache(T);
+      ASSERT_TRUE(c->model->forward_cached(tokens.data() + b * T, T, cache).ok());
+      for (int64_t l = 0; l < c->model->config().n_layers; ++l) {
+        const auto ref = c->dump.f32(fmt::format("mla_latent.{}", l));  // (B, T, r + Dr)
+        const int64_t W = c->model->kv_row_width();
+        ASSERT_EQ(static_cast<int64_t>(ref.size()), B * T * W);
+        const float* rows = cache.k[static_cast<size_t>(l)].data<float>();
+        note(fmt::format("mla_latent.{} row {}", l, b),
+             rel_error(std::vector<float>(rows, rows + T * W), std::vector<float>(ref.begin() + b * T * W, ref.begin() + (b + 1) * T * W)));
+      }
+    }
+  }
   int checked = 0;
   for (const ParamEntry& e : c->model->param_entries()) {
     const float* g = c->model->grads().data() + e.offset;
@@ -265,6 +282,10 @@ TEST(TorchModel, Gpt2MatchesPytorch) { check_all_targets("gpt2"); }
 TEST(TorchModel, LlamaMatchesPytorch) { check_all_targets("llama"); }
 // Mixtral (MoE: router, top-2 of 4 experts, the load-balancing and z losses in the gradients).
 TEST(TorchModel, MixtralMatchesPytorch) { check_all_targets("mixtral"); }
+// DeepSeek-V3's multi-head latent attention (dense blocks): with the query latent and RoPE on
+// de-interleaved rope dims, and without either.
+TEST(TorchModel, DeepseekV3LatentAttentionMatchesPytorch) { check_all_targets("deepseek_v3"); }
+TEST(TorchModel, DeepseekV3WithoutQueryLatentMatchesPytorch) { check_all_targets("deepseek_v3_noq"); }
 
 // The check can fail: a 3e-4 relative error confined to one element of a row that is not
 // sampled is invisible to the rows but must show in the sketch (and the norm).

@@ -73,6 +73,25 @@ ModelConfig tiny_moe() {
   return c;
 }
 
+// A Llama with multi-head latent attention: a query latent, v_head_dim != the qk head dim,
+// RoPE on de-interleaved rope dims (and the variant without query latent or interleave).
+ModelConfig tiny_mla(bool q_latent) {
+  ModelConfig c = tiny(ModelFamily::kLlama);
+  c.n_kv_heads = c.n_heads;
+  c.kv_lora_rank = 4;
+  c.q_lora_rank = q_latent ? 3 : 0;
+  c.qk_nope_head_dim = 2;
+  c.qk_rope_head_dim = 4;
+  c.v_head_dim = 3;
+  c.rope_interleave = q_latent;
+  return c;
+}
+
+TEST(Transformer, LatentAttentionGradientsMatchFiniteDifferences) {
+  check_gradients(tiny_mla(true));
+  check_gradients(tiny_mla(false));
+}
+
 TEST(Transformer, Gpt2GradientsMatchFiniteDifferences) { check_gradients(tiny(ModelFamily::kGpt2)); }
 TEST(Transformer, LlamaGradientsMatchFiniteDifferences) { check_gradients(tiny(ModelFamily::kLlama)); }
 
@@ -187,7 +206,8 @@ namespace {
 // Greedy decoding through the KV cache gives the same tokens (and nearly the same logits) as
 // recomputing the whole sequence every step.
 TEST(Transformer, KvCacheMatchesFullRecompute) {
-  std::vector<ModelConfig> configs = {tiny(ModelFamily::kGpt2), tiny(ModelFamily::kLlama), tiny_moe()};
+  std::vector<ModelConfig> configs = {tiny(ModelFamily::kGpt2), tiny(ModelFamily::kLlama), tiny_moe(), tiny_mla(true),
+                                      tiny_mla(false)};
   for (const ModelConfig& c : option_configs()) configs.push_back(c);  // the decode path has the options too
   for (ModelConfig c : configs) {
     c.max_seq_len = 24;
@@ -210,7 +230,9 @@ TEST(Transformer, KvCacheMatchesFullRecompute) {
       cached_last.assign(nl, nl + V);
     }
     EXPECT_EQ(cache.len, 17);
-    EXPECT_EQ(cache.bytes_per_token(), 2 * c.n_layers * c.n_kv_heads * c.head_dim() * 4);
+    // The compressed cache of latent attention holds [c, k_pe] per token, for all heads.
+    EXPECT_EQ(cache.bytes_per_token(), c.is_mla() ? c.n_layers * (c.kv_lora_rank + c.qk_rope_head_dim) * 4
+                                                  : 2 * c.n_layers * c.n_kv_heads * c.head_dim() * 4);
     // Past the cache: an error, not a crash.
     KVCache small = model->make_kv_cache(4);
     EXPECT_FALSE(model->forward_cached(full.data(), 5, small).ok());
@@ -273,7 +295,8 @@ namespace {
 // The serving path (forward_paged: paged KV cache, split-KV decode, gathered prefill chunks)
 // gives the logits of the full forward, with every config option: one model code path.
 TEST(Transformer, PagedForwardMatchesFullForwardWithOptions) {
-  std::vector<ModelConfig> configs = {tiny(ModelFamily::kGpt2), tiny(ModelFamily::kLlama), tiny_moe()};
+  std::vector<ModelConfig> configs = {tiny(ModelFamily::kGpt2), tiny(ModelFamily::kLlama), tiny_moe(), tiny_mla(true),
+                                      tiny_mla(false)};
   for (const ModelConfig& c : option_configs()) configs.push_back(c);
   for (ModelConfig c : configs) {
     c.max_seq_len = 24;

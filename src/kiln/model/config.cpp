@@ -26,7 +26,8 @@ Size operator*(Size a, Size b) { return a.v && b.v ? Size(checked_mul(*a.v, *b.v
 
 std::optional<int64_t> checked_num_params(const ModelConfig& c) {
   for (int64_t x : {c.vocab_size, c.d_model, c.n_layers, c.n_heads, c.n_kv_heads, c.d_ff, c.max_seq_len,
-                    c.num_experts, c.num_shared_experts, c.moe_d_ff})
+                    c.num_experts, c.num_shared_experts, c.moe_d_ff, c.q_lora_rank, c.kv_lora_rank,
+                    c.qk_nope_head_dim, c.qk_rope_head_dim, c.v_head_dim})
     if (x < 0) return std::nullopt;
   if (c.n_heads == 0 || (c.is_moe() && c.moe_layer_freq <= 0)) return std::nullopt;
   const Size C = c.d_model, D = c.head_dim(), L = c.n_layers, F = c.d_ff, V = c.vocab_size;
@@ -40,10 +41,17 @@ std::optional<int64_t> checked_num_params(const ModelConfig& c) {
                 + F * C + C;                 // mlp c_proj
     other = V * C + Size(c.max_seq_len) * C + Size(2) * C;  // wte, wpe, ln_f
   } else {
-    per_layer = Size(2) * C                  // two RMSNorms
-                + C * (H + Size(2) * Hkv) * D  // q, k, v
-                + H * D * C                  // o
-                + Size(3) * C * F;           // gate, up, down
+    if (c.is_mla()) {  // q (direct or through its latent), the KV latent and its norm, the up-projection, o
+      const Size qr = c.q_lora_rank, r = c.kv_lora_rank, Dqk = c.qk_head_dim(), Dr = c.qk_rope_head_dim;
+      const Size q = c.q_lora_rank > 0 ? C * qr + qr + qr * H * Dqk : C * H * Dqk;
+      per_layer = Size(2) * C + q + C * (r + Dr) + r + r * H * (Size(c.qk_nope_head_dim) + c.v_head_dim) +
+                  H * c.v_head_dim * C + Size(3) * C * F;
+    } else {
+      per_layer = Size(2) * C                  // two RMSNorms
+                  + C * (H + Size(2) * Hkv) * D  // q, k, v
+                  + H * D * C                  // o
+                  + Size(3) * C * F;           // gate, up, down
+    }
     if (c.attention_bias) per_layer = per_layer + (H + Size(2) * Hkv) * D + C;
     if (c.mlp_bias) per_layer = per_layer + Size(2) * F + C;
     other = V * C + C;                       // embed_tokens, final norm
@@ -65,7 +73,7 @@ int64_t ModelConfig::num_active_params() const {
 std::optional<int64_t> model_bytes(const ModelConfig& c) {
   const Size params = checked_num_params(c);
   Size bytes = params * 8;  // fp32 weights and their gradients
-  if (c.is_llama()) bytes = bytes + Size(c.max_seq_len) * c.head_dim() * 4;  // cos, sin: (T, D/2) fp32 each
+  if (c.is_llama()) bytes = bytes + Size(c.max_seq_len) * c.rope_dim() * 4;  // cos, sin: (T, D/2) fp32 each
   return bytes.v;
 }
 
@@ -103,6 +111,9 @@ std::string ModelConfig::describe() const {
   if (mlp_bias) extra += " mlp_bias";
   if (!scale_attn_weights) extra += " unscaled-attention";
   if (scale_attn_by_inverse_layer_idx) extra += " attention/(layer+1)";
+  if (is_mla())
+    extra += fmt::format(" mla kv_lora {} q_lora {} qk {}+{} v {}", kv_lora_rank, q_lora_rank, qk_nope_head_dim,
+                         qk_rope_head_dim, v_head_dim);
   if (is_moe()) {
     extra += fmt::format(" moe {} experts top-{} ffn {}", num_experts, num_experts_per_tok, expert_d_ff());
     if (num_shared_experts > 0) extra += fmt::format(" +{} shared", num_shared_experts);
@@ -149,6 +160,32 @@ Status check_moe_config(const ModelConfig& c) {
       return invalid_argument("[model config] {} must be finite and >= 0, got {}", name, v);
   return {};
 }
+Status check_mla_config(const ModelConfig& c) {
+  const bool any = c.q_lora_rank != 0 || c.qk_nope_head_dim != 0 || c.qk_rope_head_dim != 0 || c.v_head_dim != 0 ||
+                   c.rope_interleave;
+  if (!c.is_mla()) {
+    if (c.kv_lora_rank < 0) return invalid_argument("[model config] kv_lora_rank must be >= 0, got {}", c.kv_lora_rank);
+    if (any) return invalid_argument("[model config] q_lora_rank, qk_*_head_dim, v_head_dim and rope_interleave are "
+                                     "multi-head latent attention's: they need kv_lora_rank > 0");
+    return {};
+  }
+  if (c.family != ModelFamily::kLlama)
+    return invalid_argument("[model config] multi-head latent attention is a Llama-family option (DeepSeek), not GPT-2");
+  for (const auto& [name, v] : {std::pair{"qk_nope_head_dim", c.qk_nope_head_dim},
+                                std::pair{"qk_rope_head_dim", c.qk_rope_head_dim}, std::pair{"v_head_dim", c.v_head_dim}})
+    if (v <= 0) return invalid_argument("[model config] MLA's {} must be positive, got {}", name, v);
+  if (c.qk_rope_head_dim % 2 != 0)
+    return invalid_argument("[model config] RoPE needs an even qk_rope_head_dim, got {}", c.qk_rope_head_dim);
+  if (c.q_lora_rank < 0) return invalid_argument("[model config] q_lora_rank must be >= 0, got {}", c.q_lora_rank);
+  if (c.n_kv_heads != c.n_heads)
+    return invalid_argument("[model config] MLA up-projects every head's K and V: n_kv_heads ({}) must equal n_heads ({})",
+                            c.n_kv_heads, c.n_heads);
+  if (c.attention_bias) return invalid_argument("[model config] MLA has no attention biases (attention_bias)");
+  if (c.is_moe())
+    return invalid_argument("[model config] MLA with MoE blocks is not implemented (DeepSeek's router is not kiln's); "
+                            "use one or the other");
+  return {};
+}
 }  // namespace
 
 Status check_config(const ModelConfig& c, int64_t memory_limit_bytes) {
@@ -181,7 +218,7 @@ Status check_config(const ModelConfig& c, int64_t memory_limit_bytes) {
     if (c.rope_scaling.type != RopeType::kDefault)
       return invalid_argument("[model config] GPT-2 has no RoPE (rope scaling {})", rope_type_name(c.rope_scaling.type));
   } else {
-    if (c.head_dim() % 2 != 0)
+    if (!c.is_mla() && c.head_dim() % 2 != 0)
       return invalid_argument("[model config] RoPE needs an even head_dim, got {}", c.head_dim());
     if (!(c.rope_theta > 1.0) || !std::isfinite(c.rope_theta))
       return invalid_argument("[model config] rope_theta must be finite and > 1, got {}", c.rope_theta);
@@ -191,6 +228,7 @@ Status check_config(const ModelConfig& c, int64_t memory_limit_bytes) {
       return invalid_argument("[model config] {}", s.message());
   }
   if (Status s = check_moe_config(c); !s.ok()) return s;
+  if (Status s = check_mla_config(c); !s.ok()) return s;
   // The memory the weights need, before anything is allocated.
   const std::optional<int64_t> bytes = model_bytes(c);
   const int64_t limit = memory_limit_bytes > 0 ? memory_limit_bytes : physical_memory_bytes();
@@ -224,13 +262,24 @@ ModelConfig llama(int64_t vocab, int64_t d, int64_t layers, int64_t heads, int64
 }  // namespace
 
 std::vector<std::string> preset_names() {
-  return {"gpt2-124m", "w1a", "llama-tiny", "w2-s", "w2-l", "llama-moe-tiny", "w1-moe"};
+  return {"gpt2-124m", "w1a", "llama-tiny", "w2-s", "w2-l", "llama-moe-tiny", "w1-moe", "llama-mla-tiny"};
 }
 
 Expected<ModelConfig> preset(std::string_view name) {
   if (name == "gpt2-124m") return gpt2(50257, 768, 12, 12, 1024);
   if (name == "w1a") return gpt2(65, 384, 6, 6, 256);                   // BENCH.md W1a
   if (name == "llama-tiny") return llama(4096, 384, 6, 6, 2, 1024, 256, true);  // ~10M params
+  if (name == "llama-mla-tiny") {
+    // llama-tiny with DeepSeek-V3's multi-head latent attention: per head a 48 + 16 qk head and a
+    // 64 value head from a latent of 128 (cache rows of 144 floats instead of 2 · 2 · 64 = 256).
+    ModelConfig c = llama(4096, 384, 6, 6, 6, 1024, 256, true);
+    c.kv_lora_rank = 128;
+    c.qk_nope_head_dim = 48;
+    c.qk_rope_head_dim = 16;
+    c.v_head_dim = 64;
+    c.rope_interleave = true;
+    return c;
+  }
   if (name == "llama-moe-tiny" || name == "w1-moe") {
     // llama-tiny's width with 8 experts, top-2, every block MoE (d_ff is the experts' width, as
     // Mixtral's intermediate_size). llama-moe-tiny's experts are half as wide, so a token's

@@ -50,6 +50,17 @@ struct ModelConfig {
   // passes through the residual; 0: dropless. The objective adds router_aux_loss_coef times the
   // Switch load-balancing loss and router_z_loss_coef times the router z-loss, each averaged
   // over the MoE blocks.
+  // Multi-head latent attention (DeepSeek-V2/V3, HF DeepseekV3's names; Llama family):
+  // kv_lora_rank > 0 replaces K and V by a latent c = norm(x W_dkv) of kv_lora_rank per token,
+  // up-projected per head to k_nope (qk_nope_head_dim) and v (v_head_dim), beside one RoPE key
+  // k_pe (qk_rope_head_dim) shared by all heads; queries are [q_nope, q_pe] per head, from x
+  // directly or (q_lora_rank > 0) through a compressed, normalized q latent. The KV cache holds
+  // [c, k_pe] per token only. rope_interleave: RoPE on the rope dims de-interleaved first (even
+  // indices, then odd), as DeepSeek-V3's checkpoints expect. n_kv_heads must equal n_heads.
+  int64_t q_lora_rank = 0;
+  int64_t kv_lora_rank = 0;
+  int64_t qk_nope_head_dim = 0, qk_rope_head_dim = 0, v_head_dim = 0;
+  bool rope_interleave = false;
   int64_t num_experts = 0;
   int64_t num_experts_per_tok = 2;
   int64_t num_shared_experts = 0;
@@ -61,6 +72,10 @@ struct ModelConfig {
 
   int64_t head_dim() const { return d_model / n_heads; }
   bool is_llama() const { return family == ModelFamily::kLlama; }
+  bool is_mla() const { return kv_lora_rank > 0; }
+  int64_t qk_head_dim() const { return qk_nope_head_dim + qk_rope_head_dim; }
+  // The dimension RoPE rotates: the rope part of an MLA head, else the whole head.
+  int64_t rope_dim() const { return is_mla() ? qk_rope_head_dim : head_dim(); }
   bool is_moe() const { return num_experts > 0; }
   bool is_moe_layer(int64_t layer) const { return is_moe() && moe_layer_freq > 0 && (layer + 1) % moe_layer_freq == 0; }
   int64_t num_moe_layers() const { return is_moe() && moe_layer_freq > 0 ? n_layers / moe_layer_freq : 0; }
@@ -95,7 +110,8 @@ Status check_config(const ModelConfig& c, int64_t memory_limit_bytes = 0);
 // The machine's physical memory (sysconf), or int64 max when it cannot be read.
 int64_t physical_memory_bytes();
 
-// Named presets: gpt2-124m, w1a, llama-tiny (default), w2-s, w2-l, llama-moe-tiny, w1-moe.
+// Named presets: gpt2-124m, w1a, llama-tiny (default), w2-s, w2-l, llama-moe-tiny, w1-moe,
+// llama-mla-tiny.
 Expected<ModelConfig> preset(std::string_view name);
 std::vector<std::string> preset_names();
 

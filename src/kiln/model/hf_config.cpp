@@ -251,7 +251,9 @@ Expected<ModelConfig> read_gpt2(Keys& k) {
   return c;
 }
 
-Expected<ModelConfig> read_llama(Keys& k, const json& j) {
+// check_head_dim: head_dim, when present, must be hidden_size / num_attention_heads (DeepSeek-V3
+// writes the rope dims there instead: its reader checks it).
+Expected<ModelConfig> read_llama(Keys& k, const json& j, bool check_head_dim = true) {
   ModelConfig c;
   c.family = ModelFamily::kLlama;
   constexpr int64_t kI32 = std::numeric_limits<int32_t>::max();
@@ -272,9 +274,10 @@ Expected<ModelConfig> read_llama(Keys& k, const json& j) {
     return unimplemented("config.json \"hidden_act\" '{}' (kiln implements silu)", act);
   // head_dim decoupled from hidden_size / heads changes the projections' shapes.
   const int64_t derived = c.d_model % c.n_heads == 0 ? c.d_model / c.n_heads : -1;
-  KILN_RETURN_IF_ERROR(k.only("head_dim", [&](const json& v) {
-    return v.is_null() || (derived > 0 && v.is_number_integer() && v == derived);
-  }, fmt::format("hidden_size / num_attention_heads = {}", derived).c_str()));
+  if (check_head_dim)
+    KILN_RETURN_IF_ERROR(k.only("head_dim", [&](const json& v) {
+      return v.is_null() || (derived > 0 && v.is_number_integer() && v == derived);
+    }, fmt::format("hidden_size / num_attention_heads = {}", derived).c_str()));
   KILN_RETURN_IF_ERROR(k.only("sliding_window", [](const json& v) { return v.is_null(); }, "null (full attention)"));
   KILN_RETURN_IF_ERROR(k.only("partial_rotary_factor", [](const json& v) { return v.is_null() || v == 1 || v == 1.0; },
                               "1 (the whole head rotated)"));
@@ -282,6 +285,43 @@ Expected<ModelConfig> read_llama(Keys& k, const json& j) {
   // and sum them: the same function (transformers 5 ignores it). A positive integer is fine.
   KILN_RETURN_IF_ERROR(k.integer("pretraining_tp", int64_t{1}).status());
   KILN_RETURN_IF_ERROR(read_rope(k, j, c.max_seq_len, c));
+  return c;
+}
+
+// DeepSeek-V3 with every block dense (first_k_dense_replace >= num_hidden_layers): Llama plus
+// multi-head latent attention. Its MoE blocks (sigmoid-scored, group-limited routing with a
+// bias correction) are not kiln's router: refused by name. head_dim is the rope width there.
+Expected<ModelConfig> read_deepseek_v3(Keys& k, const json& j) {
+  KILN_ASSIGN_OR_RETURN(ModelConfig c, read_llama(k, j, false));
+  auto nullable = [&](const char* key) -> Expected<int64_t> {
+    if (!k.has(key) || j[key].is_null()) {
+      KILN_RETURN_IF_ERROR(k.only(key, [](const json& v) { return v.is_null(); }, "null"));
+      return int64_t{0};
+    }
+    return k.integer(key, std::nullopt, 1);
+  };
+  KILN_ASSIGN_OR_RETURN(c.q_lora_rank, nullable("q_lora_rank"));
+  KILN_ASSIGN_OR_RETURN(c.kv_lora_rank, k.integer("kv_lora_rank", std::nullopt, 1));
+  KILN_ASSIGN_OR_RETURN(c.qk_nope_head_dim, k.integer("qk_nope_head_dim", std::nullopt, 1));
+  KILN_ASSIGN_OR_RETURN(c.qk_rope_head_dim, k.integer("qk_rope_head_dim", std::nullopt, 1));
+  KILN_ASSIGN_OR_RETURN(c.v_head_dim, k.integer("v_head_dim", std::nullopt, 1));
+  KILN_ASSIGN_OR_RETURN(c.rope_interleave, k.boolean("rope_interleave", true));
+  const int64_t rope = c.qk_rope_head_dim, qk = c.qk_head_dim();
+  KILN_RETURN_IF_ERROR(k.only("head_dim", [&](const json& v) { return v.is_null() || v == rope; },
+                              fmt::format("qk_rope_head_dim = {}", rope).c_str()));
+  KILN_RETURN_IF_ERROR(k.only("qk_head_dim", [&](const json& v) { return v.is_null() || v == qk; },
+                              fmt::format("qk_nope_head_dim + qk_rope_head_dim = {}", qk).c_str()));
+  KILN_ASSIGN_OR_RETURN(const int64_t dense, k.integer("first_k_dense_replace", int64_t{0}, 0));
+  if (dense < c.n_layers)
+    return unimplemented("config.json \"first_k_dense_replace\" {} < num_hidden_layers {}: DeepSeek-V3's MoE blocks "
+                         "(sigmoid-scored, group-limited routing) are not implemented; kiln loads its dense blocks with "
+                         "multi-head latent attention", dense, c.n_layers);
+  // The MoE and multi-token-prediction settings of blocks this model does not have.
+  for (const char* key : {"n_routed_experts", "num_experts_per_tok", "moe_intermediate_size", "n_shared_experts",
+                          "n_group", "topk_group", "norm_topk_prob", "routed_scaling_factor", "topk_method",
+                          "scoring_func", "moe_layer_freq", "ep_size", "aux_loss_alpha", "seq_aux",
+                          "num_nextn_predict_layers", "output_router_logits"})
+    KILN_RETURN_IF_ERROR(k.only(key, [](const json&) { return true; }, "any (no MoE block)"));
   return c;
 }
 
@@ -345,6 +385,21 @@ std::string config_to_hf_json(const ModelConfig& c) {
          {"rope_scaling", s.type == RopeType::kDefault ? nlohmann::ordered_json(nullptr) : rope},
          {"rope_parameters", rope}, {"hidden_act", "silu"}, {"tie_word_embeddings", c.tied_embeddings},
          {"attention_bias", c.attention_bias}, {"mlp_bias", c.mlp_bias}, {"torch_dtype", "float32"}};
+    if (c.is_mla()) {  // DeepSeek-V3 with every block dense
+      j["architectures"] = {"DeepseekV3ForCausalLM"};
+      j["model_type"] = "deepseek_v3";
+      j.erase("mlp_bias");
+      j["head_dim"] = c.qk_rope_head_dim;  // transformers' convention for DeepSeek-V3
+      j["qk_head_dim"] = c.qk_head_dim();
+      j["q_lora_rank"] = c.q_lora_rank > 0 ? nlohmann::ordered_json(c.q_lora_rank) : nlohmann::ordered_json(nullptr);
+      j["kv_lora_rank"] = c.kv_lora_rank;
+      j["qk_nope_head_dim"] = c.qk_nope_head_dim;
+      j["qk_rope_head_dim"] = c.qk_rope_head_dim;
+      j["v_head_dim"] = c.v_head_dim;
+      j["rope_interleave"] = c.rope_interleave;
+      j["first_k_dense_replace"] = c.n_layers;
+      j["num_nextn_predict_layers"] = 0;
+    }
     if (c.is_moe()) {
       j["architectures"] = {"MixtralForCausalLM"};
       j["model_type"] = "mixtral";
@@ -384,9 +439,10 @@ Expected<ModelConfig> config_from_hf_json(const std::string& text) {
   Expected<ModelConfig> read = type == "gpt2"      ? read_gpt2(k)
                                : type == "llama"   ? read_llama(k, j)
                                : type == "mixtral" ? read_mixtral(k, j)
+                               : type == "deepseek_v3" ? read_deepseek_v3(k, j)
                                                    : Expected<ModelConfig>(unimplemented(
-                                                         "config.json \"model_type\" '{}' (kiln loads 'llama', 'mixtral' "
-                                                         "and 'gpt2')", type));
+                                                         "config.json \"model_type\" '{}' (kiln loads 'llama', 'mixtral', "
+                                                         "'deepseek_v3' and 'gpt2')", type));
   if (!read.ok()) return read.status();
   ModelConfig c = *read;
   KILN_ASSIGN_OR_RETURN(c.bos_token_id, token_id(k, "bos_token_id"));
@@ -398,7 +454,10 @@ Expected<ModelConfig> config_from_hf_json(const std::string& text) {
                               "unquantized checkpoints here (kiln quantize makes its own)"));
   if (j.contains("architectures") && !j["architectures"].is_null()) {
     const json& a = j["architectures"];
-    const char* want = type == "gpt2" ? "GPT2LMHeadModel" : type == "mixtral" ? "MixtralForCausalLM" : "LlamaForCausalLM";
+    const char* want = type == "gpt2"            ? "GPT2LMHeadModel"
+                       : type == "mixtral"     ? "MixtralForCausalLM"
+                       : type == "deepseek_v3" ? "DeepseekV3ForCausalLM"
+                                               : "LlamaForCausalLM";
     if (!a.is_array() || !std::all_of(a.begin(), a.end(), [](const json& e) { return e.is_string(); }))
       return invalid_argument("config.json \"architectures\" must be a list of class names, got {}", shown(a));
     for (const json& e : a) {

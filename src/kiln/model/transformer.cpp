@@ -18,6 +18,7 @@
 #include "kiln/kernels/elementwise.h"
 #include "kiln/kernels/embedding.h"
 #include "kiln/kernels/norm.h"
+#include "kiln/model/mla.h"
 #include "kiln/model/moe.h"
 
 namespace kiln {
@@ -146,6 +147,7 @@ struct Transformer::Slots {
     int64_t num_valid = 0;
     std::vector<std::vector<Buf>> layers;  // per layer, Layer::kSaved order
     std::vector<MoeActivations> moe;       // per layer (MoE blocks)
+    std::vector<MlaActivations> mla;       // per layer (latent attention)
   };
   std::vector<Saved> stored;              // per slot; the current slot's entry is empty
   std::vector<int> chunk_of;              // per slot: the chunk its buffers are for; -1: none yet
@@ -350,6 +352,8 @@ struct Transformer::Layer {
   Linear q, k, v, o;      // Llama (o is c_proj for GPT-2)
   Linear fc, proj;        // GPT-2 MLP: c_fc, c_proj
   Linear gate, up, down;  // Llama MLP
+  std::unique_ptr<MlaAttention> mla;  // multi-head latent attention instead of q, k, v (Llama family)
+  MlaActivations mla_acts;            // saved by its forward (kept per layer under checkpointing too)
   std::unique_ptr<MoeBlock> moe;  // a MoE block's MLP instead (Llama family)
   MoeActivations moe_acts;        // saved by its forward (kept per layer under checkpointing too)
   MoeStats* moe_stats = nullptr;  // the model's
@@ -411,6 +415,40 @@ struct Transformer::Layer {
     base.n_heads = H; base.n_kv_heads = kv_heads; base.head_dim = D; base.causal = true;
     base.scale = cfg->attention_scale(index);
     base.q_row_stride = q_stride; base.k_row_stride = base.v_row_stride = W;
+    paged_attention(att.p, lse.p, q, base, ps, ps.v_pool);
+  }
+
+  // Latent attention's paged step: each sequence's new latent rows into their pool slots, its
+  // absorbed queries over them (values: the same rows), the output through W_uv into att.
+  void attend_paged_latent(const float* n1p, int64_t N, const PagedStep& ps) {
+    const PagedBatch& b = *ps.batch;
+    const int64_t H = heads, W = mla->latent_width(), C = cfg->d_model, bs = ps.block_size;
+    const int64_t S = static_cast<int64_t>(b.num_new.size()), maxb = b.max_blocks_per_seq;
+    std::vector<float> rows(static_cast<size_t>(N * W)), qabs(static_cast<size_t>(N * H * W)), out(qabs.size());
+    std::vector<float> l(static_cast<size_t>(N * H));
+    for (int64_t i = 0; i < S; ++i) {
+      const int64_t r0 = ps.row_begin[i], n = b.num_new[i], pos = b.num_cached[i];
+      mla->latent(rows.data() + r0 * W, qabs.data() + r0 * H * W, n1p + r0 * C, n, pos);
+      const int32_t* table = b.block_table.data() + i * maxb;
+      for (int64_t t = 0; t < n; ++t) {
+        const int64_t p = pos + t, slot = int64_t{table[p / bs]} * bs + p % bs;
+        std::memcpy(ps.k_pool + slot * W, rows.data() + (r0 + t) * W, static_cast<size_t>(W) * sizeof(float));
+      }
+    }
+    AttentionParams base = mla->absorbed_params(1, 1);
+    base.q_row_stride = H * W; base.k_row_stride = base.v_row_stride = W;
+    paged_attention(out.data(), l.data(), qabs.data(), base, ps, ps.k_pool);
+    mla->absorbed_output(att.p, out.data(), N);
+  }
+
+  // The attention of a paged step over the pools (K in ps.k_pool, V in v_pool), out rows
+  // n_heads · head_dim wide: runs of decodes through the paged split-KV kernel, longer prefill
+  // chunks through flash over their gathered rows.
+  void paged_attention(float* out, float* lse_out, const float* q, const AttentionParams& base, const PagedStep& ps,
+                       const float* v_pool) {
+    const PagedBatch& b = *ps.batch;
+    const int64_t H = base.n_heads, D = base.head_dim, W = base.n_kv_heads * D, bs = ps.block_size;
+    const int64_t S = static_cast<int64_t>(b.num_new.size()), maxb = b.max_blocks_per_seq, q_stride = base.q_row_stride;
     for (int64_t i = 0; i < S;) {
       const int64_t r0 = ps.row_begin[i], n = b.num_new[i];
       if (n <= kSplitKvMaxQueries) {  // a run of sequences with n queries each: one paged call
@@ -419,8 +457,8 @@ struct Transformer::Layer {
         AttentionParams p = base;
         p.batch = j - i; p.q_len = n; p.kv_len = n;
         p = check_attention(p).value();
-        const PagedKv kv{ps.k_pool, ps.v_pool, b.block_table.data() + i * maxb, ps.kv_lens + i, bs, maxb, j - i};
-        cpu::attention_decode_paged(att.p + r0 * H * D, lse.p + r0 * H, q + r0 * q_stride, kv, p);
+        const PagedKv kv{ps.k_pool, v_pool, b.block_table.data() + i * maxb, ps.kv_lens + i, bs, maxb, j - i};
+        cpu::attention_decode_paged(out + r0 * H * D, lse_out + r0 * H, q + r0 * q_stride, kv, p);
         i = j;
         continue;
       }
@@ -431,12 +469,12 @@ struct Transformer::Layer {
       for (int64_t blk = 0; blk * bs < S_kv; ++blk) {
         const int64_t rows = std::min(bs, S_kv - blk * bs), src = int64_t{table[blk]} * bs;
         std::memcpy(gk + blk * bs * W, ps.k_pool + src * W, static_cast<size_t>(rows * W) * sizeof(float));
-        std::memcpy(gv + blk * bs * W, ps.v_pool + src * W, static_cast<size_t>(rows * W) * sizeof(float));
+        std::memcpy(gv + blk * bs * W, v_pool + src * W, static_cast<size_t>(rows * W) * sizeof(float));
       }
       AttentionParams p = base;
       p.batch = 1; p.q_len = n; p.kv_len = S_kv;
       p = check_attention(p).value();
-      cpu::attention_forward(att.p + r0 * H * D, lse.p + r0 * H, q + r0 * q_stride, gk, gv, p);
+      cpu::attention_forward(out + r0 * H * D, lse_out + r0 * H, q + r0 * q_stride, gk, gv, p);
       ++i;
     }
   }
@@ -453,13 +491,15 @@ struct Transformer::Layer {
       else (this->*m).alloc(n);
     };
     get(&Layer::n1, Ns * C); get(&Layer::mean1, Ns); get(&Layer::rstd1, Ns);
-    get(&Layer::att, N * heads * D, true); get(&Layer::lse, B * heads * T, true); get(&Layer::x1, Ns * C);
+    const int64_t att_width = mla ? heads * mla->v_dim : heads * D;  // o_proj's input
+    get(&Layer::att, N * att_width, true); get(&Layer::lse, mla ? 0 : B * heads * T, true); get(&Layer::x1, Ns * C);
     get(&Layer::n2, Ns * C); get(&Layer::mean2, Ns); get(&Layer::rstd2, Ns);
     const int64_t Fd = moe ? 0 : F;  // a MoE block keeps its own (MoeActivations)
     get(&Layer::ff1, N * Fd); get(&Layer::ffa, N * Fd);
     if (cfg->is_llama()) {
-      get(&Layer::qb, N * heads * D); get(&Layer::kb, N * kv_heads * D);
-      get(&Layer::vb, N * kv_heads * D); get(&Layer::ff2, N * Fd);
+      const int64_t Dq = mla ? 0 : D;  // latent attention keeps its own (MlaActivations)
+      get(&Layer::qb, N * heads * Dq); get(&Layer::kb, N * kv_heads * Dq);
+      get(&Layer::vb, N * kv_heads * Dq); get(&Layer::ff2, N * Fd);
     } else {
       get(&Layer::qkv_out, N * 3 * heads * D);
     }
@@ -474,6 +514,31 @@ struct Transformer::Layer {
     const int64_t N = B * T, Ns = tp->rows(N), C = cfg->d_model, D = cfg->head_dim(), kv_width = kv_heads * D;
     const int64_t qw = heads * D;  // this shard's query (and attention output) width
     const bool cached = ck != nullptr;
+    if (mla) {
+      cpu::rmsnorm_forward(n1.p, rstd1.p, x, norm1_w, Ns, C, cfg->norm_eps);  // tp = 1: Ns = N
+      if (paged) {
+        attend_paged_latent(n1.p, N, *paged);
+      } else if (cached) {  // the compressed cache: latent rows at [pos, pos + T), absorbed queries
+        const int64_t W = mla->latent_width();
+        std::vector<float> qabs(static_cast<size_t>(T * heads * W)), out(qabs.size()), l(static_cast<size_t>(heads * T));
+        mla->latent(ck + pos * W, qabs.data(), n1.p, T, pos);
+        cpu::attention_forward(out.data(), l.data(), qabs.data(), ck, ck, mla->absorbed_params(T, pos + T));
+        mla->absorbed_output(att.p, out.data(), T);
+      } else {
+        mla->forward(att.p, n1.p, B, T, mla_acts);
+      }
+      tp->row_forward(o, x1.p, att.p, N, x);
+      cpu::rmsnorm_forward(n2.p, rstd2.p, x1.p, norm2_w, Ns, C, cfg->norm_eps);
+      if (moe) {
+        MoeStats discarded;
+        return moe->forward(y, n2.p, N, x1.p, moe_acts, cached || paged ? nullptr : recomputing ? &discarded : moe_stats);
+      }
+      gate.forward(ff1.p, n2.p, N);
+      up.forward(ff2.p, n2.p, N);
+      cpu::swiglu_forward(ffa.p, ff1.p, ff2.p, N * ff);
+      tp->row_forward(down, y, ffa.p, N, x1.p);
+      return;
+    }
     const AttentionParams ap = attn_params(B, T, pos + T, cached);
     if (cfg->is_llama()) {
       cpu::rmsnorm_forward(n1.p, rstd1.p, x, norm1_w, Ns, C, cfg->norm_eps);
@@ -526,7 +591,13 @@ struct Transformer::Layer {
   // outputs for the weight gradients rather than keeping them whole.
   void backward(float* dy, const float* x, int64_t B, int64_t T, Acts& s, bool recompute_attention = false) {
     const int64_t N = B * T, Ns = tp->rows(N), C = cfg->d_model, F = ff, D = cfg->head_dim(), qw = heads * D;
-    const AttentionParams ap = attn_params(B, T, T, false);
+    if (mla && recompute_attention) {  // its attention output is kept (MlaActivations): o_proj's input again
+      const int64_t Dp = mla->padded_dim(), Dv = mla->v_dim;
+      for (int64_t i = 0; i < N * heads; ++i)
+        std::memcpy(att.p + i * Dv, mla_acts.o.data() + i * Dp, static_cast<size_t>(Dv) * sizeof(float));
+      recompute_attention = false;
+    }
+    const AttentionParams ap = mla ? AttentionParams{} : attn_params(B, T, T, false);
     if (recompute_attention) {
       if (cfg->is_llama()) cpu::attention_forward(att.p, lse.p, qb.p, kb.p, vb.p, ap);
       else cpu::attention_forward(att.p, lse.p, qkv_out.p, qkv_out.p + qw, qkv_out.p + 2 * qw, ap);
@@ -544,6 +615,14 @@ struct Transformer::Layer {
       }
       cpu::rmsnorm_backward(s.dtmp.p, dnorm2_w, tp->reduce(s.dnorm.p, N, C), x1.p, norm2_w, rstd2.p, Ns, C);
       cpu::accumulate(dx1, s.dtmp.p, Ns * C);
+      if (mla) {  // its own buffers: o_proj's input is H·Dv wide; the Linears are not deferred
+        std::vector<float> datt(static_cast<size_t>(N * o.in));
+        o.backward(datt.data(), dx1, att.p, N, false);
+        mla->backward(s.dnorm.p, datt.data(), n1.p, mla_acts);
+        cpu::rmsnorm_backward(s.dtmp.p, dnorm1_w, s.dnorm.p, x, norm1_w, rstd1.p, Ns, C);
+        cpu::accumulate(dx1, s.dtmp.p, Ns * C);
+        return;
+      }
       linear_backward(*defer, o, s.datt.p, tp->gather(dx1, N, C), att.p, N, false);
       cpu::attention_backward(s.dq.p, s.dk.p, s.dv.p, s.datt.p, qb.p, kb.p, vb.p, att.p, lse.p, ap);
       cpu::rope_backward(s.dq.p, s.dq.p, *rope, B, T, heads, D, 0);
@@ -698,10 +777,26 @@ std::vector<ParamEntry> Transformer::param_entries_for(const ModelConfig& c, int
         columns(p + name + ".weight", {C, in}, true);
         if (bias) whole(p + name + ".bias", {C}, false, false);
       };
-      col("self_attn.q_proj", c.n_heads * D, c.attention_bias, false);
-      col("self_attn.k_proj", c.n_kv_heads * D, c.attention_bias, true);
-      col("self_attn.v_proj", c.n_kv_heads * D, c.attention_bias, true);
-      row("self_attn.o_proj", c.n_heads * D, c.attention_bias);
+      if (c.is_mla()) {  // tp = 1 (check_tensor_split)
+        const int64_t H = c.n_heads, qr = c.q_lora_rank, r = c.kv_lora_rank, Dqk = c.qk_head_dim();
+        const std::string a = p + "self_attn.";
+        if (qr > 0) {
+          whole(a + "q_a_proj.weight", {qr, C}, true, false);
+          whole(a + "q_a_layernorm.weight", {qr}, false, false);
+          whole(a + "q_b_proj.weight", {H * Dqk, qr}, true, false);
+        } else {
+          whole(a + "q_proj.weight", {H * Dqk, C}, true, false);
+        }
+        whole(a + "kv_a_proj_with_mqa.weight", {r + c.qk_rope_head_dim, C}, true, false);
+        whole(a + "kv_a_layernorm.weight", {r}, false, false);
+        whole(a + "kv_b_proj.weight", {H * (c.qk_nope_head_dim + c.v_head_dim), r}, true, false);
+        whole(a + "o_proj.weight", {C, H * c.v_head_dim}, true, false);
+      } else {
+        col("self_attn.q_proj", c.n_heads * D, c.attention_bias, false);
+        col("self_attn.k_proj", c.n_kv_heads * D, c.attention_bias, true);
+        col("self_attn.v_proj", c.n_kv_heads * D, c.attention_bias, true);
+        row("self_attn.o_proj", c.n_heads * D, c.attention_bias);
+      }
       whole(p + "post_attention_layernorm.weight", {C}, false, true);
       if (c.is_moe_layer(i)) {  // tp = 1 (check_tensor_split)
         const std::string m = p + "block_sparse_moe.";
@@ -837,10 +932,31 @@ void Transformer::build_params(uint64_t seed) {
       auto llama_lin = [&](const char* name, bool bias) {
         return lin(p + name + ".weight", bias ? p + name + ".bias" : std::string());
       };
-      layer->q = llama_lin("self_attn.q_proj", c.attention_bias);
-      layer->k = llama_lin("self_attn.k_proj", c.attention_bias);
-      layer->v = llama_lin("self_attn.v_proj", c.attention_bias);
-      layer->o = llama_lin("self_attn.o_proj", c.attention_bias);
+      if (c.is_mla()) {
+        auto mla = std::make_unique<MlaAttention>();
+        mla->d_model = c.d_model; mla->heads = c.n_heads; mla->q_rank = c.q_lora_rank; mla->kv_rank = c.kv_lora_rank;
+        mla->nope = c.qk_nope_head_dim; mla->rope_dim = c.qk_rope_head_dim; mla->v_dim = c.v_head_dim;
+        mla->interleave = c.rope_interleave; mla->eps = 1e-6f;  // transformers' latent norms: RMSNorm's default eps
+        mla->rope = &rope_;
+        const std::string a = p + "self_attn.";
+        if (c.q_lora_rank > 0) {
+          mla->q_a = lin(a + "q_a_proj.weight", "");
+          mla->q_b = lin(a + "q_b_proj.weight", "");
+          mla->q_a_norm_w = P(a + "q_a_layernorm.weight"); mla->dq_a_norm_w = G(a + "q_a_layernorm.weight");
+        } else {
+          mla->q = lin(a + "q_proj.weight", "");
+        }
+        mla->kv_a = lin(a + "kv_a_proj_with_mqa.weight", "");
+        mla->kv_b = lin(a + "kv_b_proj.weight", "");
+        mla->kv_a_norm_w = P(a + "kv_a_layernorm.weight"); mla->dkv_a_norm_w = G(a + "kv_a_layernorm.weight");
+        layer->mla = std::move(mla);
+        layer->o = lin(a + "o_proj.weight", "");
+      } else {
+        layer->q = llama_lin("self_attn.q_proj", c.attention_bias);
+        layer->k = llama_lin("self_attn.k_proj", c.attention_bias);
+        layer->v = llama_lin("self_attn.v_proj", c.attention_bias);
+        layer->o = llama_lin("self_attn.o_proj", c.attention_bias);
+      }
       if (c.is_moe_layer(i)) {
         auto moe = std::make_unique<MoeBlock>();
         moe->d_model = c.d_model;
@@ -917,6 +1033,11 @@ void Transformer::drop_row_parallel_biases() {
     for (Linear* x : {&l->o, &l->proj, &l->down}) x->b = nullptr;
 }
 
+int64_t Transformer::kv_row_width() const {
+  if (config_.is_mla()) return config_.kv_lora_rank + config_.qk_rope_head_dim;
+  return kv_heads() * config_.head_dim();
+}
+
 int64_t Transformer::kv_heads() const {
   return config_.n_kv_heads % shard_.size == 0 ? config_.n_kv_heads / shard_.size : 1;
 }
@@ -947,6 +1068,11 @@ void Transformer::for_each_pointer(F&& f) {
     f(l->norm1_w, false); f(l->norm1_b, false); f(l->dnorm1_w, true); f(l->dnorm1_b, true);
     f(l->norm2_w, false); f(l->norm2_b, false); f(l->dnorm2_w, true); f(l->dnorm2_b, true);
     for (Linear* x : {&l->qkv, &l->q, &l->k, &l->v, &l->o, &l->fc, &l->proj, &l->gate, &l->up, &l->down}) lin(*x);
+    if (l->mla) {
+      MlaAttention& a = *l->mla;
+      for (Linear* x : {&a.q, &a.q_a, &a.q_b, &a.kv_a, &a.kv_b}) lin(*x);
+      f(a.q_a_norm_w, false); f(a.dq_a_norm_w, true); f(a.kv_a_norm_w, false); f(a.dkv_a_norm_w, true);
+    }
     if (!l->moe) continue;
     MoeBlock& m = *l->moe;
     for (Linear* x : {&m.router, &m.shared_gate, &m.shared_up, &m.shared_down}) lin(*x);
@@ -1007,6 +1133,9 @@ std::vector<Linear*> Transformer::linears() {
   for (auto& l : layers_) {
     for (Linear* lin : {&l->qkv, &l->q, &l->k, &l->v, &l->o, &l->fc, &l->proj, &l->gate, &l->up, &l->down})
       if (lin->w != nullptr) out.push_back(lin);
+    if (l->mla)  // latent attention's projections (its absorbed decode reads kv_b's fp32 master)
+      for (Linear* lin : {&l->mla->q, &l->mla->q_a, &l->mla->q_b, &l->mla->kv_a, &l->mla->kv_b})
+        if (lin->w != nullptr) out.push_back(lin);
     // A MoE block's shared experts run through their Linears; the router (fp32) and the routed
     // experts (grouped GEMMs over raw weights) do not take backends.
     if (l->moe)
@@ -1046,7 +1175,7 @@ Expected<std::unique_ptr<Transformer>> Transformer::create(const ModelConfig& co
   }
   std::unique_ptr<Transformer> t(new Transformer(config, shard, stage, experts));  // private constructor
   if (config.is_llama()) {
-    KILN_ASSIGN_OR_RETURN(t->rope_, make_rope_table(config.head_dim(), config.max_seq_len, config.rope_theta,
+    KILN_ASSIGN_OR_RETURN(t->rope_, make_rope_table(config.rope_dim(), config.max_seq_len, config.rope_theta,
                                                      config.rope_scaling));
   }
   t->build_params(seed);
@@ -1122,10 +1251,12 @@ void Transformer::swap_saved(int slot) {
   std::swap(a.tokens, s.tokens); std::swap(a.targets, s.targets); std::swap(a.num_valid, s.num_valid);
   s.layers.resize(layers_.size());
   s.moe.resize(layers_.size());
+  s.mla.resize(layers_.size());
   for (size_t i = 0; i < layers_.size(); ++i) {
     s.layers[i].resize(Layer::kSaved.size());
     for (size_t k = 0; k < Layer::kSaved.size(); ++k) std::swap((*layers_[i]).*Layer::kSaved[k], s.layers[i][k]);
     std::swap(layers_[i]->moe_acts, s.moe[i]);
+    std::swap(layers_[i]->mla_acts, s.mla[i]);
   }
 }
 
@@ -1143,9 +1274,11 @@ void Transformer::use_activation_slot(int slot) {
 
 int64_t Transformer::activation_bytes() const {
   int64_t bytes = activation_bytes_;
-  for (const auto& l : layers_) bytes += l->moe_acts.bytes();
-  for (const Slots::Saved& saved : slots_->stored)
+  for (const auto& l : layers_) bytes += l->moe_acts.bytes() + l->mla_acts.bytes();
+  for (const Slots::Saved& saved : slots_->stored) {
     for (const MoeActivations& m : saved.moe) bytes += m.bytes();
+    for (const MlaActivations& m : saved.mla) bytes += m.bytes();
+  }
   return bytes;
 }
 
@@ -1176,16 +1309,16 @@ Expected<float> Transformer::forward(const int32_t* tokens, const int32_t* targe
 
 int64_t KVCache::bytes_per_token() const {
   if (k.empty() || max_len == 0) return 0;
-  return 2 * static_cast<int64_t>(k.size()) * k[0].numel() / max_len * static_cast<int64_t>(sizeof(float));
+  return static_cast<int64_t>(k.size()) * (k[0].numel() + v[0].numel()) / max_len * static_cast<int64_t>(sizeof(float));
 }
 
 KVCache Transformer::make_kv_cache(int64_t max_len) const {
   KVCache cache;
   cache.max_len = std::min(max_len, config_.max_seq_len);
-  const int64_t width = layers_.empty() ? 0 : layers_[0]->kv_heads * config_.head_dim();  // this shard's KV heads
+  const int64_t width = kv_row_width();
   for (size_t l = 0; l < layers_.size(); ++l) {
     cache.k.push_back(Tensor::zeros({cache.max_len, width}));
-    cache.v.push_back(Tensor::zeros({cache.max_len, width}));
+    cache.v.push_back(Tensor::zeros({cache.max_len, config_.is_mla() ? 0 : width}));  // MLA: values are the key rows
   }
   return cache;
 }
@@ -1301,7 +1434,7 @@ Expected<float> Transformer::forward_impl(const int32_t* tokens, const int32_t* 
   }
   for (size_t l = first; l < end; ++l) {
     float* ck = cache ? cache->k[l].data<float>() : nullptr;
-    float* cv = cache ? cache->v[l].data<float>() : nullptr;
+    float* cv = cache && cache->v[l].numel() > 0 ? cache->v[l].data<float>() : ck;  // MLA: the key rows
     if (hooks_) hooks_->before_block(static_cast<int64_t>(l), Pass::kForward);
     layers_[l]->forward(a.resid[resid_index(l + 1, chunk)].p, a.resid[resid_index(l, chunk)].p, B, T, ck, cv, pos);
     if (hooks_) hooks_->after_block(static_cast<int64_t>(l), Pass::kForward);
@@ -1425,7 +1558,9 @@ void Transformer::backward_stage(const float* doutput, float loss_scale, bool de
 
 // ---- serving: the paged KV cache ------------------------------------------------------------
 int64_t PagedKvCache::bytes() const {
-  return 2 * static_cast<int64_t>(k.size()) * num_blocks * block_size * row_width * static_cast<int64_t>(sizeof(float));
+  int64_t n = 0;
+  for (size_t l = 0; l < k.size(); ++l) n += k[l].numel() + v[l].numel();
+  return n * static_cast<int64_t>(sizeof(float));
 }
 
 void PagedKvCache::copy_block(int32_t src, int32_t dst, int64_t num_tokens) {
@@ -1434,6 +1569,7 @@ void PagedKvCache::copy_block(int32_t src, int32_t dst, int64_t num_tokens) {
   const size_t n = static_cast<size_t>(num_tokens * row_width) * sizeof(float);
   for (size_t l = 0; l < k.size(); ++l) {
     std::memcpy(k[l].data<float>() + dst * block_size * row_width, k[l].data<float>() + src * block_size * row_width, n);
+    if (v[l].numel() == 0) continue;  // latent attention: the values are the key rows
     std::memcpy(v[l].data<float>() + dst * block_size * row_width, v[l].data<float>() + src * block_size * row_width, n);
   }
 }
@@ -1442,10 +1578,10 @@ PagedKvCache Transformer::make_paged_kv_cache(int64_t num_blocks, int64_t block_
   PagedKvCache c;
   c.num_blocks = num_blocks;
   c.block_size = block_size;
-  c.row_width = layers_.empty() ? 0 : layers_[0]->kv_heads * config_.head_dim();  // this shard's KV heads
+  c.row_width = kv_row_width();
   for (int64_t l = 0; l < config_.n_layers; ++l) {
     c.k.push_back(Tensor::zeros({num_blocks * block_size, c.row_width}));
-    c.v.push_back(Tensor::zeros({num_blocks * block_size, c.row_width}));
+    c.v.push_back(Tensor::zeros({num_blocks * block_size, config_.is_mla() ? 0 : c.row_width}));  // MLA: the key rows
   }
   return c;
 }
@@ -1460,7 +1596,7 @@ Expected<const float*> Transformer::forward_paged(const PagedBatch& b, PagedKvCa
       static_cast<int64_t>(b.block_table.size()) != S * maxb)
     return invalid_argument("[forward_paged] {} sequences need num_cached ({}) of the same size and a block table of "
                             "{} × max_blocks_per_seq ({}), got {}", S, b.num_cached.size(), S, maxb, b.block_table.size());
-  const int64_t kv_width = layers_.empty() ? 0 : layers_[0]->kv_heads * c.head_dim();  // this shard's
+  const int64_t kv_width = kv_row_width();
   if (static_cast<int64_t>(cache.k.size()) != c.n_layers || cache.row_width != kv_width || bs < 1)
     return invalid_argument("[forward_paged] the cache has {} layers of rows {}, the model {} of {}", cache.k.size(),
                             cache.row_width, c.n_layers, kv_width);
@@ -1514,7 +1650,7 @@ Expected<const float*> Transformer::forward_paged(const PagedBatch& b, PagedKvCa
   step.gather = ps.gather.data();
   for (size_t l = 0; l < layers_.size(); ++l) {
     step.k_pool = cache.k[l].data<float>();
-    step.v_pool = cache.v[l].data<float>();
+    step.v_pool = cache.v[l].numel() > 0 ? cache.v[l].data<float>() : step.k_pool;  // MLA: the key rows
     layers_[l]->forward(a.resid[l + 1].p, a.resid[l].p, 1, N, nullptr, nullptr, 0, &step);
   }
   if (M == 0) return a.logits.p;

@@ -288,6 +288,9 @@ class Transformer {
   const TensorShard& tensor_shard() const { return shard_; }
   // This shard's KV heads (n_kv_heads at tp = 1): the width of its KV-cache rows over head_dim.
   int64_t kv_heads() const;
+  // Floats of one token's KV-cache row per layer (K; V the same, or none for latent attention,
+  // whose cache holds [c, k_pe] only).
+  int64_t kv_row_width() const;
   // The single-process model's parameter count (num_params() at tp = 1).
   int64_t full_num_params() const { return full_num_params_; }
   // f(local offset, full offset, n) for each run of n contiguous elements of this shard's flat
