@@ -105,6 +105,7 @@ int main(int argc, char** argv) {
   kiln::app::register_bench_quant(app);  // after bench: adds `bench quant`
   kiln::app::register_bench_prepacked(app);  // after bench: adds `bench prepacked`
   kiln::app::register_bench_grouped_gemm(app);  // after bench: adds `bench grouped-gemm`
+  kiln::app::register_bench_moe(app);  // after bench: adds `bench moe`
   refuse_nan_in_float_flags(app);  // after every register_*: covers every subcommand's flags
 
   try {
