@@ -4,6 +4,7 @@
 #include <cmath>
 #include <cstring>
 #include <limits>
+#include <span>
 #include <vector>
 
 #include "kiln/parallel/context_parallel_detail.h"
@@ -153,10 +154,26 @@ void for_each_block(std::span<const SequenceSegment> qsegs, std::span<const Sequ
       }
 }
 
-Status check_ring(const char* op, const SequenceLayout& layout) {
+// What both passes know about a call: checked params, shapes, this rank's query segments (a ring
+// layout's segments all have seg_rows rows) and its ring neighbours.
+struct RingCall {
+  AttentionParams p;
+  RingShape s;
+  int c, rank, to, from;
+  std::span<const SequenceSegment> qsegs;
+  std::vector<int64_t> qat;
+  int64_t seg_rows;
+};
+
+Expected<RingCall> ring_call(const char* op, comm::Communicator& comm, const SequenceLayout& layout,
+                             const AttentionParams& local) {
   if (layout.ulysses_ranks() != 1)
     return invalid_argument("[{}] layout {} is a hybrid layout: call hybrid_attention_*", op, layout.describe());
-  return {};
+  KILN_ASSIGN_OR_RETURN(const AttentionParams p, detail::check_cp_params(op, layout, comm.size(), local));
+  const int c = comm.size(), rank = comm.rank();
+  const auto qsegs = layout.segments(rank);
+  return RingCall{p, shape_of(p), c, rank, (rank + 1) % c, (rank + c - 1) % c, qsegs, segment_offsets(qsegs),
+                  qsegs[0].len};
 }
 
 }  // namespace
@@ -164,16 +181,10 @@ Status check_ring(const char* op, const SequenceLayout& layout) {
 Status ring_attention_forward(comm::Communicator& comm, const SequenceLayout& layout, float* out, float* lse,
                               const float* q, const float* k, const float* v, const AttentionParams& local,
                               CpStats* stats) {
-  KILN_RETURN_IF_ERROR(check_ring("ring_attention_forward", layout));
-  KILN_ASSIGN_OR_RETURN(const AttentionParams p,
-                        detail::check_cp_params("ring_attention_forward", layout, comm.size(), local));
+  KILN_ASSIGN_OR_RETURN(const RingCall call, ring_call("ring_attention_forward", comm, layout, local));
+  const auto& [p, s, c, rank, to, from, qsegs, qat, seg_rows] = call;
   CpStats mine;
   detail::CpClock clock(mine);
-  const RingShape s = shape_of(p);
-  const int c = comm.size(), rank = comm.rank();
-  const auto qsegs = layout.segments(rank);
-  const std::vector<int64_t> qat = segment_offsets(qsegs);
-  const int64_t seg_rows = qsegs[0].len;  // every segment of a ring layout has this length
 
   std::vector<float> kv[2] = {std::vector<float>(2 * s.kv_elems()), std::vector<float>(c > 1 ? 2 * s.kv_elems() : 0)};
   std::vector<float> acc_lse(s.batch * s.heads * s.rows, kNegInf);  // (B, segment, H, n)
@@ -189,7 +200,6 @@ Status ring_attention_forward(comm::Communicator& comm, const SequenceLayout& la
     pack_kv(kv[0].data(), k, v, p, s);
     for (int64_t r = 0; r < s.batch * s.rows; ++r) std::fill_n(out + r * p.o_row_stride, s.q_row(), 0.0f);
   });
-  const int to = (rank + 1) % c, from = (rank + c - 1) % c;
   Status st;
   for (int step = 0; step < c; ++step) {
     const int cur = step % 2, src = (rank - step + c) % c;
@@ -223,16 +233,10 @@ Status ring_attention_forward(comm::Communicator& comm, const SequenceLayout& la
 Status ring_attention_backward(comm::Communicator& comm, const SequenceLayout& layout, float* dq, float* dk,
                                float* dv, const float* dout, const float* q, const float* k, const float* v,
                                const float* out, const float* lse, const AttentionParams& local, CpStats* stats) {
-  KILN_RETURN_IF_ERROR(check_ring("ring_attention_backward", layout));
-  KILN_ASSIGN_OR_RETURN(const AttentionParams p,
-                        detail::check_cp_params("ring_attention_backward", layout, comm.size(), local));
+  KILN_ASSIGN_OR_RETURN(const RingCall call, ring_call("ring_attention_backward", comm, layout, local));
+  const auto& [p, s, c, rank, to, from, qsegs, qat, seg_rows] = call;
   CpStats mine;
   detail::CpClock clock(mine);
-  const RingShape s = shape_of(p);
-  const int c = comm.size(), rank = comm.rank();
-  const auto qsegs = layout.segments(rank);
-  const std::vector<int64_t> qat = segment_offsets(qsegs);
-  const int64_t seg_rows = qsegs[0].len;
   const int64_t kv2 = 2 * s.kv_elems();  // (K | V) or (dK | dV)
 
   // kv: the block computed on and the next one arriving. Gradients of the current block:
@@ -255,7 +259,6 @@ Status ring_attention_backward(comm::Communicator& comm, const SequenceLayout& l
     lse_to_segments(lse_slabs.data(), lse, s, qsegs, true);
     for (int64_t r = 0; r < s.batch * s.rows; ++r) std::fill_n(dq + r * p.q_row_stride, s.q_row(), 0.0f);
   });
-  const int to = (rank + 1) % c, from = (rank + c - 1) % c;
   Status st;
   auto wait = [&](const comm::Work& w) {
     Status ws = clock.wait(w);

@@ -63,75 +63,60 @@ Status all_to_all_timed(comm::Communicator& comm, const float* send, float* recv
       [c, send, recv, per_rank] { return comm::all_to_all(*c, send, recv, per_rank, DType::kF32); }));
 }
 
-// Sequence-sharded fields → head-sharded group buffers: group[f] (B, Tg, heads_f / U, D) packed
-// (an lse: (B, heads_f / U, Tg)), member i's rows at group_layout.segments(i).
-Status seq_to_head(comm::Communicator& comm, const SequenceLayout& group_layout, std::span<const Field> fields,
-                   std::span<float* const> group, const Shape& s, detail::CpClock& clock, CpStats& stats,
-                   std::vector<float>& send, std::vector<float>& recv) {
-  int64_t per_rank = 0;
-  for (const Field& f : fields) per_rank += block_elems(f, s);
-  send.resize(per_rank * s.ranks);
-  recv.resize(per_rank * s.ranks);
-  clock.compute([&] {
-    for (int j = 0; j < s.ranks; ++j) {
-      float* at = send.data() + j * per_rank;
-      for (const Field& f : fields) {
-        const int64_t nh = f.heads / s.ranks;
-        move_heads(at, f, s, j * nh, nh, true);
-        at += block_elems(f, s);
-      }
+// fn(block, field index, peer) for every field's block of every peer in a send or receive
+// buffer of per_rank floats per peer.
+template <class F>
+void walk_blocks(float* buf, int64_t per_rank, std::span<const Field> fields, const Shape& s, F&& fn) {
+  for (int peer = 0; peer < s.ranks; ++peer) {
+    float* at = buf + peer * per_rank;
+    for (size_t fi = 0; fi < fields.size(); ++fi) {
+      fn(at, fi, peer);
+      at += block_elems(fields[fi], s);
     }
-  });
-  KILN_RETURN_IF_ERROR(all_to_all_timed(comm, send.data(), recv.data(), per_rank, clock, stats));
-  clock.compute([&] {
-    for (int i = 0; i < s.ranks; ++i) {
-      const float* at = recv.data() + i * per_rank;
-      for (size_t fi = 0; fi < fields.size(); ++fi) {
-        const Field& f = fields[fi];
-        const int64_t nh = f.heads / s.ranks;
-        if (f.lse)
-          group_layout.unshard(group[fi], at, s.batch * nh, 1, i);
-        else
-          group_layout.unshard(group[fi], at, s.batch, nh * s.dim, i);
-        at += block_elems(f, s);
-      }
-    }
-  });
-  return {};
+  }
 }
 
-// The mirror: head-sharded group buffers → this rank's rows of every head, in fields.
-Status head_to_seq(comm::Communicator& comm, const SequenceLayout& group_layout, std::span<const float* const> group,
-                   std::span<const Field> fields, const Shape& s, detail::CpClock& clock, CpStats& stats,
-                   std::vector<float>& send, std::vector<float>& recv) {
+// A group buffer (B, Tg, heads / U, D) packed, or an lse (B, heads / U, Tg) ↔ member i's block
+// of it (its rows at group_layout.segments(i)).
+void move_group(const SequenceLayout& group_layout, float* group, float* block, const Field& f, const Shape& s,
+                int member, bool to_group) {
+  const int64_t nh = f.heads / s.ranks;
+  const int64_t batch = f.lse ? s.batch * nh : s.batch, row = f.lse ? 1 : nh * s.dim;
+  if (to_group)
+    group_layout.unshard(group, block, batch, row, member);
+  else
+    group_layout.shard(block, group, batch, row, member);
+}
+
+// Sequence-sharded fields → head-sharded group buffers (to_group), or the mirror: group buffers
+// → this rank's rows of every head, in fields. One all-to-all either way.
+Status exchange(comm::Communicator& comm, const SequenceLayout& group_layout, std::span<const Field> fields,
+                std::span<float* const> group, bool to_group, const Shape& s, detail::CpClock& clock, CpStats& stats,
+                std::vector<float>& send, std::vector<float>& recv) {
   int64_t per_rank = 0;
   for (const Field& f : fields) per_rank += block_elems(f, s);
   send.resize(per_rank * s.ranks);
   recv.resize(per_rank * s.ranks);
+  // Seq → head: block for peer j holds heads [j·nh, (j+1)·nh) of this rank's rows; head → seq:
+  // block for member i holds its rows of this rank's heads.
   clock.compute([&] {
-    for (int i = 0; i < s.ranks; ++i) {
-      float* at = send.data() + i * per_rank;
-      for (size_t fi = 0; fi < fields.size(); ++fi) {
-        const Field& f = fields[fi];
-        const int64_t nh = f.heads / s.ranks;
-        if (f.lse)
-          group_layout.shard(at, group[fi], s.batch * nh, 1, i);
-        else
-          group_layout.shard(at, group[fi], s.batch, nh * s.dim, i);
-        at += block_elems(f, s);
-      }
-    }
+    walk_blocks(send.data(), per_rank, fields, s, [&](float* at, size_t fi, int peer) {
+      const int64_t nh = fields[fi].heads / s.ranks;
+      if (to_group)
+        move_heads(at, fields[fi], s, peer * nh, nh, true);
+      else
+        move_group(group_layout, group[fi], at, fields[fi], s, peer, false);
+    });
   });
   KILN_RETURN_IF_ERROR(all_to_all_timed(comm, send.data(), recv.data(), per_rank, clock, stats));
   clock.compute([&] {
-    for (int j = 0; j < s.ranks; ++j) {
-      float* at = recv.data() + j * per_rank;
-      for (const Field& f : fields) {
-        const int64_t nh = f.heads / s.ranks;
-        move_heads(at, f, s, j * nh, nh, false);
-        at += block_elems(f, s);
-      }
-    }
+    walk_blocks(recv.data(), per_rank, fields, s, [&](float* at, size_t fi, int peer) {
+      const int64_t nh = fields[fi].heads / s.ranks;
+      if (to_group)
+        move_group(group_layout, group[fi], at, fields[fi], s, peer, true);
+      else
+        move_heads(at, fields[fi], s, peer * nh, nh, false);
+    });
   });
   return {};
 }
@@ -169,6 +154,14 @@ int64_t bytes_of(std::initializer_list<const std::vector<float>*> bufs) {
   return n;
 }
 
+// Adds a call's stats: its buffers and the inner call's peak are alive together.
+void report(CpStats& mine, CpStats inner, int64_t buffer_bytes, CpStats* stats) {
+  mine.peak_extra_bytes = buffer_bytes + inner.peak_extra_bytes;
+  inner.peak_extra_bytes = 0;
+  mine.add(inner);
+  if (stats) stats->add(mine);
+}
+
 Status ulysses_forward(comm::Communicator& comm, const SequenceLayout& group_layout, const AttentionParams& p,
                        float* out, float* lse, const float* q, const float* k, const float* v, const InnerForward& inner,
                        CpStats* stats) {
@@ -176,24 +169,19 @@ Status ulysses_forward(comm::Communicator& comm, const SequenceLayout& group_lay
   detail::CpClock clock(mine);
   const Shape s{p.batch, p.q_len, group_layout.seq_len(), p.head_dim, comm.size()};
   const AttentionParams g = group_params(p, s);
-  const int64_t hs = g.n_heads, hkvs = g.n_kv_heads;
-  std::vector<float> gq(s.batch * s.group_rows * hs * s.dim), gk(s.batch * s.group_rows * hkvs * s.dim),
-      gv(gk.size()), gout(gq.size()), glse(s.batch * hs * s.group_rows), send, recv;
+  std::vector<float> gq(s.batch * s.group_rows * g.n_heads * s.dim), gk(s.batch * s.group_rows * g.n_kv_heads * s.dim),
+      gv(gk.size()), gout(gq.size()), glse(s.batch * g.n_heads * s.group_rows), send, recv;
   const Field in[] = {{const_cast<float*>(q), p.q_row_stride, p.n_heads},
                       {const_cast<float*>(k), p.k_row_stride, p.n_kv_heads},
                       {const_cast<float*>(v), p.v_row_stride, p.n_kv_heads}};
   float* const gin[] = {gq.data(), gk.data(), gv.data()};
-  KILN_RETURN_IF_ERROR(seq_to_head(comm, group_layout, in, gin, s, clock, mine, send, recv));
+  KILN_RETURN_IF_ERROR(exchange(comm, group_layout, in, gin, true, s, clock, mine, send, recv));
   const int64_t a2a_bytes = bytes_of({&send, &recv});
   KILN_RETURN_IF_ERROR(inner(gout.data(), glse.data(), gq.data(), gk.data(), gv.data(), g, inner_stats));
   const Field res[] = {{out, p.o_row_stride, p.n_heads}, {lse, 0, p.n_heads, true}};
-  const float* const gres[] = {gout.data(), glse.data()};
-  KILN_RETURN_IF_ERROR(head_to_seq(comm, group_layout, gres, res, s, clock, mine, send, recv));
-  mine.peak_extra_bytes = bytes_of({&gq, &gk, &gv, &gout, &glse}) + std::max(a2a_bytes, bytes_of({&send, &recv})) +
-                          inner_stats.peak_extra_bytes;
-  inner_stats.peak_extra_bytes = 0;
-  mine.add(inner_stats);
-  if (stats) stats->add(mine);
+  float* const gres[] = {gout.data(), glse.data()};
+  KILN_RETURN_IF_ERROR(exchange(comm, group_layout, res, gres, false, s, clock, mine, send, recv));
+  report(mine, inner_stats, bytes_of({&gq, &gk, &gv, &gout, &glse}) + std::max(a2a_bytes, bytes_of({&send, &recv})), stats);
   return {};
 }
 
@@ -205,28 +193,23 @@ Status ulysses_backward(comm::Communicator& comm, const SequenceLayout& group_la
   detail::CpClock clock(mine);
   const Shape s{p.batch, p.q_len, group_layout.seq_len(), p.head_dim, comm.size()};
   const AttentionParams g = group_params(p, s);
-  const int64_t hs = g.n_heads, hkvs = g.n_kv_heads;
-  const size_t qn = s.batch * s.group_rows * hs * s.dim, kvn = s.batch * s.group_rows * hkvs * s.dim;
-  std::vector<float> gdout(qn), gq(qn), gk(kvn), gv(kvn), gout(qn), glse(s.batch * hs * s.group_rows), gdq(qn),
+  const size_t qn = s.batch * s.group_rows * g.n_heads * s.dim, kvn = s.batch * s.group_rows * g.n_kv_heads * s.dim;
+  std::vector<float> gdout(qn), gq(qn), gk(kvn), gv(kvn), gout(qn), glse(s.batch * g.n_heads * s.group_rows), gdq(qn),
       gdk(kvn), gdv(kvn), send, recv;
   auto mut = [](const float* x) { return const_cast<float*>(x); };
   const Field in[] = {{mut(dout), p.o_row_stride, p.n_heads}, {mut(q), p.q_row_stride, p.n_heads},
                       {mut(k), p.k_row_stride, p.n_kv_heads}, {mut(v), p.v_row_stride, p.n_kv_heads},
                       {mut(out), p.o_row_stride, p.n_heads},  {mut(lse), 0, p.n_heads, true}};
   float* const gin[] = {gdout.data(), gq.data(), gk.data(), gv.data(), gout.data(), glse.data()};
-  KILN_RETURN_IF_ERROR(seq_to_head(comm, group_layout, in, gin, s, clock, mine, send, recv));
+  KILN_RETURN_IF_ERROR(exchange(comm, group_layout, in, gin, true, s, clock, mine, send, recv));
   const int64_t a2a_bytes = bytes_of({&send, &recv});
   KILN_RETURN_IF_ERROR(inner(gdq.data(), gdk.data(), gdv.data(), gdout.data(), gq.data(), gk.data(), gv.data(),
                              gout.data(), glse.data(), g, inner_stats));
   const Field res[] = {{dq, p.q_row_stride, p.n_heads}, {dk, p.k_row_stride, p.n_kv_heads},
                        {dv, p.v_row_stride, p.n_kv_heads}};
-  const float* const gres[] = {gdq.data(), gdk.data(), gdv.data()};
-  KILN_RETURN_IF_ERROR(head_to_seq(comm, group_layout, gres, res, s, clock, mine, send, recv));
-  mine.peak_extra_bytes = bytes_of({&gdout, &gq, &gk, &gv, &gout, &glse, &gdq, &gdk, &gdv}) +
-                          std::max(a2a_bytes, bytes_of({&send, &recv})) + inner_stats.peak_extra_bytes;
-  inner_stats.peak_extra_bytes = 0;
-  mine.add(inner_stats);
-  if (stats) stats->add(mine);
+  float* const gres[] = {gdq.data(), gdk.data(), gdv.data()};
+  KILN_RETURN_IF_ERROR(exchange(comm, group_layout, res, gres, false, s, clock, mine, send, recv));
+  report(mine, inner_stats, bytes_of({&gdout, &gq, &gk, &gv, &gout, &glse, &gdq, &gdk, &gdv}) + std::max(a2a_bytes, bytes_of({&send, &recv})), stats);
   return {};
 }
 
