@@ -35,6 +35,7 @@ void register_bench(CLI::App& app) {
   register_bench_tp_decode(app);  // kiln bench tp-decode: W2-S decode at tp ranks (cmd_bench_tp_decode.cpp)
   register_bench_tp(app);  // kiln bench tp: W7 tensor parallelism (cmd_bench_tp.cpp)
   register_bench_pp(app);  // kiln bench pp: W7 pipeline parallelism (cmd_bench_pp.cpp)
+  register_bench_cp(app);  // kiln bench cp: context-parallel attention (cmd_bench_cp.cpp)
 }
 
 }  // namespace kiln::app
