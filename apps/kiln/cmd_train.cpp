@@ -277,6 +277,11 @@ void register_train(CLI::App& app) {
   t->add_option("--virtual-stages", ta->pipeline.virtual_stages, "Model chunks per rank (interleaved 1F1B)")
       ->check(CLI::Range(1, 1 << 10));
   t->add_option("--timeline", ta->timeline, "Pipeline: draw the last step's measured schedule beside the ideal (SVG)");
+  // Context parallelism (src/kiln/parallel/context_parallel_plan.h): each sequence over cp ranks, dp × cp = the ranks.
+  t->add_option("--cp", ta->context.cp, "Context-parallel ranks (each sequence split over them; attention across)")
+      ->check(CLI::Range(1, 1 << 16));
+  t->add_option("--cp-layout", ta->cp_layout, "--cp: zigzag (balanced causal work) or contiguous");
+  t->add_option("--cp-method", ta->cp_method, "--cp: ring attention or ulysses (all-to-all to head shards)");
   // Expert parallelism (src/kiln/parallel/expert_parallel.h): MoE experts over ep ranks, edp × ep = the ranks.
   t->add_option("--ep", ta->expert.ep, "Expert-parallel ranks (each holds num_experts / ep experts; tokens move by all-to-all)")
       ->check(CLI::Range(1, 1 << 16));

@@ -358,6 +358,29 @@ struct Transformer::Layer {
   MoeActivations moe_acts;        // saved by its forward (kept per layer under checkpointing too)
   MoeStats* moe_stats = nullptr;  // the model's
   bool recomputing = false;       // a checkpointed forward re-run in backward: routes, records nothing
+  const ContextShard* context = nullptr;  // context parallelism: positions of the rows, the sequence attention
+
+  // RoPE (or its backward) over (B, T, nh, D) rows at positions [pos, pos + T), or at the context
+  // shard's segments' positions.
+  void rope_rows(float* x, int64_t B, int64_t T, int64_t nh, int64_t D, int64_t pos, bool backward) const {
+    auto run = [&](float* p, int64_t b, int64_t t, int64_t at) {
+      if (backward) cpu::rope_backward(p, p, *rope, b, t, nh, D, at);
+      else cpu::rope_forward(p, p, *rope, b, t, nh, D, at);
+    };
+    if (!context || !context->on()) return run(x, B, T, pos);
+    for (int64_t b = 0; b < B; ++b) {
+      int64_t row = 0;
+      for (auto [start, len] : context->segments) {
+        run(x + (b * T + row) * nh * D, 1, len, start);
+        row += len;
+      }
+    }
+  }
+  // The attention of these rows: the whole sequence's under context parallelism.
+  void attend(float* out, float* l, const float* qp, const float* kp, const float* vp, const AttentionParams& p) const {
+    if (context && context->on()) return context->attention->forward(out, l, qp, kp, vp, p);
+    cpu::attention_forward(out, l, qp, kp, vp, p);
+  }
   // Saved activations, (N, ·):
   Buf n1, mean1, rstd1, qkv_out, qb, kb, vb, att, lse, x1, n2, mean2, rstd2, ff1, ff2, ffa;
   static constexpr std::array<Buf Layer::*, 16> kSaved = {
@@ -549,10 +572,10 @@ struct Transformer::Layer {
       if (paged) {
         attend_paged(qb.p, kb.p, vb.p, qw, kv_width, *paged);
       } else {
-        cpu::rope_forward(qb.p, qb.p, *rope, B, T, heads, D, pos);
-        cpu::rope_forward(kb.p, kb.p, *rope, B, T, kv_heads, D, pos);
+        rope_rows(qb.p, B, T, heads, D, pos, false);
+        rope_rows(kb.p, B, T, kv_heads, D, pos, false);
         if (cached) append_kv(ck, cv, kb.p, vb.p, kv_width, kv_width, T, pos, kv_width);
-        cpu::attention_forward(att.p, lse.p, qb.p, cached ? ck : kb.p, cached ? cv : vb.p, ap);
+        attend(att.p, lse.p, qb.p, cached ? ck : kb.p, cached ? cv : vb.p, ap);
       }
       tp->row_forward(o, x1.p, att.p, N, x);
       cpu::rmsnorm_forward(n2.p, rstd2.p, x1.p, norm2_w, Ns, C, cfg->norm_eps);
@@ -599,7 +622,7 @@ struct Transformer::Layer {
     }
     const AttentionParams ap = mla ? AttentionParams{} : attn_params(B, T, T, false);
     if (recompute_attention) {
-      if (cfg->is_llama()) cpu::attention_forward(att.p, lse.p, qb.p, kb.p, vb.p, ap);
+      if (cfg->is_llama()) attend(att.p, lse.p, qb.p, kb.p, vb.p, ap);
       else cpu::attention_forward(att.p, lse.p, qkv_out.p, qkv_out.p + qw, qkv_out.p + 2 * qw, ap);
     }
     float* dx1 = dy;  // the residual carries dy straight through; norm branches add to it
@@ -624,9 +647,13 @@ struct Transformer::Layer {
         return;
       }
       linear_backward(*defer, o, s.datt.p, tp->gather(dx1, N, C), att.p, N, false);
-      cpu::attention_backward(s.dq.p, s.dk.p, s.dv.p, s.datt.p, qb.p, kb.p, vb.p, att.p, lse.p, ap);
-      cpu::rope_backward(s.dq.p, s.dq.p, *rope, B, T, heads, D, 0);
-      cpu::rope_backward(s.dk.p, s.dk.p, *rope, B, T, kv_heads, D, 0);
+      if (context && context->on()) {
+        context->attention->backward(s.dq.p, s.dk.p, s.dv.p, s.datt.p, qb.p, kb.p, vb.p, att.p, lse.p, ap);
+      } else {
+        cpu::attention_backward(s.dq.p, s.dk.p, s.dv.p, s.datt.p, qb.p, kb.p, vb.p, att.p, lse.p, ap);
+      }
+      rope_rows(s.dq.p, B, T, heads, D, 0, true);
+      rope_rows(s.dk.p, B, T, kv_heads, D, 0, true);
       const float* in1 = tp->gather(n1.p, N, C);
       linear_backward(*defer, q, s.dnorm.p, s.dq.p, in1, N, false);
       linear_backward(*defer, k, s.dnorm.p, s.dk.p, in1, N, true);
@@ -653,11 +680,12 @@ struct Transformer::Layer {
 };
 
 Transformer::Transformer(const ModelConfig& c, const TensorShard& shard, const PipelineStage& stage,
-                         const ExpertShard& experts)
+                         const ExpertShard& experts, const ContextShard& context)
     : config_(c),
       shard_(shard),
       stage_(stage.chunks.empty() ? PipelineStage::blocks(0, c.n_layers) : stage),
-      experts_(experts) {}
+      experts_(experts),
+      context_(context) {}
 Transformer::~Transformer() = default;
 
 Status check_tensor_split(const ModelConfig& c, int tp) {
@@ -909,6 +937,7 @@ void Transformer::build_params(uint64_t seed) {
     layer->rope = &rope_;
     layer->tp = tp_.get();
     layer->defer = &slots_->deferring;
+    layer->context = &context_;
     layer->index = i;
     layer->heads = c.n_heads / R;
     layer->kv_heads = kv_heads();
@@ -1155,7 +1184,7 @@ float* Transformer::grad(std::string_view name) {
 
 Expected<std::unique_ptr<Transformer>> Transformer::create(const ModelConfig& config, uint64_t seed,
                                                            const TensorShard& shard, const PipelineStage& stage,
-                                                           const ExpertShard& experts) {
+                                                           const ExpertShard& experts, const ContextShard& context) {
   KILN_RETURN_IF_ERROR(check_config(config));
   KILN_RETURN_IF_ERROR(check_tensor_split(config, shard.size));
   KILN_RETURN_IF_ERROR(check_expert_split(config, experts.size));
@@ -1173,7 +1202,10 @@ Expected<std::unique_ptr<Transformer>> Transformer::create(const ModelConfig& co
                               "blocks after the previous chunk", r.begin, r.end, config.n_layers);
     last_end = r.end;
   }
-  std::unique_ptr<Transformer> t(new Transformer(config, shard, stage, experts));  // private constructor
+  if (context.on() && (!config.is_llama() || config.is_mla() || shard.size > 1 || context.attention == nullptr))
+    return invalid_argument("context parallelism runs a Llama-family model with multi-head attention, tp 1 and a "
+                            "sequence attention ({})", config.describe());
+  std::unique_ptr<Transformer> t(new Transformer(config, shard, stage, experts, context));  // private constructor
   if (config.is_llama()) {
     KILN_ASSIGN_OR_RETURN(t->rope_, make_rope_table(config.rope_dim(), config.max_seq_len, config.rope_theta,
                                                      config.rope_scaling));
@@ -1326,6 +1358,7 @@ KVCache Transformer::make_kv_cache(int64_t max_len) const {
 Expected<const float*> Transformer::forward_cached(const int32_t* tokens, int64_t n, KVCache& cache) {
   if (n <= 0) return invalid_argument("[forward_cached] no tokens");
   if (!stage_.whole(config_)) return invalid_argument("[forward_cached] needs the whole model, not a pipeline stage");
+  if (context_.on()) return invalid_argument("[forward_cached] needs the whole sequence, not a context-parallel shard");
   if (cache.len + n > cache.max_len)
     return out_of_range("[forward_cached] {} cached + {} new tokens exceed the cache of {}", cache.len, n, cache.max_len);
   if (static_cast<int64_t>(cache.k.size()) != config_.n_layers)
@@ -1588,6 +1621,7 @@ PagedKvCache Transformer::make_paged_kv_cache(int64_t num_blocks, int64_t block_
 
 Expected<const float*> Transformer::forward_paged(const PagedBatch& b, PagedKvCache& cache) {
   if (!stage_.whole(config_)) return invalid_argument("[forward_paged] needs the whole model, not a pipeline stage");
+  if (context_.on()) return invalid_argument("[forward_paged] needs the whole sequence, not a context-parallel shard");
   const ModelConfig& c = config_;
   const int64_t S = static_cast<int64_t>(b.num_new.size()), N = static_cast<int64_t>(b.tokens.size());
   const int64_t C = c.d_model, V = c.vocab_size, M = static_cast<int64_t>(b.logit_rows.size());

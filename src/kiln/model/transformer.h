@@ -64,6 +64,30 @@ struct TensorParallelTraffic {
   double seconds = 0;
 };
 
+// Attention over a sequence split across ranks (context parallelism; src/kiln/parallel implements
+// it with ring attention or Ulysses): the calls take this rank's rows exactly as
+// cpu::attention_forward / attention_backward would, and give the whole sequence's attention of
+// them. Every rank of the group calls them in the same order.
+class SequenceAttention {
+ public:
+  virtual ~SequenceAttention() = default;
+  virtual void forward(float* out, float* lse, const float* q, const float* k, const float* v,
+                       const AttentionParams& local) const = 0;
+  virtual void backward(float* dq, float* dk, float* dv, const float* dout, const float* q, const float* k,
+                        const float* v, const float* out, const float* lse, const AttentionParams& local) const = 0;
+};
+
+// The context-parallel shard a model is built for (src/kiln/parallel/context_parallel_plan.h): of
+// each sequence this rank holds the token positions [start, start + len) of `segments`, in that
+// order (a contiguous or zig-zag layout), so a forward of seq_len T / C rows runs RoPE at those
+// positions and its attention through `attention`; everything else is local. No segments: the
+// whole sequence (one process).
+struct ContextShard {
+  std::vector<std::pair<int64_t, int64_t>> segments;  // (start, len)
+  const SequenceAttention* attention = nullptr;
+  bool on() const { return !segments.empty(); }
+};
+
 // MoE routing (model/moe.h), summed over the model's MoE blocks and forwards (batch-group-wide
 // values).
 struct MoeStats {
@@ -261,7 +285,8 @@ class Transformer {
   static Expected<std::unique_ptr<Transformer>> create(const ModelConfig& config, uint64_t seed,
                                                        const TensorShard& shard = {},
                                                        const PipelineStage& stage = {},
-                                                       const ExpertShard& experts = {});
+                                                       const ExpertShard& experts = {},
+                                                       const ContextShard& context = {});
   // The parameters create(config) allocates (names, kiln shapes, offsets), computed without
   // allocating anything, so a loader checks a file against them first. config passes check_config.
   // With a shard: its local shapes and offsets, and each entry's split.
@@ -388,7 +413,8 @@ class Transformer {
   struct Layer;  // one transformer block (defined in transformer.cpp)
 
  private:
-  Transformer(const ModelConfig& c, const TensorShard& shard, const PipelineStage& stage, const ExpertShard& experts);
+  Transformer(const ModelConfig& c, const TensorShard& shard, const PipelineStage& stage, const ExpertShard& experts,
+              const ContextShard& context);
   void build_params(uint64_t seed);
   // Row-parallel biases are added by tp rank 0 only (the reduction sums the partial outputs);
   // the other ranks keep their gradients. Called after every rewiring of the pointers.
@@ -428,6 +454,7 @@ class Transformer {
   TensorShard shard_;
   PipelineStage stage_;
   ExpertShard experts_;
+  ContextShard context_;
   MoeStats moe_stats_;
   int64_t full_num_params_ = 0;
   struct Tp;  // the layers' tensor-parallel collectives and their scratch (transformer.cpp)

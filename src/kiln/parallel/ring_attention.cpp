@@ -182,7 +182,14 @@ Status ring_attention_forward(comm::Communicator& comm, const SequenceLayout& la
                               const float* q, const float* k, const float* v, const AttentionParams& local,
                               CpStats* stats) {
   KILN_ASSIGN_OR_RETURN(const RingCall call, ring_call("ring_attention_forward", comm, layout, local));
-  const auto& [p, s, c, rank, to, from, qsegs, qat, seg_rows] = call;
+  // Named references, not a structured binding: the lambdas below capture them (clang 14 cannot
+  // capture structured bindings).
+  [[maybe_unused]] const AttentionParams& p = call.p;
+  [[maybe_unused]] const RingShape& s = call.s;
+  [[maybe_unused]] const int c = call.c, rank = call.rank, to = call.to, from = call.from;
+  [[maybe_unused]] const std::span<const SequenceSegment> qsegs = call.qsegs;
+  [[maybe_unused]] const std::vector<int64_t>& qat = call.qat;
+  [[maybe_unused]] const int64_t seg_rows = call.seg_rows;
   CpStats mine;
   detail::CpClock clock(mine);
 
@@ -234,7 +241,14 @@ Status ring_attention_backward(comm::Communicator& comm, const SequenceLayout& l
                                float* dv, const float* dout, const float* q, const float* k, const float* v,
                                const float* out, const float* lse, const AttentionParams& local, CpStats* stats) {
   KILN_ASSIGN_OR_RETURN(const RingCall call, ring_call("ring_attention_backward", comm, layout, local));
-  const auto& [p, s, c, rank, to, from, qsegs, qat, seg_rows] = call;
+  // Named references, not a structured binding: the lambdas below capture them (clang 14 cannot
+  // capture structured bindings).
+  [[maybe_unused]] const AttentionParams& p = call.p;
+  [[maybe_unused]] const RingShape& s = call.s;
+  [[maybe_unused]] const int c = call.c, rank = call.rank, to = call.to, from = call.from;
+  [[maybe_unused]] const std::span<const SequenceSegment> qsegs = call.qsegs;
+  [[maybe_unused]] const std::vector<int64_t>& qat = call.qat;
+  [[maybe_unused]] const int64_t seg_rows = call.seg_rows;
   CpStats mine;
   detail::CpClock clock(mine);
   const int64_t kv2 = 2 * s.kv_elems();  // (K | V) or (dK | dV)

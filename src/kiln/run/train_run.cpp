@@ -118,14 +118,17 @@ Expected<parallel::DataParallelOptions> resolve_parallel(const TrainRunOptions& 
     p.zero = 3;
   }
   if (p.shard_group > 0 && p.zero == 0) p.zero = 3;
-  const int tp = o.tensor.tp, pp = o.pipeline.pp;
+  const int tp = o.tensor.tp, pp = o.pipeline.pp, cp = std::max(1, o.context.cp);
   if (o.tensor.sequence_parallel && tp < 2)
     return invalid_argument("--sp splits the sequence over the --tp ranks: it needs --tp 2 or more");
   if (world % (tp * pp) != 0)
     return invalid_argument("--pp {} × --tp {} does not divide the {} ranks of this job (mpirun -np): pp × dp × tp "
                             "must be the world", pp, tp, world);
-  const int dp = o.dp > 0 ? o.dp : world / (tp * pp);
-  if (dp * tp * pp != world)
+  if (world % (tp * pp * cp) != 0)
+    return invalid_argument("--cp {} does not divide the {} ranks of this job (mpirun -np): dp × cp must be the world",
+                            cp, world);
+  const int dp = o.dp > 0 ? o.dp : world / (tp * pp * cp);
+  if (dp * tp * pp * cp != world)
     return invalid_argument("--dp {} × --tp {} × --pp {} does not match the {} ranks of this job (mpirun -np): every "
                             "rank is one data-parallel rank of one tensor-parallel group of one pipeline stage",
                             dp, tp, pp, world);
@@ -135,6 +138,9 @@ Expected<parallel::DataParallelOptions> resolve_parallel(const TrainRunOptions& 
                             "computes both halves at once");
   if (p.zero == 3 && !o.qat.empty())
     return invalid_argument("--qat installs a backend on every whole weight; it needs --zero 0, 1 or 2 (got 3)");
+  if (o.context.cp > 1 && (tp > 1 || pp > 1 || o.expert.ep > 1))
+    return invalid_argument("--cp {} composes with data parallelism only; with --tp, --pp or --ep it is not implemented",
+                            o.context.cp);
   if (o.expert.ep > 1 && (tp > 1 || pp > 1))
     return invalid_argument("--ep {} composes with data parallelism only; with --tp or --pp it is not implemented",
                             o.expert.ep);
@@ -179,10 +185,11 @@ Expected<quant::QatConfig> install_qat(const std::string& name, Transformer& mod
 }
 
 // The model's memory by kind, after one forward of a (batch, seq) probe sized the activations.
-void print_model_memory(Transformer& model, const TrainOptions& t, int64_t rows, double flops_per_token,
+// `seq`: the tokens of a sequence this rank runs (T, or T / cp under context parallelism).
+void print_model_memory(Transformer& model, const TrainOptions& t, int64_t rows, int64_t seq, double flops_per_token,
                         const RunOutput& out) {
-  std::vector<int32_t> probe(static_cast<size_t>(rows * t.seq_len), 0);  // (rows, T): this rank's part of a batch
-  (void)model.forward(probe.data(), nullptr, rows, t.seq_len);
+  std::vector<int32_t> probe(static_cast<size_t>(rows * seq), 0);  // (rows, seq): this rank's part of a batch
+  (void)model.forward(probe.data(), nullptr, rows, seq);
   const double mib = static_cast<double>(model.num_params()) * sizeof(float) / 1048576.0;
   out.print("memory: weights {:.1f} MiB, grads {:.1f} MiB, AdamW {:.1f} MiB, activations {:.1f} MiB{}; "
             "{:.1f} MFLOP/token (train)\n", mib, mib, 2 * mib, model.activation_bytes() / 1048576.0,
@@ -391,6 +398,14 @@ void report_pipeline(const TrainRunOptions& o, const parallel::PipelineParallelP
 Status run_training(const TrainRunOptions& o_in, const RunOutput& out_in) {
   TrainRunOptions o = o_in;
   {
+    auto layout = parallel::parse_layout_kind(o.cp_layout);
+    if (!layout.ok()) return invalid_argument("--cp-layout: {}", layout.status().message());
+    auto method = parallel::parse_cp_method(o.cp_method);
+    if (!method.ok()) return invalid_argument("--cp-method: {}", method.status().message());
+    o.context.layout = *layout;
+    o.context.method = *method;
+  }
+  {
     auto kind = pipeline::parse_schedule(o.schedule);
     if (!kind.ok()) return invalid_argument("--schedule: {}", kind.status().message());
     o.pipeline.schedule = *kind;
@@ -401,7 +416,7 @@ Status run_training(const TrainRunOptions& o_in, const RunOutput& out_in) {
   // Data parallelism: every flag checked before MPI is asked for anything but the world size.
   const bool parallel_run = launched_by_mpi() || o.dp > 0 || o.fsdp || o.parallel.zero > 0 || o.parallel.shard_group > 0 ||
                             o.reduce_dtype != "f32" || o.tensor.tp > 1 || o.tensor.sequence_parallel ||
-                            o.pipeline.pp > 1 || o.expert.ep > 1;
+                            o.pipeline.pp > 1 || o.expert.ep > 1 || o.context.cp > 1;
   const bool pipeline_parallel = o.pipeline.pp > 1;
   const bool tensor_parallel = o.tensor.tp > 1 && !pipeline_parallel;
   comm::Communicator* world = parallel_run ? &comm::Communicator::world() : nullptr;
@@ -432,11 +447,14 @@ Status run_training(const TrainRunOptions& o_in, const RunOutput& out_in) {
   }
   // A MoE model's data-parallel layouts: expert parallelism (ep 1 is DDP with the single-process
   // routing statistics), unless ZeRO/FSDP is asked for without --ep.
-  const bool expert_parallel = world && !pipeline_parallel && !tensor_parallel && d.config.is_moe() &&
+  const bool context_parallel = o.context.cp > 1;
+  if (context_parallel)
+    KILN_RETURN_IF_ERROR(parallel::check_context_parallel(o.context, d.config, world->size(), *dpo, t));
+  const bool expert_parallel = world && !pipeline_parallel && !tensor_parallel && !context_parallel && d.config.is_moe() &&
                                (o.expert.ep > 1 || (dpo->zero == 0 && dpo->shard_group == 0));
   if (expert_parallel || o.expert.ep > 1)
     KILN_RETURN_IF_ERROR(parallel::check_expert_parallel(o.expert, d.config, world->size(), *dpo, t));
-  const int dp_size = world ? world->size() / (o.tensor.tp * o.pipeline.pp) : 1;
+  const int dp_size = world ? world->size() / (o.tensor.tp * o.pipeline.pp * std::max(1, o.context.cp)) : 1;
   // The plan first: a tensor-parallel model is built for its shard of the mesh, a pipeline
   // stage for its blocks.
   std::unique_ptr<ParallelPlan> plan;
@@ -444,7 +462,12 @@ Status run_training(const TrainRunOptions& o_in, const RunOutput& out_in) {
   parallel::TensorParallelPlan* tp_plan = nullptr;
   parallel::DataParallelPlan* dp_plan = nullptr;
   parallel::ExpertParallelPlan* ep_plan = nullptr;
-  if (expert_parallel) {
+  parallel::ContextParallelPlan* cp_plan = nullptr;
+  if (context_parallel) {
+    KILN_ASSIGN_OR_RETURN(auto p, parallel::ContextParallelPlan::create(*world, o.context, *dpo, d.config, t));
+    cp_plan = p.get();
+    plan = std::move(p);
+  } else if (expert_parallel) {
     KILN_ASSIGN_OR_RETURN(auto p, parallel::ExpertParallelPlan::create(*world, o.expert, *dpo, d.config, t));
     ep_plan = p.get();
     plan = std::move(p);
@@ -469,7 +492,8 @@ Status run_training(const TrainRunOptions& o_in, const RunOutput& out_in) {
                                             : tp_plan ? tp_plan->shard()
                                                       : TensorShard{},
                                             pp_plan ? pp_plan->stage() : PipelineStage{},
-                                            ep_plan ? ep_plan->shard() : ExpertShard{}));
+                                            ep_plan ? ep_plan->shard() : ExpertShard{},
+                                            cp_plan ? cp_plan->shard() : ContextShard{}));
   t.max_seconds = o.minutes * 60.0;
   if (t.max_seconds > 0 && t.max_steps <= 0) t.max_steps = 1'000'000;
 
@@ -493,12 +517,14 @@ Status run_training(const TrainRunOptions& o_in, const RunOutput& out_in) {
               pp_plan   ? "pipeline parallel"
               : tp_plan ? "tensor parallel"
               : ep_plan ? "expert parallel"
+              : cp_plan ? "context parallel"
                         : "data parallel",
               plan->describe(), t.batch,
               t.batch / dp_size);
   }
   const std::unique_ptr<Trainer> trainer = make_trainer(*model, d, t, plan.get());
-  print_model_memory(*model, t, t.batch / dp_size, progress.flops_per_token, out);
+  print_model_memory(*model, t, t.batch / dp_size, cp_plan ? cp_plan->layout().local_len() : t.seq_len,
+                     progress.flops_per_token, out);
 
   const bool sharded = world != nullptr;
   const std::string ckpt = checkpoint_path(o, sharded);

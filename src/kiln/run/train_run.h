@@ -18,6 +18,7 @@
 #include <fmt/format.h>
 
 #include "kiln/core/status.h"
+#include "kiln/parallel/context_parallel_plan.h"
 #include "kiln/parallel/data_parallel.h"
 #include "kiln/parallel/expert_parallel.h"
 #include "kiln/parallel/pipeline.h"
@@ -61,6 +62,10 @@ struct TrainRunOptions {
   // data-parallel rank). A MoE model under mpirun without --ep runs it at ep 1 (DDP with the
   // single-process routing statistics) unless ZeRO/FSDP is asked for.
   parallel::ExpertParallelOptions expert;
+  // Context parallelism: --cp C, --cp-layout zigzag|contiguous, --cp-method ring|ulysses (the world
+  // is dp × cp).
+  parallel::ContextParallelOptions context;
+  std::string cp_layout = "zigzag", cp_method = "ring";
 };
 
 // Whether this process was started by mpirun (or another MPI launcher): a plain `kiln train`

@@ -1,0 +1,149 @@
+// Context parallelism's plan (context_parallel_plan.h).
+#include "kiln/parallel/context_parallel_plan.h"
+
+#include <algorithm>
+#include <cstring>
+
+namespace kiln::parallel {
+
+std::string_view cp_method_name(CpMethod m) { return m == CpMethod::kRing ? "ring" : "ulysses"; }
+
+Expected<CpMethod> parse_cp_method(std::string_view name) {
+  if (name == "ring") return CpMethod::kRing;
+  if (name == "ulysses") return CpMethod::kUlysses;
+  return invalid_argument("context-parallel method '{}' (ring or ulysses)", name);
+}
+
+Status check_context_parallel(const ContextParallelOptions& o, const ModelConfig& c, int world,
+                              const DataParallelOptions& dp, const TrainOptions& train) {
+  if (o.cp < 1) return invalid_argument("--cp {} must be >= 1", o.cp);
+  if (world % o.cp != 0)
+    return invalid_argument("--cp {} does not divide the {} ranks of this job: dp × cp must be the world", o.cp, world);
+  if (!c.is_llama() || c.is_mla())
+    return invalid_argument("--cp runs a Llama-family model with multi-head attention ({})", c.describe());
+  if (o.method == CpMethod::kUlysses && (c.n_heads % o.cp != 0 || c.n_kv_heads % o.cp != 0))
+    return invalid_argument("--cp-method ulysses shards the heads: --cp {} must divide n_heads ({}) and n_kv_heads ({}); "
+                            "use --cp-method ring", o.cp, c.n_heads, c.n_kv_heads);
+  const int64_t chunks = o.layout == LayoutKind::kZigzag ? 2 * o.cp : o.cp;
+  if (train.seq_len % chunks != 0)
+    return invalid_argument("--cp {} with the {} layout cuts --seq {} into {} chunks: it must be a multiple of {}", o.cp,
+                            layout_kind_name(o.layout), train.seq_len, chunks, chunks);
+  const int dp_size = world / o.cp;
+  if (train.batch % dp_size != 0)
+    return invalid_argument("--batch {} does not split over the {} data-parallel ranks", train.batch, dp_size);
+  if (dp.zero != 0 || dp.shard_group != 0)
+    return invalid_argument("--cp composes with DDP (--zero 0) only; ZeRO/FSDP with context parallelism is not "
+                            "implemented (got --zero {})", dp.zero);
+  if (train.checkpoint != CheckpointMode::kNone)
+    return invalid_argument("--cp with activation checkpointing is not implemented (the recomputed attention is a "
+                            "collective); use --checkpoint none");
+  return {};
+}
+
+// The model's sequence attention: ring (contiguous or zig-zag) or Ulysses over the cp group. A
+// failure is a broken invariant here (the plan checked every shape before the first step).
+class ContextParallelPlan::Attention final : public SequenceAttention {
+ public:
+  Attention(comm::Communicator& comm, const SequenceLayout& layout, CpMethod method)
+      : comm_(comm), layout_(layout), method_(method) {}
+  void forward(float* out, float* lse, const float* q, const float* k, const float* v,
+               const AttentionParams& local) const override {
+    CpStats s;
+    const Status st = method_ == CpMethod::kRing ? ring_attention_forward(comm_, layout_, out, lse, q, k, v, local, &s)
+                                                 : ulysses_attention_forward(comm_, layout_, out, lse, q, k, v, local, &s);
+    KILN_CHECK_MSG(st.ok(), "context-parallel attention: {}", st.to_string());
+    stats_.add(s);
+  }
+  void backward(float* dq, float* dk, float* dv, const float* dout, const float* q, const float* k, const float* v,
+                const float* out, const float* lse, const AttentionParams& local) const override {
+    CpStats s;
+    const Status st =
+        method_ == CpMethod::kRing
+            ? ring_attention_backward(comm_, layout_, dq, dk, dv, dout, q, k, v, out, lse, local, &s)
+            : ulysses_attention_backward(comm_, layout_, dq, dk, dv, dout, q, k, v, out, lse, local, &s);
+    KILN_CHECK_MSG(st.ok(), "context-parallel attention backward: {}", st.to_string());
+    stats_.add(s);
+  }
+  CpStats take() const { return std::exchange(stats_, CpStats{}); }
+
+ private:
+  comm::Communicator& comm_;
+  const SequenceLayout& layout_;
+  CpMethod method_;
+  mutable CpStats stats_;
+};
+
+Expected<std::unique_ptr<ContextParallelPlan>> ContextParallelPlan::create(comm::Communicator& world,
+                                                                           const ContextParallelOptions& o,
+                                                                           const DataParallelOptions& dp,
+                                                                           const ModelConfig& config,
+                                                                           const TrainOptions& train) {
+  KILN_RETURN_IF_ERROR(check_context_parallel(o, config, world.size(), dp, train));
+  std::unique_ptr<ContextParallelPlan> p(new ContextParallelPlan());
+  p->o_ = o;
+  KILN_ASSIGN_OR_RETURN(p->layout_, SequenceLayout::create(o.layout, train.seq_len, o.cp));
+  KILN_ASSIGN_OR_RETURN(p->mesh_, comm::DeviceMesh::create(world, {{"dp", world.size() / o.cp}, {"cp", o.cp}}));
+  // The gradients: each rank's loss is its tokens' mean, so DDP over every rank averages them.
+  TrainOptions every_rank = train;
+  every_rank.batch = train.batch / (world.size() / o.cp) * world.size();  // the DDP plan's check only
+  KILN_ASSIGN_OR_RETURN(p->data_, DataParallelPlan::create(world, dp, every_rank));
+  p->attention_ = std::make_unique<Attention>(p->mesh_->comm("cp"), p->layout_, o.method);
+  return p;
+}
+
+ContextParallelPlan::~ContextParallelPlan() = default;
+
+ContextShard ContextParallelPlan::shard() const {
+  ContextShard s;
+  if (o_.cp == 1) return s;  // the whole sequence: one process's code
+  for (const SequenceSegment& g : layout_.segments(mesh_->coord("cp"))) s.segments.emplace_back(g.start, g.len);
+  s.attention = attention_.get();
+  return s;
+}
+
+void ContextParallelPlan::attach(Transformer& model) {
+  data_->attach(model);
+  model.set_hooks(this);
+}
+
+void ContextParallelPlan::local_rows(std::vector<int32_t>& out, const int32_t* in, int64_t rows, int64_t seq_len) const {
+  KILN_CHECK_MSG(seq_len == layout_.seq_len(), "context parallelism is laid out for seq_len {}, got {}",
+                 layout_.seq_len(), seq_len);
+  out.clear();
+  for (int64_t r = 0; r < rows; ++r)
+    for (const SequenceSegment& g : layout_.segments(mesh_->coord("cp")))
+      out.insert(out.end(), in + r * seq_len + g.start, in + r * seq_len + g.start + g.len);
+}
+
+double ContextParallelPlan::forward_backward(Transformer& model, const int32_t* tokens, const int32_t* targets,
+                                             int64_t rows, int64_t seq_len, float loss_scale) {
+  if (o_.cp == 1) return ParallelPlan::forward_backward(model, tokens, targets, rows, seq_len, loss_scale);
+  local_rows(x_, tokens, rows, seq_len);
+  local_rows(y_, targets, rows, seq_len);
+  return ParallelPlan::forward_backward(model, x_.data(), y_.data(), rows, layout_.local_len(), loss_scale);
+}
+
+double ContextParallelPlan::forward_loss(Transformer& model, const int32_t* tokens, const int32_t* targets, int64_t rows,
+                                         int64_t seq_len) {
+  if (o_.cp == 1) return ParallelPlan::forward_loss(model, tokens, targets, rows, seq_len);
+  local_rows(x_, tokens, rows, seq_len);
+  local_rows(y_, targets, rows, seq_len);
+  return ParallelPlan::forward_loss(model, x_.data(), y_.data(), rows, layout_.local_len());
+}
+
+CommTimes ContextParallelPlan::take_comm_times() {
+  CommTimes t = data_->take_comm_times();
+  const CpStats s = attention_->take();
+  t.comm_seconds += s.comm_seconds;
+  t.exposed_seconds += s.exposed_seconds;
+  return t;
+}
+
+CpStats ContextParallelPlan::take_cp_stats() { return attention_->take(); }
+
+std::string ContextParallelPlan::describe() const {
+  return fmt::format("dp {} × cp {} ({}, {}; gradients: {} over every rank)", mesh_->size("dp"), o_.cp,
+                     cp_method_name(o_.method), layout_.describe(), data_->describe());
+}
+
+}  // namespace kiln::parallel
