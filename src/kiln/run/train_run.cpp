@@ -119,6 +119,9 @@ Expected<parallel::DataParallelOptions> resolve_parallel(const TrainRunOptions& 
   }
   if (p.shard_group > 0 && p.zero == 0) p.zero = 3;
   const int tp = o.tensor.tp, pp = o.pipeline.pp, cp = std::max(1, o.context.cp);
+  if (o.context.cp > 1 && (tp > 1 || pp > 1 || o.expert.ep > 1))
+    return invalid_argument("--cp {} composes with data parallelism only; with --tp, --pp or --ep it is not implemented",
+                            o.context.cp);
   if (o.tensor.sequence_parallel && tp < 2)
     return invalid_argument("--sp splits the sequence over the --tp ranks: it needs --tp 2 or more");
   if (world % (tp * pp) != 0)
@@ -138,9 +141,6 @@ Expected<parallel::DataParallelOptions> resolve_parallel(const TrainRunOptions& 
                             "computes both halves at once");
   if (p.zero == 3 && !o.qat.empty())
     return invalid_argument("--qat installs a backend on every whole weight; it needs --zero 0, 1 or 2 (got 3)");
-  if (o.context.cp > 1 && (tp > 1 || pp > 1 || o.expert.ep > 1))
-    return invalid_argument("--cp {} composes with data parallelism only; with --tp, --pp or --ep it is not implemented",
-                            o.context.cp);
   if (o.expert.ep > 1 && (tp > 1 || pp > 1))
     return invalid_argument("--ep {} composes with data parallelism only; with --tp or --pp it is not implemented",
                             o.expert.ep);
