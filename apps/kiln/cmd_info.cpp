@@ -12,9 +12,23 @@
 #include "kiln/kernels/registry.h"
 #include "kiln/model/transformer.h"
 #include "kiln/perf/memory_model.h"
+#include "kiln/serve/kv_cache_manager.h"
 
 namespace kiln::app {
 namespace {
+// Serving's KV cache per token (fp32), beside multi-head and grouped-query attention of the same
+// width (n_heads heads of d_model / n_heads; GQA with a quarter of the heads as KV heads).
+void print_kv_bytes(const ModelConfig& c) {
+  ModelConfig mha = c;
+  mha.kv_lora_rank = mha.q_lora_rank = mha.qk_nope_head_dim = mha.qk_rope_head_dim = mha.v_head_dim = 0;
+  mha.n_kv_heads = c.n_heads;
+  ModelConfig gqa = mha;
+  gqa.n_kv_heads = std::max<int64_t>(1, c.n_heads / 4);
+  fmt::print("  KV cache (serving, fp32): {} bytes/token{}; MHA of the same width {}, GQA with {} KV heads {}\n",
+             kv_bytes_per_token(c, DType::kF32), c.is_mla() ? " (latent attention: [c, k_pe] per layer)" : "",
+             kv_bytes_per_token(mha, DType::kF32), gqa.n_kv_heads, kv_bytes_per_token(gqa, DType::kF32));
+}
+
 
 const char* yes_no(bool b) { return b ? "yes" : "no"; }
 
@@ -114,6 +128,7 @@ void run_memory(const MemoryArgs& a) {
     d.fsdp_unit_blocks = a.fsdp_unit;
     d.prefetch = a.prefetch;
     fmt::print("{}", perf::format_memory_prediction(perf::predict_memory(*cfg, a.batch, a.seq, *p, *m, d, {a.tp, a.sp})));
+    print_kv_bytes(*cfg);
     if (a.tp > 1 && a.seq % a.tp == 0) {  // what sequence parallelism saves, either way it was asked
       auto acts = [&](bool sp) {
         return static_cast<double>(perf::predict_memory(*cfg, a.batch, a.seq, *p, *m, d, {a.tp, sp}).activation_block_bytes()) /
@@ -126,6 +141,7 @@ void run_memory(const MemoryArgs& a) {
     return;
   }
   fmt::print("{}", perf::format_memory_prediction(perf::predict_memory(*cfg, a.batch, a.seq, *p, *m)));
+  print_kv_bytes(*cfg);
   fmt::print("  (under full checkpointing one set of layer buffers is shared by all layers, under selective the\n"
              "   attention output O and lse are; kiln train --memory-report compares this with the caching\n"
              "   allocator's measured peak)\n");

@@ -9,6 +9,7 @@
 #include "kiln/core/thread_pool.h"
 #include "kiln/kernels/adamw.h"
 #include "kiln/model/transformer.h"
+#include "kiln/serve/kv_cache_manager.h"
 
 namespace kiln {
 namespace {
@@ -233,6 +234,7 @@ TEST(Transformer, KvCacheMatchesFullRecompute) {
     // The compressed cache of latent attention holds [c, k_pe] per token, for all heads.
     EXPECT_EQ(cache.bytes_per_token(), c.is_mla() ? c.n_layers * (c.kv_lora_rank + c.qk_rope_head_dim) * 4
                                                   : 2 * c.n_layers * c.n_kv_heads * c.head_dim() * 4);
+    EXPECT_EQ(kv_bytes_per_token(c, DType::kF32), cache.bytes_per_token());  // what serving sizes its pool by
     // Past the cache: an error, not a crash.
     KVCache small = model->make_kv_cache(4);
     EXPECT_FALSE(model->forward_cached(full.data(), 5, small).ok());

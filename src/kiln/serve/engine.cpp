@@ -722,7 +722,9 @@ std::string Engine::metrics_text() const {
              double(m.kv_blocks.num_free + m.kv_blocks.num_evictable));
   put_metric(s, "kiln_kv_blocks_cached", "gauge", "KV-cache blocks in the prefix cache.", double(m.kv_blocks.num_cached));
   put_metric(s, "kiln_kv_block_size_tokens", "gauge", "Tokens per KV-cache block.", double(m.block_size));
-  put_metric(s, "kiln_kv_cache_bytes_per_token", "gauge", "KV bytes per token: 2 * layers * kv_heads * head_dim * 4.",
+  put_metric(s, "kiln_kv_cache_bytes_per_token", "gauge",
+             "KV bytes per token: 2 * layers * kv_heads * head_dim * 4; latent attention layers * (kv_lora_rank + "
+             "qk_rope_head_dim) * 4.",
              double(m.kv_bytes_per_token));
   put_metric(s, "kiln_kv_cache_bytes", "gauge", "Bytes of the KV-cache pool.", double(m.kv_cache_bytes));
   put_metric(s, "kiln_kv_cache_usage_ratio", "gauge", "Fraction of KV blocks owned by a sequence.",

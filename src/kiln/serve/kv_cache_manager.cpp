@@ -6,6 +6,8 @@
 namespace kiln {
 
 int64_t kv_bytes_per_token(const ModelConfig& config, DType dtype) {
+  // Latent attention caches [c, k_pe] once for all heads (the values are the same rows).
+  if (config.is_mla()) return config.n_layers * dtype_nbytes(dtype, config.kv_lora_rank + config.qk_rope_head_dim);
   return 2 * config.n_layers * config.n_kv_heads * dtype_nbytes(dtype, config.head_dim());
 }
 
