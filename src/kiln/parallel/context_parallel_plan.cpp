@@ -19,8 +19,9 @@ Status check_context_parallel(const ContextParallelOptions& o, const ModelConfig
   if (o.cp < 1) return invalid_argument("--cp {} must be >= 1", o.cp);
   if (world % o.cp != 0)
     return invalid_argument("--cp {} does not divide the {} ranks of this job: dp × cp must be the world", o.cp, world);
-  if (!c.is_llama() || c.is_mla())
-    return invalid_argument("--cp runs a Llama-family model with multi-head attention ({})", c.describe());
+  if (!c.is_llama() || c.is_mla() || c.is_moe())
+    return invalid_argument("--cp runs a dense Llama-family model with multi-head attention (not MLA or MoE: {})",
+                            c.describe());
   if (o.method == CpMethod::kUlysses && (c.n_heads % o.cp != 0 || c.n_kv_heads % o.cp != 0))
     return invalid_argument("--cp-method ulysses shards the heads: --cp {} must divide n_heads ({}) and n_kv_heads ({}); "
                             "use --cp-method ring", o.cp, c.n_heads, c.n_kv_heads);
@@ -83,9 +84,11 @@ Expected<std::unique_ptr<ContextParallelPlan>> ContextParallelPlan::create(comm:
   p->o_ = o;
   KILN_ASSIGN_OR_RETURN(p->layout_, SequenceLayout::create(o.layout, train.seq_len, o.cp));
   KILN_ASSIGN_OR_RETURN(p->mesh_, comm::DeviceMesh::create(world, {{"dp", world.size() / o.cp}, {"cp", o.cp}}));
-  // The gradients: each rank's loss is its tokens' mean, so DDP over every rank averages them.
+  // The gradients: each rank's loss is its tokens' mean, so DDP over every rank averages them. Its
+  // check wants the batch split over every rank; the rows are split over dp only (the cp ranks of
+  // a group share them), so it is shown the batch it would split the same way.
   TrainOptions every_rank = train;
-  every_rank.batch = train.batch / (world.size() / o.cp) * world.size();  // the DDP plan's check only
+  every_rank.batch = train.batch / (world.size() / o.cp) * world.size();
   KILN_ASSIGN_OR_RETURN(p->data_, DataParallelPlan::create(world, dp, every_rank));
   p->attention_ = std::make_unique<Attention>(p->mesh_->comm("cp"), p->layout_, o.method);
   return p;
