@@ -262,6 +262,7 @@ void permute_rows(const MoeActivations& a, int64_t c, int ep, int64_t El, const 
   for (int s = 0; s < ep; ++s) {
     for (int64_t e = 0; e < El; ++e) {
       const int64_t n = rf[s * El + e];
+      if (n == 0) continue;  // an empty block (its buffers may be empty vectors: no pointer to pass)
       const float* f = to_expert_major ? from + src * width : from + at[static_cast<size_t>(e)] * width;
       float* t = to_expert_major ? to + at[static_cast<size_t>(e)] * width : to + src * width;
       std::memcpy(t, f, static_cast<size_t>(n * width) * sizeof(float));
