@@ -502,6 +502,24 @@ struct Transformer::Layer {
     }
   }
 
+  // A Llama block after its attention output att (N, o.in): o_proj into the residual x1, the
+  // second norm, the MLP (MoE or dense) into y. `inference` (KV cache, serving): a MoE block is
+  // dropless and local; a recomputed forward routes as the first and records nothing.
+  void llama_tail_forward(float* y, const float* x, int64_t N, int64_t Ns, bool inference) {
+    const int64_t C = cfg->d_model;
+    tp->row_forward(o, x1.p, att.p, N, x);
+    cpu::rmsnorm_forward(n2.p, rstd2.p, x1.p, norm2_w, Ns, C, cfg->norm_eps);
+    if (moe) {  // tp = 1
+      MoeStats discarded;
+      return moe->forward(y, n2.p, N, x1.p, moe_acts, inference ? nullptr : recomputing ? &discarded : moe_stats);
+    }
+    const float* in2 = tp->gather(n2.p, N, C);
+    gate.forward(ff1.p, in2, N);
+    up.forward(ff2.p, in2, N);
+    cpu::swiglu_forward(ffa.p, ff1.p, ff2.p, N * ff);
+    tp->row_forward(down, y, ffa.p, N, x1.p);
+  }
+
   // With `src` (layer 0) and checkpointing, the buffers this layer recomputes in backward are
   // src's: all of them under kFull, the attention core's output and lse under kSelective.
   // Ns: the token rows of the norm and residual region (N / tp under sequence parallelism).
@@ -550,17 +568,7 @@ struct Transformer::Layer {
       } else {
         mla->forward(att.p, n1.p, B, T, mla_acts);
       }
-      tp->row_forward(o, x1.p, att.p, N, x);
-      cpu::rmsnorm_forward(n2.p, rstd2.p, x1.p, norm2_w, Ns, C, cfg->norm_eps);
-      if (moe) {
-        MoeStats discarded;
-        return moe->forward(y, n2.p, N, x1.p, moe_acts, cached || paged ? nullptr : recomputing ? &discarded : moe_stats);
-      }
-      gate.forward(ff1.p, n2.p, N);
-      up.forward(ff2.p, n2.p, N);
-      cpu::swiglu_forward(ffa.p, ff1.p, ff2.p, N * ff);
-      tp->row_forward(down, y, ffa.p, N, x1.p);
-      return;
+      return llama_tail_forward(y, x, N, Ns, cached || paged);
     }
     const AttentionParams ap = attn_params(B, T, pos + T, cached);
     if (cfg->is_llama()) {
@@ -577,17 +585,7 @@ struct Transformer::Layer {
         if (cached) append_kv(ck, cv, kb.p, vb.p, kv_width, kv_width, T, pos, kv_width);
         attend(att.p, lse.p, qb.p, cached ? ck : kb.p, cached ? cv : vb.p, ap);
       }
-      tp->row_forward(o, x1.p, att.p, N, x);
-      cpu::rmsnorm_forward(n2.p, rstd2.p, x1.p, norm2_w, Ns, C, cfg->norm_eps);
-      if (moe) {  // tp = 1; a recomputed forward routes as the first (capacity, batch statistics)
-        MoeStats discarded;
-        return moe->forward(y, n2.p, N, x1.p, moe_acts, cached || paged ? nullptr : recomputing ? &discarded : moe_stats);
-      }
-      const float* in2 = tp->gather(n2.p, N, C);
-      gate.forward(ff1.p, in2, N);
-      up.forward(ff2.p, in2, N);
-      cpu::swiglu_forward(ffa.p, ff1.p, ff2.p, N * ff);
-      tp->row_forward(down, y, ffa.p, N, x1.p);
+      llama_tail_forward(y, x, N, Ns, cached || paged);
     } else {
       cpu::layernorm_forward(n1.p, mean1.p, rstd1.p, x, norm1_w, norm1_b, Ns, C, cfg->norm_eps);
       qkv.forward(qkv_out.p, tp->gather(n1.p, N, C), N);  // rows: this shard's q | k | v
