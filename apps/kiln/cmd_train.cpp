@@ -216,7 +216,7 @@ void register_train(CLI::App& app) {
   t->add_option("--steps", ta->train.max_steps, "Optimizer steps")->check(CLI::Range(int64_t{1}, int64_t{1} << 40));
   t->add_option("--minutes", ta->minutes, "Stop after this many minutes (wall time)")->check(CLI::Range(0.0, 1e6));
   t->add_option("--batch", ta->train.batch, "Sequences per micro-batch")->check(CLI::Range(1, 4096));
-  t->add_option("--seq", ta->train.seq_len, "Tokens per sequence")->check(CLI::Range(2, 1 << 20));
+  t->add_option("--seq,--seq-len", ta->train.seq_len, "Tokens per sequence (a Llama preset's context widens to it)")->check(CLI::Range(2, 1 << 20));
   t->add_option("--grad-accum", ta->train.grad_accum, "Micro-batches per step")->check(CLI::Range(1, 4096));
   t->add_option("--lr", ta->train.lr, "Peak learning rate")->check(CLI::Range(0.0, 10.0));
   t->add_option("--warmup", ta->train.warmup_steps, "Warm-up steps")->check(CLI::Range(0, 1 << 30));

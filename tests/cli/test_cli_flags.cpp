@@ -179,7 +179,7 @@ TEST(CliFlags, BadIntegersAreRefused) {
       {{"train", "--batch", "-4"}, "--batch"},
       {{"train", "--batch", "99999999999999999999"}, "--batch"},
       {{"train", "--seq", "0"}, "--seq"},
-      {{"train", "--seq", "100000"}, "--seq"},  // past the preset's context
+      {{"train", "--preset", "gpt2-124m", "--seq", "100000"}, "--seq"},  // past the learned position table
       {{"train", "--steps", "-5"}, "--steps"},
       {{"train", "--grad-accum", "0"}, "--grad-accum"},
       {{"train", "--vocab-size", "3"}, "--vocab-size"},

@@ -1,8 +1,9 @@
 // Context parallelism in training against the single-process run (the oracle): the same Llama,
 // data, global batch and seed give, at every cp that divides this mpirun's P (CTest: P = 1..4,
-// so cp = 1, 2, 4 with dp = P / cp), with ring attention over the zig-zag and contiguous layouts
-// and with Ulysses where the heads divide:
-//   * the same gradients after one step (every rank holds the whole model: DDP over dp × cp);
+// so cp = 1, 2, 4 with dp = P / cp; at P = 4 also cp 2 × tp 2, with and without sequence
+// parallelism), with ring attention over the zig-zag and contiguous layouts and with Ulysses
+// where the heads divide:
+//   * the same gradients after one step (DDP over dp × cp; a tp shard's gathered whole);
 //   * the same loss at each of 20 steps and the same final weights.
 // Every target is valid, so each rank's mean over its T / cp tokens averages to the global mean.
 //
@@ -56,8 +57,11 @@ struct Layout {
   int cp;
   LayoutKind layout;
   CpMethod method;
+  int tp = 1;
+  bool sp = false;
   std::string name() const {
-    return fmt::format("dp {} × cp {} {} {}", world().size() / cp, cp, cp_method_name(method), layout_kind_name(layout));
+    return fmt::format("dp {} × cp {} × tp {}{} {} {}", world().size() / (cp * tp), cp, tp, sp ? " sp" : "",
+                       cp_method_name(method), layout_kind_name(layout));
   }
 };
 
@@ -70,6 +74,11 @@ std::vector<Layout> layouts() {
     out.push_back({cp, LayoutKind::kContiguous, CpMethod::kRing});
     out.push_back({cp, LayoutKind::kZigzag, CpMethod::kUlysses});
   }
+  if (world().size() == 4) {  // with tensor parallelism: attention over the shard's 2 heads
+    out.push_back({2, LayoutKind::kZigzag, CpMethod::kRing, 2});
+    out.push_back({2, LayoutKind::kContiguous, CpMethod::kRing, 2, true});
+    out.push_back({2, LayoutKind::kZigzag, CpMethod::kUlysses, 2});
+  }
   return out;
 }
 
@@ -78,7 +87,10 @@ std::unique_ptr<ContextParallelPlan> make_plan(const Layout& l, const TrainOptio
   c.cp = l.cp;
   c.layout = l.layout;
   c.method = l.method;
-  auto plan = ContextParallelPlan::create(world(), c, DataParallelOptions{}, tiny(), o);
+  TensorParallelOptions t;
+  t.tp = l.tp;
+  t.sequence_parallel = l.sp;
+  auto plan = ContextParallelPlan::create(world(), c, t, DataParallelOptions{}, tiny(), o);
   EXPECT_TRUE(plan.ok()) << plan.status().message();
   return plan.ok() ? std::move(plan).value() : nullptr;
 }
@@ -99,14 +111,14 @@ TEST(ContextParallelTraining, OneStepGradientsEqualTheSingleProcess) {
     const std::string what = l.name();
     auto plan = make_plan(l, o);
     ASSERT_TRUE(plan) << what;
-    auto m = Transformer::create(tiny(), 5, {}, {}, {}, plan->shard()).value();
+    auto m = Transformer::create(tiny(), 5, plan->tensor_shard(), {}, {}, plan->shard()).value();
     plan->attach(*m);
     plan->begin_step();
     plan->begin_micro_batch(true);
     const int64_t rows = o.batch / plan->data_size(), first = plan->data_rank() * rows * o.seq_len;
     const double loss = plan->forward_backward(*m, x.data() + first, y.data() + first, rows, o.seq_len, 1.0f);
     plan->finish_gradients();
-    const Diff d = diff(std::vector<float>(m->grads().begin(), m->grads().end()), ref->grads());
+    const Diff d = diff(plan->gather_full(m->grads()), ref->grads());
     if (getenv("KILN_TEST_PRINT") && world().rank() == 0)
       fprintf(stderr, "%s: grad rel rms %.3g max %.3g\n", what.c_str(), d.rel_rms, d.max_rel);
     EXPECT_NEAR(plan->mean_over_data(loss), ref_loss, 1e-6 * ref_loss) << what;
@@ -130,12 +142,12 @@ TEST(ContextParallelTraining, TwentyStepsGiveTheSingleProcessRun) {
     const std::string what = l.name();
     auto plan = make_plan(l, o);
     ASSERT_TRUE(plan) << what;
-    auto m = Transformer::create(tiny(), 5, {}, {}, {}, plan->shard()).value();
+    auto m = Transformer::create(tiny(), 5, plan->tensor_shard(), {}, {}, plan->shard()).value();
     Trainer t(*m, data, nullptr, o, plan.get());
     double worst = 0;
     for (size_t s = 0; !t.done(); ++s)
       worst = std::max(worst, std::abs(static_cast<double>(t.step().loss) - ref_losses[s]) / ref_losses[s]);
-    const Diff d = diff(std::vector<float>(m->params().begin(), m->params().end()), ref->params());
+    const Diff d = diff(plan->gather_full(m->params()), ref->params());
     if (getenv("KILN_TEST_PRINT") && world().rank() == 0)
       fprintf(stderr, "%s: loss rel %.3g weights rel rms %.3g max %.3g\n", what.c_str(), worst, d.rel_rms, d.max_rel);
     EXPECT_LE(worst, 1e-6) << what;
@@ -147,7 +159,7 @@ TEST(ContextParallelTraining, TwentyStepsGiveTheSingleProcessRun) {
 TEST(ContextParallelTraining, BadLayoutsAreRefusedAlike) {
   const TrainOptions o = options();
   auto msg = [&](ContextParallelOptions c, int world_size, TrainOptions t) {
-    return check_context_parallel(c, tiny(), world_size, {}, t).message();
+    return check_context_parallel(c, {}, tiny(), world_size, {}, t).message();
   };
   EXPECT_NE(msg({3, LayoutKind::kZigzag, CpMethod::kRing}, 2, o).find("does not divide"), std::string::npos);
   TrainOptions odd = o;
@@ -156,7 +168,23 @@ TEST(ContextParallelTraining, BadLayoutsAreRefusedAlike) {
   ModelConfig three = tiny();
   three.n_heads = three.n_kv_heads = 2;
   three.d_model = 16;
-  EXPECT_NE(check_context_parallel({4, LayoutKind::kZigzag, CpMethod::kUlysses}, three, 4, {}, o).message().find("ring"),
+  EXPECT_NE(check_context_parallel({4, LayoutKind::kZigzag, CpMethod::kUlysses}, {}, three, 4, {}, o).message().find("ring"),
+            std::string::npos);
+  // With tp the heads Ulysses moves are the shard's: 4 heads over tp 2 × cp 4 do not divide.
+  EXPECT_NE(check_context_parallel({4, LayoutKind::kZigzag, CpMethod::kUlysses}, {2, false}, tiny(), 8, {}, o)
+                .message()
+                .find("--tp 2 must divide"),
+            std::string::npos);
+  EXPECT_NE(msg({2, LayoutKind::kZigzag, CpMethod::kRing}, 3, o).find("does not divide"), std::string::npos);
+  // Sequence parallelism splits the T / cp local rows over tp: 16 / 2 = 8 rows over tp 3 do not.
+  ModelConfig six = tiny();
+  six.n_heads = six.n_kv_heads = 6;
+  six.d_model = 24;
+  six.d_ff = 36;
+  six.vocab_size = 42;
+  EXPECT_NE(check_context_parallel({2, LayoutKind::kZigzag, CpMethod::kRing}, {3, true}, six, 6, {}, o)
+                .message()
+                .find("--sp"),
             std::string::npos);
   TrainOptions ckpt = o;
   ckpt.checkpoint = CheckpointMode::kFull;

@@ -1200,9 +1200,9 @@ Expected<std::unique_ptr<Transformer>> Transformer::create(const ModelConfig& co
                               "blocks after the previous chunk", r.begin, r.end, config.n_layers);
     last_end = r.end;
   }
-  if (context.on() && (!config.is_llama() || config.is_mla() || shard.size > 1 || context.attention == nullptr))
-    return invalid_argument("context parallelism runs a Llama-family model with multi-head attention, tp 1 and a "
-                            "sequence attention ({})", config.describe());
+  if (context.on() && (!config.is_llama() || config.is_mla() || context.attention == nullptr))
+    return invalid_argument("context parallelism runs a Llama-family model with multi-head attention and a sequence "
+                            "attention ({})", config.describe());
   std::unique_ptr<Transformer> t(new Transformer(config, shard, stage, experts, context));  // private constructor
   if (config.is_llama()) {
     KILN_ASSIGN_OR_RETURN(t->rope_, make_rope_table(config.rope_dim(), config.max_seq_len, config.rope_theta,

@@ -14,22 +14,30 @@ Expected<CpMethod> parse_cp_method(std::string_view name) {
   return invalid_argument("context-parallel method '{}' (ring or ulysses)", name);
 }
 
-Status check_context_parallel(const ContextParallelOptions& o, const ModelConfig& c, int world,
-                              const DataParallelOptions& dp, const TrainOptions& train) {
+Status check_context_parallel(const ContextParallelOptions& o, const TensorParallelOptions& tensor, const ModelConfig& c,
+                              int world, const DataParallelOptions& dp, const TrainOptions& train) {
   if (o.cp < 1) return invalid_argument("--cp {} must be >= 1", o.cp);
-  if (world % o.cp != 0)
-    return invalid_argument("--cp {} does not divide the {} ranks of this job: dp × cp must be the world", o.cp, world);
+  const int tp = std::max(1, tensor.tp);
+  if (world % (o.cp * tp) != 0)
+    return invalid_argument("--cp {} × --tp {} does not divide the {} ranks of this job: dp × cp × tp must be the world",
+                            o.cp, tp, world);
   if (!c.is_llama() || c.is_mla() || c.is_moe())
     return invalid_argument("--cp runs a dense Llama-family model with multi-head attention (not MLA or MoE: {})",
                             c.describe());
-  if (o.method == CpMethod::kUlysses && (c.n_heads % o.cp != 0 || c.n_kv_heads % o.cp != 0))
-    return invalid_argument("--cp-method ulysses shards the heads: --cp {} must divide n_heads ({}) and n_kv_heads ({}); "
-                            "use --cp-method ring", o.cp, c.n_heads, c.n_kv_heads);
+  // Ulysses moves whole heads of this tensor shard: n_heads / tp of them, split again over cp.
+  if (o.method == CpMethod::kUlysses && (c.n_heads % (tp * o.cp) != 0 || c.n_kv_heads % (tp * o.cp) != 0))
+    return invalid_argument("--cp-method ulysses shards the heads: --cp {} × --tp {} must divide n_heads ({}) and "
+                            "n_kv_heads ({}); use --cp-method ring", o.cp, tp, c.n_heads, c.n_kv_heads);
   const int64_t chunks = o.layout == LayoutKind::kZigzag ? 2 * o.cp : o.cp;
   if (train.seq_len % chunks != 0)
     return invalid_argument("--cp {} with the {} layout cuts --seq {} into {} chunks: it must be a multiple of {}", o.cp,
                             layout_kind_name(o.layout), train.seq_len, chunks, chunks);
-  const int dp_size = world / o.cp;
+  if (tp > 1) {  // the tensor split of the rows a rank holds: T / cp of each sequence
+    TrainOptions local = train;
+    local.seq_len = train.seq_len / o.cp;
+    KILN_RETURN_IF_ERROR(check_tensor_parallel(tensor, c, world / o.cp, dp, local));
+  }
+  const int dp_size = world / (o.cp * tp);
   if (train.batch % dp_size != 0)
     return invalid_argument("--batch {} does not split over the {} data-parallel ranks", train.batch, dp_size);
   if (dp.zero != 0 || dp.shard_group != 0)
@@ -76,20 +84,30 @@ class ContextParallelPlan::Attention final : public SequenceAttention {
 
 Expected<std::unique_ptr<ContextParallelPlan>> ContextParallelPlan::create(comm::Communicator& world,
                                                                            const ContextParallelOptions& o,
+                                                                           const TensorParallelOptions& tensor,
                                                                            const DataParallelOptions& dp,
                                                                            const ModelConfig& config,
                                                                            const TrainOptions& train) {
-  KILN_RETURN_IF_ERROR(check_context_parallel(o, config, world.size(), dp, train));
+  KILN_RETURN_IF_ERROR(check_context_parallel(o, tensor, config, world.size(), dp, train));
   std::unique_ptr<ContextParallelPlan> p(new ContextParallelPlan());
   p->o_ = o;
+  const int tp = std::max(1, tensor.tp);
   KILN_ASSIGN_OR_RETURN(p->layout_, SequenceLayout::create(o.layout, train.seq_len, o.cp));
-  KILN_ASSIGN_OR_RETURN(p->mesh_, comm::DeviceMesh::create(world, {{"dp", world.size() / o.cp}, {"cp", o.cp}}));
-  // The gradients: each rank's loss is its tokens' mean, so DDP over every rank averages them. Its
-  // check wants the batch split over every rank; the rows are split over dp only (the cp ranks of
-  // a group share them), so it is shown the batch it would split the same way.
+  KILN_ASSIGN_OR_RETURN(p->mesh_,
+                        comm::DeviceMesh::create(world, {{"dp", world.size() / (o.cp * tp)}, {"cp", o.cp}, {"tp", tp}}));
+  // The gradients: each rank's loss is its tokens' mean, so DDP over the dp × cp ranks averages
+  // them. Its check wants the batch split over those ranks; the rows are split over dp only (the
+  // cp ranks of a group share them), so it is shown the batch it would split the same way. The
+  // tensor plan's mesh (dp × cp, tp) has the same tp groups as this one: tp is fastest in both.
   TrainOptions every_rank = train;
-  every_rank.batch = train.batch / (world.size() / o.cp) * world.size();
-  KILN_ASSIGN_OR_RETURN(p->data_, DataParallelPlan::create(world, dp, every_rank));
+  every_rank.batch = train.batch * o.cp;
+  if (tp > 1) {
+    KILN_ASSIGN_OR_RETURN(auto t, TensorParallelPlan::create(world, tensor, dp, config, every_rank));
+    p->tensor_ = t.get();
+    p->inner_ = std::move(t);
+  } else {
+    KILN_ASSIGN_OR_RETURN(p->inner_, DataParallelPlan::create(world, dp, every_rank));
+  }
   p->attention_ = std::make_unique<Attention>(p->mesh_->comm("cp"), p->layout_, o.method);
   return p;
 }
@@ -105,7 +123,7 @@ ContextShard ContextParallelPlan::shard() const {
 }
 
 void ContextParallelPlan::attach(Transformer& model) {
-  data_->attach(model);
+  inner_->attach(model);
   model.set_hooks(this);
 }
 
@@ -135,7 +153,7 @@ double ContextParallelPlan::forward_loss(Transformer& model, const int32_t* toke
 }
 
 CommTimes ContextParallelPlan::take_comm_times() {
-  CommTimes t = data_->take_comm_times();
+  CommTimes t = inner_->take_comm_times();
   const CpStats s = attention_->take();
   t.comm_seconds += s.comm_seconds;
   t.exposed_seconds += s.exposed_seconds;
@@ -145,8 +163,9 @@ CommTimes ContextParallelPlan::take_comm_times() {
 CpStats ContextParallelPlan::take_cp_stats() { return attention_->take(); }
 
 std::string ContextParallelPlan::describe() const {
-  return fmt::format("dp {} × cp {} ({}, {}; gradients: {} over every rank)", mesh_->size("dp"), o_.cp,
-                     cp_method_name(o_.method), layout_.describe(), data_->describe());
+  return fmt::format("dp {} × cp {}{} ({}, {}; gradients: {})", mesh_->size("dp"), o_.cp,
+                     tensor_ ? fmt::format(" × tp {}", mesh_->size("tp")) : std::string(), cp_method_name(o_.method),
+                     layout_.describe(), inner_->describe());
 }
 
 }  // namespace kiln::parallel

@@ -87,6 +87,21 @@ struct RunData {
   ModelConfig config;  // the preset with the corpus's vocabulary and end-of-text id
 };
 
+// The preset a run trains: a Llama-family preset's context widens to --seq when it is longer
+// (RoPE has no position table: only the cos/sin table grows); GPT-2's learned position table
+// cannot, so a longer --seq is refused.
+Expected<ModelConfig> run_config(const TrainRunOptions& o) {
+  auto cfg = preset(o.preset);
+  if (!cfg.ok()) return invalid_argument("--preset: {}", cfg.status().message());
+  if (o.train.seq_len > cfg->max_seq_len) {
+    if (!cfg->is_llama())
+      return invalid_argument("--seq {} exceeds the context of --preset {} ({}: its learned position table has that many rows)",
+                              o.train.seq_len, o.preset, cfg->max_seq_len);
+    cfg->max_seq_len = o.train.seq_len;
+  }
+  return cfg;
+}
+
 Expected<RunData> load_run_data(const TrainRunOptions& o, const RunOutput& out) {
   RunData d;
   std::string log;
@@ -94,12 +109,29 @@ Expected<RunData> load_run_data(const TrainRunOptions& o, const RunOutput& out) 
   out.print("{}\n", log);
   KILN_ASSIGN_OR_RETURN(d.train, read_shard(d.paths.train));
   KILN_ASSIGN_OR_RETURN(d.val, read_shard(d.paths.val));
-  KILN_ASSIGN_OR_RETURN(d.config, preset(o.preset));
+  KILN_ASSIGN_OR_RETURN(d.config, run_config(o));
+  if (const auto base = preset(o.preset); base.ok() && base->max_seq_len < d.config.max_seq_len)
+    out.print("context: {} tokens (--seq; --preset {} has {}, RoPE positions extend)\n", d.config.max_seq_len, o.preset,
+              base->max_seq_len);
   d.config.vocab_size = d.train.vocab_size;
   // config.json gets the end-of-text id as bos and eos (what generation stops at)
   KILN_ASSIGN_OR_RETURN(const tok::Tokenizer tk, tok::Tokenizer::load_hf_json(d.paths.tokenizer));
   d.config.bos_token_id = d.config.eos_token_id = tk.eot_id();  // -1 (written as null) when it has none
   return d;
+}
+
+// Every batch samples windows of seq_len + 1 tokens: a split shorter than one is refused here
+// (the validation split only when it is evaluated), not met as a failed check mid-run.
+Status check_windows(const RunData& d, const TrainOptions& t) {
+  const auto need = static_cast<size_t>(t.seq_len) + 2;
+  if (d.train.tokens.size() < need)
+    return invalid_argument("the training split ({}) has {} tokens: fewer than one --seq {} window plus one; use a "
+                            "shorter --seq or a longer --text", d.paths.train, d.train.tokens.size(), t.seq_len);
+  if (t.eval_every > 0 && d.val.tokens.size() < need)
+    return invalid_argument("the validation split ({}) has {} tokens: fewer than one --seq {} window plus one; use a "
+                            "shorter --seq, a longer --text or --eval-every 0", d.paths.val, d.val.tokens.size(),
+                            t.seq_len);
+  return {};
 }
 
 // The one place a run's Trainer is made, over the run's parallel plan (null: one process).
@@ -119,17 +151,17 @@ Expected<parallel::DataParallelOptions> resolve_parallel(const TrainRunOptions& 
   }
   if (p.shard_group > 0 && p.zero == 0) p.zero = 3;
   const int tp = o.tensor.tp, pp = o.pipeline.pp, cp = std::max(1, o.context.cp);
-  if (o.context.cp > 1 && (tp > 1 || pp > 1 || o.expert.ep > 1))
-    return invalid_argument("--cp {} composes with data parallelism only; with --tp, --pp or --ep it is not implemented",
-                            o.context.cp);
+  if (o.context.cp > 1 && (pp > 1 || o.expert.ep > 1))
+    return invalid_argument("--cp {} composes with data and tensor parallelism only; with --pp or --ep it is not "
+                            "implemented", o.context.cp);
   if (o.tensor.sequence_parallel && tp < 2)
     return invalid_argument("--sp splits the sequence over the --tp ranks: it needs --tp 2 or more");
   if (world % (tp * pp) != 0)
     return invalid_argument("--pp {} × --tp {} does not divide the {} ranks of this job (mpirun -np): pp × dp × tp "
                             "must be the world", pp, tp, world);
   if (world % (tp * pp * cp) != 0)
-    return invalid_argument("--cp {} does not divide the {} ranks of this job (mpirun -np): dp × cp must be the world",
-                            cp, world);
+    return invalid_argument("--cp {} does not divide the {} ranks of this job (mpirun -np): dp × cp × tp must be the "
+                            "world", cp, world);
   const int dp = o.dp > 0 ? o.dp : world / (tp * pp * cp);
   if (dp * tp * pp * cp != world)
     return invalid_argument("--dp {} × --tp {} × --pp {} does not match the {} ranks of this job (mpirun -np): every "
@@ -296,10 +328,7 @@ std::string write_loss_curve(const TrainRunOptions& o, const RunData& d, const L
 
 Expected<TrainOptions> resolve_train_options(const TrainRunOptions& o) {
   TrainOptions t = o.train;
-  auto cfg = preset(o.preset);
-  if (!cfg.ok()) return invalid_argument("--preset: {}", cfg.status().message());
-  if (t.seq_len > cfg->max_seq_len)
-    return invalid_argument("--seq {} exceeds the context of --preset {} ({})", t.seq_len, o.preset, cfg->max_seq_len);
+  KILN_RETURN_IF_ERROR(run_config(o).status());
   auto p = parse_precision(o.precision);
   if (!p.ok()) return invalid_argument("--precision: {}", p.status().message());
   t.precision = *p;
@@ -433,6 +462,7 @@ Status run_training(const TrainRunOptions& o_in, const RunOutput& out_in) {
     if (world->rank() != 0) loaded = load();
   }
   KILN_ASSIGN_OR_RETURN(const RunData d, std::move(loaded));
+  KILN_RETURN_IF_ERROR(check_windows(d, t));
   KILN_RETURN_IF_ERROR(check_train_memory(d.config, t));
   if (pipeline_parallel) {  // the stages and the schedule, on every rank alike, before any communication
     KILN_RETURN_IF_ERROR(
@@ -449,7 +479,7 @@ Status run_training(const TrainRunOptions& o_in, const RunOutput& out_in) {
   // routing statistics), unless ZeRO/FSDP is asked for without --ep.
   const bool context_parallel = o.context.cp > 1;
   if (context_parallel)
-    KILN_RETURN_IF_ERROR(parallel::check_context_parallel(o.context, d.config, world->size(), *dpo, t));
+    KILN_RETURN_IF_ERROR(parallel::check_context_parallel(o.context, o.tensor, d.config, world->size(), *dpo, t));
   const bool expert_parallel = world && !pipeline_parallel && !tensor_parallel && !context_parallel && d.config.is_moe() &&
                                (o.expert.ep > 1 || (dpo->zero == 0 && dpo->shard_group == 0));
   if (expert_parallel || o.expert.ep > 1)
@@ -464,7 +494,7 @@ Status run_training(const TrainRunOptions& o_in, const RunOutput& out_in) {
   parallel::ExpertParallelPlan* ep_plan = nullptr;
   parallel::ContextParallelPlan* cp_plan = nullptr;
   if (context_parallel) {
-    KILN_ASSIGN_OR_RETURN(auto p, parallel::ContextParallelPlan::create(*world, o.context, *dpo, d.config, t));
+    KILN_ASSIGN_OR_RETURN(auto p, parallel::ContextParallelPlan::create(*world, o.context, o.tensor, *dpo, d.config, t));
     cp_plan = p.get();
     plan = std::move(p);
   } else if (expert_parallel) {
@@ -490,6 +520,7 @@ Status run_training(const TrainRunOptions& o_in, const RunOutput& out_in) {
                         Transformer::create(d.config, t.seed,
                                             pp_plan   ? pp_plan->shard()
                                             : tp_plan ? tp_plan->shard()
+                                            : cp_plan ? cp_plan->tensor_shard()
                                                       : TensorShard{},
                                             pp_plan ? pp_plan->stage() : PipelineStage{},
                                             ep_plan ? ep_plan->shard() : ExpertShard{},
@@ -562,17 +593,20 @@ Status run_training(const TrainRunOptions& o_in, const RunOutput& out_in) {
   }
   if (pp_plan) report_pipeline(o, *pp_plan, out);
   std::unique_ptr<Transformer> whole;  // tensor and pipeline parallelism: the single-process model, from the shards
-  if (tp_plan || pp_plan || ep_plan) {
+  if (tp_plan || pp_plan || ep_plan || (cp_plan && model->tensor_shard().size > 1)) {
     const std::vector<float> full = pp_plan   ? pp_plan->gather_full(model->params())
                                     : tp_plan ? tp_plan->gather_full(model->params())
+                                    : cp_plan ? cp_plan->gather_full(model->params())
                                               : ep_plan->gather_full(model->params());
     KILN_ASSIGN_OR_RETURN(whole, Transformer::create(d.config, t.seed));
     std::copy(full.begin(), full.end(), whole->params().begin());
   }
   KILN_RETURN_IF_ERROR(save_run(o, d, whole ? *whole : *model, qat, out));
   const std::string svg_path = write_loss_curve(o, d, curves, unigram, trainer->steps_done(), out);
-  out.print("validation loss {:.4f} vs unigram entropy {:.4f} nats/token; saved {} (loss curve {})\n", curves.last_val,
-            unigram, o.out_dir, svg_path);
+  const std::string val = t.eval_every > 0 ? fmt::format("validation loss {:.4f} vs unigram entropy {:.4f} nats/token",
+                                                         curves.last_val, unigram)
+                                           : std::string("no validation (--eval-every 0)");
+  out.print("{}; saved {} (loss curve {})\n", val, o.out_dir, svg_path);
   if (world) world->barrier();
   return {};
 }
