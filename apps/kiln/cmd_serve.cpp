@@ -13,6 +13,7 @@
 
 #include "apps/kiln/commands.h"
 #include "kiln/model/weights.h"
+#include "kiln/serve/disaggregated.h"
 #include "kiln/serve/server.h"
 #include "kiln/serve/tensor_parallel.h"
 #include "kiln/comm/communicator.h"
@@ -53,6 +54,8 @@ struct ServeArgs {
   bool no_prefix_caching = false;
   bool no_packed_weights = false;
   int tp = 1;  // --tp: tensor-parallel ranks (mpirun -np T)
+  std::string disaggregate;  // --disaggregate P:D (mpirun -np P+D)
+  double disagg_timeout_s = 30;
   double request_timeout_s = 10, keep_alive_timeout_s = 5, drain_timeout_s = 10;
 };
 
@@ -94,6 +97,38 @@ void run_serve(ServeArgs a) {
   // --tp with --draft-model: the target is sharded, the (small) draft runs whole on rank 0.
   if (a.tp > 1 && !serve_tensor_parallel(served->model, a.tp, "serve")) return;  // a follower rank: done
   const ModelConfig cfg = served->model->config();
+  // Disaggregated prefill and decode: rank 0 serves (and decodes); the others prefill until it stops.
+  std::unique_ptr<comm::Communicator> disagg_comm;
+  std::unique_ptr<MpiPrefillClient> remote;
+  if (!a.disaggregate.empty()) {
+    comm::Communicator& world = comm::Communicator::world();
+    Status verdict = parse_disaggregate(a.disaggregate, world.size()).status();
+    if (verdict.ok() && (a.tp > 1 || !a.draft_model.empty() || a.batching != "continuous"))
+      verdict = invalid_argument("--disaggregate runs with continuous batching, without --tp or --draft-model");
+    if (!verdict.ok()) {
+      if (world.rank() == 0) fmt::print(stderr, "kiln serve: {}\n", verdict.message());
+      comm::finalize();
+      throw CLI::RuntimeError(kUserError);
+    }
+    auto split = world.split(0, world.rank());  // its own communicator: no tag meets another's
+    if (!split.ok()) fail(split.status());
+    disagg_comm = std::move(*split);
+    if (world.rank() != 0) {
+      signal(SIGINT, SIG_IGN);
+      signal(SIGTERM, SIG_IGN);
+      const Status st = run_prefill_rank(*served->model, a.engine, *disagg_comm);
+      disagg_comm.reset();
+      comm::finalize();
+      if (!st.ok()) {
+        fmt::print(stderr, "kiln serve (prefill rank {}): {}\n", world.rank(), st.message());
+        throw CLI::RuntimeError(kUserError);
+      }
+      return;
+    }
+    remote = std::make_unique<MpiPrefillClient>(*disagg_comm, cfg.n_layers, served->model->kv_row_width(),
+                                                !cfg.is_mla(), a.disagg_timeout_s);
+    a.engine.remote_prefill = remote.get();
+  }
   std::unique_ptr<Transformer> draft;
   if (!a.draft_model.empty()) {
     // The draft only needs weights: the target's tokenizer and chat template serve requests.
@@ -117,6 +152,7 @@ void run_serve(ServeArgs a) {
              a.server.model_name, cfg.describe(), (*engine)->num_kv_blocks(), a.engine.block_size,
              double(m.kv_cache_bytes) / (1 << 20), m.kv_bytes_per_token, a.batching,
              a.engine.scheduler.max_batched_tokens, a.engine.scheduler.prefill_chunk, a.engine.scheduler.max_running);
+  if (remote) fmt::print("kiln serve: disaggregated: {}\n", remote->describe());
   fmt::print("kiln serve: listening on http://{}:{}\n", a.server.host, (*server)->port());
   std::fflush(stdout);
   if (::pipe2(g_signal_pipe, O_CLOEXEC | O_NONBLOCK) != 0) fail(internal_error("cannot create the signal pipe"));
@@ -139,8 +175,15 @@ void run_serve(ServeArgs a) {
   (*engine)->stop();
   server->reset();
   engine->reset();  // tensor parallelism: the engine's executor tells the other ranks to stop
+  if (remote && !remote->shutdown()) {  // a prefill rank was given up on: it may never finalize
+    fmt::print(stderr, "kiln serve: a prefill rank stopped answering; ending the job\n");
+    std::fflush(stderr);
+    MPI_Abort(MPI_COMM_WORLD, 1);
+  }
+  remote.reset();
+  disagg_comm.reset();
   fmt::print("kiln serve: stopped\n");
-  if (a.tp > 1) comm::finalize();
+  if (a.tp > 1 || !a.disaggregate.empty()) comm::finalize();
 }
 
 }  // namespace
@@ -175,6 +218,11 @@ void register_serve(CLI::App& app) {
   s->add_option("--host", a->server.host, "Address to bind (default loopback)");
   s->add_option("--tp", a->tp, "Tensor-parallel ranks (run under mpirun -np T; rank 0 serves HTTP)")
       ->check(CLI::Range(1, 1 << 16));
+  s->add_option("--disaggregate", a->disaggregate,
+                "P:D prefill and decode ranks (mpirun -np P+D; rank 0 decodes and serves HTTP, the others prefill)");
+  s->add_option("--disagg-timeout", a->disagg_timeout_s,
+                "Seconds a prefill rank may send nothing while it holds prompts before its requests fail")
+      ->check(CLI::Range(0.001, 3600.0));
   s->add_option("--port", a->server.port, "Port (0: any free port)")->check(CLI::Range(0, 65535));
   s->add_option("--api-key", a->server.api_key, "Require 'Authorization: Bearer KEY' on /v1/*");
   s->add_option("--served-model-name", a->served_name, "Model id in the API (default: the directory name)");

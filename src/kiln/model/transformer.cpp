@@ -1684,6 +1684,7 @@ Expected<const float*> Transformer::forward_paged(const PagedBatch& b, PagedKvCa
     step.k_pool = cache.k[l].data<float>();
     step.v_pool = cache.v[l].numel() > 0 ? cache.v[l].data<float>() : step.k_pool;  // MLA: the key rows
     layers_[l]->forward(a.resid[l + 1].p, a.resid[l].p, 1, N, nullptr, nullptr, 0, &step);
+    if (cache.on_layer_written) cache.on_layer_written(static_cast<int64_t>(l));
   }
   if (M == 0) return a.logits.p;
   // Final norm and LM head only for the rows that get logits: x (M, C) -> logits (M, V).

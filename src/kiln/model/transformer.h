@@ -3,6 +3,7 @@
 // backward() and saves exactly the activations its backward needs. No general autograd.
 #pragma once
 
+#include <functional>
 #include <memory>
 #include <span>
 #include <string>
@@ -257,6 +258,9 @@ struct PagedKvCache {
   int64_t block_size = 0;
   int64_t row_width = 0;     // Hkv·D floats per token row
   std::vector<Tensor> k, v;  // per layer (num_blocks · block_size, Hkv·D)
+  // Called by forward_paged after layer l has written its new tokens' K/V (disaggregated
+  // serving sends them from here while the next layers compute); may be empty.
+  std::function<void(int64_t layer)> on_layer_written;
   int64_t bytes() const;
   // Copies the first num_tokens rows of block src into block dst, in every layer
   // (copy-on-write of a shared, partially filled block).

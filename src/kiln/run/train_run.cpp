@@ -603,9 +603,11 @@ Status run_training(const TrainRunOptions& o_in, const RunOutput& out_in) {
   }
   KILN_RETURN_IF_ERROR(save_run(o, d, whole ? *whole : *model, qat, out));
   const std::string svg_path = write_loss_curve(o, d, curves, unigram, trainer->steps_done(), out);
-  const std::string val = t.eval_every > 0 ? fmt::format("validation loss {:.4f} vs unigram entropy {:.4f} nats/token",
-                                                         curves.last_val, unigram)
-                                           : std::string("no validation (--eval-every 0)");
+  const std::string val =
+      curves.last_val >= 0 ? fmt::format("validation loss {:.4f} vs unigram entropy {:.4f} nats/token", curves.last_val,
+                                         unigram)
+      : t.eval_every > 0   ? fmt::format("no validation loss (every {} steps; the run ended first)", t.eval_every)
+                           : std::string("no validation (--eval-every 0)");
   out.print("{}; saved {} (loss curve {})\n", val, o.out_dir, svg_path);
   if (world) world->barrier();
   return {};

@@ -6,6 +6,8 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <cstring>
+#include <thread>
 
 #include "kiln/core/checked_math.h"
 #include "kiln/core/dtype.h"
@@ -126,6 +128,8 @@ Expected<std::unique_ptr<Engine>> Engine::create(std::unique_ptr<Transformer> mo
       return invalid_argument("[engine] --speculative-max-batch {} must be >= 0", config.speculative_max_batch);
     sched_config.lookahead_max_batch = config.speculative_max_batch;
   }
+  if (config.remote_prefill && (draft || config.scheduler.batching != BatchingMode::kContinuous))
+    return invalid_argument("[engine] disaggregated prefill runs with continuous batching and no draft model");
   KILN_ASSIGN_OR_RETURN(kv.num_blocks, num_kv_blocks_for_memory(config.kv_cache_mem_bytes,
                                                                 engine_kv_bytes_per_token(*model, draft.get()),
                                                                 config.block_size));
@@ -178,6 +182,7 @@ void Engine::stop() {
   // Nobody will step any more: end every open stream so no reader waits forever.
   apply_commands();
   for (auto& [id, r] : requests_) {
+    cancel_remote(*r);
     scheduler_->abort_request(r->sched_id);
     end_request(id, *r, FinishReason::kAborted);
   }
@@ -227,6 +232,7 @@ void Engine::fail_requests(const std::vector<int64_t>& request_ids, const std::s
     auto it = requests_.find(id);
     if (it == requests_.end()) continue;
     RequestState& r = *it->second;
+    cancel_remote(r);
     scheduler_->abort_request(r.sched_id);
     r.stream->set_error(message);
     end_request(id, r, FinishReason::kError);
@@ -367,6 +373,7 @@ void Engine::apply_commands() {
       // The prompt's logprobs need the logits of every prompt position: none may come from
       // the prefix cache.
       req.skip_prefix_cache = cmd.params.prompt_logprobs;
+      req.remote_prefill = config_.remote_prefill != nullptr && !cmd.params.prompt_logprobs;
       if (cmd.params.prompt_logprobs) r->prompt_lp.resize(req.prompt.size());
       {
         std::lock_guard lk(metrics_mu_);
@@ -407,6 +414,7 @@ void Engine::apply_commands() {
         continue;
       }
     }
+    cancel_remote(r);
     scheduler_->abort_request(r.sched_id);
     end_request(cmd.request_id, r, cmd.kind == Command::kAbort ? FinishReason::kAborted : cmd.reason);
     requests_.erase(it);
@@ -429,11 +437,20 @@ void Engine::refresh_gauges() {
 
 bool Engine::step_locked_out() {
   apply_commands();
+  poll_remote();
   if (!scheduler_->has_unfinished()) {
     refresh_gauges();  // aborts may have freed blocks
     return false;
   }
   SchedulerOutput out = scheduler_->schedule();
+  if (out.empty()) {  // every running sequence awaits its K/V (or nothing fits): nothing to compute
+    scheduler_->update(out, {});
+    submit_remote(out);
+    refresh_gauges();
+    if (config_.remote_prefill && config_.remote_prefill->num_pending() > 0)
+      std::this_thread::sleep_for(std::chrono::microseconds(50));  // the transfers progress meanwhile
+    return true;
+  }
   // A step that fails (the model returns an error, or something throws: out of memory, a
   // library error) fails the requests it scheduled with the reason; the others go on.
   std::string failure;
@@ -597,6 +614,7 @@ Status Engine::run_step(const SchedulerOutput& out) {
     spec.num_generated += verdicts[k].num_accepted + 1;
   }
   UpdateResult u = scheduler_->update(out, sampled_, counts_);
+  submit_remote(out);
   std::unordered_map<int64_t, const FinishedSeq*> finished;
   for (const FinishedSeq& f : u.finished) finished[f.seq_id] = &f;
   std::unordered_map<int64_t, std::vector<int64_t>> children;  // parent seq -> forked seqs in order
@@ -691,6 +709,73 @@ Status Engine::run_step(const SchedulerOutput& out) {
   return {};
 }
 
+void Engine::cancel_remote(const RequestState& r) {
+  if (!config_.remote_prefill) return;
+  for (const int64_t seq : r.seq_ids) {
+    config_.remote_prefill->cancel(seq);
+    remote_started_.erase(seq);
+  }
+}
+
+void Engine::submit_remote(const SchedulerOutput& out) {
+  RemotePrefill* remote = config_.remote_prefill;
+  for (const int64_t seq_id : out.remote_admitted_seq_ids) {
+    const Sequence* s = scheduler_->find_sequence(seq_id);
+    if (s == nullptr || !s->awaiting_remote) continue;  // aborted in the same step
+    const std::span<const int32_t> head(s->tokens.data(), static_cast<size_t>(s->prompt_len - 1));
+    if (remote->submit(seq_id, head)) {
+      remote_started_[seq_id] = Clock::now();
+    } else {
+      scheduler_->prefill_locally(seq_id);  // no prefill worker left: as a colocated server
+    }
+  }
+}
+
+void Engine::poll_remote() {
+  RemotePrefill* remote = config_.remote_prefill;
+  if (!remote) return;
+  PagedKvCache& cache = executor_.cache();
+  const int64_t bs = cache.block_size, w = cache.row_width;
+  auto write = [&](int64_t seq_id, int64_t layer, int64_t pos, int64_t n, const float* k, const float* v) {
+    const Sequence* s = scheduler_->find_sequence(seq_id);
+    KILN_CHECK_MSG(s != nullptr && s->awaiting_remote && layer >= 0 && layer < static_cast<int64_t>(cache.k.size()) &&
+                       pos >= 0 && n >= 0 && pos + n <= s->prompt_len - 1,
+                   "[engine] K/V rows [{}, {}) of layer {} for sequence {}, which does not await them", pos, pos + n,
+                   layer, seq_id);
+    const std::span<const BlockId> blocks = s->table.block_ids();
+    for (int64_t i = 0; i < n;) {  // one copy per block the rows fall in
+      const int64_t p = pos + i, in_block = std::min(n - i, bs - p % bs);
+      const int64_t slot = int64_t{blocks[static_cast<size_t>(p / bs)]} * bs + p % bs;
+      const size_t bytes = static_cast<size_t>(in_block * w) * sizeof(float);
+      std::memcpy(cache.k[static_cast<size_t>(layer)].data<float>() + slot * w, k + i * w, bytes);
+      if (v != nullptr && cache.v[static_cast<size_t>(layer)].numel() > 0)
+        std::memcpy(cache.v[static_cast<size_t>(layer)].data<float>() + slot * w, v + i * w, bytes);
+      i += in_block;
+    }
+  };
+  RemotePrefill::Progress progress;
+  remote->poll(write, progress);
+  const auto now = Clock::now();
+  std::vector<double> latencies;
+  for (const int64_t seq : progress.done) {
+    if (!scheduler_->remote_prefilled(seq)) continue;
+    if (auto it = remote_started_.find(seq); it != remote_started_.end()) {
+      latencies.push_back(std::chrono::duration<double>(now - it->second).count());
+      remote_started_.erase(it);
+    }
+  }
+  for (const auto& [seq, why] : progress.failed) {
+    remote_started_.erase(seq);
+    const Sequence* s = scheduler_->find_sequence(seq);
+    if (s == nullptr) continue;
+    if (auto it = sched_to_request_.find(s->request_id); it != sched_to_request_.end())
+      fail_requests({it->second}, fmt::format("[engine] remote prefill failed: {}", why));
+  }
+  std::lock_guard lk(metrics_mu_);
+  for (double t : latencies) metrics_.kv_transfer.observe(t);
+  metrics_.remote = remote->stats();
+}
+
 EngineMetrics Engine::metrics() const {
   std::lock_guard lk(metrics_mu_);
   return metrics_;
@@ -762,6 +847,19 @@ std::string Engine::metrics_text() const {
     put_metric(s, "kiln_spec_decode_expected_tokens_per_pass", "gauge",
                "(1 - alpha^(gamma+1)) / (1 - alpha) for the measured alpha.",
                expected_tokens_per_pass(m.spec.acceptance_rate(), m.num_speculative));
+  }
+  if (config_.remote_prefill) {
+    put_metric(s, "kiln_disagg_prefill_workers", "gauge", "Prefill ranks this decode rank hands prompts to.",
+               double(m.remote.workers));
+    put_metric(s, "kiln_disagg_prefill_workers_alive", "gauge", "Of them, those not given up on (timeout).",
+               double(m.remote.workers_alive));
+    put_metric(s, "kiln_disagg_prefills_total", "counter", "Prompts handed to a prefill rank.", double(m.remote.submitted));
+    put_metric(s, "kiln_disagg_prefills_failed_total", "counter", "Handed-over prompts whose K/V never came.",
+               double(m.remote.failed));
+    put_metric(s, "kiln_disagg_kv_transfer_bytes_total", "counter", "K/V bytes received from prefill ranks.",
+               double(m.remote.bytes));
+    put_histogram(s, "kiln_disagg_kv_transfer_seconds",
+                  "From handing a prompt over to its last K/V row written into this rank's blocks.", m.kv_transfer);
   }
   put_histogram(s, "kiln_time_to_first_token_seconds", "Time from arrival to the first token.", m.ttft);
   put_histogram(s, "kiln_time_per_output_token_seconds", "Time between consecutive output tokens of a sample (k tokens in one step after a gap g: k intervals of g/k).",

@@ -19,6 +19,7 @@
 #include "kiln/core/status.h"
 #include "kiln/model/transformer.h"
 #include "kiln/serve/model_executor.h"
+#include "kiln/serve/remote_prefill.h"
 #include "kiln/serve/sampler.h"
 #include "kiln/serve/scheduler.h"
 #include "kiln/serve/speculative.h"
@@ -38,6 +39,9 @@ struct EngineConfig {
   // Speculate only while at most this many sequences decode (0: always); measured on the
   // 2-core dev VM with w2-s + llama-tiny: 1.5-2x faster with 1 decode, slower from 4.
   int64_t speculative_max_batch = 2;  // --speculative-max-batch
+  // Disaggregated serving (--disaggregate): prompts are prefilled there, not here (requests
+  // with prompt logprobs excepted: their logits are needed here). Not owned; outlives the engine.
+  RemotePrefill* remote_prefill = nullptr;
 };
 
 inline constexpr int64_t kMaxParallelSamples = 64;  // the largest n one request may ask for
@@ -138,6 +142,10 @@ struct EngineMetrics {
   // one sequence's draft tokens; num_generated counts the tokens those passes emitted.
   SpeculativeStats spec;
   int64_t num_speculative = 0;  // γ
+  // Disaggregated serving: prompts prefilled remotely, K/V bytes received, and the time from
+  // handing a prompt over to its last K/V row written here.
+  RemotePrefill::Stats remote;
+  Histogram kv_transfer{{0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30}};
   Histogram ttft{{0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1, 2.5, 5, 7.5, 10, 20, 40, 80}};
   Histogram tpot{{0.001, 0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1, 2.5, 5}};
 };
@@ -207,6 +215,12 @@ class Engine {
   void fail_requests(const std::vector<int64_t>& request_ids, const std::string& message);
   void fail_every_request(const std::string& message);
   void refresh_gauges();  // running/waiting, KV blocks, prefix cache, preemptions
+  // Disaggregated serving: writes the K/V that arrived, readies completed sequences, fails the
+  // requests whose prefill failed (before schedule()); hands this step's remote admissions over
+  // (after update()).
+  void poll_remote();
+  void submit_remote(const SchedulerOutput& out);
+  void cancel_remote(const RequestState& r);
 
   std::unique_ptr<Transformer> model_;
   std::unique_ptr<Transformer> draft_;  // null: no speculative decoding
@@ -232,6 +246,7 @@ class Engine {
   std::vector<int32_t> sampled_;
   std::vector<int64_t> counts_;      // per scheduled sequence: its tokens in sampled_
   std::vector<uint8_t> all_rows_;    // per scheduled sequence: 1 = logits of every new token (echo)
+  std::unordered_map<int64_t, std::chrono::steady_clock::time_point> remote_started_;  // seq id -> handed over
 
   mutable std::mutex metrics_mu_;
   EngineMetrics metrics_;

@@ -57,6 +57,7 @@ class ModelExecutor {
   Transformer& model() { return model_; }
   Transformer* draft() { return draft_; }
   const PagedKvCache& cache() const { return cache_; }
+  PagedKvCache& cache() { return cache_; }  // disaggregated serving writes received K/V here
   int64_t cache_bytes() const { return cache_.bytes() + (draft_ ? draft_cache_.bytes() : 0); }
 
  private:

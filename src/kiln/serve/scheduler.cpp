@@ -83,7 +83,8 @@ Expected<int64_t> Scheduler::add_request(Request request) {
   seq->prompt_len = prompt_len;
   seq->max_tokens = request.max_tokens;
   seq->stop_token_ids = std::move(request.stop_token_ids);
-  seq->skip_prefix_cache = request.skip_prefix_cache;
+  seq->skip_prefix_cache = request.skip_prefix_cache || request.remote_prefill;
+  seq->remote_prefill = request.remote_prefill && prompt_len >= 2;
   seq->forks_pending = request.n - 1;
   waiting_.push_back(seq.get());
   seqs_.emplace(id, std::move(seq));
@@ -120,6 +121,7 @@ void Scheduler::preempt(Sequence& s, SchedulerOutput& out) {
   kv_.free(s.table);
   s.num_computed = 0;
   s.num_draft_computed = 0;
+  s.remote_prefill = false;  // recomputed here: its K/V (received or computed) is gone
   s.status = SeqStatus::kWaiting;
   ++s.num_preemptions;
   ++num_preemptions_;
@@ -162,7 +164,7 @@ SchedulerOutput Scheduler::schedule() {
   }
 
   int64_t budget = config_.max_batched_tokens;
-  auto needs_one = [](const Sequence* s) { return s->num_tokens() - s->num_computed == 1; };
+  auto needs_one = [](const Sequence* s) { return !s->awaiting_remote && s->num_tokens() - s->num_computed == 1; };
   // Decodes not yet visited: a prefill chunk leaves one token of budget for each.
   auto pending_decodes =
       static_cast<int64_t>(std::count_if(running_.begin(), running_.end(), needs_one));
@@ -171,6 +173,7 @@ SchedulerOutput Scheduler::schedule() {
   bool preempted = false;
   for (size_t i = 0; i < running_.size() && budget > 0; ++i) {
     Sequence& s = *running_[i];
+    if (s.awaiting_remote) continue;  // its K/V is in transfer
     const int64_t remaining = s.num_tokens() - s.num_computed;
     KILN_CHECK(remaining >= 1);
     const bool decode = remaining == 1;
@@ -188,9 +191,11 @@ SchedulerOutput Scheduler::schedule() {
     bool self_preempted = false;
     while (!kv_.allocate_slots(s.table, {}, take + lookahead, out.block_copies)) {
       // Recompute-mode preemption of the newest running sequence (never one already
-      // scheduled in this step: those are older than s).
-      Sequence* victim = running_.back();
-      running_.pop_back();
+      // scheduled in this step: those are older than s), skipping those whose K/V is in
+      // transfer (their blocks are being written); s itself is never awaiting.
+      auto newest = std::find_if(running_.rbegin(), running_.rend(), [](const Sequence* r) { return !r->awaiting_remote; });
+      Sequence* victim = *newest;
+      running_.erase(std::next(newest).base());
       if (victim != &s && needs_one(victim)) --pending_decodes;
       preempt(*victim, out);
       preempted = true;
@@ -209,6 +214,17 @@ SchedulerOutput Scheduler::schedule() {
   if (config_.batching == BatchingMode::kContinuous && !preempted) {
     while (!waiting_.empty() && budget > 0 && num_running() < config_.max_running) {
       Sequence& s = *waiting_.front();
+      if (s.remote_prefill) {  // blocks for its first prompt_len - 1 tokens; no compute in this step
+        if (!kv_.allocate_slots(s.table, {}, s.prompt_len - 1, out.block_copies)) break;
+        waiting_.pop_front();
+        running_.push_back(&s);
+        s.status = SeqStatus::kRunning;
+        s.num_computed = s.prompt_len - 1;
+        s.num_cached_tokens = 0;
+        s.awaiting_remote = true;
+        out.remote_admitted_seq_ids.push_back(s.id);
+        continue;
+      }
       auto take = admit(s, std::min(config_.prefill_chunk, budget), out);
       if (!take) break;
       schedule_seq(s, *take, 0, out);
@@ -322,6 +338,27 @@ UpdateResult Scheduler::update(const SchedulerOutput& output, std::span<const in
   std::erase_if(running_, [](const Sequence* s) { return s->status == SeqStatus::kFinished; });
   for (const FinishedSeq& f : result.finished) seqs_.erase(f.seq_id);
   return result;
+}
+
+bool Scheduler::remote_prefilled(int64_t seq_id) {
+  auto it = seqs_.find(seq_id);
+  if (it == seqs_.end() || !it->second->awaiting_remote) return false;
+  it->second->awaiting_remote = false;
+  it->second->just_admitted = true;
+  return true;
+}
+
+void Scheduler::prefill_locally(int64_t seq_id) {
+  KILN_CHECK_MSG(!awaiting_update_, "prefill_locally() between schedule() and update()");
+  auto it = seqs_.find(seq_id);
+  if (it == seqs_.end() || !it->second->awaiting_remote) return;
+  Sequence& s = *it->second;
+  kv_.free(s.table);
+  s.num_computed = 0;
+  s.awaiting_remote = s.remote_prefill = false;
+  s.status = SeqStatus::kWaiting;
+  std::erase(running_, &s);
+  waiting_.push_front(&s);
 }
 
 std::vector<int64_t> Scheduler::fail_step(const SchedulerOutput& output) {

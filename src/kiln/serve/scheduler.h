@@ -48,6 +48,10 @@ struct Request {
   int64_t n = 1;                        // parallel samples sharing the prompt's blocks
   std::vector<int32_t> stop_token_ids;  // finish after sampling one of these
   bool skip_prefix_cache = false;       // compute every prompt position (its logits are wanted)
+  // Disaggregated serving (serve/disaggregated.h): the K/V of every prompt token but the last
+  // is computed elsewhere and written into this sequence's blocks; the sequence waits for it
+  // (remote_prefilled) and then runs the last prompt token as its first step, which samples.
+  bool remote_prefill = false;
 };
 
 enum class SeqStatus { kWaiting, kRunning, kFinished };
@@ -65,6 +69,11 @@ struct Sequence {
   int64_t max_tokens = 0;
   std::vector<int32_t> stop_token_ids;
   bool skip_prefix_cache = false;
+  // Request::remote_prefill: admitted with the blocks of its first prompt_len - 1 tokens and
+  // counted as computed, but not scheduled while awaiting_remote (their K/V is in transfer).
+  // A preempted one recomputes here: remote_prefill is cleared.
+  bool remote_prefill = false;
+  bool awaiting_remote = false;
   int64_t num_computed = 0;       // tokens whose K/V is in the cache (or being computed now)
   int64_t num_cached_tokens = 0;  // prefix-cache hit at its last admission
   int64_t num_preemptions = 0;
@@ -112,6 +121,9 @@ struct SchedulerOutput {
   std::vector<BlockCopy> block_copies;     // do these first (copy-on-write)
   std::vector<int64_t> preempted_seq_ids;  // blocks freed; recomputed later
   std::vector<int64_t> finished_seq_ids;   // finished or aborted since the last step
+  // Remote-prefill sequences admitted in this step: their blocks for positions
+  // [0, prompt_len - 1) are allocated; the engine starts their transfer.
+  std::vector<int64_t> remote_admitted_seq_ids;
   int64_t num_batched_tokens = 0;          // sum of num_new_tokens <= max_batched_tokens
   int64_t num_sampled_tokens = 0;          // sum of num_samples (one per speculative decode)
   bool empty() const { return seqs.empty(); }
@@ -159,6 +171,12 @@ class Scheduler {
   // and the next schedule() may follow. Returns those request ids, sorted.
   std::vector<int64_t> fail_step(const SchedulerOutput& output);
   bool awaiting_update() const { return awaiting_update_; }
+  // A remote-prefill sequence's K/V has arrived: from the next step it runs its last prompt
+  // token. False when the sequence is unknown or was not waiting (aborted meanwhile).
+  bool remote_prefilled(int64_t seq_id);
+  // A remote-prefill sequence no worker took: back to the front of the waiting queue, its
+  // blocks freed, to be prefilled here. Between steps only.
+  void prefill_locally(int64_t seq_id);
 
   bool has_unfinished() const { return !running_.empty() || !waiting_.empty(); }
   int64_t num_running() const { return static_cast<int64_t>(running_.size()); }
