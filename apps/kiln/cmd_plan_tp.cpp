@@ -54,12 +54,9 @@ const MegatronPoint* megatron_point(int tp) {
 }
 
 int run_plan_tp(const PlanTpOptions& o) {
-  const auto topo = perf::find_topology(o.topology);
-  if (!topo) {
-    std::string names;
-    for (const perf::Topology& t : perf::topologies()) names += (names.empty() ? "" : ", ") + std::string(t.name);
-    std::fprintf(stderr, "kiln plan tp: --topology: unknown topology %s (known: %s)\n", o.topology.c_str(),
-                 names.c_str());
+  const auto topo = perf::find_topology_or_error(o.topology);
+  if (!topo.ok()) {
+    std::fprintf(stderr, "kiln plan tp: --topology: %s\n", topo.status().message().c_str());
     return kUserError;
   }
   perf::TpPlanOptions po;

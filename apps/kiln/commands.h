@@ -35,6 +35,7 @@ void register_bench_pp(CLI::App& app);  // `bench pp`, called by register_bench 
 void register_bench_cp(CLI::App& app);  // `bench cp`, called by register_bench (cmd_bench_cp.cpp)
 void register_plan_tp(CLI::App& app);   // `plan tp`, after register_comm (cmd_plan_tp.cpp)
 void register_plan_pp(CLI::App& app);   // `plan pp`, after register_comm (cmd_plan_pp.cpp)
+void register_plan_cp(CLI::App& app);   // `plan cp`, after register_comm (cmd_plan_cp.cpp)
 
 // `--tp T` of serve and generate (mpirun -np T, cmd_serve.cpp): replaces `model` with this
 // rank's shard. Rank 0 returns true and runs the engine; ranks 1.. run rank 0's steps until its

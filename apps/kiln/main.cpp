@@ -95,6 +95,7 @@ int main(int argc, char** argv) {
   kiln::app::register_comm(app);  // after bench: adds `bench comm` and `plan comm`
   kiln::app::register_plan_tp(app);  // after comm: adds `plan tp`
   kiln::app::register_plan_pp(app);  // after comm: adds `plan pp`
+  kiln::app::register_plan_cp(app);  // after comm: adds `plan cp`
   kiln::app::register_eval(app);
   kiln::app::register_bench_train(app);  // after bench: adds `bench train`
   kiln::app::register_bench_numerics(app);  // after bench: adds `bench numerics`

@@ -166,6 +166,8 @@ TEST(CliFlags, BadFloatsAreRefused) {
       {{"plan", "tp", "--gemm-efficiency", "nan"}, "--gemm-efficiency"},
       {{"plan", "tp", "--gemm-efficiency", "2"}, "--gemm-efficiency"},
       {{"plan", "tp", "--tflops", "-1"}, "--tflops"},
+      {{"plan", "cp", "--efficiency", "nan"}, "--efficiency"},
+      {{"plan", "cp", "--tflops", "-1"}, "--tflops"},
       {{"plan", "pp", "--ranks", "4", "--forward-ms", "nan"}, "--forward-ms"},
       {{"plan", "pp", "--ranks", "4", "--comm-ms", "-1"}, "--comm-ms"},
       {{"plan", "pp", "--ranks", "4", "--schedule", "zb-h1", "--weight-ms", "3"}, "--weight-ms"},  // W > B + W
@@ -212,6 +214,11 @@ TEST(CliFlags, BadIntegersAreRefused) {
       {{"plan", "tp", "--tp-list", "3"}, "--tp-list"},       // 32 heads do not split over 3
       {{"plan", "tp", "--tp-list", "16"}, "--tp-list"},      // an h100-node has 8 GPUs
       {{"plan", "tp", "--weak", "--tp-list", "16"}, "--weak"},  // Megatron's configs: tp 1..8
+      {{"plan", "cp", "--cp", "16"}, "--cp"},              // an h100-node has 8 GPUs
+      {{"plan", "cp", "--method", "rings"}, "--method"},
+      {{"plan", "cp", "--seq", "8190"}, "--seq"},           // 2C does not divide T (zig-zag)
+      {{"plan", "cp", "--preset", "llama-mla-tiny"}, "--preset"},
+      {{"plan", "cp", "--check", "no-such-file"}, "--check"},
       {{"plan", "pp"}, "--ranks"},
       {{"plan", "pp", "--ranks", "0"}, "--ranks"},
       {{"plan", "pp", "--ranks", "4", "--micro-batches", "0"}, "--micro-batches"},

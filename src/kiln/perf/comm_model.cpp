@@ -1,7 +1,8 @@
 // The collectives' cost model on topologies. Each algorithm's time is a sum of alpha-beta
 // terms per step, with the link that step crosses: NVLink inside a node, the GPU's own NIC
 // across nodes, one torus link per hop. Link figures are the vendors' published per-direction
-// bandwidths; latencies are assumptions (stated in the table) of a few microseconds.
+// bandwidths; latencies are assumptions (stated in the table) of a few microseconds; local-shm is
+// this VM's shared memory as the collectives layer measured it.
 // One model with the collectives layer's: where every step crosses the same link (one switched
 // node), an algorithm's steps and bytes are comm::algo_cost's, the terms `auto` selects with on
 // this machine; across nodes and on tori the steps are priced per link as below.
@@ -31,6 +32,11 @@ int floor_pow2(int p) {
   int q = 1;
   while (q * 2 <= p) q *= 2;
   return q;
+}
+
+LinkSpec vader_link() {
+  const comm::AlphaBeta ab = comm::AlphaBetaTable{}.link;
+  return {1.0 / ab.beta_s_per_byte, ab.alpha_s};
 }
 
 struct Step {
@@ -91,6 +97,11 @@ const std::vector<Topology>& topologies() {
       {"tpu-torus-3d", "TPU-style 3D torus (6 links per chip, as TPU v4/v5p), 50 GB/s per link "
                        "per direction, alpha 1 us per hop (assumed)",
        TopologyKind::kTorus, 1, {}, {}, 3, {50 * kGB, 1e-6}, 65536, 0},
+      // This VM (`kiln plan cp --check`): MPI ranks over OpenMPI's shared memory. The link is the
+      // collectives layer's ping-pong fit on it (comm/cost_model.h's AlphaBetaTable defaults).
+      {"local-shm", "this machine: MPI ranks over OpenMPI shared memory (vader), alpha 1 us and "
+                    "8 GB/s per direction (the collectives layer's ping-pong fit, comm/cost_model.h)",
+       TopologyKind::kSwitched, 64, vader_link(), vader_link(), 0, {}, 64, 0},
   };
   return kTopologies;
 }
@@ -99,6 +110,13 @@ std::optional<Topology> find_topology(std::string_view name) {
   for (const Topology& t : topologies())
     if (t.name == name) return t;
   return std::nullopt;
+}
+
+Expected<Topology> find_topology_or_error(std::string_view name) {
+  if (auto t = find_topology(name)) return *t;
+  std::string names;
+  for (const Topology& t : topologies()) names += (names.empty() ? "" : ", ") + std::string(t.name);
+  return invalid_argument("unknown topology {} (known: {})", name, names);
 }
 
 std::optional<ModelOp> parse_model_op(std::string_view name) {

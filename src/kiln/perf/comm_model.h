@@ -37,6 +37,8 @@ struct Topology {
 
 const std::vector<Topology>& topologies();
 std::optional<Topology> find_topology(std::string_view name);
+// find_topology, or InvalidArgument "unknown topology X (known: a, b, ...)".
+Expected<Topology> find_topology_or_error(std::string_view name);
 
 enum class ModelOp { kAllReduce, kAllGather, kReduceScatter, kAllToAll };
 std::optional<ModelOp> parse_model_op(std::string_view name);
