@@ -45,7 +45,7 @@ TEST(KvDecodeBench, ModelsShareOneWidth) {
 TEST(KvDecodeBench, BadWidthsAreNamed) {
   SameWidthOptions o;
   o.gqa_group = 3;  // does not divide 8 heads
-  EXPECT_NE(same_width_models(o).status().message().find("GQA group 3"), std::string::npos);
+  EXPECT_NE(same_width_models(o).status().message().find("--gqa-group 3"), std::string::npos);
   o = {};
   o.d_model = 100;  // not a multiple of 8 heads
   EXPECT_FALSE(same_width_models(o).ok());

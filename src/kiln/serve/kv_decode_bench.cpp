@@ -23,13 +23,13 @@ std::string_view attention_kind_name(AttentionKind kind) {
 
 Expected<std::vector<SameWidthModel>> same_width_models(const SameWidthOptions& o) {
   if (o.n_heads < 1 || o.d_model % o.n_heads != 0)
-    return invalid_argument("[mla-decode] d_model {} must be a multiple of the {} heads", o.d_model, o.n_heads);
+    return invalid_argument("[mla-decode] --d-model {} must be a multiple of --heads {}", o.d_model, o.n_heads);
   const int64_t head_dim = o.d_model / o.n_heads;
   if (head_dim % 4 != 0)
-    return invalid_argument("[mla-decode] head_dim {} (d_model / heads) must be a multiple of 4: MLA's RoPE key is "
-                            "head_dim / 2, which RoPE needs even", head_dim);
+    return invalid_argument("[mla-decode] head_dim {} (--d-model / --heads) must be a multiple of 4: MLA's RoPE key "
+                            "is head_dim / 2, which RoPE needs even", head_dim);
   if (o.gqa_group < 1 || o.n_heads % o.gqa_group != 0)
-    return invalid_argument("[mla-decode] the GQA group {} must divide the {} heads", o.gqa_group, o.n_heads);
+    return invalid_argument("[mla-decode] --gqa-group {} must divide --heads {}", o.gqa_group, o.n_heads);
   ModelConfig base;
   base.family = ModelFamily::kLlama;
   base.vocab_size = o.vocab_size;
@@ -82,14 +82,8 @@ struct StepBuffers {
       row += num_new[i];
       logit_rows.push_back(row - 1);
     }
-    PagedBatch b;
-    b.tokens = tokens;
-    b.num_cached = num_cached;
-    b.num_new = num_new;
-    b.block_table = table;
-    b.max_blocks_per_seq = max_blocks;
-    b.logit_rows = logit_rows;
-    return b;
+    return {.tokens = tokens, .num_cached = num_cached, .num_new = num_new, .block_table = table,
+            .max_blocks_per_seq = max_blocks, .logit_rows = logit_rows};
   }
 };
 
@@ -99,13 +93,20 @@ Expected<std::vector<DecodeBenchRow>> run_decode_bench(const ModelConfig& config
   if (o.batches.empty()) return invalid_argument("[mla-decode] no batch sizes");
   const int64_t max_batch = *std::max_element(o.batches.begin(), o.batches.end());
   if (*std::min_element(o.batches.begin(), o.batches.end()) < 1)
-    return invalid_argument("[mla-decode] batch sizes must be >= 1");
+    return invalid_argument("[mla-decode] --batch sizes must be >= 1");
   if (o.context < 1 || o.num_tokens < 1 || o.repeats < 1 || o.prefill_chunk < 1 || o.block_size < 1)
-    return invalid_argument("[mla-decode] context {}, tokens {}, repeats {}, prefill chunk {} and block size {} must "
-                            "be >= 1", o.context, o.num_tokens, o.repeats, o.prefill_chunk, o.block_size);
+    return invalid_argument("[mla-decode] --context {}, --tokens {}, --repeats {}, --prefill-chunk {} and "
+                            "--block-size {} must be >= 1", o.context, o.num_tokens, o.repeats, o.prefill_chunk,
+                            o.block_size);
   if (o.context + o.num_tokens > config.max_seq_len)
-    return invalid_argument("[mla-decode] context {} + {} decoded tokens exceed the model's context {}", o.context,
+    return invalid_argument("[mla-decode] --context {} + --tokens {} exceed the model's context {}", o.context,
                             o.num_tokens, config.max_seq_len);
+  const int64_t blocks_per_seq = (o.context + o.num_tokens + o.block_size - 1) / o.block_size;
+  const double pool_bytes = double(max_batch * blocks_per_seq * o.block_size) * double(kv_bytes_per_token(config, DType::kF32));
+  if (pool_bytes > double(physical_memory_bytes()))
+    return resource_exhausted("[mla-decode] the KV cache of --batch {} × (--context {} + --tokens {}) needs {:.0f} MiB, "
+                              "more than the machine's {} MiB", max_batch, o.context, o.num_tokens, pool_bytes / 1048576.0,
+                              physical_memory_bytes() >> 20);
   KILN_ASSIGN_OR_RETURN(auto model, Transformer::create(config, o.seed));  // random weights
   if (o.packed_weights) install_packed_weights(*model);
   Transformer& m = *model;
@@ -114,7 +115,6 @@ Expected<std::vector<DecodeBenchRow>> run_decode_bench(const ModelConfig& config
   KvCacheConfig kc;
   kc.block_size = o.block_size;
   kc.enable_prefix_caching = false;
-  const int64_t blocks_per_seq = (o.context + o.num_tokens + o.block_size - 1) / o.block_size;
   kc.num_blocks = max_batch * blocks_per_seq;
   KvCacheManager kv(kc);
   PagedKvCache cache = m.make_paged_kv_cache(kc.num_blocks, kc.block_size);
