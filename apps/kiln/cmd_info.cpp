@@ -19,11 +19,7 @@ namespace {
 // Serving's KV cache per token (fp32), beside multi-head and grouped-query attention of the same
 // width (n_heads heads of d_model / n_heads; GQA with a quarter of the heads as KV heads).
 void print_kv_bytes(const ModelConfig& c) {
-  ModelConfig mha = c;
-  mha.kv_lora_rank = mha.q_lora_rank = mha.qk_nope_head_dim = mha.qk_rope_head_dim = mha.v_head_dim = 0;
-  mha.n_kv_heads = c.n_heads;
-  ModelConfig gqa = mha;
-  gqa.n_kv_heads = std::max<int64_t>(1, c.n_heads / 4);
+  const ModelConfig mha = mha_of_same_width(c), gqa = gqa_of_same_width(c);
   fmt::print("  KV cache (serving, fp32): {} bytes/token{}; MHA of the same width {}, GQA with {} KV heads {}\n",
              kv_bytes_per_token(c, DType::kF32), c.is_mla() ? " (latent attention: [c, k_pe] per layer)" : "",
              kv_bytes_per_token(mha, DType::kF32), gqa.n_kv_heads, kv_bytes_per_token(gqa, DType::kF32));

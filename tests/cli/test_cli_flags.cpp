@@ -228,6 +228,10 @@ TEST(CliFlags, BadIntegersAreRefused) {
       {{"plan", "pp", "--ranks", "1024", "--micro-batches", "64"}, "--micro-batches"},  // past MPI's tags
       {{"bench", "tp", "--tp", "3"}, "--tp"},                // 3 does not divide P = 1
       {{"bench", "tp", "--steps", "0"}, "--steps"},
+      {{"bench", "mla-decode", "--batch", "0"}, "--batch"},
+      {{"bench", "mla-decode", "--gqa-group", "3"}, "--gqa-group"},  // 8 heads do not group by 3
+      {{"bench", "mla-decode", "--d-model", "100"}, "--d-model"},    // not a multiple of 8 heads
+      {{"bench", "mla-decode", "--batch", "64", "--context", "131072", "--layers", "256"}, "--context"},  // TiBs of KV
       {{"tokenizer", "decode", "--tokenizer", kTokenizer, "--ids", "99999999999999999999"}, "--ids"},
       {{"tokenizer", "decode", "--tokenizer", kTokenizer, "--ids", "-1"}, "--ids"},
       {{"--threads", "0", "info"}, "--threads"},

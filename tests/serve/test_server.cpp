@@ -191,6 +191,12 @@ TEST_F(ServerTest, HealthModelsAndMetrics) {
   EXPECT_GT(samples, 20);
   const ModelConfig& c = ref_model_->config();
   EXPECT_EQ(metric("kiln_kv_cache_bytes_per_token"), 2 * c.n_layers * c.n_kv_heads * c.head_dim() * 4);
+  // Beside it, multi-head attention of the same width (every head a KV head) and grouped-query
+  // attention with a quarter of the heads as KV heads (the model's own has half: 2 of 4).
+  ASSERT_EQ(c.n_heads, 4);
+  ASSERT_EQ(c.n_kv_heads, 2);
+  EXPECT_EQ(metric("kiln_kv_cache_mha_bytes_per_token"), 2 * c.n_layers * 4 * c.head_dim() * 4);
+  EXPECT_EQ(metric("kiln_kv_cache_gqa_bytes_per_token"), 2 * c.n_layers * 1 * c.head_dim() * 4);
   EXPECT_EQ(metric("kiln_kv_blocks_total"), 64);
 }
 

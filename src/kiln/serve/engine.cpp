@@ -152,6 +152,8 @@ Engine::Engine(std::unique_ptr<Transformer> model, std::unique_ptr<Transformer> 
       executor_(*model_, draft_.get(), num_blocks, config.block_size, config.packed_weights) {
   metrics_.block_size = config.block_size;
   metrics_.kv_bytes_per_token = engine_kv_bytes_per_token(*model_, draft_.get());
+  metrics_.kv_bytes_per_token_mha = kv_bytes_per_token(mha_of_same_width(model_->config()), DType::kF32);
+  metrics_.kv_bytes_per_token_gqa = kv_bytes_per_token(gqa_of_same_width(model_->config()), DType::kF32);
   metrics_.kv_cache_bytes = executor_.cache_bytes();
   metrics_.kv_blocks = scheduler_->kv_stats().pool;
   metrics_.num_speculative = draft_ ? config.num_speculative : 0;
@@ -811,6 +813,13 @@ std::string Engine::metrics_text() const {
              "KV bytes per token: 2 * layers * kv_heads * head_dim * 4; latent attention layers * (kv_lora_rank + "
              "qk_rope_head_dim) * 4.",
              double(m.kv_bytes_per_token));
+  put_metric(s, "kiln_kv_cache_mha_bytes_per_token", "gauge",
+             "KV bytes per token of multi-head attention of the model's width: 2 * layers * heads * head_dim * 4.",
+             double(m.kv_bytes_per_token_mha));
+  put_metric(s, "kiln_kv_cache_gqa_bytes_per_token", "gauge",
+             "KV bytes per token of grouped-query attention of the model's width with max(1, heads / 4) KV heads: "
+             "2 * layers * (heads / 4) * head_dim * 4.",
+             double(m.kv_bytes_per_token_gqa));
   put_metric(s, "kiln_kv_cache_bytes", "gauge", "Bytes of the KV-cache pool.", double(m.kv_cache_bytes));
   put_metric(s, "kiln_kv_cache_usage_ratio", "gauge", "Fraction of KV blocks owned by a sequence.",
              m.kv_blocks.num_blocks ? double(m.kv_blocks.num_used) / double(m.kv_blocks.num_blocks) : 0.0);

@@ -129,6 +129,9 @@ struct EngineMetrics {
   BlockPoolStats kv_blocks;
   int64_t block_size = 0;
   int64_t kv_bytes_per_token = 0;  // 2 · layers · kv_heads · head_dim · 4 (f32), draft's included
+  // The target's whole model (tp 1) with multi-head and grouped-query attention of its width
+  // instead (mha_of_same_width, gqa_of_same_width): what its own figure is read against.
+  int64_t kv_bytes_per_token_mha = 0, kv_bytes_per_token_gqa = 0;
   int64_t kv_cache_bytes = 0;      // the whole pool
   double prefix_cache_hit_rate = 0;
   int64_t prefix_query_tokens = 0, prefix_hit_tokens = 0;

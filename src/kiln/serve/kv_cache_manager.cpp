@@ -11,6 +11,21 @@ int64_t kv_bytes_per_token(const ModelConfig& config, DType dtype) {
   return 2 * config.n_layers * config.n_kv_heads * dtype_nbytes(dtype, config.head_dim());
 }
 
+ModelConfig mha_of_same_width(const ModelConfig& config) {
+  ModelConfig mha = config;
+  mha.kv_lora_rank = mha.q_lora_rank = mha.qk_nope_head_dim = mha.qk_rope_head_dim = mha.v_head_dim = 0;
+  mha.rope_interleave = false;
+  mha.n_kv_heads = config.n_heads;
+  return mha;
+}
+
+ModelConfig gqa_of_same_width(const ModelConfig& config, int64_t gqa_group) {
+  KILN_CHECK_MSG(gqa_group >= 1, "gqa_of_same_width: a group of {} query heads", gqa_group);
+  ModelConfig gqa = mha_of_same_width(config);
+  gqa.n_kv_heads = std::max<int64_t>(1, config.n_heads / gqa_group);
+  return gqa;
+}
+
 Expected<int64_t> num_kv_blocks_for_memory(int64_t mem_bytes, int64_t bytes_per_token,
                                            int64_t block_size) {
   if (bytes_per_token <= 0 || block_size <= 0) {

@@ -17,8 +17,16 @@ namespace kiln {
 
 inline constexpr int64_t kDefaultKvBlockSize = 16;  // tokens per block, as in vLLM
 
-// K and V of one token over all layers: 2 · layers · kv_heads · head_dim · dtype bytes.
+// K and V of one token over all layers: 2 · layers · kv_heads · head_dim · dtype bytes;
+// latent attention: layers · (kv_lora_rank + qk_rope_head_dim) · dtype bytes.
 int64_t kv_bytes_per_token(const ModelConfig& config, DType dtype);
+
+// What a model's KV bytes per token are compared with (/metrics, `kiln info --memory`, `kiln
+// bench mla-decode`): multi-head attention of its width (n_heads KV heads of d_model / n_heads,
+// no latent) and grouped-query attention with n_heads / gqa_group of those heads (at least one).
+inline constexpr int64_t kDefaultGqaGroup = 4;
+ModelConfig mha_of_same_width(const ModelConfig& config);
+ModelConfig gqa_of_same_width(const ModelConfig& config, int64_t gqa_group = kDefaultGqaGroup);
 // Blocks of block_size tokens that fit in mem_bytes; InvalidArgument when not even one does.
 Expected<int64_t> num_kv_blocks_for_memory(int64_t mem_bytes, int64_t bytes_per_token,
                                            int64_t block_size);
