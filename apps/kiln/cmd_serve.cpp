@@ -95,12 +95,7 @@ void run_serve(ServeArgs a) {
   auto served = load_served_model(a.model);
   if (!served.ok()) fail(served.status());
   // --tp with --draft-model: the target is sharded, the (small) draft runs whole on rank 0.
-  if (a.tp > 1 && !serve_tensor_parallel(served->model, a.tp, "serve")) return;  // a follower rank: done
-  const ModelConfig cfg = served->model->config();
-  // Disaggregated prefill and decode: rank 0 serves (and decodes); the others prefill until it stops.
-  std::unique_ptr<comm::Communicator> disagg_comm;
-  std::unique_ptr<MpiPrefillClient> remote;
-  if (!a.disaggregate.empty()) {
+  if (!a.disaggregate.empty()) {  // the verdict on every rank before anything is sent
     comm::Communicator& world = comm::Communicator::world();
     Status verdict = parse_disaggregate(a.disaggregate, world.size()).status();
     if (verdict.ok() && (a.tp > 1 || !a.draft_model.empty() || a.batching != "continuous"))
@@ -110,6 +105,14 @@ void run_serve(ServeArgs a) {
       comm::finalize();
       throw CLI::RuntimeError(kUserError);
     }
+  }
+  if (a.tp > 1 && !serve_tensor_parallel(served->model, a.tp, "serve")) return;  // a follower rank: done
+  const ModelConfig cfg = served->model->config();
+  // Disaggregated prefill and decode: rank 0 serves (and decodes); the others prefill until it stops.
+  std::unique_ptr<comm::Communicator> disagg_comm;
+  std::unique_ptr<MpiPrefillClient> remote;
+  if (!a.disaggregate.empty()) {
+    comm::Communicator& world = comm::Communicator::world();
     auto split = world.split(0, world.rank());  // its own communicator: no tag meets another's
     if (!split.ok()) fail(split.status());
     disagg_comm = std::move(*split);

@@ -43,3 +43,36 @@ kill_a_rank() {
   wait "$job" && fail "the job exited 0 after a rank died"
   return 0
 }
+
+# A server in the background (the caller's cleanup kills $server): its completions' text, start
+# (sets server and port, from the "listening on" line of $dir/serve.log) and stop.
+serve_text() {  # $1: port, $2: prompt -> the completion's text
+  curl -s "http://127.0.0.1:$1/v1/completions" -d "{\"prompt\": \"$2\", \"max_tokens\": 12, \"temperature\": 0}" |
+    sed -E 's/.*"text":"([^"]*)".*/\1/'
+}
+start_server() {  # $@: the command; sets server and port
+  "$@" > "$dir/serve.log" 2>&1 &
+  server=$!
+  port=""
+  for _ in $(seq 1 300); do
+    port=$(sed -nE 's/.*listening on http:\/\/[^:]+:([0-9]+).*/\1/p' "$dir/serve.log")
+    [ -n "$port" ] && return 0
+    kill -0 "$server" 2> /dev/null || break
+    sleep 0.1
+  done
+  cat "$dir/serve.log"
+  fail "the server did not start"
+}
+rank_pid() {  # $1: mpirun's pid, $2: a rank -> that rank's process id (empty when none)
+  local pid
+  for pid in $(pgrep -P "$1"); do
+    tr '\0' '\n' < "/proc/$pid/environ" 2> /dev/null | grep -qx "OMPI_COMM_WORLD_RANK=$2" && echo "$pid"
+  done
+}
+stop_server() {  # SIGTERM to the serving process (under mpirun: rank 0, which stops the others)
+  local target
+  target=$(rank_pid "$server" 0)
+  kill -TERM "${target:-$server}"
+  wait "$server" || { cat "$dir/serve.log"; fail "the server did not stop cleanly"; }
+  server=""
+}

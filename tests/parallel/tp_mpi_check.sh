@@ -47,32 +47,6 @@ done
 cmp -s "$dir/one.txt" "$dir/two.txt" || { diff "$dir/one.txt" "$dir/two.txt"; fail "the quantized model at tp 2 differs"; }
 
 # kiln serve --tp 2 answers as one process does.
-serve_text() {  # $1: port, $2: prompt -> the completion's text
-  curl -s "http://127.0.0.1:$1/v1/completions" -d "{\"prompt\": \"$2\", \"max_tokens\": 12, \"temperature\": 0}" |
-    sed -E 's/.*"text":"([^"]*)".*/\1/'
-}
-start_server() {  # $@: the command; sets server and port
-  "$@" > "$dir/serve.log" 2>&1 &
-  server=$!
-  port=""
-  for _ in $(seq 1 300); do
-    port=$(sed -nE 's/.*listening on http:\/\/[^:]+:([0-9]+).*/\1/p' "$dir/serve.log")
-    [ -n "$port" ] && return 0
-    kill -0 "$server" 2> /dev/null || break
-    sleep 0.1
-  done
-  cat "$dir/serve.log"
-  fail "the server did not start"
-}
-stop_server() {  # SIGTERM to the serving process (under mpirun: rank 0, which stops the others)
-  local target=$server pid
-  for pid in $(pgrep -P "$server"); do
-    tr '\0' '\n' < "/proc/$pid/environ" 2> /dev/null | grep -qx "OMPI_COMM_WORLD_RANK=0" && target=$pid
-  done
-  kill -TERM "$target"
-  wait "$server" || { cat "$dir/serve.log"; fail "the server did not stop cleanly"; }
-  server=""
-}
 start_server "$kiln" --threads 1 serve --model "$dir/tp" --port 0 --kv-cache-mem 32M
 for p in "${prompts[@]}"; do serve_text "$port" "$p" >> "$dir/serve_one.txt"; done
 stop_server

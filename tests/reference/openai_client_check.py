@@ -41,8 +41,8 @@ def main():
                      "--kv-cache-mem", "64M") as (_, port):
             check(f"http://127.0.0.1:{port}")
             one = greedy_texts(f"http://127.0.0.1:{port}")
-        # Tensor parallelism: the same checks against `mpirun -np 2 kiln serve --tp 2`, and the
-        # same greedy text as one process.
+        # Tensor parallelism and disaggregated serving: the same checks against `mpirun -np 2 kiln
+        # serve --tp 2` and `--disaggregate 1:1` / `2:1`, and the same greedy text as one process.
         mpirun = shutil.which("mpirun")
         if mpirun is None:
             print("note: no mpirun; the --tp 2 pass is skipped")
@@ -53,6 +53,20 @@ def main():
                 check(f"http://127.0.0.1:{port}")
                 two = greedy_texts(f"http://127.0.0.1:{port}")
                 expect(two == one, f"greedy completions at --tp 2 equal one process's ({two} vs {one})")
+            # Disaggregated prefill and decode: 1 prefill rank and the decode rank, then 2 prefill
+            # ranks (correctness only); the same checks and the same greedy text.
+            for spec, ranks in (("1:1", "2"), ("2:1", "3")):
+                launcher = (mpirun, "-np", ranks, "--oversubscribe", "--allow-run-as-root", "--mca", "btl", "self,vader")
+                with serving(args.kiln, model_dir, "--disaggregate", spec, "--api-key", "test-key",
+                             "--served-model-name", "tiny", "--kv-cache-mem", "64M", launcher=launcher) as (_, port):
+                    check(f"http://127.0.0.1:{port}")
+                    dis = greedy_texts(f"http://127.0.0.1:{port}")
+                    expect(dis == one, f"greedy completions at --disaggregate {spec} equal one process's ({dis} vs {one})")
+                    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as r:
+                        metrics = r.read().decode()
+                    expect("kiln_disagg_kv_transfer_bytes_total" in metrics and
+                           "kiln_disagg_prefills_failed_total 0" in metrics,
+                           f"/metrics reports the transfers at --disaggregate {spec}, none failed")
     print("PASS openai_client_check")
 
 
