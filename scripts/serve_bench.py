@@ -29,6 +29,21 @@ def free_port():
         return s.getsockname()[1]
 
 
+def wait_healthy(base, proc, seconds=120):
+    """Until GET /health answers 200; the server's output if it exits first."""
+    for _ in range(int(seconds / 0.1)):
+        try:
+            with urllib.request.urlopen(base + "/health", timeout=1) as r:
+                if r.status == 200:
+                    return
+        except OSError:
+            pass
+        if proc.poll() is not None:
+            raise SystemExit(proc.stdout.read())
+        time.sleep(0.1)
+    raise SystemExit("server did not come up")
+
+
 def metrics(base):
     out = {}
     with urllib.request.urlopen(base + "/metrics", timeout=5) as r:

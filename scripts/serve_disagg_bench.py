@@ -25,24 +25,9 @@ import shutil
 import subprocess
 import sys
 import time
-import urllib.request
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from serve_bench import KILN, free_port, metrics  # noqa: E402
-
-
-def wait_healthy(base, proc, seconds=120):
-    for _ in range(int(seconds / 0.1)):
-        try:
-            with urllib.request.urlopen(base + "/health", timeout=1) as r:
-                if r.status == 200:
-                    return
-        except OSError:
-            pass
-        if proc.poll() is not None:
-            raise SystemExit(proc.stdout.read())
-        time.sleep(0.1)
-    raise SystemExit("server did not come up")
+from serve_bench import KILN, free_port, metrics, wait_healthy  # noqa: E402
 
 
 def run(name, launcher, threads, serve_flags, args):
