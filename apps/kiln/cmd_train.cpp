@@ -281,7 +281,10 @@ void register_train(CLI::App& app) {
   t->add_option("--cp", ta->context.cp, "Context-parallel ranks (each sequence split over them; attention across)")
       ->check(CLI::Range(1, 1 << 16));
   t->add_option("--cp-layout", ta->cp_layout, "--cp: zigzag (balanced causal work) or contiguous");
-  t->add_option("--cp-method", ta->cp_method, "--cp: ring attention or ulysses (all-to-all to head shards)");
+  t->add_option("--cp-method", ta->cp_method,
+                "--cp: ring attention, ulysses (all-to-all to head shards) or hybrid (Ulysses inside, ring across)");
+  t->add_option("--cp-ulysses", ta->context.ulysses, "--cp-method hybrid: ranks of each Ulysses group (default 2)")
+      ->check(CLI::Range(1, 1 << 16));
   // Expert parallelism (src/kiln/parallel/expert_parallel.h): MoE experts over ep ranks, edp × ep = the ranks.
   t->add_option("--ep", ta->expert.ep, "Expert-parallel ranks (each holds num_experts / ep experts; tokens move by all-to-all)")
       ->check(CLI::Range(1, 1 << 16));

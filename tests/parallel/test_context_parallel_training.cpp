@@ -1,8 +1,8 @@
 // Context parallelism in training against the single-process run (the oracle): the same Llama,
 // data, global batch and seed give, at every cp that divides this mpirun's P (CTest: P = 1..4,
-// so cp = 1, 2, 4 with dp = P / cp; at P = 4 also cp 2 × tp 2, with and without sequence
-// parallelism), with ring attention over the zig-zag and contiguous layouts and with Ulysses
-// where the heads divide:
+// so cp = 1, 2, 4 with dp = P / cp; at P = 4 also the 2 × 2 hybrid and cp 2 × tp 2, with and
+// without sequence parallelism), with ring attention over the zig-zag and contiguous layouts and
+// with Ulysses where the heads divide:
 //   * the same gradients after one step (DDP over dp × cp; a tp shard's gathered whole);
 //   * the same loss at each of 20 steps and the same final weights.
 // Every target is valid, so each rank's mean over its T / cp tokens averages to the global mean.
@@ -74,7 +74,9 @@ std::vector<Layout> layouts() {
     out.push_back({cp, LayoutKind::kContiguous, CpMethod::kRing});
     out.push_back({cp, LayoutKind::kZigzag, CpMethod::kUlysses});
   }
-  if (world().size() == 4) {  // with tensor parallelism: attention over the shard's 2 heads
+  if (world().size() == 4) {  // the 2 × 2 hybrid; with tensor parallelism: attention over the shard's 2 heads
+    out.push_back({4, LayoutKind::kZigzag, CpMethod::kHybrid});
+    out.push_back({4, LayoutKind::kContiguous, CpMethod::kHybrid});
     out.push_back({2, LayoutKind::kZigzag, CpMethod::kRing, 2});
     out.push_back({2, LayoutKind::kContiguous, CpMethod::kRing, 2, true});
     out.push_back({2, LayoutKind::kZigzag, CpMethod::kUlysses, 2});
@@ -176,6 +178,9 @@ TEST(ContextParallelTraining, BadLayoutsAreRefusedAlike) {
                 .find("--tp 2 must divide"),
             std::string::npos);
   EXPECT_NE(msg({2, LayoutKind::kZigzag, CpMethod::kRing}, 3, o).find("does not divide"), std::string::npos);
+  EXPECT_NE(msg({4, LayoutKind::kZigzag, CpMethod::kHybrid, 3}, 4, o).find("must be >= 2 and divide --cp 4"),
+            std::string::npos);
+  EXPECT_TRUE(msg({4, LayoutKind::kZigzag, CpMethod::kHybrid, 2}, 4, o).empty());
   // Sequence parallelism splits the T / cp local rows over tp: 16 / 2 = 8 rows over tp 3 do not.
   ModelConfig six = tiny();
   six.n_heads = six.n_kv_heads = 6;

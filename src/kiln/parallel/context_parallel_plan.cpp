@@ -3,15 +3,19 @@
 
 #include <algorithm>
 #include <cstring>
+#include <optional>
 
 namespace kiln::parallel {
 
-std::string_view cp_method_name(CpMethod m) { return m == CpMethod::kRing ? "ring" : "ulysses"; }
+std::string_view cp_method_name(CpMethod m) {
+  return m == CpMethod::kRing ? "ring" : m == CpMethod::kUlysses ? "ulysses" : "hybrid";
+}
 
 Expected<CpMethod> parse_cp_method(std::string_view name) {
   if (name == "ring") return CpMethod::kRing;
   if (name == "ulysses") return CpMethod::kUlysses;
-  return invalid_argument("context-parallel method '{}' (ring or ulysses)", name);
+  if (name == "hybrid") return CpMethod::kHybrid;
+  return invalid_argument("context-parallel method '{}' (ring, ulysses or hybrid)", name);
 }
 
 Status check_context_parallel(const ContextParallelOptions& o, const TensorParallelOptions& tensor, const ModelConfig& c,
@@ -28,6 +32,11 @@ Status check_context_parallel(const ContextParallelOptions& o, const TensorParal
   if (o.method == CpMethod::kUlysses && (c.n_heads % (tp * o.cp) != 0 || c.n_kv_heads % (tp * o.cp) != 0))
     return invalid_argument("--cp-method ulysses shards the heads: --cp {} × --tp {} must divide n_heads ({}) and "
                             "n_kv_heads ({}); use --cp-method ring", o.cp, tp, c.n_heads, c.n_kv_heads);
+  if (o.method == CpMethod::kHybrid &&
+      (o.ulysses < 2 || o.cp % o.ulysses != 0 || c.n_heads % (tp * o.ulysses) != 0 || c.n_kv_heads % (tp * o.ulysses) != 0))
+    return invalid_argument("--cp-method hybrid runs Ulysses over --cp-ulysses {} ranks inside a ring over the rest: it "
+                            "must be >= 2 and divide --cp {}, and × --tp {} divide n_heads ({}) and n_kv_heads ({})",
+                            o.ulysses, o.cp, tp, c.n_heads, c.n_kv_heads);
   const int64_t chunks = o.layout == LayoutKind::kZigzag ? 2 * o.cp : o.cp;
   if (train.seq_len % chunks != 0)
     return invalid_argument("--cp {} with the {} layout cuts --seq {} into {} chunks: it must be a multiple of {}", o.cp,
@@ -53,13 +62,17 @@ Status check_context_parallel(const ContextParallelOptions& o, const TensorParal
 // failure is a broken invariant here (the plan checked every shape before the first step).
 class ContextParallelPlan::Attention final : public SequenceAttention {
  public:
-  Attention(comm::Communicator& comm, const SequenceLayout& layout, CpMethod method)
-      : comm_(comm), layout_(layout), method_(method) {}
+  // comm: the cp group (ring, Ulysses); the hybrid's two groups in `hybrid`.
+  Attention(comm::Communicator* comm, std::optional<HybridGroups> hybrid, const SequenceLayout& layout,
+            CpMethod method)
+      : comm_(comm), hybrid_(hybrid), layout_(layout), method_(method) {}
   void forward(float* out, float* lse, const float* q, const float* k, const float* v,
                const AttentionParams& local) const override {
     CpStats s;
-    const Status st = method_ == CpMethod::kRing ? ring_attention_forward(comm_, layout_, out, lse, q, k, v, local, &s)
-                                                 : ulysses_attention_forward(comm_, layout_, out, lse, q, k, v, local, &s);
+    const Status st =
+        method_ == CpMethod::kRing      ? ring_attention_forward(*comm_, layout_, out, lse, q, k, v, local, &s)
+        : method_ == CpMethod::kUlysses ? ulysses_attention_forward(*comm_, layout_, out, lse, q, k, v, local, &s)
+                                        : hybrid_attention_forward(*hybrid_, layout_, out, lse, q, k, v, local, &s);
     KILN_CHECK_MSG(st.ok(), "context-parallel attention: {}", st.to_string());
     stats_.add(s);
   }
@@ -68,15 +81,18 @@ class ContextParallelPlan::Attention final : public SequenceAttention {
     CpStats s;
     const Status st =
         method_ == CpMethod::kRing
-            ? ring_attention_backward(comm_, layout_, dq, dk, dv, dout, q, k, v, out, lse, local, &s)
-            : ulysses_attention_backward(comm_, layout_, dq, dk, dv, dout, q, k, v, out, lse, local, &s);
+            ? ring_attention_backward(*comm_, layout_, dq, dk, dv, dout, q, k, v, out, lse, local, &s)
+        : method_ == CpMethod::kUlysses
+            ? ulysses_attention_backward(*comm_, layout_, dq, dk, dv, dout, q, k, v, out, lse, local, &s)
+            : hybrid_attention_backward(*hybrid_, layout_, dq, dk, dv, dout, q, k, v, out, lse, local, &s);
     KILN_CHECK_MSG(st.ok(), "context-parallel attention backward: {}", st.to_string());
     stats_.add(s);
   }
   CpStats take() const { return std::exchange(stats_, CpStats{}); }
 
  private:
-  comm::Communicator& comm_;
+  comm::Communicator* comm_;
+  std::optional<HybridGroups> hybrid_;
   const SequenceLayout& layout_;
   CpMethod method_;
   mutable CpStats stats_;
@@ -92,9 +108,22 @@ Expected<std::unique_ptr<ContextParallelPlan>> ContextParallelPlan::create(comm:
   std::unique_ptr<ContextParallelPlan> p(new ContextParallelPlan());
   p->o_ = o;
   const int tp = std::max(1, tensor.tp);
-  KILN_ASSIGN_OR_RETURN(p->layout_, SequenceLayout::create(o.layout, train.seq_len, o.cp));
-  KILN_ASSIGN_OR_RETURN(p->mesh_,
-                        comm::DeviceMesh::create(world, {{"dp", world.size() / (o.cp * tp)}, {"cp", o.cp}, {"tp", tp}}));
+  const bool hybrid = o.method == CpMethod::kHybrid;
+  const int ring = hybrid ? o.cp / o.ulysses : o.cp;
+  KILN_ASSIGN_OR_RETURN(p->layout_, SequenceLayout::create(o.layout, train.seq_len, ring));
+  if (hybrid) {
+    KILN_ASSIGN_OR_RETURN(p->layout_, SequenceLayout::hybrid(p->layout_, o.ulysses));
+  }
+  // The hybrid's cp axis is (cp_ring, cp_ulysses): layout rank g·U + m is ring shard g, part m.
+  std::vector<comm::MeshAxis> axes = {{"dp", world.size() / (o.cp * tp)}};
+  if (hybrid) {
+    axes.push_back({"cp_ring", ring});
+    axes.push_back({"cp_ulysses", o.ulysses});
+  } else {
+    axes.push_back({"cp", o.cp});
+  }
+  axes.push_back({"tp", tp});
+  KILN_ASSIGN_OR_RETURN(p->mesh_, comm::DeviceMesh::create(world, std::move(axes)));
   // The gradients: each rank's loss is its tokens' mean, so DDP over the dp × cp ranks averages
   // them. Its check wants the batch split over those ranks; the rows are split over dp only (the
   // cp ranks of a group share them), so it is shown the batch it would split the same way. The
@@ -108,16 +137,24 @@ Expected<std::unique_ptr<ContextParallelPlan>> ContextParallelPlan::create(comm:
   } else {
     KILN_ASSIGN_OR_RETURN(p->inner_, DataParallelPlan::create(world, dp, every_rank));
   }
-  p->attention_ = std::make_unique<Attention>(p->mesh_->comm("cp"), p->layout_, o.method);
+  p->attention_ =
+      hybrid ? std::make_unique<Attention>(nullptr, HybridGroups{p->mesh_->comm("cp_ring"), p->mesh_->comm("cp_ulysses")},
+                                           p->layout_, o.method)
+             : std::make_unique<Attention>(&p->mesh_->comm("cp"), std::nullopt, p->layout_, o.method);
   return p;
 }
 
 ContextParallelPlan::~ContextParallelPlan() = default;
 
+int ContextParallelPlan::cp_rank() const {
+  return o_.method == CpMethod::kHybrid ? mesh_->coord("cp_ring") * o_.ulysses + mesh_->coord("cp_ulysses")
+                                        : mesh_->coord("cp");
+}
+
 ContextShard ContextParallelPlan::shard() const {
   ContextShard s;
   if (o_.cp == 1) return s;  // the whole sequence: one process's code
-  for (const SequenceSegment& g : layout_.segments(mesh_->coord("cp"))) s.segments.emplace_back(g.start, g.len);
+  for (const SequenceSegment& g : layout_.segments(cp_rank())) s.segments.emplace_back(g.start, g.len);
   s.attention = attention_.get();
   return s;
 }
@@ -132,7 +169,7 @@ void ContextParallelPlan::local_rows(std::vector<int32_t>& out, const int32_t* i
                  layout_.seq_len(), seq_len);
   out.clear();
   for (int64_t r = 0; r < rows; ++r)
-    for (const SequenceSegment& g : layout_.segments(mesh_->coord("cp")))
+    for (const SequenceSegment& g : layout_.segments(cp_rank()))
       out.insert(out.end(), in + r * seq_len + g.start, in + r * seq_len + g.start + g.len);
 }
 

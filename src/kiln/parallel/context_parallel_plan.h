@@ -25,19 +25,21 @@
 
 namespace kiln::parallel {
 
-enum class CpMethod { kRing, kUlysses };
+enum class CpMethod { kRing, kUlysses, kHybrid };
 std::string_view cp_method_name(CpMethod m);
-Expected<CpMethod> parse_cp_method(std::string_view name);  // "ring" | "ulysses"
+Expected<CpMethod> parse_cp_method(std::string_view name);  // "ring" | "ulysses" | "hybrid"
 
 struct ContextParallelOptions {
   int cp = 1;                            // --cp: ranks of a context-parallel group (consecutive)
-  LayoutKind layout = LayoutKind::kZigzag;  // --cp-layout
+  LayoutKind layout = LayoutKind::kZigzag;  // --cp-layout (of the ring, also inside the hybrid)
   CpMethod method = CpMethod::kRing;     // --cp-method
+  int ulysses = 2;                       // --cp-ulysses: the hybrid's Ulysses group (ring over cp / ulysses)
 };
 
 // The same verdict on every rank, with no communication: cp × tp divides the world, the model is
-// a Llama with multi-head attention (heads and KV heads divide by tp · cp for Ulysses), seq_len
-// splits into the layout's chunks (2·cp for zig-zag), the batch over the dp ranks, the tensor
+// a Llama with multi-head attention (heads and KV heads divide by tp · cp for Ulysses, by
+// tp · ulysses for the hybrid, whose Ulysses group divides cp), seq_len splits into the layout's
+// chunks (2·cp for zig-zag), the batch over the dp ranks, the tensor
 // split as check_tensor_parallel says (sequence parallelism over the T / cp local rows), DDP only
 // (ZeRO/FSDP with --cp are not implemented), no activation checkpointing.
 Status check_context_parallel(const ContextParallelOptions& o, const TensorParallelOptions& tensor, const ModelConfig& c,
@@ -97,6 +99,7 @@ class ContextParallelPlan final : public ParallelPlan {
  private:
   ContextParallelPlan() = default;
   class Attention;  // the SequenceAttention over the cp group
+  int cp_rank() const;  // this rank's place in the layout
   // tokens (rows, T) -> this rank's (rows, T / cp) in the layout's order.
   void local_rows(std::vector<int32_t>& out, const int32_t* in, int64_t rows, int64_t seq_len) const;
 
