@@ -106,7 +106,7 @@ void run_serve(ServeArgs a) {
       throw CLI::RuntimeError(kUserError);
     }
   }
-  if (a.tp > 1 && !serve_tensor_parallel(served->model, a.tp, "serve")) return;  // a follower rank: done
+  if (a.tp > 1 && !serve_tensor_parallel(served->model, a.tp, "serve", &served->quantized)) return;  // a follower: done
   const ModelConfig cfg = served->model->config();
   // Disaggregated prefill and decode: rank 0 serves (and decodes); the others prefill until it stops.
   std::unique_ptr<comm::Communicator> disagg_comm;

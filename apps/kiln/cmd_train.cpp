@@ -14,6 +14,7 @@
 #include "kiln/serve/generate.h"
 #include "kiln/serve/kv_cache_manager.h"
 #include "kiln/serve/sampler.h"
+#include "kiln/serve/server.h"
 #include "kiln/serve/speculative.h"
 #include "kiln/tokenizer/bpe.h"
 #include "kiln/core/file_io.h"
@@ -157,11 +158,17 @@ Expected<std::unique_ptr<Transformer>> model_from_checkpoint(const GenArgs& a) {
 }
 
 void run_generate(const GenArgs& a) {
-  quant::QuantizedState quantized;  // a kiln-quantized model's weights (sliced too under --tp)
-  auto model = a.checkpoint.empty() ? quant::load_any_model(a.model, &quantized)  // fp32 or kiln-quantized
+  // A model directory (fp32, bf16/f16 or kiln-quantized) or a .gguf file, with its tokenizer; or
+  // --checkpoint's weights with --model's config and tokenizer.
+  auto served = a.checkpoint.empty() ? load_served_model(a.model) : Expected<ServedModel>(ServedModel{});
+  if (!served.ok()) fail("generate", served.status());
+  quant::QuantizedState& quantized = served->quantized;  // a kiln-quantized model's weights (sliced too under --tp)
+  auto model = a.checkpoint.empty() ? Expected<std::unique_ptr<Transformer>>(std::move(served->model))
                                     : model_from_checkpoint(a);
   if (!model.ok()) fail("generate", model.status());
-  auto tk = tok::Tokenizer::load_hf_json((std::filesystem::path(a.model) / "tokenizer.json").string());
+  auto tk = a.checkpoint.empty()
+                ? Expected<tok::Tokenizer>(std::move(served->tokenizer))
+                : tok::Tokenizer::load_hf_json((std::filesystem::path(a.model) / "tokenizer.json").string());
   if (!tk.ok()) fail("generate", tk.status());
   if (a.tp > 1 && !a.draft_model.empty()) {  // one message, rank 0's
     if (comm::Communicator::world().rank() == 0)

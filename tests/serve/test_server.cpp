@@ -13,6 +13,7 @@
 #include <sstream>
 #include <thread>
 
+#include "kiln/model/gguf.h"
 #include "kiln/model/weights.h"
 #include "kiln/serve/server.h"
 #include "tests/serve/serve_test_util.h"
@@ -28,6 +29,49 @@ constexpr const char* kCorpus =
     "darkness was upon the face of the deep. And the Spirit of God moved upon the face of the waters. And God "
     "said, Let there be light: and there was light. And God saw the light, that it was good: and God divided "
     "the light from the darkness. Caf\xc3\xa9 na\xc3\xafve \xe2\x80\x94 \xf0\x9f\x99\x82.";
+
+// The one loader of serve and generate: a kiln-quantized directory serves on its quantized
+// backends (the same tokens as the quantized model in memory), a .gguf file with its tokenizer
+// from the file (F32: the same tokens as the fp32 model), and a .gguf without a tokenizer is
+// refused by name.
+TEST(ServedModel, LoadsQuantizedDirectoriesAndGgufFiles) {
+  const fs::path dir = fs::temp_directory_path() / fmt::format("kiln_served_model_test_{}", ::getpid());
+  fs::create_directories(dir / "fp32");
+  tok::TrainOptions to;
+  to.vocab_size = 300;
+  const tok::Tokenizer tk = tok::Tokenizer::train(kCorpus, to).value();
+  ModelConfig cfg = test::tiny_config(ModelFamily::kLlama, tk.vocab_size(), 128);
+  cfg.tied_embeddings = false;
+  auto model = test::tiny_model(cfg);
+  const std::vector<int32_t> prompt = tk.encode("In the beginning God");
+  const std::vector<int32_t> want = test::reference_generate(*model, prompt, 10);
+
+  ASSERT_TRUE(tk.save_hf_json((dir / "fp32" / "tokenizer.json").string()).ok());
+  const gguf::File f = gguf::llama_to_gguf(*model, tk.to_hf_json(), gguf::TensorType::kF32, "tiny").value();
+  ASSERT_TRUE(gguf::write((dir / "tiny.gguf").string(), f).ok());
+  auto from_gguf = load_served_model((dir / "tiny.gguf").string());
+  ASSERT_TRUE(from_gguf.ok()) << from_gguf.status().message();
+  EXPECT_EQ(from_gguf->tokenizer.encode("In the beginning God"), prompt);
+  EXPECT_EQ(test::reference_generate(*from_gguf->model, prompt, 10), want);
+  const gguf::File bare = gguf::llama_to_gguf(*model, "", gguf::TensorType::kF32, "tiny").value();
+  ASSERT_TRUE(gguf::write((dir / "bare.gguf").string(), bare).ok());
+  auto refused = load_served_model((dir / "bare.gguf").string());
+  ASSERT_FALSE(refused.ok());
+  EXPECT_NE(refused.status().message().find("bare.gguf has no tokenizer"), std::string::npos) << refused.status().message();
+
+  quant::QuantizeOptions qo;
+  qo.scheme.group = 16;
+  std::string log;
+  const quant::QuantizedState state = quant::quantize_model(*model, nullptr, qo, &log).value();
+  const std::vector<int32_t> want_q = test::reference_generate(*model, prompt, 10);  // on the quantized backends
+  ASSERT_TRUE(quant::save_quantized_model((dir / "q4").string(), *model, state).ok());
+  ASSERT_TRUE(tk.save_hf_json((dir / "q4" / "tokenizer.json").string()).ok());
+  auto q = load_served_model((dir / "q4").string());
+  ASSERT_TRUE(q.ok()) << q.status().message();
+  EXPECT_FALSE(q->quantized.weights.empty());
+  EXPECT_EQ(test::reference_generate(*q->model, prompt, 10), want_q);
+  fs::remove_all(dir);
+}
 
 class ServerTest : public ::testing::Test {
  protected:

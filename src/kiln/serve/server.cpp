@@ -3,6 +3,8 @@
 // held back), echo and logprobs in OpenAI's two formats, JSON replies and SSE streams.
 #include "kiln/serve/server.h"
 
+#include "kiln/model/gguf.h"
+
 #include <httplib.h>
 
 #include <atomic>
@@ -573,11 +575,22 @@ void Server::drain(std::chrono::milliseconds grace) {
   if (thread_.joinable()) thread_.join();
 }
 
-Expected<ServedModel> load_served_model(const std::string& dir) {
+Expected<ServedModel> load_served_model(const std::string& path) {
   ServedModel m;
-  KILN_ASSIGN_OR_RETURN(m.model, load_model(dir));
-  KILN_ASSIGN_OR_RETURN(m.tokenizer, tok::Tokenizer::load_hf_json((std::filesystem::path(dir) / "tokenizer.json").string()));
-  KILN_ASSIGN_OR_RETURN(m.chat, load_chat_template(dir));
+  if (path.ends_with(".gguf")) {
+    KILN_ASSIGN_OR_RETURN(gguf::LoadedModel g, gguf::load_llama(path));
+    if (g.tokenizer_json.empty())
+      return failed_precondition("{} has no tokenizer kiln can run ({}); convert it to a model directory with a "
+                                 "tokenizer.json (kiln convert) instead", path, g.tokenizer_note);
+    auto tk = tok::Tokenizer::parse_hf_json(g.tokenizer_json);
+    if (!tk.ok()) return Status(tk.status().code(), fmt::format("{}: its tokenizer: {}", path, tk.status().message()));
+    m.model = std::move(g.model);
+    m.tokenizer = std::move(*tk);
+    return m;  // the default chat template
+  }
+  KILN_ASSIGN_OR_RETURN(m.model, quant::load_any_model(path, &m.quantized));
+  KILN_ASSIGN_OR_RETURN(m.tokenizer, tok::Tokenizer::load_hf_json((std::filesystem::path(path) / "tokenizer.json").string()));
+  KILN_ASSIGN_OR_RETURN(m.chat, load_chat_template(path));
   return m;
 }
 

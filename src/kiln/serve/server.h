@@ -11,6 +11,7 @@
 
 #include "kiln/core/status.h"
 #include "kiln/serve/chat_template.h"
+#include "kiln/quant/qmodel.h"
 #include "kiln/serve/engine.h"
 #include "kiln/tokenizer/bpe.h"
 
@@ -62,13 +63,17 @@ class Server {
   int port_ = 0;
 };
 
-// Loads a model directory the way `kiln train` writes it (config.json, model.safetensors,
-// tokenizer.json) plus its chat template (the default when there is none).
+// The one loader of `serve` and `generate`: a model directory the way `kiln train` writes it
+// (config.json, model.safetensors in fp32, bf16 or f16, tokenizer.json), one `kiln quantize`
+// writes (its Linears on the quantized backends), or a llama.cpp `.gguf` file (its weights
+// dequantized to fp32, its tokenizer from the file); plus the chat template (the default when
+// there is none).
 struct ServedModel {
   std::unique_ptr<Transformer> model;
   tok::Tokenizer tokenizer;
   ChatTemplate chat;
+  quant::QuantizedState quantized;  // a kiln-quantized model's weights (sliced under --tp); empty otherwise
 };
-Expected<ServedModel> load_served_model(const std::string& dir);
+Expected<ServedModel> load_served_model(const std::string& path);
 
 }  // namespace kiln
