@@ -93,9 +93,15 @@ std::string line_chart_svg(const std::vector<Series>& series, const ChartOptions
     const Series& s = series[i];
     const std::string color = s.color.empty() ? kPalette[i % std::size(kPalette)] : s.color;
     if (s.markers) {
-      for (auto [x, y] : s.points)
-        if (std::isfinite(x) && std::isfinite(y))
-          svg += fmt::format("<circle cx=\"{:.1f}\" cy=\"{:.1f}\" r=\"3\" fill=\"{}\"/>\n", px(x), py(y), color);
+      const auto labels = o.point_labels.find(s.name);
+      for (size_t k = 0; k < s.points.size(); ++k) {
+        const auto [x, y] = s.points[k];
+        if (!std::isfinite(x) || !std::isfinite(y)) continue;
+        svg += fmt::format("<circle cx=\"{:.1f}\" cy=\"{:.1f}\" r=\"3\" fill=\"{}\"/>\n", px(x), py(y), color);
+        if (labels != o.point_labels.end() && k < labels->second.size())
+          svg += fmt::format("<text x=\"{:.1f}\" y=\"{:.1f}\" font-size=\"10\">{}</text>\n", px(x) + 5, py(y) - 4,
+                             escape(labels->second[k]));
+      }
     } else {
       std::string pts;
       for (auto [x, y] : s.points)
