@@ -509,12 +509,14 @@ std::string format_summary(const ProfileSummary& s, const ProfileMeta& m, const 
                            int max_rows) {
   std::string out;
   const double ranks = std::max(m.ranks, 1);
-  const double step_total = s.step_ns * static_cast<double>(s.steps) * ranks;  // every rank's steps
-  out += fmt::format("profile: {}{}{} ranks × {} threads; {} steps, median step {:.2f} ms; span {:.1f} ms\n",
+  // % of step: of every rank's steps, or of the whole span when there are none (serving).
+  const double step_total = (s.steps > 0 ? s.step_ns * static_cast<double>(s.steps) : s.span_ns) * ranks;
+  out += fmt::format("profile: {}{}ranks × threads: {} × {}; {} steps, median step {:.2f} ms; span {:.1f} ms\n",
                      m.description, m.description.empty() ? "" : "; ", m.ranks, m.threads_per_rank, s.steps,
                      s.step_ns / 1e6, s.span_ns / 1e6);
   if (!roof.empty()) {
-    out += fmt::format("roofline ({} threads): f32 FMA peak {:.1f} GFLOP/s;", roof.threads, roof.peak_gflops);
+    out += fmt::format("roofline ({} thread{}): f32 FMA peak {:.1f} GFLOP/s;", roof.threads, roof.threads > 1 ? "s" : "",
+                       roof.peak_gflops);
     for (const MemoryCeiling& c : roof.memory) out += fmt::format(" {} {:.1f} GB/s", c.name, c.gbs);
     out += fmt::format("; each op under the ceiling of the smallest level that holds one call's bytes (DRAM ridge "
                        "{:.2f} FLOP/B)\n", roof.dram().ridge());
@@ -603,6 +605,7 @@ std::string roofline_svg(const ProfileSummary& s, const HierarchicalRoofline& ro
   o.x_label = "arithmetic intensity (FLOP/byte of compulsory traffic)";
   o.y_label = fmt::format("GFLOP/s (f32 FMA peak {:.0f})", roof.peak_gflops);
   o.log_x = o.log_y = true;
+  o.legend_left = true;
   o.width = 900;
   o.height = 560;
   return line_chart_svg(series, o);
@@ -636,17 +639,21 @@ Expected<std::string> finish_profile(const std::string& path, comm::Communicator
   if (world && world->rank() != 0) return std::string();
   p.meta = meta;
   KILN_RETURN_IF_ERROR(write_chrome_trace(p, path));
-  return fmt::format("profile: {} ({} events on {} threads, {} rank{}); {}\n", path, p.events.size(), p.threads.size(),
-                     meta.ranks, meta.ranks > 1 ? "s" : "", format_offsets(p.offsets));
+  return fmt::format("profile: {} ({} events on {} thread{}, {} rank{}); {}\n", path, p.events.size(), p.threads.size(),
+                     p.threads.size() > 1 ? "s" : "", meta.ranks, meta.ranks > 1 ? "s" : "", format_offsets(p.offsets));
 }
 
 Expected<std::string> profile_report(const std::string& trace_path, const std::string& svg_path) {
   KILN_ASSIGN_OR_RETURN(const Profile p, read_chrome_trace(trace_path));
   const ProfileSummary s = summarize(p);
-  const HierarchicalRoofline roof = measure_hierarchical_roofline(std::max(1, p.meta.threads_per_rank));
+  HierarchicalRoofline roof = measure_hierarchical_roofline(std::max(1, p.meta.threads_per_rank));
+  // A peak measured on a busy machine only errs low: keep the run's own measurement when higher.
+  roof.peak_gflops = std::max(roof.peak_gflops, p.meta.peak_gflops_per_rank);
   std::string out = format_summary(s, p.meta, roof);
   if (!svg_path.empty()) {
-    KILN_RETURN_IF_ERROR(write_file_atomic(svg_path, {roofline_svg(s, roof, "kiln ops on the measured roofline: " + p.meta.description)}));
+    const std::string title = fmt::format("kiln ops on this CPU's measured roofline ({} thread{} per rank)", roof.threads,
+                                          roof.threads > 1 ? "s" : "");
+    KILN_RETURN_IF_ERROR(write_file_atomic(svg_path, {roofline_svg(s, roof, title)}));
     out += fmt::format("roofline: {}\n", svg_path);
   }
   return out;

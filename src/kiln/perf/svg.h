@@ -20,6 +20,7 @@ struct ChartOptions {
   std::string title, x_label, y_label;
   bool log_x = false, log_y = false;
   int width = 720, height = 420;
+  bool legend_left = false;  // legend in the top-left corner (a roofline's empty one), else top-right
   // Text beside each point of a markers series, by the series' name (a roofline's op names).
   std::map<std::string, std::vector<std::string>> point_labels;
 };
