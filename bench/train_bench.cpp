@@ -14,11 +14,14 @@
 #include "bench/bench_util.h"
 #include "kiln/core/rng.h"
 #include "kiln/core/thread_pool.h"
+#include "kiln/core/trace.h"
 #include "kiln/kernels/adamw.h"
 #include "kiln/model/transformer.h"
 #include "kiln/perf/memory_model.h"
 #include "kiln/perf/peak.h"
+#include "kiln/perf/profiler.h"
 #include "kiln/train/precision.h"
+#include "kiln/train/trainer.h"
 
 namespace kiln::bench {
 
@@ -46,6 +49,7 @@ void step(Run& r, const std::vector<int32_t>& x, const std::vector<int32_t>& y, 
   AdamWConfig adam;  // torch.optim.AdamW defaults but lr 3e-4, weight decay 0.1 on matrices
   adam.lr = 3e-4;
   const float scale = r.precision == Precision::kF16 ? kF16LossScale : 1.0f;
+  trace::Scope step_scope(trace::Category::kTrain, "step", [&](trace::Event& e) { e.add_arg("step", s); });
   const double t0 = now_seconds();
   model.zero_grad();
   r.loss = model.forward(x.data(), y.data(), B, T).value();
@@ -121,7 +125,20 @@ int run_train_bench(const TrainBenchOptions& opt) {
       x[static_cast<size_t>(i)] = static_cast<int32_t>(rng.below(static_cast<uint64_t>(cfg.vocab_size)));
       y[static_cast<size_t>(i)] = static_cast<int32_t>(rng.below(static_cast<uint64_t>(cfg.vocab_size)));
     }
+    if (s == opt.warmup + 1 && !opt.profile.empty()) trace::start();  // the timed steps only
     for (Run& r : runs) step(r, x, y, B, T, s, s > opt.warmup);
+  }
+  if (!opt.profile.empty()) {
+    TrainOptions t;
+    t.batch = B;
+    t.seq_len = T;
+    auto report = perf::finish_profile(opt.profile, nullptr,
+                                       perf::train_profile_meta(cfg, t, 1, perf::fma_peak_gflops(threads)));
+    if (!report.ok()) {
+      fmt::print(stderr, "kiln bench train: {}\n", report.status().message());
+      return 2;
+    }
+    fmt::print(stderr, "{}", *report);  // stdout may be --json
   }
   const double flops_per_token = cfg.train_flops_per_token(T);
   const double recompute = perf::recompute_flops_per_token(cfg, T, *mode);

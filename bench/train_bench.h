@@ -29,6 +29,7 @@ struct TrainBenchOptions {
   // each reported against fp32). fp16 and fp8 are emulated (rounding around the f32 GEMM).
   std::string precision = "fp32";
   std::string checkpoint = "none";  // none | full | selective
+  std::string profile;              // Chrome trace of the timed steps (perf/profiler.h); empty: off
 };
 
 int run_train_bench(const TrainBenchOptions& opt);

@@ -22,6 +22,7 @@ void register_bench_train(CLI::App& app) {
       ->check(CLI::IsMember({"fp32", "bf16", "fp16", "fp8", "all"}));
   cmd->add_option("--checkpoint", opt->checkpoint, "Activation checkpointing: none | full | selective")
       ->check(CLI::IsMember({"none", "full", "selective"}));
+  cmd->add_option("--profile", opt->profile, "Write a Chrome/Perfetto trace of the timed steps (FILE.json)");
   cmd->callback([opt] {
     const int rc = bench::run_train_bench(*opt);
     if (rc != 0) std::exit(rc);

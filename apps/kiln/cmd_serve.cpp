@@ -12,7 +12,9 @@
 #include <filesystem>
 
 #include "apps/kiln/commands.h"
+#include "kiln/core/trace.h"
 #include "kiln/model/weights.h"
+#include "kiln/perf/profiler.h"
 #include "kiln/serve/disaggregated.h"
 #include "kiln/serve/server.h"
 #include "kiln/serve/tensor_parallel.h"
@@ -57,6 +59,7 @@ struct ServeArgs {
   std::string disaggregate;  // --disaggregate P:D (mpirun -np P+D)
   double disagg_timeout_s = 30;
   double request_timeout_s = 10, keep_alive_timeout_s = 5, drain_timeout_s = 10;
+  std::string profile;  // --profile FILE.json: a trace from start to shutdown (rank 0)
 };
 
 // SIGINT/SIGTERM: the handler only writes the signal's number to a pipe (async-signal-safe,
@@ -165,6 +168,7 @@ void run_serve(ServeArgs a) {
   sigemptyset(&sa.sa_mask);
   sigaction(SIGINT, &sa, nullptr);
   sigaction(SIGTERM, &sa, nullptr);
+  if (!a.profile.empty()) trace::start();
   (*server)->start();
   const int sig = wait_for_stop_signal(**server);
   if (sig != 0) {
@@ -176,6 +180,11 @@ void run_serve(ServeArgs a) {
   signal(SIGINT, SIG_DFL);
   signal(SIGTERM, SIG_DFL);
   (*engine)->stop();
+  if (!a.profile.empty()) {  // written on shutdown
+    auto report = perf::finish_profile(a.profile, nullptr, perf::run_profile_meta("serve " + a.model));
+    if (!report.ok()) fmt::print(stderr, "kiln serve: {}\n", report.status().message());
+    else fmt::print("kiln serve: {}", *report);
+  }
   server->reset();
   engine->reset();  // tensor parallelism: the engine's executor tells the other ranks to stop
   if (remote && !remote->shutdown()) {  // a prefill rank was given up on: it may never finalize
@@ -262,6 +271,7 @@ void register_serve(CLI::App& app) {
   s->add_option("--drain-timeout", a->drain_timeout_s,
                 "On SIGTERM/SIGINT: seconds replies may take to finish before their connections are closed")
       ->check(CLI::Range(0.0, 3600.0));
+  s->add_option("--profile", a->profile, "Write a Chrome/Perfetto trace on shutdown (FILE.json): engine steps, kernels");
   s->callback([a] { run_serve(*a); });
 }
 

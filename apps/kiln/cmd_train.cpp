@@ -8,6 +8,7 @@
 #include "kiln/comm/communicator.h"
 #include "kiln/kernels/attention.h"
 #include "kiln/model/weights.h"
+#include "kiln/perf/profiler.h"
 #include "kiln/quant/qmodel.h"
 #include "kiln/run/train_run.h"
 #include "kiln/serve/engine.h"
@@ -18,6 +19,7 @@
 #include "kiln/serve/speculative.h"
 #include "kiln/tokenizer/bpe.h"
 #include "kiln/core/file_io.h"
+#include "kiln/core/trace.h"
 #include "kiln/model/hf_config.h"
 #include "kiln/train/corpus.h"
 #include "kiln/train/sharded_checkpoint.h"
@@ -40,6 +42,7 @@ struct GenArgs {
   std::string checkpoint;      // weights from a training checkpoint (file or sharded directory)
   int64_t num_speculative = 4;  // γ
   int tp = 1;                   // --tp: tensor-parallel ranks (mpirun -np T)
+  std::string profile;          // --profile FILE.json: a trace of the generation (rank 0)
 };
 
 // `generate --draft-model`: speculative decoding, then plain generation of the same prompt
@@ -181,6 +184,7 @@ void run_generate(const GenArgs& a) {
   if (a.tp > 1 && !serve_tensor_parallel(*model, a.tp, "generate", &quantized)) return;  // a follower: done
   auto engine = generation_engine(std::move(*model), nullptr, a);
   const std::vector<int32_t> ids = prompt_ids(a, *tk, *engine);
+  if (!a.profile.empty()) trace::start();
   for (int sample = 0; sample < a.samples; ++sample) {
     fmt::print("{}", a.prompt);
     std::string text;
@@ -188,6 +192,11 @@ void run_generate(const GenArgs& a) {
                       text_sink(a, *tk, text, true));
     if (!r.ok()) fail("generate", r.status());
     fmt::print("\n---\n");
+  }
+  if (!a.profile.empty()) {
+    auto report = perf::finish_profile(a.profile, nullptr, perf::run_profile_meta("generate " + a.model));
+    if (!report.ok()) fail("generate", report.status());
+    fmt::print("{}", *report);
   }
   if (a.tp > 1) {
     engine.reset();  // its executor tells the other ranks to stop
@@ -298,6 +307,7 @@ void register_train(CLI::App& app) {
   t->add_option("--ep-chunks", ta->expert.chunks,
                 "--ep: dispatch chunks per MoE layer, each chunk's all-to-all overlapping the previous chunk's experts")
       ->check(CLI::Range(1, 1 << 10));
+  t->add_option("--profile", ta->profile, "Write a Chrome/Perfetto trace (FILE.json): every kernel, collective and phase, all ranks merged");
   t->callback([ta] {
     const bool mpi = run::launched_by_mpi();
     Status st = run::run_training(*ta);
@@ -333,6 +343,7 @@ void register_train(CLI::App& app) {
       ->check(CLI::Range(1, 1 << 16));
   g->add_option("--draft-model", ga->draft_model, "Speculative decoding with this draft model (same tokenizer)");
   g->add_option("--num-speculative", ga->num_speculative, "Draft tokens per target pass (γ)")->check(CLI::Range(1, 16));
+  g->add_option("--profile", ga->profile, "Write a Chrome/Perfetto trace of the generation (FILE.json; rank 0 under --tp)");
   g->callback([ga] { run_generate(*ga); });
 }
 

@@ -4,6 +4,8 @@
 #include <CLI/CLI.hpp>
 
 #include <memory>
+#include <string>
+#include <vector>
 
 #include "kiln/model/transformer.h"
 #include "kiln/quant/qmodel.h"
@@ -37,6 +39,19 @@ void register_bench_mla_decode(CLI::App& app);  // `bench mla-decode`, called by
 void register_plan_tp(CLI::App& app);   // `plan tp`, after register_comm (cmd_plan_tp.cpp)
 void register_plan_pp(CLI::App& app);   // `plan pp`, after register_comm (cmd_plan_pp.cpp)
 void register_plan_cp(CLI::App& app);   // `plan cp`, after register_comm (cmd_plan_cp.cpp)
+
+void register_profile(CLI::App& app);  // `profile` and `roofline` (cmd_profile.cpp)
+
+// `kiln profile [--out FILE] [--svg FILE] CMD ...`: main runs `kiln CMD ... --profile FILE` in its
+// place, then print_profile_summary. Other command lines pass through unchanged.
+struct ProfileCommand {
+  bool active = false;
+  std::string error;  // `kiln profile` without a command that takes --profile
+  std::string trace_path = "kiln-profile.json", svg_path;
+  std::vector<std::string> args;  // the command line to parse
+};
+ProfileCommand take_profile_command(int argc, char** argv);
+int print_profile_summary(const ProfileCommand& pc);  // rank 0 prints; 0 or kUserError
 
 // `--tp T` of serve and generate (mpirun -np T, cmd_serve.cpp): replaces `model` with this
 // rank's shard. Rank 0 returns true and runs the engine; ranks 1.. run rank 0's steps until its

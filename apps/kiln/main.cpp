@@ -9,6 +9,7 @@
 #include <thread>
 #include <new>
 #include <string>
+#include <vector>
 
 #include <nlohmann/json.hpp>
 
@@ -107,10 +108,19 @@ int main(int argc, char** argv) {
   kiln::app::register_bench_prepacked(app);  // after bench: adds `bench prepacked`
   kiln::app::register_bench_grouped_gemm(app);  // after bench: adds `bench grouped-gemm`
   kiln::app::register_bench_moe(app);  // after bench: adds `bench moe`
+  kiln::app::register_profile(app);  // `profile` and `roofline`
   refuse_nan_in_float_flags(app);  // after every register_*: covers every subcommand's flags
 
+  const kiln::app::ProfileCommand profile = kiln::app::take_profile_command(argc, argv);
+  if (!profile.error.empty()) {
+    std::fprintf(stderr, "%s\n", profile.error.c_str());
+    return kiln::app::kUserError;
+  }
+  std::vector<char*> args;  // the command line, with `profile` rewritten (see commands.h)
+  for (const std::string& a : profile.args) args.push_back(const_cast<char*>(a.c_str()));
   try {
-    app.parse(argc, argv);
+    app.parse(static_cast<int>(args.size()), args.data());
+    if (profile.active) return kiln::app::print_profile_summary(profile);
   } catch (const CLI::ParseError& e) {
     // CLI11 reports an unknown command as "A subcommand is required": name the word instead.
     if (dynamic_cast<const CLI::RequiredError*>(&e) && app.get_subcommands().empty() && !app.remaining().empty()) {

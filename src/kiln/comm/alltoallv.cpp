@@ -11,6 +11,7 @@
 
 #include "kiln/comm/collectives.h"
 #include "kiln/comm/detail.h"
+#include "kiln/core/trace.h"
 
 namespace kiln::comm {
 namespace {
@@ -243,6 +244,11 @@ Status all_to_all_v(Communicator& comm, const void* send, std::span<const int64_
   const Side s{true, static_cast<const std::byte*>(send), send_counts, send_displs, es};
   const Side r{false, static_cast<const std::byte*>(recv), recv_counts, recv_displs, es};
   KILN_RETURN_IF_ERROR(check_alltoallv(comm, s, r, dtype));
+  trace::Scope ts(trace::Category::kComm, "alltoallv", [&](trace::Event& e) {
+    int64_t n = 0;  // elements this rank sends and receives
+    for (size_t j = 0; j < send_counts.size(); ++j) n += send_counts[j] + recv_counts[j];
+    describe_comm(e, comm, "alltoallv", "scattered", static_cast<double>(n) * static_cast<double>(es));
+  });
   return exchange_v(comm, s, static_cast<std::byte*>(recv), r);
 }
 

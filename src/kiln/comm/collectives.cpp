@@ -8,6 +8,7 @@
 #include "kiln/comm/cost_model.h"
 #include "kiln/comm/detail.h"
 #include "kiln/comm/work.h"
+#include "kiln/core/trace.h"
 
 namespace kiln::comm {
 
@@ -119,14 +120,23 @@ AutoChoice auto_choice(Communicator& comm, CollOp op, int64_t nbytes_total) {
 namespace {
 
 // Runs `run(algo)`, resolving `auto` first (auto_probe.h) and reporting a probe call's end.
+// Each call is one comm event (core/trace.h) on the thread that runs it, named by the op, with
+// the algorithm that ran, the nccl-tests size and the ranks.
 template <class Run>
 void run_resolved(Communicator& comm, CollOp op, int64_t nbytes_total, Algo algo, Run&& run) {
+  const char* name = coll_op_name(op).data();  // the names are literals
+  auto traced = [&](Algo a) {
+    trace::Scope ts(trace::Category::kComm, name, [&](trace::Event& e) {
+      describe_comm(e, comm, name, algo_name(a).data(), static_cast<double>(nbytes_total));
+    });
+    run(a);
+  };
   if (algo != Algo::kAuto) {
-    run(algo);
+    traced(algo);
     return;
   }
   const detail::AutoTicket t = detail::auto_begin(comm, op, nbytes_total);
-  run(t.algo);
+  traced(t.algo);
   detail::auto_finish(comm, op, t);
 }
 

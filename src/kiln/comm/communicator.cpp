@@ -8,12 +8,15 @@
 #include <climits>
 #include <cstdio>
 #include <functional>
+#include <map>
+#include <mutex>
 #include <thread>
 
 #include "kiln/comm/auto_probe.h"
 #include "kiln/comm/cost_model.h"
 #include "kiln/comm/work.h"
 #include "kiln/core/env.h"
+#include "kiln/core/trace.h"
 
 namespace kiln::comm {
 namespace {
@@ -137,7 +140,46 @@ int wait_all_bounded(int n, MPI_Request* reqs, MPI_Status* statuses,
   });
 }
 
+namespace {
+// World rank of rank `r` of `c`.
+int world_rank_of(const Communicator& c, int r) {
+  if (c.handle() == MPI_COMM_WORLD) return r;
+  MPI_Group g = MPI_GROUP_NULL, world = MPI_GROUP_NULL;
+  MPI_Comm_group(c.handle(), &g);
+  MPI_Comm_group(MPI_COMM_WORLD, &world);
+  int out = MPI_UNDEFINED;
+  MPI_Group_translate_ranks(g, 1, &r, world, &out);
+  MPI_Group_free(&g);
+  MPI_Group_free(&world);
+  return out;
+}
+}  // namespace
+
+void describe_comm(trace::Event& e, const Communicator& c, const char* op, const char* algo, double bytes, int peer) {
+  e.op = op;
+  e.algo = algo;
+  e.bytes = bytes;
+  // Interned per (communicator, peer): a group translation per event would cost more than the
+  // event. Only reached while tracing.
+  static std::mutex mu;
+  static auto* cache = new std::map<std::pair<MPI_Comm, int>, const char*>;
+  std::lock_guard lk(mu);
+  const char*& text = (*cache)[{c.handle(), peer}];
+  if (text == nullptr) {
+    std::string s;
+    if (peer >= 0) {
+      s = std::to_string(world_rank_of(c, peer));
+    } else {
+      for (int r = 0; r < c.size(); ++r) s += (r ? "," : "") + std::to_string(world_rank_of(c, r));
+    }
+    text = trace::intern(s);
+  }
+  e.peers = text;
+}
+
 double all_reduce_scalar(Communicator& c, double x, MPI_Op op, const char* what) {
+  trace::Scope ts(trace::Category::kComm, "allreduce",
+                  [&](trace::Event& e) { describe_comm(e, c, "allreduce", "mpi", sizeof(double)); });
   double out = 0;
   if (MPI_Allreduce(&x, &out, 1, MPI_DOUBLE, op, c.handle()) != MPI_SUCCESS)
     abort_job(fmt::format("MPI_Allreduce of {} failed", what));
@@ -286,6 +328,8 @@ MPI_Request Communicator::irecv(void* data, size_t nbytes, int source, int tag) 
 }
 
 void Communicator::send(const void* data, size_t nbytes, int dest, int tag) const {
+  trace::Scope ts(trace::Category::kComm, "send",
+                  [&](trace::Event& e) { describe_comm(e, *this, "send", "p2p", static_cast<double>(nbytes), dest); });
   if (t_polite) {
     MPI_Request r = isend(data, nbytes, dest, tag);
     return wait(r);
@@ -294,6 +338,8 @@ void Communicator::send(const void* data, size_t nbytes, int dest, int tag) cons
 }
 
 void Communicator::recv(void* data, size_t nbytes, int source, int tag) const {
+  trace::Scope ts(trace::Category::kComm, "recv",
+                  [&](trace::Event& e) { describe_comm(e, *this, "recv", "p2p", static_cast<double>(nbytes), source); });
   if (t_polite) {
     MPI_Request r = irecv(data, nbytes, source, tag);
     return wait(r);
@@ -304,6 +350,9 @@ void Communicator::recv(void* data, size_t nbytes, int source, int tag) const {
 
 void Communicator::sendrecv(const void* send_data, size_t send_nbytes, int dest, void* recv_data,
                             size_t recv_nbytes, int source, int tag) const {
+  trace::Scope ts(trace::Category::kComm, "sendrecv", [&](trace::Event& e) {
+    describe_comm(e, *this, "sendrecv", "p2p", static_cast<double>(send_nbytes + recv_nbytes), dest);
+  });
   if (t_polite) {
     MPI_Request r[2] = {irecv(recv_data, recv_nbytes, source, tag), isend(send_data, send_nbytes, dest, tag)};
     return wait_all_requests(2, r);
@@ -323,6 +372,7 @@ void Communicator::wait_all(std::vector<MPI_Request>& reqs) {
 }
 
 void Communicator::barrier() const {
+  trace::Scope ts(trace::Category::kComm, "barrier", [&](trace::Event& e) { describe_comm(e, *this, "barrier", "mpi", 0); });
   if (t_polite) {
     MPI_Request r = MPI_REQUEST_NULL;
     check_mpi(MPI_Ibarrier(comm_, &r), "MPI_Ibarrier");

@@ -71,6 +71,15 @@ int wait_all_bounded(int n, MPI_Request* reqs, MPI_Status* statuses,
                      const std::function<std::string(int)>& describe);
 
 class Communicator;
+}  // namespace kiln::comm
+namespace kiln::trace {
+struct Event;
+}
+namespace kiln::comm {
+// The profiler's arguments of one communication event (core/trace.h): op, algorithm, bytes and
+// the world ranks taking part: `peer` (a rank of `c`) for point-to-point, else every member.
+void describe_comm(trace::Event& e, const Communicator& c, const char* op, const char* algo, double bytes,
+                   int peer = -1);
 // One double combined by `op` over `c` through MPI's own all-reduce (one value: nothing to
 // implement), on the calling thread; a failure ends the job with a message naming `what`.
 double all_reduce_scalar(Communicator& c, double x, MPI_Op op, const char* what);

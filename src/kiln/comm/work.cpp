@@ -3,6 +3,8 @@
 
 #include <chrono>
 
+#include "kiln/core/trace.h"
+
 namespace kiln::comm {
 
 namespace detail {
@@ -99,6 +101,7 @@ double CommThread::take_busy_seconds() {
 
 void CommThread::loop() {
   set_polite_waiting(true);
+  trace::set_thread_name(fmt::format("comm thread ({} ranks)", comm_.size()));
   for (;;) {
     std::pair<std::function<Status()>, std::shared_ptr<detail::WorkState>> item;
     {

@@ -15,6 +15,7 @@
 #include "kiln/core/cpu_features.h"
 #include "kiln/core/env.h"
 #include "kiln/core/status.h"
+#include "kiln/core/trace.h"
 
 namespace kiln {
 namespace {
@@ -135,16 +136,20 @@ ThreadPool::~ThreadPool() {
 
 void ThreadPool::work(int thread) {
   t_in_pool_task = true;
+  const int depth = trace::kernel_depth();
+  trace::set_kernel_depth(trace_depth_);  // a task of a kernel is part of it (trace.h)
   for (;;) {
     const int64_t task = next_task_.fetch_add(1, std::memory_order_relaxed);
     if (task >= num_tasks_) break;
     thunk_(ctx_, task, thread);
   }
+  trace::set_kernel_depth(depth);
   t_in_pool_task = false;
 }
 
 void ThreadPool::worker_loop(int thread) {
   if (!pin_cpus_.empty()) pin_to(pin_cpus_[static_cast<size_t>(thread)]);
+  trace::set_thread_name(fmt::format("pool worker {}", thread));
   uint32_t seen = 0;
   for (;;) {
     uint64_t s = state_.load(std::memory_order_acquire);
@@ -200,6 +205,7 @@ void ThreadPool::run_impl(int64_t num_tasks, Thunk thunk, void* ctx) {
   num_tasks_ = num_tasks;
   thunk_ = thunk;
   ctx_ = ctx;
+  trace_depth_ = trace::kernel_depth();
   next_task_.store(0, std::memory_order_relaxed);
   done_.store(0, std::memory_order_relaxed);
   ++generation_;

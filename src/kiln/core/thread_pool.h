@@ -55,6 +55,7 @@ class ThreadPool {
   Thunk thunk_ = nullptr;
   void* ctx_ = nullptr;
   uint32_t generation_ = 0;  // the caller's count of regions (under run_mu_)
+  int trace_depth_ = 0;      // the caller's trace::kernel_depth(), given to the region's workers
   alignas(64) std::atomic<int64_t> next_task_{0};
   alignas(64) std::atomic<int> done_{0};  // joined workers finished with this region
   std::atomic<int> sleepers_{0};          // workers blocked (or about to block) on wake_

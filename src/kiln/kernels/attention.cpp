@@ -5,6 +5,10 @@
 #include <algorithm>
 #include <atomic>
 #include <cmath>
+#include <tuple>
+#include <utility>
+
+#include "kiln/core/trace.h"
 
 namespace kiln {
 
@@ -74,11 +78,38 @@ Expected<AttentionParams> check_attention_varlen(AttentionParams p, const Attent
 }
 
 namespace {
-// Scores actually computed: all T·S, or about half when causal.
+// Scores actually computed (the causal triangle and the sliding window cut whole rows short):
+// query t at position pos = t + S - T sees keys [lo, hi] with hi = pos when causal, else S - 1
+// (or pos + window - 1), and lo = pos - window + 1 with a window, else 0.
 double visible_pairs(const AttentionParams& p) {
-  const double T = static_cast<double>(p.q_len), S = static_cast<double>(p.kv_len);
-  if (!p.causal) return T * S;
-  return T * (S - T) + T * (T + 1) / 2;
+  const int64_t T = p.q_len, S = p.kv_len, off = p.kv_len - p.q_len;
+  if (p.window <= 0) {
+    const double t = static_cast<double>(T), s = static_cast<double>(S);
+    return p.causal ? t * (s - t) + t * (t + 1) / 2 : t * s;
+  }
+  double n = 0;
+  for (int64_t t = 0; t < T; ++t) {
+    const int64_t pos = t + off;
+    const int64_t hi = std::min(S - 1, p.causal ? pos : pos + p.window - 1);
+    const int64_t lo = std::max<int64_t>(0, pos - p.window + 1);
+    n += static_cast<double>(std::max<int64_t>(0, hi - lo + 1));
+  }
+  return n;
+}
+
+// The costs of one sequence of `seq` (batch 1) summed over the sequences of a packed batch.
+template <class Cost, class Lens>
+OpCost sum_over_seqs(const AttentionParams& p, int64_t num_seqs, Lens&& lens, Cost&& cost) {
+  OpCost total;
+  AttentionParams one = p;
+  one.batch = 1;
+  for (int64_t i = 0; i < num_seqs; ++i) {
+    std::tie(one.q_len, one.kv_len) = lens(i);
+    const OpCost c = cost(one);
+    total.flops += c.flops;
+    total.bytes += c.bytes;
+  }
+  return total;
 }
 }  // namespace
 
@@ -94,6 +125,38 @@ OpCost attention_backward_cost(const AttentionParams& p) {
   const double D = static_cast<double>(p.head_dim);
   const double io = 4.0 * p.batch * D * (4.0 * p.q_len * p.n_heads + 4.0 * p.kv_len * p.n_kv_heads);
   return {pairs * (10.0 * D + 6.0), io};
+}
+
+namespace {
+auto varlen_lens(const AttentionVarlen& v) {
+  return [&v](int64_t i) {
+    return std::pair<int64_t, int64_t>{v.cu_seqlens_q[i + 1] - v.cu_seqlens_q[i], v.cu_seqlens_k[i + 1] - v.cu_seqlens_k[i]};
+  };
+}
+}  // namespace
+
+OpCost attention_forward_cost(const AttentionParams& p, const AttentionVarlen& v) {
+  return sum_over_seqs(p, v.num_seqs, varlen_lens(v), [](const AttentionParams& a) { return attention_forward_cost(a); });
+}
+
+OpCost attention_backward_cost(const AttentionParams& p, const AttentionVarlen& v) {
+  return sum_over_seqs(p, v.num_seqs, varlen_lens(v), [](const AttentionParams& a) { return attention_backward_cost(a); });
+}
+
+OpCost attention_decode_paged_cost(const AttentionParams& p, const PagedKv& kv) {
+  auto lens = [&](int64_t i) { return std::pair<int64_t, int64_t>{p.q_len, kv.seq_lens[i]}; };
+  return sum_over_seqs(p, kv.num_seqs, lens, [](const AttentionParams& a) { return attention_forward_cost(a); });
+}
+
+void describe_attention(trace::Event& e, const AttentionParams& p, OpCost c, const char* impl) {
+  e.flops = c.flops;
+  e.bytes = c.bytes;
+  e.set_dims({p.batch, p.n_heads, p.q_len, p.kv_len});
+  e.dtype = "f32";
+  e.algo = impl;
+  e.add_arg("head_dim", p.head_dim);
+  if (p.causal) e.add_arg("causal", 1);
+  if (p.window > 0) e.add_arg("window", p.window);
 }
 
 }  // namespace kiln

@@ -26,6 +26,9 @@
 #include "kiln/kernels/op_cost.h"
 
 namespace kiln {
+namespace trace {
+struct Event;
+}
 
 // Which cpu:: implementation runs. kDefault follows the process-wide setting
 // (set_attention_impl, `kiln train --attention`), which starts as kFlash.
@@ -62,7 +65,8 @@ struct AttentionParams {
 // are inconsistent.
 Expected<AttentionParams> check_attention(AttentionParams p);
 
-// Causal attention does about half the work of the full T×S score matrix.
+// What one call computes: the (query, key) pairs inside the causal triangle and the sliding
+// window only (causal attention does about half the work of the full T×S score matrix).
 OpCost attention_forward_cost(const AttentionParams& p);
 OpCost attention_backward_cost(const AttentionParams& p);
 
@@ -112,6 +116,15 @@ struct PagedKv {
   int64_t max_blocks_per_seq = 0;
   int64_t num_seqs = 0;
 };
+
+// Costs summed over the sequences of a packed batch (p from check_attention_varlen) and of a
+// paged decode (p.q_len queries per sequence against its seq_lens[i] keys).
+OpCost attention_forward_cost(const AttentionParams& p, const AttentionVarlen& v);
+OpCost attention_backward_cost(const AttentionParams& p, const AttentionVarlen& v);
+OpCost attention_decode_paged_cost(const AttentionParams& p, const PagedKv& kv);
+// The profiler's arguments of one call (core/trace.h): the cost, (B, Hq, T, S), the head dim,
+// the causal and window settings, and the implementation ("flash", "naive", "split-kv", ...).
+void describe_attention(trace::Event& e, const AttentionParams& p, OpCost c, const char* impl);
 
 namespace cpu {
 // The two implementations, callable directly (benchmarks, tests); attention_forward/backward

@@ -4,6 +4,8 @@
 
 #include <cmath>
 
+#include "kiln/core/trace.h"
+
 namespace kiln {
 
 std::string_view activation_name(Activation act) {
@@ -70,6 +72,13 @@ double gemm_bytes(const GemmParams& p) {
   const double c = 4.0 * p.m * p.n * (p.beta != 0.0f ? 2 : 1);
   const double extra = (p.bias ? 4.0 * p.n : 0.0) + (p.residual ? 4.0 * p.m * p.n : 0.0);
   return a + b + c + extra;
+}
+
+void describe_gemm(trace::Event& e, const GemmParams& p) {
+  e.flops = gemm_flops(p.m, p.n, p.k);
+  e.bytes = gemm_bytes(p);
+  e.set_dims({p.m, p.n, p.k});
+  e.dtype = p.a_dtype == DType::kBF16 || p.b_dtype == DType::kBF16 ? "bf16" : "f32";
 }
 
 Expected<Tensor> matmul(const Tensor& a, const Tensor& b, bool trans_b) {

@@ -10,6 +10,9 @@
 #include "kiln/core/tensor.h"
 
 namespace kiln {
+namespace trace {
+struct Event;
+}
 
 enum class Activation { kNone, kGeluTanh, kSilu, kRelu };
 std::string_view activation_name(Activation act);
@@ -42,6 +45,8 @@ Status check_gemm(const GemmParams& p);
 // plus C written (and read when beta != 0), bias and residual read.
 inline double gemm_flops(int64_t m, int64_t n, int64_t k) { return 2.0 * m * n * k; }
 double gemm_bytes(const GemmParams& p);
+// The profiler's arguments of one call (core/trace.h): FLOPs, bytes, (m, n, k), dtype.
+void describe_gemm(trace::Event& e, const GemmParams& p);
 
 // The scalar epilogue, shared by the reference and edge paths: v is alpha·acc + beta·C.
 float apply_activation(Activation act, float v);

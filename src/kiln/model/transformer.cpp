@@ -13,6 +13,7 @@
 #include "kiln/comm/work.h"
 #include "kiln/core/rng.h"
 #include "kiln/core/thread_pool.h"
+#include "kiln/core/trace.h"
 #include "kiln/kernels/activation.h"
 #include "kiln/kernels/cross_entropy.h"
 #include "kiln/kernels/elementwise.h"
@@ -620,6 +621,7 @@ struct Transformer::Layer {
     }
     const AttentionParams ap = mla ? AttentionParams{} : attn_params(B, T, T, false);
     if (recompute_attention) {
+      KILN_TRACE_SCOPE(kModel, "recompute");
       if (cfg->is_llama()) attend(att.p, lse.p, qb.p, kb.p, vb.p, ap);
       else cpu::attention_forward(att.p, lse.p, qkv_out.p, qkv_out.p + qw, qkv_out.p + 2 * qw, ap);
     }
@@ -1422,6 +1424,7 @@ Expected<float> Transformer::forward_stage(const int32_t* tokens, const int32_t*
 
 Expected<float> Transformer::forward_impl(const int32_t* tokens, const int32_t* targets, int64_t B, int64_t T,
                                           KVCache* cache, const float* input, int chunk) {
+  trace::Scope ts(trace::Category::kModel, "forward", [&](trace::Event& e) { e.set_dims({B, T}); });
   const ModelConfig& c = config_;
   if (B <= 0 || T <= 0 || T > c.max_seq_len)
     return invalid_argument("[forward] batch {} × seq_len {} must be positive with seq_len <= {}", B, T, c.max_seq_len);
@@ -1523,6 +1526,7 @@ void Transformer::zero_grad() {
 void Transformer::backward(float loss_scale) { backward_stage(nullptr, loss_scale); }
 
 void Transformer::backward_stage(const float* doutput, float loss_scale, bool defer_weights, int chunk) {
+  KILN_TRACE_SCOPE(kModel, "backward");
   KILN_CHECK(chunk >= 0 && chunk < num_chunks());
   const bool embedding = chunk == 0 && has_embedding(), head = chunk + 1 == num_chunks() && has_head();
   KILN_CHECK_MSG(acts_ && (!head || acts_->num_valid > 0), "backward() needs a forward() with targets first");
@@ -1565,6 +1569,7 @@ void Transformer::backward_stage(const float* doutput, float loss_scale, bool de
     // Full checkpointing: re-run the layer from its saved input (its output, rewritten with the
     // same values, is no longer read), filling the shared buffers its backward reads.
     if (recompute && ckpt_ == CheckpointMode::kFull) {
+      KILN_TRACE_SCOPE(kModel, "recompute");  // its kernels are hardware FLOPs, not model FLOPs
       layers_[l]->recomputing = true;
       layers_[l]->forward(a.resid[resid_index(l + 1, chunk)].p, x, B, T);
       layers_[l]->recomputing = false;

@@ -133,6 +133,74 @@ double measure_dram_read_gbps(int threads, int64_t bytes) {
   return best;
 }
 
+double measure_read_gbps(int threads, int64_t bytes_per_thread, double seconds) {
+  const SimdTarget target = active_simd_target();
+  if (target == SimdTarget::kScalar || threads < 1) return 0.0;
+  const auto loop = target == SimdTarget::kAvx512 ? &detail::cache_read_loop_avx512 : &detail::cache_read_loop_avx2;
+  const int64_t n = std::max<int64_t>(1024, bytes_per_thread / 4 & ~int64_t{127});  // floats, whole loop turns
+  struct Free {
+    void operator()(float* p) const { std::free(p); }
+  };
+  std::vector<std::unique_ptr<float, Free>> bufs;
+  for (int t = 0; t < threads; ++t) {
+    bufs.emplace_back(static_cast<float*>(std::aligned_alloc(64, static_cast<size_t>(n) * 4)));
+    if (!bufs.back()) return 0.0;
+    for (int64_t i = 0; i < n; ++i) bufs.back().get()[i] = static_cast<float>(i & 255) * (1.0f / 256);
+  }
+  // Each thread warms its buffer into its cache with one pass, then times `passes` more.
+  auto run = [&](int64_t passes) {
+    std::vector<double> read(static_cast<size_t>(threads));
+    std::vector<double> secs(static_cast<size_t>(threads));
+    run_on_threads(threads, [&](int th) {
+      const float* b = bufs[static_cast<size_t>(th)].get();
+      loop(b, n);
+      const double t0 = now_seconds();
+      double r = 0;
+      for (int64_t p = 0; p < passes; ++p) r += loop(b, n);
+      secs[static_cast<size_t>(th)] = now_seconds() - t0;
+      read[static_cast<size_t>(th)] = r;
+    });
+    double total = 0, slowest = 0;
+    for (int t = 0; t < threads; ++t) {
+      total += read[static_cast<size_t>(t)];
+      slowest = std::max(slowest, secs[static_cast<size_t>(t)]);
+    }
+    return std::make_pair(total, slowest);
+  };
+  int64_t passes = 8;
+  const double t_cal = run(passes).second;
+  passes = std::max<int64_t>(passes, static_cast<int64_t>(static_cast<double>(passes) * seconds / std::max(t_cal, 1e-7)));
+  double best = 0;
+  for (int rep = 0; rep < 3; ++rep) {
+    const auto [bytes, secs] = run(passes);
+    best = std::max(best, bytes / std::max(secs, 1e-9) * 1e-9);
+  }
+  return best;
+}
+
+HierarchicalRoofline measure_hierarchical_roofline(int threads) {
+  HierarchicalRoofline r;
+  r.threads = threads;
+  r.peak_gflops = measure_fma_peak_gflops(DType::kF32, threads, 0.05);
+  const CpuFeatures& f = cpu_features();
+  // Working sets of half of each level, so the loop's other data fits beside them. L1 and L2 are
+  // per core (each thread its own; together they hold `threads` times one), L3 is shared (each
+  // thread reads its share).
+  struct Level {
+    const char* name;
+    int64_t bytes;
+    bool shared;
+  };
+  const Level levels[] = {{"L1", f.l1d_bytes, false}, {"L2", f.l2_bytes, false}, {"L3", f.l3_bytes, true}};
+  for (const Level& l : levels) {
+    const int64_t per_thread = l.shared ? l.bytes / 2 / std::max(threads, 1) : l.bytes / 2;
+    if (per_thread <= 0) continue;
+    r.memory.push_back({l.name, measure_read_gbps(threads, per_thread), l.shared ? l.bytes : l.bytes * threads});
+  }
+  r.memory.push_back({"DRAM", measure_dram_read_gbps(threads), 0});
+  return r;
+}
+
 double fma_peak_gflops(int threads, DType dtype) {
   static std::mutex mu;
   static std::map<std::pair<int, int>, double> cache;

@@ -7,6 +7,7 @@
 #include <memory>
 
 #include "kiln/core/dtype.h"
+#include "kiln/perf/roofline.h"
 
 namespace kiln::perf {
 
@@ -38,6 +39,16 @@ class DramReadProbe {
   int64_t n_ = 0;  // floats
 };
 
+// GB/s read by `threads` threads, each streaming its own buffer of `bytes_per_thread` over and
+// over for about `seconds` (best of three): with a buffer that fits in L1 or L2 (per core) or a
+// share of L3 this is that level's read bandwidth. 0 when the active target is scalar.
+double measure_read_gbps(int threads, int64_t bytes_per_thread, double seconds = 0.02);
+
+// The ceilings of the hierarchical roofline on `threads` threads: the f32 FMA peak, and read
+// bandwidth at L1, L2, L3 (working sets of half of each level, from cpu_features(); a level
+// the CPU does not report is left out) and DRAM (measure_dram_read_gbps). About a second.
+HierarchicalRoofline measure_hierarchical_roofline(int threads);
+
 // The FMA peak for `threads` threads, measured once per process per (dtype, threads) with a
 // short (~50 ms) run and cached; thread-safe. For MFU = achieved FLOP/s / this.
 double fma_peak_gflops(int threads, DType dtype = DType::kF32);
@@ -49,6 +60,9 @@ double bf16_dot_loop_avx512(int64_t iters);
 double read_loop_avx512(const float* p, int64_t n);
 double fma_loop_avx2(int64_t iters);
 double read_loop_avx2(const float* p, int64_t n);
+// Cache-resident reads (measure_read_gbps): p 64-byte aligned.
+double cache_read_loop_avx512(const float* p, int64_t n);
+double cache_read_loop_avx2(const float* p, int64_t n);
 // Keeps a loop's result alive so it is not optimized away.
 void sink_value(float v);
 }  // namespace detail

@@ -89,13 +89,20 @@ std::string line_chart_svg(const std::vector<Series>& series, const ChartOptions
                      escape(o.x_label));
   svg += fmt::format("<text transform=\"translate(16 {}) rotate(-90)\" text-anchor=\"middle\">{}</text>\n",
                      top + ph / 2, escape(o.y_label));
+  const double legend_x = o.legend_left ? left + 10 : left + pw - 170;
   for (size_t i = 0; i < series.size(); ++i) {
     const Series& s = series[i];
     const std::string color = s.color.empty() ? kPalette[i % std::size(kPalette)] : s.color;
     if (s.markers) {
-      for (auto [x, y] : s.points)
-        if (std::isfinite(x) && std::isfinite(y))
-          svg += fmt::format("<circle cx=\"{:.1f}\" cy=\"{:.1f}\" r=\"3\" fill=\"{}\"/>\n", px(x), py(y), color);
+      const auto labels = o.point_labels.find(s.name);
+      for (size_t k = 0; k < s.points.size(); ++k) {
+        const auto [x, y] = s.points[k];
+        if (!std::isfinite(x) || !std::isfinite(y)) continue;
+        svg += fmt::format("<circle cx=\"{:.1f}\" cy=\"{:.1f}\" r=\"3\" fill=\"{}\"/>\n", px(x), py(y), color);
+        if (labels != o.point_labels.end() && k < labels->second.size())
+          svg += fmt::format("<text x=\"{:.1f}\" y=\"{:.1f}\" font-size=\"10\">{}</text>\n", px(x) + 5, py(y) - 4,
+                             escape(labels->second[k]));
+      }
     } else {
       std::string pts;
       for (auto [x, y] : s.points)
@@ -104,7 +111,7 @@ std::string line_chart_svg(const std::vector<Series>& series, const ChartOptions
     }
     svg += fmt::format("<rect x=\"{}\" y=\"{}\" width=\"12\" height=\"3\" fill=\"{}\"/>"
                        "<text x=\"{}\" y=\"{}\">{}</text>\n",
-                       left + pw - 170, top + 12 + 16 * i, color, left + pw - 152, top + 17 + 16 * i, escape(s.name));
+                       legend_x, top + 12 + 16 * i, color, legend_x + 18, top + 17 + 16 * i, escape(s.name));
   }
   return svg + "</svg>\n";
 }

@@ -2,6 +2,7 @@
 // roofline plots, memory breakdowns. A chart is series of (x, y) points on linear or log axes.
 #pragma once
 
+#include <map>
 #include <string>
 #include <utility>
 #include <vector>
@@ -19,6 +20,9 @@ struct ChartOptions {
   std::string title, x_label, y_label;
   bool log_x = false, log_y = false;
   int width = 720, height = 420;
+  bool legend_left = false;  // legend in the top-left corner (a roofline's empty one), else top-right
+  // Text beside each point of a markers series, by the series' name (a roofline's op names).
+  std::map<std::string, std::vector<std::string>> point_labels;
 };
 
 std::string line_chart_svg(const std::vector<Series>& series, const ChartOptions& options);

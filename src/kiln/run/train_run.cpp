@@ -15,9 +15,11 @@
 
 #include "kiln/core/allocator.h"
 #include "kiln/core/thread_pool.h"
+#include "kiln/core/trace.h"
 #include "kiln/model/weights.h"
 #include "kiln/perf/memory_model.h"
 #include "kiln/perf/peak.h"
+#include "kiln/perf/profiler.h"
 #include "kiln/perf/svg.h"
 #include "kiln/quant/qat.h"
 #include "kiln/serve/chat_template.h"
@@ -572,6 +574,7 @@ Status run_training(const TrainRunOptions& o_in, const RunOutput& out_in) {
     out.print("resumed from {} at step {}\n", from, trainer->steps_done());
   }
   LossCurves curves;
+  if (!o.profile.empty()) trace::start();
   while (!trainer->done()) {
     if (o.memory_report && trainer->steps_done() == 1) default_allocator().reset_peak();
     const StepStats s = trainer->step();
@@ -583,6 +586,11 @@ Status run_training(const TrainRunOptions& o_in, const RunOutput& out_in) {
       out.flush();
     }
     if (o.save_every > 0 && s.step % o.save_every == 0) KILN_RETURN_IF_ERROR(save_checkpoint());
+  }
+  if (!o.profile.empty()) {
+    KILN_ASSIGN_OR_RETURN(const std::string report,
+                          perf::finish_profile(o.profile, world, perf::train_profile_meta(d.config, t, world ? world->size() : 1, peak.gflops)));
+    out.print("{}", report);
   }
   KILN_RETURN_IF_ERROR(save_checkpoint());
   if (dp_plan) {  // the whole model on the main rank, to export (ZeRO-3 gathers it)

@@ -66,6 +66,7 @@ struct TrainRunOptions {
   // is dp × cp).
   parallel::ContextParallelOptions context;
   std::string cp_layout = "zigzag", cp_method = "ring";
+  std::string profile;  // --profile FILE.json: a Chrome/Perfetto trace of the steps, every rank (perf/profiler.h)
 };
 
 // Whether this process was started by mpirun (or another MPI launcher): a plain `kiln train`

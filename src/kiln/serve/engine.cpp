@@ -12,6 +12,7 @@
 #include "kiln/core/checked_math.h"
 #include "kiln/core/dtype.h"
 #include "kiln/core/thread_pool.h"
+#include "kiln/core/trace.h"
 #include "kiln/model/packed_linear.h"
 
 namespace kiln {
@@ -193,6 +194,7 @@ void Engine::stop() {
 }
 
 void Engine::loop() {
+  trace::set_thread_name("engine");
   bool busy = false;
   for (;;) {
     {
@@ -453,6 +455,20 @@ bool Engine::step_locked_out() {
       std::this_thread::sleep_for(std::chrono::microseconds(50));  // the transfers progress meanwhile
     return true;
   }
+  // One serve event per step: the batch, and its new tokens split into prompt (prefill, also a
+  // preempted sequence's recomputation) and generated (decode) positions.
+  trace::Scope ts(trace::Category::kServe, "engine_step", [&](trace::Event& e) {
+    int64_t prefill = 0, decode = 0;
+    for (const ScheduledSeq& q : out.seqs) {
+      const int64_t prompt = requests_.at(sched_to_request_.at(q.request_id))->stream->prompt_len();
+      const int64_t in_prompt = std::clamp<int64_t>(prompt - q.num_computed_tokens, 0, q.num_new_tokens);
+      prefill += in_prompt;
+      decode += q.num_new_tokens - in_prompt;
+    }
+    e.add_arg("batch", static_cast<int64_t>(out.seqs.size()));
+    e.add_arg("prefill_tokens", prefill);
+    e.add_arg("decode_tokens", decode);
+  });
   // A step that fails (the model returns an error, or something throws: out of memory, a
   // library error) fails the requests it scheduled with the reason; the others go on.
   std::string failure;

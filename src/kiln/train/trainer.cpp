@@ -10,6 +10,7 @@
 #include <nlohmann/json.hpp>
 
 #include "kiln/core/file_io.h"
+#include "kiln/core/trace.h"
 #include "kiln/train/checkpoint.h"
 #include "kiln/train/sharded_checkpoint.h"
 
@@ -71,31 +72,42 @@ StepStats Trainer::step() {
   using clock = std::chrono::steady_clock;
   const auto t0 = clock::now();
   ++step_;
+  trace::Scope step_scope(trace::Category::kTrain, "step", [&](trace::Event& e) { e.add_arg("step", step_); });
   plan_->begin_step();
   const int64_t flushed0 = precision_->grads_flushed, rounded0 = precision_->values_rounded;
   const double loss_scale = scaler_.scale();
   const int64_t first = plan_->data_rank() * rows_ * o_.seq_len;  // this rank's rows of the global batch
   double loss = 0;
   for (int64_t micro = 0; micro < o_.grad_accum; ++micro) {
-    loader_.batch_at((step_ - 1) * o_.grad_accum + micro, x_, y_);
+    {
+      KILN_TRACE_SCOPE(kTrain, "data");
+      loader_.batch_at((step_ - 1) * o_.grad_accum + micro, x_, y_);
+    }
     plan_->begin_micro_batch(micro + 1 == o_.grad_accum);
+    KILN_TRACE_SCOPE(kTrain, "forward_backward");
     loss += plan_->forward_backward(model_, x_.data() + first, y_.data() + first, rows_, o_.seq_len,
                                     static_cast<float>(loss_scale));
   }
-  plan_->finish_gradients();
+  {
+    KILN_TRACE_SCOPE(kTrain, "reduction_wait");  // the gradient reductions still in flight
+    plan_->finish_gradients();
+  }
   const double parts = static_cast<double>(o_.grad_accum * plan_->loss_parts());
   loss = plan_->mean_over_data(loss / parts);
   // Unscale (1/S) and average over micro-batches in one multiply; S is a power of two in the
   // dynamic scaler, so unscaling is exact.
   const float inv = static_cast<float>(1.0 / (parts * loss_scale));
   double sq = 0;
-  for (const OptimizerPiece& p : plan_->pieces()) {
-    for (int64_t i = 0; i < p.n; ++i) {
-      p.grads[i] *= inv;
-      sq += static_cast<double>(p.grads[i]) * p.grads[i];
+  {
+    KILN_TRACE_SCOPE(kTrain, "grad_norm");
+    for (const OptimizerPiece& p : plan_->pieces()) {
+      for (int64_t i = 0; i < p.n; ++i) {
+        p.grads[i] *= inv;
+        sq += static_cast<double>(p.grads[i]) * p.grads[i];
+      }
     }
+    sq = plan_->sum_over_shards(sq);
   }
-  sq = plan_->sum_over_shards(sq);
   const double norm = std::sqrt(sq);
   const bool apply = scaler_.update(!std::isfinite(sq));  // an inf or NaN anywhere makes sq non-finite
   AdamWConfig cfg;
@@ -103,6 +115,7 @@ StepStats Trainer::step() {
   cfg.beta1 = o_.beta1;
   cfg.beta2 = o_.beta2;
   if (apply) {
+    KILN_TRACE_SCOPE(kTrain, "optimizer");
     const float clip = o_.clip_norm > 0 && norm > o_.clip_norm ? static_cast<float>(o_.clip_norm / (norm + 1e-6)) : 1.0f;
     for (const OptimizerPiece& p : plan_->pieces()) {
       if (clip != 1.0f)
@@ -137,7 +150,10 @@ StepStats Trainer::step() {
       total_steps_ = std::min(total_steps_, step_ + static_cast<int64_t>((o_.max_seconds - agreed) / (agreed / 5)));
     if (agreed >= o_.max_seconds) stop_ = true;
   }
-  if (val_ && o_.eval_every > 0 && (step_ % o_.eval_every == 0 || done())) s.val_loss = validation_loss();
+  if (val_ && o_.eval_every > 0 && (step_ % o_.eval_every == 0 || done())) {
+    KILN_TRACE_SCOPE(kTrain, "eval");
+    s.val_loss = validation_loss();
+  }
   return s;
 }
 

@@ -2,38 +2,45 @@
 // ranges spread over threads.
 #include "kiln/kernels/activation.h"
 
+#include "kiln/core/trace.h"
 #include "kiln/kernels/cpu/ops_targets.h"
 #include "kiln/kernels/cpu/parallel.h"
 
 namespace kiln::cpu {
 
 void gelu_forward(float* out, const float* inp, int64_t n) {
+  KILN_TRACE_KERNEL("gelu_forward", gelu_forward_cost(n), n);
   const auto fn = KILN_OPS_DISPATCH(gelu_forward_n).pick();
   parallel_elems(n, [&](int64_t b, int64_t e) { fn(out + b, inp + b, e - b); });
 }
 
 void gelu_backward(float* dinp, const float* dout, const float* inp, int64_t n) {
+  KILN_TRACE_KERNEL("gelu_backward", gelu_backward_cost(n), n);
   const auto fn = KILN_OPS_DISPATCH(gelu_backward_n).pick();
   parallel_elems(n, [&](int64_t b, int64_t e) { fn(dinp + b, dout + b, inp + b, e - b); });
 }
 
 void silu_forward(float* out, const float* inp, int64_t n) {
+  KILN_TRACE_KERNEL("silu_forward", silu_forward_cost(n), n);
   const auto fn = KILN_OPS_DISPATCH(silu_forward_n).pick();
   parallel_elems(n, [&](int64_t b, int64_t e) { fn(out + b, inp + b, e - b); });
 }
 
 void silu_backward(float* dinp, const float* dout, const float* inp, int64_t n) {
+  KILN_TRACE_KERNEL("silu_backward", silu_backward_cost(n), n);
   const auto fn = KILN_OPS_DISPATCH(silu_backward_n).pick();
   parallel_elems(n, [&](int64_t b, int64_t e) { fn(dinp + b, dout + b, inp + b, e - b); });
 }
 
 void swiglu_forward(float* out, const float* gate, const float* up, int64_t n) {
+  KILN_TRACE_KERNEL("swiglu_forward", swiglu_forward_cost(n), n);
   const auto fn = KILN_OPS_DISPATCH(swiglu_forward_n).pick();
   parallel_elems(n, [&](int64_t b, int64_t e) { fn(out + b, gate + b, up + b, e - b); });
 }
 
 void swiglu_backward(float* dgate, float* dup, const float* dout, const float* gate,
                      const float* up, int64_t n) {
+  KILN_TRACE_KERNEL("swiglu_backward", swiglu_backward_cost(n), n);
   const auto fn = KILN_OPS_DISPATCH(swiglu_backward_n).pick();
   parallel_elems(
       n, [&](int64_t b, int64_t e) { fn(dgate + b, dup + b, dout + b, gate + b, up + b, e - b); });

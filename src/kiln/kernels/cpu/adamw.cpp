@@ -4,6 +4,7 @@
 
 #include <cmath>
 
+#include "kiln/core/trace.h"
 #include "kiln/kernels/cpu/ops_targets.h"
 #include "kiln/kernels/cpu/parallel.h"
 
@@ -11,6 +12,7 @@ namespace kiln::cpu {
 
 void adamw_step(float* param, const float* grad, float* m, float* v, int64_t n,
                 const AdamWConfig& c, int64_t step) {
+  KILN_TRACE_KERNEL("adamw", adamw_cost(n), n);
   check_adamw_config(c).check_ok(__FILE__, __LINE__);
   KILN_CHECK(step >= 1);
   const double bc1 = 1.0 - std::pow(c.beta1, static_cast<double>(step));

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "kiln/core/thread_pool.h"
+#include "kiln/core/trace.h"
 #include "kiln/kernels/attention.h"
 #include "kiln/kernels/cpu/attention_scratch.h"
 #include "kiln/kernels/elementwise.h"
@@ -76,6 +77,7 @@ void attention_backward(float* dq, float* dk, float* dv, const float* dout, cons
 
 void attention_forward_naive(float* out, float* lse, const float* q, const float* k, const float* v,
                              const AttentionParams& p) {
+  trace::Scope kiln_trace_(trace::Category::kKernel, "attention_forward", [&](trace::Event& e) { describe_attention(e, p, attention_forward_cost(p), "naive"); });
   const int64_t T = p.q_len, S = p.kv_len, D = p.head_dim, rep = p.n_heads / p.n_kv_heads;
   const ScratchBuffer scratch(naive_workers(p), T * S);  // (workers, T, S)
   thread_pool().run(p.batch * p.n_kv_heads, [&](int64_t task, int thread) {
@@ -107,6 +109,7 @@ void attention_forward_naive(float* out, float* lse, const float* q, const float
 void attention_backward_naive(float* dq, float* dk, float* dv, const float* dout, const float* q,
                               const float* k, const float* v, const float* out, const float* lse,
                               const AttentionParams& p) {
+  trace::Scope kiln_trace_(trace::Category::kKernel, "attention_backward", [&](trace::Event& e) { describe_attention(e, p, attention_backward_cost(p), "naive"); });
   const int64_t T = p.q_len, S = p.kv_len, D = p.head_dim, rep = p.n_heads / p.n_kv_heads;
   const float scale = p.softmax_scale();
   const ScratchBuffer scratch(naive_workers(p), 2 * T * S);  // (workers, 2, T, S): P and dP

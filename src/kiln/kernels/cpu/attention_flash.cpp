@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "kiln/core/thread_pool.h"
+#include "kiln/core/trace.h"
 #include "kiln/kernels/attention.h"
 #include "kiln/kernels/cpu/attention_flash.h"
 #include "kiln/kernels/cpu/attention_scratch.h"
@@ -373,11 +374,13 @@ void backward_seqs(const FlashShape& sh, const std::vector<FlashSeq>& seqs) {
 
 void attention_forward_flash(float* out, float* lse, const float* q, const float* k, const float* v,
                              const AttentionParams& p) {
+  trace::Scope kiln_trace_(trace::Category::kKernel, "attention_forward", [&](trace::Event& e) { describe_attention(e, p, attention_forward_cost(p), "flash"); });
   forward_seqs(shape_of(p, p.q_len), batch_seqs(p, out, lse, q, k, v), p.num_splits);
 }
 
 void attention_backward_flash(float* dq, float* dk, float* dv, const float* dout, const float* q, const float* k,
                               const float* v, const float* out, const float* lse, const AttentionParams& p) {
+  trace::Scope kiln_trace_(trace::Category::kKernel, "attention_backward", [&](trace::Event& e) { describe_attention(e, p, attention_backward_cost(p), "flash"); });
   std::vector<FlashSeq> seqs = batch_seqs(p, out, lse, q, k, v);
   for (int64_t b = 0; b < p.batch; ++b) {
     FlashSeq& s = seqs[static_cast<size_t>(b)];
@@ -391,6 +394,7 @@ void attention_backward_flash(float* dq, float* dk, float* dv, const float* dout
 
 void attention_forward_split_kv(float* out, float* lse, const float* q, const float* k, const float* v,
                                 const AttentionParams& p, int64_t num_splits) {
+  trace::Scope kiln_trace_(trace::Category::kKernel, "attention_forward", [&](trace::Event& e) { describe_attention(e, p, attention_forward_cost(p), "split-kv"); });
   const std::vector<FlashSeq> seqs = batch_seqs(p, out, lse, q, k, v);
   std::vector<const FlashSeq*> ptrs;
   for (const FlashSeq& s : seqs) ptrs.push_back(&s);
@@ -430,12 +434,14 @@ void attention_merge(float* out, float* lse, const float* parts, const float* pa
 
 void attention_forward_varlen(float* out, float* lse, const float* q, const float* k, const float* v,
                               const AttentionParams& p, const AttentionVarlen& varlen) {
+  trace::Scope kiln_trace_(trace::Category::kKernel, "attention_forward", [&](trace::Event& e) { describe_attention(e, p, attention_forward_cost(p, varlen), "flash varlen"); });
   forward_seqs(shape_of(p, varlen_total_q(varlen)), varlen_seqs(p, varlen, out, lse, q, k, v), p.num_splits);
 }
 
 void attention_backward_varlen(float* dq, float* dk, float* dv, const float* dout, const float* q, const float* k,
                                const float* v, const float* out, const float* lse, const AttentionParams& p,
                                const AttentionVarlen& varlen) {
+  trace::Scope kiln_trace_(trace::Category::kKernel, "attention_backward", [&](trace::Event& e) { describe_attention(e, p, attention_backward_cost(p, varlen), "flash varlen"); });
   std::vector<FlashSeq> seqs = varlen_seqs(p, varlen, out, lse, q, k, v);
   for (int64_t i = 0; i < varlen.num_seqs; ++i) {
     FlashSeq& s = seqs[static_cast<size_t>(i)];
@@ -449,6 +455,7 @@ void attention_backward_varlen(float* dq, float* dk, float* dv, const float* dou
 }
 
 void attention_decode_paged(float* out, float* lse, const float* q, const PagedKv& kv, const AttentionParams& p) {
+  trace::Scope kiln_trace_(trace::Category::kKernel, "attention_decode", [&](trace::Event& e) { describe_attention(e, p, attention_decode_paged_cost(p, kv), "split-kv paged"); });
   std::vector<FlashSeq> seqs(static_cast<size_t>(kv.num_seqs));
   std::vector<const FlashSeq*> ptrs;
   for (int64_t i = 0; i < kv.num_seqs; ++i) {

@@ -2,6 +2,7 @@
 // (one streaming max/sum pass per row, one gradient pass), rows spread over threads.
 #include "kiln/kernels/cross_entropy.h"
 
+#include "kiln/core/trace.h"
 #include "kiln/kernels/cpu/ops_targets.h"
 #include "kiln/kernels/cpu/parallel.h"
 
@@ -9,6 +10,7 @@ namespace kiln::cpu {
 
 void cross_entropy_forward(float* losses, const float* logits, const int32_t* targets, int64_t rows,
                            int64_t vocab) {
+  KILN_TRACE_KERNEL("cross_entropy_forward", cross_entropy_forward_cost(rows, vocab), rows, vocab);
   check_targets({targets, static_cast<size_t>(rows)}, vocab).check_ok(__FILE__, __LINE__);
   KILN_CHECK(vocab > 0);
   const auto fn = KILN_OPS_DISPATCH(cross_entropy_forward_rows).pick();
@@ -18,6 +20,7 @@ void cross_entropy_forward(float* losses, const float* logits, const int32_t* ta
 
 void cross_entropy_backward(float* dlogits, const float* logits, const int32_t* targets,
                             const float* dlosses, int64_t rows, int64_t vocab) {
+  KILN_TRACE_KERNEL("cross_entropy_backward", cross_entropy_backward_cost(rows, vocab), rows, vocab);
   check_targets({targets, static_cast<size_t>(rows)}, vocab).check_ok(__FILE__, __LINE__);
   KILN_CHECK(vocab > 0);
   const auto fn = KILN_OPS_DISPATCH(cross_entropy_backward_rows).pick();

@@ -2,32 +2,38 @@
 // ops_impl.inc over aligned element ranges spread over threads.
 #include "kiln/kernels/elementwise.h"
 
+#include "kiln/core/trace.h"
 #include "kiln/kernels/cpu/ops_targets.h"
 #include "kiln/kernels/cpu/parallel.h"
 
 namespace kiln::cpu {
 
 void add(float* out, const float* a, const float* b, int64_t n) {
+  KILN_TRACE_KERNEL("add", add_cost(n), n);
   const auto fn = KILN_OPS_DISPATCH(add_n).pick();
   parallel_elems(n, [&](int64_t i0, int64_t i1) { fn(out + i0, a + i0, b + i0, i1 - i0); });
 }
 
 void scale(float* out, const float* inp, float s, int64_t n) {
+  KILN_TRACE_KERNEL("scale", scale_cost(n), n);
   const auto fn = KILN_OPS_DISPATCH(scale_n).pick();
   parallel_elems(n, [&](int64_t b, int64_t e) { fn(out + b, inp + b, s, e - b); });
 }
 
 void accumulate(float* y, const float* x, int64_t n) {
+  KILN_TRACE_KERNEL("accumulate", accumulate_cost(n), n);
   const auto fn = KILN_OPS_DISPATCH(accumulate_n).pick();
   parallel_elems(n, [&](int64_t b, int64_t e) { fn(y + b, x + b, e - b); });
 }
 
 void exp_array(float* out, const float* inp, int64_t n) {
+  KILN_TRACE_KERNEL("exp_array", exp_array_cost(n), n);
   const auto fn = KILN_OPS_DISPATCH(exp_n).pick();
   parallel_elems(n, [&](int64_t b, int64_t e) { fn(out + b, inp + b, e - b); });
 }
 
 void tanh_array(float* out, const float* inp, int64_t n) {
+  KILN_TRACE_KERNEL("tanh_array", exp_array_cost(n), n);
   const auto fn = KILN_OPS_DISPATCH(tanh_n).pick();
   parallel_elems(n, [&](int64_t b, int64_t e) { fn(out + b, inp + b, e - b); });
 }

@@ -5,6 +5,7 @@
 
 #include <cstring>
 
+#include "kiln/core/trace.h"
 #include "kiln/kernels/cpu/ops_targets.h"
 #include "kiln/kernels/cpu/parallel.h"
 
@@ -12,6 +13,7 @@ namespace kiln::cpu {
 
 void embedding_forward(float* out, const int32_t* ids, const float* weight, int64_t num_tokens,
                        int64_t vocab_size, int64_t cols) {
+  KILN_TRACE_KERNEL("embedding_forward", embedding_forward_cost(num_tokens, cols), num_tokens, cols);
   check_token_ids({ids, static_cast<size_t>(num_tokens)}, vocab_size).check_ok(__FILE__, __LINE__);
   parallel_for(num_tokens, grain_for(cols), [&](int64_t t0, int64_t t1) {
     for (int64_t t = t0; t < t1; ++t) {
@@ -23,6 +25,7 @@ void embedding_forward(float* out, const int32_t* ids, const float* weight, int6
 
 void embedding_backward(float* dweight, const float* dout, const int32_t* ids, int64_t num_tokens,
                         int64_t vocab_size, int64_t cols) {
+  KILN_TRACE_KERNEL("embedding_backward", embedding_backward_cost(num_tokens, cols), num_tokens, cols);
   check_token_ids({ids, static_cast<size_t>(num_tokens)}, vocab_size).check_ok(__FILE__, __LINE__);
   const auto fn = KILN_OPS_DISPATCH(embedding_backward_cols).pick();
   parallel_cols(num_tokens, cols,
@@ -30,6 +33,7 @@ void embedding_backward(float* dweight, const float* dout, const int32_t* ids, i
 }
 
 void positional_forward(float* x, const float* wpe, int64_t batch, int64_t seq_len, int64_t cols) {
+  KILN_TRACE_KERNEL("positional_forward", positional_cost(batch, seq_len, cols), batch, seq_len, cols);
   const auto fn = KILN_OPS_DISPATCH(accumulate_n).pick();
   parallel_for(batch * seq_len, grain_for(cols), [&](int64_t r0, int64_t r1) {
     for (int64_t r = r0; r < r1; ++r) fn(x + r * cols, wpe + (r % seq_len) * cols, cols);
@@ -38,6 +42,7 @@ void positional_forward(float* x, const float* wpe, int64_t batch, int64_t seq_l
 
 void positional_backward(float* dwpe, const float* dx, int64_t batch, int64_t seq_len,
                          int64_t cols) {
+  KILN_TRACE_KERNEL("positional_backward", positional_cost(batch, seq_len, cols), batch, seq_len, cols);
   const auto fn = KILN_OPS_DISPATCH(accumulate_n).pick();
   parallel_for(seq_len, grain_for(batch * cols), [&](int64_t t0, int64_t t1) {
     for (int64_t t = t0; t < t1; ++t) {

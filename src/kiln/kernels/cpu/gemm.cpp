@@ -21,6 +21,7 @@
 #include "kiln/core/cpu_features.h"
 #include "kiln/core/huge_pages.h"
 #include "kiln/core/thread_pool.h"
+#include "kiln/core/trace.h"
 #include "kiln/core/file_io.h"
 #include "kiln/core/json.h"
 #include "kiln/kernels/cpu/gemm_cpu.h"
@@ -479,6 +480,7 @@ std::string gemm_path_name(GemmPath path) {
 std::string gemm_small_m_name() { return gemm_target_kernels().small_m_name; }
 
 void gemm(const GemmParams& p) {
+  trace::Scope kiln_trace_(trace::Category::kKernel, "gemm", [&](trace::Event& e) { describe_gemm(e, p); e.algo = p.m <= kGemmSmallM ? "small-m" : "packed"; });
   KILN_CHECK_MSG(check_gemm(p).ok(), "{}", check_gemm(p).message());
   if (p.m == 0 || p.n == 0) return;
   const GemmTargetKernels& kernels = gemm_target_kernels();

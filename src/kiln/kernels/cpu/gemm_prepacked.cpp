@@ -13,6 +13,7 @@
 #include "kiln/core/dtype.h"
 #include "kiln/core/huge_pages.h"
 #include "kiln/core/thread_pool.h"
+#include "kiln/core/trace.h"
 #include "kiln/kernels/cpu/gemm_cpu.h"
 #include "kiln/kernels/cpu/gemm_kernels.h"
 #include "kiln/kernels/cpu/parallel.h"
@@ -215,6 +216,7 @@ double gemm_prepacked_bytes(const GemmParams& p, const PackedMatrix& b) {
 }
 
 void gemm_prepacked(const GemmParams& p, const PackedMatrix& b) {
+  trace::Scope kiln_trace_(trace::Category::kKernel, "gemm", [&](trace::Event& e) { describe_gemm(e, p); e.algo = "prepacked"; });
   KILN_CHECK_MSG(check_gemm_prepacked(p, b).ok(), "{}", check_gemm_prepacked(p, b).message());
   if (p.m == 0 || p.n == 0) return;
   const GemmTargetKernels& kr = kernels_for(b.target());

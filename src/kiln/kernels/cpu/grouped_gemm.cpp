@@ -10,6 +10,7 @@
 #include <tuple>
 #include <vector>
 
+#include "kiln/core/trace.h"
 #include "kiln/kernels/cpu/gemm_driver.h"
 #include "kiln/kernels/cpu/parallel.h"
 
@@ -143,6 +144,7 @@ void scale_c(const GemmParams& q) {
 }  // namespace
 
 void grouped_gemm(const GroupedGemmParams& p) {
+  trace::Scope kiln_trace_(trace::Category::kKernel, "grouped_gemm", [&](trace::Event& e) { e.flops = grouped_gemm_flops(p); e.bytes = grouped_gemm_bytes(p); e.set_dims({static_cast<int64_t>(p.groups.size())}); e.dtype = "f32"; });
   KILN_CHECK_MSG(check_grouped_gemm(p).ok(), "{}", check_grouped_gemm(p).message());
   const GemmTargetKernels& kernels = gemm_target_kernels();
   const PackedPath& path = kernels.f32;

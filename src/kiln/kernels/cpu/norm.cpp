@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "kiln/core/status.h"
+#include "kiln/core/trace.h"
 #include "kiln/kernels/cpu/ops_targets.h"
 #include "kiln/kernels/cpu/parallel.h"
 
@@ -29,6 +30,7 @@ float* partials(int64_t floats) {
 
 void layernorm_forward(float* out, float* mean, float* rstd, const float* inp, const float* weight,
                        const float* bias, int64_t rows, int64_t cols, float eps) {
+  KILN_TRACE_KERNEL("layernorm_forward", layernorm_forward_cost(rows, cols), rows, cols);
   KILN_CHECK(rows >= 0 && cols > 0);
   const auto fn = KILN_OPS_DISPATCH(layernorm_forward_rows).pick();
   parallel_for(rows, grain_for(cols), [&](int64_t r0, int64_t r1) {
@@ -39,6 +41,7 @@ void layernorm_forward(float* out, float* mean, float* rstd, const float* inp, c
 void layernorm_backward(float* dinp, float* dweight, float* dbias, const float* dout,
                         const float* inp, const float* weight, const float* mean, const float* rstd,
                         int64_t rows, int64_t cols) {
+  KILN_TRACE_KERNEL("layernorm_backward", layernorm_backward_cost(rows, cols), rows, cols);
   KILN_CHECK(rows >= 0 && cols > 0);
   const int64_t blocks = (rows + kRowBlock - 1) / kRowBlock;
   float* dw_part = partials(2 * blocks * cols);  // (blocks, cols)
@@ -59,6 +62,7 @@ void layernorm_backward(float* dinp, float* dweight, float* dbias, const float* 
 
 void rmsnorm_forward(float* out, float* rstd, const float* inp, const float* weight, int64_t rows,
                      int64_t cols, float eps) {
+  KILN_TRACE_KERNEL("rmsnorm_forward", rmsnorm_forward_cost(rows, cols), rows, cols);
   KILN_CHECK(rows >= 0 && cols > 0);
   const auto fn = KILN_OPS_DISPATCH(rmsnorm_forward_rows).pick();
   parallel_for(rows, grain_for(cols),
@@ -67,6 +71,7 @@ void rmsnorm_forward(float* out, float* rstd, const float* inp, const float* wei
 
 void rmsnorm_backward(float* dinp, float* dweight, const float* dout, const float* inp,
                       const float* weight, const float* rstd, int64_t rows, int64_t cols) {
+  KILN_TRACE_KERNEL("rmsnorm_backward", rmsnorm_backward_cost(rows, cols), rows, cols);
   KILN_CHECK(rows >= 0 && cols > 0);
   const int64_t blocks = (rows + kRowBlock - 1) / kRowBlock;
   float* dw_part = partials(blocks * cols);  // (blocks, cols)

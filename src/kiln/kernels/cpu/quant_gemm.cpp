@@ -8,6 +8,7 @@
 
 #include "kiln/core/fp8.h"
 #include "kiln/core/thread_pool.h"
+#include "kiln/core/trace.h"
 #include "kiln/kernels/cpu/parallel.h"
 #include "kiln/kernels/cpu/quant_gemm_simd.h"
 #include "kiln/kernels/dispatch.h"
@@ -139,6 +140,7 @@ void set_w8a8_vnni_allowed(bool allowed) { g_vnni_allowed = allowed; }
 bool w8a8_vnni_allowed() { return g_vnni_allowed; }
 
 void quant_gemm(const QuantGemmParams& p) {
+  trace::Scope kiln_trace_(trace::Category::kKernel, "quant_gemm", [&](trace::Event& e) { const OpCost c = quant_gemm_cost(p.n, p.w->out, p.w->in, static_cast<double>(quant_weight_bytes(*p.w))); e.flops = c.flops; e.bytes = c.bytes; e.set_dims({p.n, p.w->out, p.w->in}); e.dtype = quant_format_name(p.w->format).data(); });
   if (p.n == 0) return;
   const QuantWeight& w = *p.w;
   const int64_t ng = w.num_groups(), gsize = w.in / ng;
@@ -165,6 +167,7 @@ void quant_gemm(const QuantGemmParams& p) {
 }
 
 void w8a8_gemm(const W8A8Params& p) {
+  trace::Scope kiln_trace_(trace::Category::kKernel, "w8a8_gemm", [&](trace::Event& e) { const OpCost c = w8a8_cost(p.n, p.w->out, p.w->in); e.flops = c.flops; e.bytes = c.bytes; e.set_dims({p.n, p.w->out, p.w->in}); e.dtype = "int8"; });
   if (p.n == 0) return;
   const QuantTargetKernels& kernels = target_kernels();
   const int64_t out = p.w->out;
