@@ -62,7 +62,7 @@ def run(server_cmd, bench_flags):
     try:
         return json.loads(p.stdout.strip().splitlines()[-1])
     except (ValueError, IndexError):
-        raise SystemExit(f"bench serve failed: {p.stdout}")
+        raise SystemExit(f"bench serve failed (exit status {p.returncode}): {p.stdout}")
 
 
 def ratio(a, b):
@@ -124,7 +124,7 @@ def main():
           "TPOT p50 / p99 ms | output len mean / p50 / p99 |")
     print("|---|---|---|---|---|---|---|---|---|---|")
     for r in rows:
-        o = r["output_len"]
+        o = r["output_tokens_per_request"]
         print(f"| {r['mix']} | {r['rate']} | {r['server']} | {r['batching']} | {r['completed']}/{r['failed']} | "
               f"{r['output_throughput']:.1f} | {r['goodput']:.3f} | {r['ttft_ms']['p50']:.0f} / {r['ttft_ms']['p99']:.0f} | "
               f"{r['tpot_ms']['p50']:.1f} / {r['tpot_ms']['p99']:.1f} | {o['mean']:.0f} / {o['p50']:.0f} / {o['p99']:.0f} |")

@@ -429,6 +429,7 @@ void check_run(const LoadBenchOptions& o, FakeOpenAiServer& server) {
   EXPECT_GT(split.num_good, 0);
   EXPECT_LE(split.num_good, r.num_completed);
   const nlohmann::json j = to_json(r);
+  EXPECT_EQ(j["output_tokens_per_request"]["count"].get<int64_t>(), r.num_completed);
   EXPECT_EQ(j["failed"].get<int64_t>(), expected_failed);
   EXPECT_EQ(j["failures"].size(), static_cast<size_t>(expected_failed));
   EXPECT_NE(format_report(r).find("odd max_tokens"), std::string::npos);

@@ -254,25 +254,29 @@ int64_t sample_length(const LengthDist& d, int64_t min, int64_t max, Rng& rng) {
   return static_cast<int64_t>(std::llround(std::clamp(x, static_cast<double>(min), static_cast<double>(max))));
 }
 
+// The --mix presets, one row each.
+struct Mix {
+  std::string_view name;
+  int64_t prompt_min, prompt_max, shared_prefix;
+  LengthDist prompt_dist;
+  int64_t output_min, output_max;
+  LengthDist output_dist;
+};
+constexpr std::array<Mix, 2> kMixes = {{
+    {"chat", 64, 1024, 0, {}, 8, 2048, kChatOutput},
+    {"rag", 1100, 1400, 1024, {}, 16, 64, {}},
+}};
+
 Status apply_mix(std::string_view name, LoadBenchOptions& o) {
-  if (name == "chat") {
-    o.prompt_min = 64;
-    o.prompt_max = 1024;
-    o.prompt_dist = {};
-    o.output_min = 8;
-    o.output_max = 2048;
-    o.output_dist = kChatOutput;
-    o.shared_prefix = 0;
-    return {};
-  }
-  if (name == "rag") {
-    o.prompt_min = 1100;
-    o.prompt_max = 1400;
-    o.prompt_dist = {};
-    o.shared_prefix = 1024;
-    o.output_min = 16;
-    o.output_max = 64;
-    o.output_dist = {};
+  for (const Mix& m : kMixes) {
+    if (m.name != name) continue;
+    o.prompt_min = m.prompt_min;
+    o.prompt_max = m.prompt_max;
+    o.shared_prefix = m.shared_prefix;
+    o.prompt_dist = m.prompt_dist;
+    o.output_min = m.output_min;
+    o.output_max = m.output_max;
+    o.output_dist = m.output_dist;
     return {};
   }
   return invalid_argument("[bench serve] --mix '{}' must be chat or rag", name);
@@ -534,10 +538,10 @@ nlohmann::json to_json(const LoadBenchReport& r) {
           {"tpot_ms", dist(r.tpot_ms)},
           {"itl_ms", dist(r.itl_ms)},
           {"latency_ms", dist(r.latency_ms)},
-          {"prompt_len", dist(r.prompt_len)},
-          {"output_len", dist(r.output_len)},
-          {"requested_prompt_len", dist(r.requested_prompt_len)},
-          {"requested_output_len", dist(r.requested_output_len)},
+          {"prompt_tokens_per_request", dist(r.prompt_len)},
+          {"output_tokens_per_request", dist(r.output_len)},
+          {"requested_prompt_words", dist(r.requested_prompt_len)},
+          {"requested_max_tokens", dist(r.requested_output_len)},
           {"failures", failures}};
 }
 
