@@ -1,15 +1,21 @@
 #!/usr/bin/env python3
 """W6 serving beside llama.cpp's `llama-server` (BENCH.md's peer): the same model (kiln's GGUF
-export, F32), the same load client (`kiln bench serve`), the same requests, one server at a time
-while holding the machine's CPU lock (/tmp/kiln-cpu.lock). Prints one JSON line per run and a
-markdown table of kiln / llama.cpp ratios.
+export, F32), the same load client (`kiln bench serve`), the same requests, the same number of
+sequences at once, one server at a time while holding the machine's CPU lock
+(/tmp/kiln-cpu.lock). With --mixes, each workload preset of `kiln bench serve --mix` (chat:
+lognormal outputs of mean ~200 to 2,048; rag: long shared-prefix prompts, short outputs) at each
+rate; at rate inf kiln also runs with each --saturation-batching mode (classic padded static,
+kiln's static) beside continuous batching. Prints one JSON line per run, a markdown table and
+the ratios (kiln / llama.cpp, continuous / classic).
 
 llama-server is not a dependency: build it once from llama.cpp's source (e.g. the copy vendored in
 PyPI's llama-cpp-python sdist) with -DGGML_NATIVE=ON, and pass its path.
 
 Run:  /usr/bin/python3 scripts/serve_vs_llamacpp.py --llama-server PATH \
           --model runs/w2-s --gguf /tmp/w2s-f32.gguf [--parallel 8] [--rates 1,2,inf]
-      (make the GGUF with `build/kiln convert --model runs/w2-s --out /tmp/w2s-f32.gguf --type f32`)
+          [--mixes chat,rag --nums 24,24,64 --slo-ttft 10000 --slo-tpot 100]
+      (make the GGUF with `build/kiln convert --model runs/w2-s --out /tmp/w2s-f32.gguf --type f32`;
+      the chat mix needs 1,024 + 2,048 positions: raise the model's max_position_embeddings first)
 """
 import argparse
 import fcntl
@@ -56,7 +62,11 @@ def run(server_cmd, bench_flags):
     try:
         return json.loads(p.stdout.strip().splitlines()[-1])
     except (ValueError, IndexError):
-        raise SystemExit(f"bench serve failed: {p.stdout}")
+        raise SystemExit(f"bench serve failed (exit status {p.returncode}): {p.stdout}")
+
+
+def ratio(a, b):
+    return f"{a / b:.2f}x" if b else "-"
 
 
 def main():
@@ -65,43 +75,82 @@ def main():
     ap.add_argument("--model", required=True, help="kiln model directory")
     ap.add_argument("--gguf", required=True, help="the same model as GGUF (kiln convert)")
     ap.add_argument("--parallel", type=int, default=8, help="sequences at once: kiln --max-running, llama -np")
-    ap.add_argument("--ctx", type=int, default=1024, help="context per sequence")
+    ap.add_argument("--ctx", type=int, default=1024, help="context per sequence (chat mix: 3072)")
     ap.add_argument("--rates", default="1,2,inf")
-    ap.add_argument("--num", type=int, default=32)
-    ap.add_argument("--prompt-len", default="64:512")
-    ap.add_argument("--output-len", default="64:256")
+    ap.add_argument("--num", type=int, default=32, help="requests per run")
+    ap.add_argument("--nums", default="", help="requests per rate, one per --rates entry (overrides --num)")
+    ap.add_argument("--mixes", default="", help="comma list of `kiln bench serve --mix` presets (chat, rag)")
+    ap.add_argument("--prompt-len", default="64:512", help="without --mixes")
+    ap.add_argument("--output-len", default="64:256", help="without --mixes")
+    ap.add_argument("--saturation-batching", default="classic,static",
+                    help="kiln --batching modes also run at rate inf, beside continuous ('' for none)")
+    ap.add_argument("--slo-ttft", default="0", help="goodput SLO, ms (0: none)")
+    ap.add_argument("--slo-tpot", default="0", help="goodput SLO, ms (0: none)")
+    ap.add_argument("--kv-cache-mem", default="1G", help="kiln's KV-cache pool")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--out", default="")
     a = ap.parse_args()
     kiln_cmd = [KILN, "--threads", str(a.threads), "serve", "--model", a.model, "--served-model-name", "m",
-                "--max-running", str(a.parallel)]
+                "--max-running", str(a.parallel), "--kv-cache-mem", a.kv_cache_mem]
     llama_cmd = [a.llama_server, "-m", a.gguf, "-a", "m", "-np", str(a.parallel), "-c", str(a.ctx * a.parallel),
                  "-t", str(a.threads), "-tb", str(a.threads), "--host", "127.0.0.1", "--no-webui", "-lv", "0"]
+    rates = a.rates.split(",")
+    nums = [int(n) for n in a.nums.split(",")] if a.nums else [a.num] * len(rates)
+    if len(nums) != len(rates):
+        raise SystemExit("--nums needs one count per --rates entry")
+    modes = [m for m in a.saturation_batching.split(",") if m]
+    model = os.path.basename(os.path.normpath(a.model))
     rows = []
-    for rate in a.rates.split(","):
-        bench = ["--num", str(a.num), "--rate", rate, "--prompt-len", a.prompt_len, "--output-len", a.output_len,
-                 "--ignore-eos", "--temperature", "0", "--seed", "6"]
-        for name, cmd in (("kiln", kiln_cmd), ("llama.cpp", llama_cmd)):
-            r = run(cmd, bench)
-            r.update({"server": name, "model": os.path.basename(os.path.normpath(a.model)), "rate": rate})
-            print(json.dumps(r), flush=True)
-            rows.append(r)
+    for mix in a.mixes.split(",") if a.mixes else [""]:
+        load = ["--mix", mix] if mix else ["--prompt-len", a.prompt_len, "--output-len", a.output_len]
+        for rate, num in zip(rates, nums):
+            bench = ["--num", str(num), "--rate", rate, "--ignore-eos", "--temperature", "0", "--seed", "6",
+                     "--slo-ttft", a.slo_ttft, "--slo-tpot", a.slo_tpot] + load
+            servers = [("kiln", "continuous", kiln_cmd), ("llama.cpp", "continuous", llama_cmd)]
+            if rate == "inf":
+                servers += [("kiln", m, kiln_cmd + ["--batching", m]) for m in modes]
+            for name, batching, cmd in servers:
+                r = run(cmd, bench)
+                r.update({"server": name, "batching": batching, "model": model, "rate": rate, "mix": mix or "-"})
+                print(json.dumps(r), flush=True)
+                rows.append(r)
     if a.out:
         with open(a.out, "a") as f:
             for r in rows:
                 f.write(json.dumps(r) + "\n")
-    print("| model | rate | server | done/failed | out tok/s | TTFT p50 / p99 ms | TPOT p50 / p99 ms |")
-    print("|---|---|---|---|---|---|---|")
+    print(f"\nmodel {model}, {a.parallel} sequences at once, {a.threads} threads; "
+          f"goodput SLO: TTFT <= {a.slo_ttft} ms, TPOT <= {a.slo_tpot} ms (0: none)\n")
+    print("| mix | rate | server | batching | done/failed | out tok/s | goodput req/s | TTFT p50 / p99 ms | "
+          "TPOT p50 / p99 ms | output len mean / p50 / p99 |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
     for r in rows:
-        print(f"| {r['model']} | {r['rate']} | {r['server']} | {r['completed']}/{r['failed']} | "
-              f"{r['output_throughput']:.1f} | {r['ttft_ms']['p50']:.0f} / {r['ttft_ms']['p99']:.0f} | "
-              f"{r['tpot_ms']['p50']:.2f} / {r['tpot_ms']['p99']:.2f} |")
-    print()
-    for i in range(0, len(rows), 2):
-        k, l = rows[i], rows[i + 1]
-        print(f"{k['model']} rate {k['rate']}: kiln/llama.cpp output tok/s {k['output_throughput'] / l['output_throughput']:.2f}x, "
-              f"TPOT p50 {l['tpot_ms']['p50'] / k['tpot_ms']['p50']:.2f}x (llama/kiln), "
-              f"TTFT p50 {l['ttft_ms']['p50'] / k['ttft_ms']['p50']:.2f}x (llama/kiln)")
+        o = r["output_tokens_per_request"]
+        print(f"| {r['mix']} | {r['rate']} | {r['server']} | {r['batching']} | {r['completed']}/{r['failed']} | "
+              f"{r['output_throughput']:.1f} | {r['goodput']:.3f} | {r['ttft_ms']['p50']:.0f} / {r['ttft_ms']['p99']:.0f} | "
+              f"{r['tpot_ms']['p50']:.1f} / {r['tpot_ms']['p99']:.1f} | {o['mean']:.0f} / {o['p50']:.0f} / {o['p99']:.0f} |")
+    print("\n| mix | rate | kiln / llama.cpp out tok/s | p99 TTFT llama / kiln | p99 TPOT llama / kiln | "
+          "goodput kiln / llama.cpp |")
+    print("|---|---|---|---|---|---|")
+
+    def find(mix, rate, server, batching):
+        return next((r for r in rows if (r["mix"], r["rate"], r["server"], r["batching"]) ==
+                     (mix, rate, server, batching)), None)
+
+    for mix in dict.fromkeys(r["mix"] for r in rows):
+        for rate in rates:
+            k, l = find(mix, rate, "kiln", "continuous"), find(mix, rate, "llama.cpp", "continuous")
+            print(f"| {mix} | {rate} | {ratio(k['output_throughput'], l['output_throughput'])} | "
+                  f"{ratio(l['ttft_ms']['p99'], k['ttft_ms']['p99'])} | {ratio(l['tpot_ms']['p99'], k['tpot_ms']['p99'])} | "
+                  f"{ratio(k['goodput'], l['goodput'])} |")
+    if modes and "inf" in rates:
+        print("\n| mix | kiln continuous / X at rate inf | out tok/s | goodput |")
+        print("|---|---|---|---|")
+        for mix in dict.fromkeys(r["mix"] for r in rows):
+            c = find(mix, "inf", "kiln", "continuous")
+            for m in modes:
+                x = find(mix, "inf", "kiln", m)
+                print(f"| {mix} | {m} | {ratio(c['output_throughput'], x['output_throughput'])} | "
+                      f"{ratio(c['goodput'], x['goodput'])} |")
 
 
 if __name__ == "__main__":

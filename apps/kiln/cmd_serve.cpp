@@ -246,8 +246,10 @@ void register_serve(CLI::App& app) {
       ->check(CLI::Range(1, 1 << 20));
   s->add_option("--max-running", a->engine.scheduler.max_running, "Sequences running at once")
       ->check(CLI::Range(1, 1 << 16));
-  s->add_option("--batching", a->batching, "continuous (default) or static")
-      ->check(CLI::IsMember({"continuous", "static"}));
+  s->add_option("--batching", a->batching,
+                "continuous (default), static (a new batch when the last is done) or classic (padded static: "
+                "whole-length KV reserved, batch prefilled, then lockstep decode to its longest member)")
+      ->check(CLI::IsMember({"continuous", "static", "classic"}));
   s->add_option("--draft-model", a->draft_model,
                 "Speculative decoding: a smaller model directory with the same vocabulary proposes tokens");
   s->add_option("--num-speculative", a->engine.num_speculative, "Draft tokens per decode step (with --draft-model)")

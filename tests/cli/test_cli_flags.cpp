@@ -248,6 +248,12 @@ TEST(CliFlags, BadNamesAreRefused) {
       {{"train", "--qat", "w3z"}, "--qat"},
       {{"train", "--qat", "w4g128", "--precision", "bf16"}, "--qat"},
       {{"train", "--attention", "fast"}, "--attention"},
+      {{"bench", "serve", "--output-dist", "lognormal:5"}, "--output-dist"},
+      {{"bench", "serve", "--prompt-dist", "gamma:2"}, "--prompt-dist"},
+      {{"bench", "serve", "--mix", "chat", "--output-dist", "exponential:-1"}, "--output-dist"},
+      {{"bench", "serve", "--mix", "code"}, "--mix"},
+      {{"bench", "serve", "--mix", "rag", "--shared-prefix", "2000"}, "--shared-prefix"},
+      {{"serve", "--model", "no-such-dir", "--batching", "padded"}, "--batching"},
       {{"plan", "tp", "--topology", "tpu-torus-2d"}, "--tflops"},  // no device peak modelled
       {{"plan", "tp", "--topology", "no-such-topology"}, "--topology"},
       {{"bench", "tp", "--workload", "no-such-workload"}, "--workload"},

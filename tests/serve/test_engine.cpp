@@ -150,7 +150,7 @@ TEST(Engine, PreemptionAndStaticBatchingKeepOutputs) {
   for (int64_t len : {30, 40, 25, 35}) prompts.push_back(test::random_prompt(rng, len, cfg.vocab_size));
   std::vector<std::vector<int32_t>> want;
   for (const auto& p : prompts) want.push_back(reference_generate(*ref_model, p, 40));
-  for (BatchingMode mode : {BatchingMode::kContinuous, BatchingMode::kStatic}) {
+  for (BatchingMode mode : {BatchingMode::kContinuous, BatchingMode::kStatic, BatchingMode::kClassic}) {
     EngineConfig ec;
     ec.kv_cache_mem_bytes = 12 * 16 * kv_bytes_per_token(cfg, DType::kF32);
     ec.scheduler.batching = mode;
@@ -163,6 +163,9 @@ TEST(Engine, PreemptionAndStaticBatchingKeepOutputs) {
     for (size_t i = 0; i < prompts.size(); ++i) EXPECT_EQ(drain(*streams[i]).tokens[0], want[i]) << i;
     if (mode == BatchingMode::kContinuous) {
       EXPECT_GT(engine->metrics().num_preemptions, 0);
+    }
+    if (mode == BatchingMode::kClassic) {  // whole lengths reserved at admission
+      EXPECT_EQ(engine->metrics().num_preemptions, 0);
     }
     EXPECT_EQ(engine->metrics().kv_blocks.num_used, 0);
   }

@@ -56,6 +56,111 @@ std::vector<std::string> words_of(const std::string& s) {
   return w;
 }
 
+// n draws of d clamped to [min, max], as doubles.
+std::vector<double> draws(const LengthDist& d, int64_t min, int64_t max, uint64_t seed, int n = 200000) {
+  Rng rng(seed);
+  std::vector<double> v;
+  for (int i = 0; i < n; ++i) {
+    const int64_t x = sample_length(d, min, max, rng);
+    EXPECT_GE(x, min);
+    EXPECT_LE(x, max);
+    v.push_back(static_cast<double>(x));
+  }
+  return v;
+}
+
+double mean_of(const std::vector<double>& v) { return std::accumulate(v.begin(), v.end(), 0.0) / static_cast<double>(v.size()); }
+
+TEST(LoadBench, LengthDistributionsHaveTheirMeanAndQuantiles) {
+  // 200,000 draws at a fixed seed. Standard errors: exponential mean 100 -> 0.22 on the mean;
+  // lognormal(4.71, 1.1) -> sd 316, 0.7 on the mean; the tolerances below are >= 5 of them
+  // plus the bias of rounding to an integer (< 0.5 token).
+  const std::vector<double> e = draws(*parse_length_dist("--output-dist", "exponential:100"), 1, 1000000, 1);
+  EXPECT_NEAR(mean_of(e), 100.0, 1.5);
+  EXPECT_NEAR(percentile(e, 50), 100 * std::log(2.0), 1.5);  // median of Exp: mean · ln 2
+  EXPECT_NEAR(percentile(e, 99), 100 * std::log(100.0), 10);  // mean · ln 100
+  const LengthDist ln = *parse_length_dist("--output-dist", "lognormal:4.71,1.1");
+  const std::vector<double> l = draws(ln, 1, 1000000, 2);
+  EXPECT_NEAR(percentile(l, 50), std::exp(4.71), 2.5);
+  EXPECT_NEAR(percentile(l, 90), std::exp(4.71 + 1.2815516 * 1.1), 12);
+  EXPECT_NEAR(mean_of(l), std::exp(4.71 + 1.1 * 1.1 / 2), 5);
+  // The chat preset's outputs: clamped to [8, 2048], mean ≈ 200 by construction.
+  const std::vector<double> c = draws(kChatOutput, 8, 2048, 3);
+  EXPECT_NEAR(mean_of(c), 200.0, 4);
+  EXPECT_NEAR(percentile(c, 50), 111, 3);
+  EXPECT_NEAR(percentile(c, 99), 1440, 80);
+  const double at_clamp = static_cast<double>(std::count(c.begin(), c.end(), 2048.0)) / static_cast<double>(c.size());
+  EXPECT_NEAR(at_clamp, 0.0041, 0.0015);  // P(ln X > ln 2048)
+  // Uniform: every integer of the range, equally often (binomial sd of a count: ~90).
+  const std::vector<double> u = draws(LengthDist{}, 10, 20, 4, 110000);
+  for (int k = 10; k <= 20; ++k) EXPECT_NEAR(std::count(u.begin(), u.end(), double(k)), 10000, 500) << k;
+  EXPECT_NEAR(mean_of(u), 15.0, 0.05);
+}
+
+TEST(LoadBench, LengthDrawsAreClampedAndSeeded) {
+  // Exp(1000) in [5, 50]: P(X > 50) = e^-0.05 ≈ 95% of the draws sit at the top clamp.
+  const LengthDist big = *parse_length_dist("--prompt-dist", "exponential:1000");
+  const std::vector<double> v = draws(big, 5, 50, 5, 20000);
+  EXPECT_NEAR(std::count(v.begin(), v.end(), 50.0) / 20000.0, std::exp(-0.05), 0.01);
+  // A far tail never overflows: lognormal(40, 5) is clamped, not converted.
+  Rng rng(6);
+  EXPECT_EQ(sample_length(*parse_length_dist("--output-dist", "lognormal:40,5"), 1, 7, rng), 7);
+  EXPECT_EQ(sample_length(LengthDist{}, 9, 9, rng), 9);
+  EXPECT_EQ(draws(kChatOutput, 8, 2048, 7, 100), draws(kChatOutput, 8, 2048, 7, 100));
+  EXPECT_NE(draws(kChatOutput, 8, 2048, 7, 100), draws(kChatOutput, 8, 2048, 8, 100));
+}
+
+TEST(LoadBench, BadLengthSpecsNameTheFlag) {
+  for (const char* bad : {"", "lognormal", "lognormal:1", "lognormal:1,", "lognormal:a,b", "lognormal:1,0",
+                          "lognormal:1,-2", "exponential", "exponential:", "exponential:-3", "exponential:0",
+                          "exponential:5x", "gamma:2", "uniform:3", "Uniform"}) {
+    auto d = parse_length_dist("--output-dist", bad);
+    ASSERT_FALSE(d.ok()) << bad;
+    EXPECT_NE(d.status().message().find("--output-dist"), std::string::npos) << d.status().message();
+    EXPECT_NE(d.status().message().find(std::string("'") + bad + "'"), std::string::npos) << d.status().message();
+  }
+  auto e = parse_length_dist("--prompt-dist", "exponential:50.5");
+  ASSERT_TRUE(e.ok());
+  EXPECT_EQ(e->kind, LengthDistKind::kExponential);
+  EXPECT_DOUBLE_EQ(e->mean, 50.5);
+  auto l = parse_length_dist("--prompt-dist", "lognormal:-1.5,0.25");
+  ASSERT_TRUE(l.ok());
+  EXPECT_DOUBLE_EQ(l->mu, -1.5);
+  EXPECT_DOUBLE_EQ(l->sigma, 0.25);
+  EXPECT_EQ(describe(*l), "lognormal:-1.5,0.25");
+  EXPECT_EQ(parse_length_dist("--prompt-dist", "uniform")->kind, LengthDistKind::kUniform);
+}
+
+TEST(LoadBench, MixesSetTheirWorkload) {
+  LoadBenchOptions o;
+  o.num_requests = 400;
+  ASSERT_TRUE(apply_mix("chat", o).ok());
+  ASSERT_TRUE(check_options(o).ok());
+  LoadBenchReport r;
+  add_requested_lengths(make_requests(o), r);
+  EXPECT_GE(r.requested_prompt_len.mean, 500);  // uniform 64..1024: 544
+  EXPECT_LE(r.requested_prompt_len.mean, 590);
+  EXPECT_LE(r.requested_prompt_len.max, 1024);
+  EXPECT_NEAR(r.requested_output_len.mean, 200, 40);  // 400 draws: sd of the mean ~16
+  EXPECT_LE(r.requested_output_len.max, 2048);
+  EXPECT_LT(r.requested_output_len.p50, r.requested_output_len.mean);  // heavy tail
+  ASSERT_TRUE(apply_mix("rag", o).ok());
+  ASSERT_TRUE(check_options(o).ok());
+  o.num_requests = 20;
+  const std::vector<BenchRequest> rag = make_requests(o);
+  const std::vector<std::string> first = words_of(rag[0].prompt);
+  for (const BenchRequest& q : rag) {
+    EXPECT_GE(q.prompt_words, 1100);
+    EXPECT_LE(q.prompt_words, 1400);
+    EXPECT_GE(q.max_tokens, 16);
+    EXPECT_LE(q.max_tokens, 64);
+    const std::vector<std::string> w = words_of(q.prompt);
+    EXPECT_TRUE(std::equal(w.begin(), w.begin() + 1024, first.begin()));
+  }
+  const Status bad = apply_mix("code", o);
+  EXPECT_NE(bad.message().find("--mix"), std::string::npos);
+}
+
 TEST(LoadBench, PromptsHaveTheirLengthAndSharedPrefix) {
   LoadBenchOptions o;
   o.num_requests = 50;
@@ -315,12 +420,16 @@ void check_run(const LoadBenchOptions& o, FakeOpenAiServer& server) {
   EXPECT_LE(r.ttft_ms.p90, r.ttft_ms.p99);
   EXPECT_LE(r.ttft_ms.p99, r.ttft_ms.max);
   EXPECT_EQ(r.ttft_ms.count, r.num_completed);
+  EXPECT_EQ(r.output_len.count, r.num_completed);
+  EXPECT_DOUBLE_EQ(r.output_len.mean, static_cast<double>(expected_tokens) / static_cast<double>(r.num_completed));
+  EXPECT_NE(format_report(r).find("output tokens per request"), std::string::npos);
   // An impossible TTFT SLO leaves no goodput; a TPOT SLO between requests' TPOTs splits them.
   EXPECT_EQ(summarize(*results, duration, 1e-3, 0).num_good, 0);
   const LoadBenchReport split = summarize(*results, duration, 0, r.tpot_ms.p50);
   EXPECT_GT(split.num_good, 0);
   EXPECT_LE(split.num_good, r.num_completed);
   const nlohmann::json j = to_json(r);
+  EXPECT_EQ(j["output_tokens_per_request"]["count"].get<int64_t>(), r.num_completed);
   EXPECT_EQ(j["failed"].get<int64_t>(), expected_failed);
   EXPECT_EQ(j["failures"].size(), static_cast<size_t>(expected_failed));
   EXPECT_NE(format_report(r).find("odd max_tokens"), std::string::npos);

@@ -1,10 +1,12 @@
 // The scheduler without a model, driven by a fake executor that checks every K/V read: token
 // budget, chunked prefill, decodes not starved by a long prompt, FCFS and max-running,
 // preemption by recompute under a tiny pool, prefix-cache hits, parallel sampling with
-// copy-on-write, stop tokens, aborts, static vs continuous batching, impossible requests.
+// copy-on-write, stop tokens, aborts, static, classic and continuous batching, impossible requests.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <iostream>
+#include <map>
 #include <set>
 
 #include "kiln/core/rng.h"
@@ -356,6 +358,116 @@ TEST(Scheduler, StaticBatchingTakesMoreStepsThanContinuous) {
   EXPECT_GE(steps[0], 128);
 }
 
+// How a batching mode ran a workload, step by step.
+struct BatchTrace {
+  RunResult run;
+  std::vector<std::vector<int64_t>> batches;  // request ids, in admission order
+  std::vector<int64_t> batch_start, batch_end;  // first step and the step its last member finished
+  std::vector<int64_t> prefill_steps;           // steps of the batch that ran a prefill chunk
+  int64_t mixed_steps = 0;                      // steps with a prefill chunk and a decode
+  int64_t admitted_mid_batch = 0;               // requests admitted while another batch was unfinished
+  int64_t num_preemptions = 0;
+};
+
+BatchTrace trace_batches(BatchingMode mode, const std::vector<Request>& reqs, int64_t num_blocks) {
+  auto sched = make({.max_batched_tokens = 32, .prefill_chunk = 16, .max_running = 3, .batching = mode},
+                    {.num_blocks = num_blocks, .block_size = 4, .enable_prefix_caching = false});
+  FakeExecutor exec(num_blocks, 4);
+  for (const Request& r : reqs) KILN_CHECK(sched->add_request(r).ok());
+  BatchTrace t;
+  std::set<int64_t> seen, unfinished;
+  std::map<int64_t, size_t> batch_of;
+  for (int64_t step = 0; sched->has_unfinished(); ++step) {
+    KILN_CHECK(step < 10000);
+    SchedulerOutput out = sched->schedule();
+    bool prefill = false, decode = false;
+    for (const ScheduledSeq& e : out.seqs) {
+      const auto prompt_len = static_cast<int64_t>(reqs[static_cast<size_t>(e.request_id)].prompt.size());
+      (e.num_computed_tokens < prompt_len ? prefill : decode) = true;
+      if (!seen.insert(e.request_id).second) continue;
+      if (t.batch_start.empty() || t.batch_start.back() != step) {  // admitted in a new step: a new batch
+        t.batches.emplace_back();
+        t.batch_start.push_back(step);
+        t.batch_end.push_back(-1);
+        t.prefill_steps.push_back(0);
+      }
+      const size_t batch = t.batches.size() - 1;
+      t.admitted_mid_batch += std::any_of(unfinished.begin(), unfinished.end(), [&](int64_t id) { return batch_of[id] != batch; });
+      t.batches.back().push_back(e.request_id);
+      batch_of[e.request_id] = t.batches.size() - 1;
+      unfinished.insert(e.request_id);
+    }
+    t.mixed_steps += prefill && decode;
+    if (prefill) t.prefill_steps.back() += 1;
+    std::vector<int32_t> sampled = exec.run(out);
+    EXPECT_FALSE(::testing::Test::HasFailure());
+    for (FinishedSeq& f : sched->update(out, sampled).finished) {
+      t.run.outputs[f.request_id].push_back(f.output_tokens);
+      unfinished.erase(f.request_id);
+      t.batch_end[batch_of[f.request_id]] = step;
+    }
+    ++t.run.steps;
+  }
+  KILN_CHECK(sched->kv_stats().pool.num_used == 0);
+  t.num_preemptions = sched->num_preemptions();
+  return t;
+}
+
+TEST(Scheduler, ClassicBatchingRunsEachBatchToItsLongestMember) {
+  // Prompts of 6 to 40 tokens, outputs of 2 to 25; 3 at a time, a 32-token budget, 16-token chunks.
+  const std::vector<std::pair<int64_t, int64_t>> shape = {{30, 4}, {6, 25}, {20, 2}, {12, 9},
+                                                          {40, 3}, {8, 14}, {10, 6}};
+  std::vector<Request> reqs;
+  for (size_t i = 0; i < shape.size(); ++i)
+    reqs.push_back(request(shape[i].first, shape[i].second, static_cast<int32_t>(i)));
+  const RunResult want = reference_run(reqs);
+  const BatchTrace classic = trace_batches(BatchingMode::kClassic, reqs, 256);
+  EXPECT_EQ(classic.run.outputs, want.outputs);
+  EXPECT_EQ(classic.admitted_mid_batch, 0);
+  EXPECT_EQ(classic.mixed_steps, 0);  // the batch's prefill, then its decodes
+  ASSERT_EQ(classic.batches, (std::vector<std::vector<int64_t>>{{0, 1, 2}, {3, 4, 5}, {6}}));
+  for (size_t b = 0; b < classic.batches.size(); ++b) {
+    int64_t longest = 0;
+    for (int64_t id : classic.batches[b]) longest = std::max(longest, shape[static_cast<size_t>(id)].second);
+    // Padded: the batch lasts its prefill and then its longest member's decodes (the first
+    // token comes with the prefill), whoever finished before; the next batch starts right after.
+    EXPECT_EQ(classic.batch_end[b] - classic.batch_start[b] + 1, classic.prefill_steps[b] + longest - 1) << b;
+    if (b + 1 < classic.batches.size()) {
+      EXPECT_EQ(classic.batch_start[b + 1], classic.batch_end[b] + 1) << b;
+    }
+  }
+  // Kiln's static batching keeps the batches but lets a short prompt decode during a long
+  // one's prefill, so it takes fewer steps.
+  const BatchTrace kiln_static = trace_batches(BatchingMode::kStatic, reqs, 256);
+  EXPECT_EQ(kiln_static.run.outputs, want.outputs);
+  EXPECT_EQ(kiln_static.admitted_mid_batch, 0);
+  EXPECT_EQ(kiln_static.batches, classic.batches);
+  EXPECT_GT(kiln_static.mixed_steps, 0);
+  EXPECT_LT(kiln_static.run.steps, classic.run.steps);
+  const BatchTrace continuous = trace_batches(BatchingMode::kContinuous, reqs, 256);
+  EXPECT_GT(continuous.admitted_mid_batch, 0);
+  EXPECT_LT(continuous.run.steps, kiln_static.run.steps);
+  std::cout << "[ batching ] steps: continuous " << continuous.run.steps << ", static " << kiln_static.run.steps
+            << ", classic " << classic.run.steps << "\n";
+}
+
+TEST(Scheduler, ClassicBatchingReservesEachMembersWholeLength) {
+  // 12 blocks of 4 tokens; each request needs 8 + 23 = 31 tokens (8 blocks) at its end. Static
+  // admits all three (their prompts fit) and preempts as they grow; classic admits one at a
+  // time and never preempts.
+  std::vector<Request> reqs;
+  for (int i = 0; i < 3; ++i) reqs.push_back(request(8, 24, i));
+  const RunResult want = reference_run(reqs);
+  const BatchTrace classic = trace_batches(BatchingMode::kClassic, reqs, 12);
+  EXPECT_EQ(classic.run.outputs, want.outputs);
+  EXPECT_EQ(classic.num_preemptions, 0);
+  EXPECT_EQ(classic.batches, (std::vector<std::vector<int64_t>>{{0}, {1}, {2}}));
+  const BatchTrace kiln_static = trace_batches(BatchingMode::kStatic, reqs, 12);
+  EXPECT_EQ(kiln_static.run.outputs, want.outputs);
+  EXPECT_GT(kiln_static.num_preemptions, 0);
+  EXPECT_EQ(kiln_static.batches.front().size(), 3u);
+}
+
 // Random arrivals, prompt families sharing prefixes, n up to 3, aborts, a small pool: every
 // step the fake executor checks each K/V read and the pool its invariants; at the end every
 // request that was not aborted has the outputs of the reference run and no block is held.
@@ -378,7 +490,9 @@ TEST(Scheduler, RandomWorkloadKeepsInvariants) {
         .max_batched_tokens = 4 + static_cast<int64_t>(rng.below(60)),
         .prefill_chunk = 1 + static_cast<int64_t>(rng.below(40)),
         .max_running = 1 + static_cast<int64_t>(rng.below(8)),
-        .batching = rng.below(4) == 0 ? BatchingMode::kStatic : BatchingMode::kContinuous};
+        .batching = rng.below(4) == 0   ? BatchingMode::kStatic
+                    : rng.below(4) == 0 ? BatchingMode::kClassic
+                                        : BatchingMode::kContinuous};
     const int64_t num_blocks =
         (70 + bs - 1) / bs + static_cast<int64_t>(rng.below(12));  // fits any one sequence
     auto sched = make(
@@ -435,6 +549,9 @@ TEST(Scheduler, ConfigErrorsNameTheFlag) {
   EXPECT_FALSE(Scheduler::create({}, {.num_blocks = 0}).ok());
   EXPECT_EQ(parse_batching_mode("static"), BatchingMode::kStatic);
   EXPECT_EQ(parse_batching_mode("continuous"), BatchingMode::kContinuous);
+  EXPECT_EQ(parse_batching_mode("classic"), BatchingMode::kClassic);
+  for (BatchingMode m : {BatchingMode::kContinuous, BatchingMode::kStatic, BatchingMode::kClassic})
+    EXPECT_EQ(parse_batching_mode(batching_mode_name(m)), m);
   EXPECT_FALSE(parse_batching_mode("dynamic").has_value());
 }
 

@@ -10,6 +10,8 @@
 #include <cctype>
 #include <chrono>
 #include <cmath>
+#include <cstdlib>
+#include <optional>
 #include <thread>
 
 #include <fmt/format.h>
@@ -181,7 +183,104 @@ std::string fmt_ms(const Distribution& d) {
   return fmt::format("mean {:9.2f}  p50 {:9.2f}  p90 {:9.2f}  p99 {:9.2f}", d.mean, d.p50, d.p90, d.p99);
 }
 
+// A finite number from the whole of `s`, or nullopt.
+std::optional<double> parse_number(std::string_view s) {
+  const std::string str(s);
+  char* end = nullptr;
+  const double v = std::strtod(str.c_str(), &end);
+  if (str.empty() || end != str.c_str() + str.size() || !std::isfinite(v)) return std::nullopt;
+  return v;
+}
+
 }  // namespace
+
+Expected<LengthDist> parse_length_dist(std::string_view flag, std::string_view spec) {
+  const size_t colon = spec.find(':');
+  const std::string_view kind = spec.substr(0, colon);
+  const std::string_view args = colon == std::string_view::npos ? std::string_view{} : spec.substr(colon + 1);
+  LengthDist d;
+  if (kind == "uniform" && colon == std::string_view::npos) return d;
+  if (kind == "exponential") {
+    const std::optional<double> mean = parse_number(args);
+    if (!mean || *mean <= 0)
+      return invalid_argument("{} '{}': exponential:MEAN needs a mean > 0 (tokens)", flag, spec);
+    d.kind = LengthDistKind::kExponential;
+    d.mean = *mean;
+    return d;
+  }
+  if (kind == "lognormal") {
+    const size_t comma = args.find(',');
+    const std::optional<double> mu = comma == std::string_view::npos ? std::nullopt : parse_number(args.substr(0, comma));
+    const std::optional<double> sigma =
+        comma == std::string_view::npos ? std::nullopt : parse_number(args.substr(comma + 1));
+    if (!mu || !sigma || *sigma <= 0)
+      return invalid_argument("{} '{}': lognormal:MU,SIGMA needs two numbers (of ln tokens), SIGMA > 0", flag, spec);
+    d.kind = LengthDistKind::kLognormal;
+    d.mu = *mu;
+    d.sigma = *sigma;
+    return d;
+  }
+  return invalid_argument("{} '{}' must be uniform, exponential:MEAN or lognormal:MU,SIGMA", flag, spec);
+}
+
+std::string describe(const LengthDist& d) {
+  switch (d.kind) {
+    case LengthDistKind::kUniform:
+      return "uniform";
+    case LengthDistKind::kExponential:
+      return fmt::format("exponential:{}", d.mean);
+    case LengthDistKind::kLognormal:
+      return fmt::format("lognormal:{},{}", d.mu, d.sigma);
+  }
+  return "?";
+}
+
+int64_t sample_length(const LengthDist& d, int64_t min, int64_t max, Rng& rng) {
+  KILN_CHECK(1 <= min && min <= max);
+  double x = 0;
+  switch (d.kind) {
+    case LengthDistKind::kUniform:
+      return min + static_cast<int64_t>(rng.below(static_cast<uint64_t>(max - min + 1)));
+    case LengthDistKind::kExponential: {
+      const double u = static_cast<double>(rng.next_u64() >> 11) * 0x1.0p-53;  // [0, 1)
+      x = -d.mean * std::log1p(-u);
+      break;
+    }
+    case LengthDistKind::kLognormal:
+      x = std::exp(d.mu + d.sigma * static_cast<double>(rng.normal()));
+      break;
+  }
+  // Clamp before converting: a far tail draw may not fit an int64.
+  return static_cast<int64_t>(std::llround(std::clamp(x, static_cast<double>(min), static_cast<double>(max))));
+}
+
+// The --mix presets, one row each.
+struct Mix {
+  std::string_view name;
+  int64_t prompt_min, prompt_max, shared_prefix;
+  LengthDist prompt_dist;
+  int64_t output_min, output_max;
+  LengthDist output_dist;
+};
+constexpr std::array<Mix, 2> kMixes = {{
+    {"chat", 64, 1024, 0, {}, 8, 2048, kChatOutput},
+    {"rag", 1100, 1400, 1024, {}, 16, 64, {}},
+}};
+
+Status apply_mix(std::string_view name, LoadBenchOptions& o) {
+  for (const Mix& m : kMixes) {
+    if (m.name != name) continue;
+    o.prompt_min = m.prompt_min;
+    o.prompt_max = m.prompt_max;
+    o.shared_prefix = m.shared_prefix;
+    o.prompt_dist = m.prompt_dist;
+    o.output_min = m.output_min;
+    o.output_max = m.output_max;
+    o.output_dist = m.output_dist;
+    return {};
+  }
+  return invalid_argument("[bench serve] --mix '{}' must be chat or rag", name);
+}
 
 Status check_options(const LoadBenchOptions& o) {
   if (o.num_requests < 1) return invalid_argument("[bench serve] --num must be >= 1, got {}", o.num_requests);
@@ -231,8 +330,8 @@ std::vector<BenchRequest> make_requests(const LoadBenchOptions& o) {
     BenchRequest& r = reqs[i];
     r.id = static_cast<int64_t>(i);
     r.arrival_s = arrivals[i];
-    r.prompt_words = o.prompt_min + static_cast<int64_t>(rng.below(static_cast<uint64_t>(o.prompt_max - o.prompt_min + 1)));
-    r.max_tokens = o.output_min + static_cast<int64_t>(rng.below(static_cast<uint64_t>(o.output_max - o.output_min + 1)));
+    r.prompt_words = sample_length(o.prompt_dist, o.prompt_min, o.prompt_max, rng);
+    r.max_tokens = sample_length(o.output_dist, o.output_min, o.output_max, rng);
     r.prompt = make_prompt(r.prompt_words, o.shared_prefix, rng);
   }
   return reqs;
@@ -370,7 +469,7 @@ LoadBenchReport summarize(const std::vector<RequestResult>& results, double dura
   r.duration_s = duration_s;
   r.slo_ttft_ms = slo_ttft_ms;
   r.slo_tpot_ms = slo_tpot_ms;
-  std::vector<double> ttft, tpot, itl, latency;
+  std::vector<double> ttft, tpot, itl, latency, prompt_len, output_len;
   for (const RequestResult& x : results) {
     if (!x.ok) {
       ++r.num_failed;
@@ -380,6 +479,8 @@ LoadBenchReport summarize(const std::vector<RequestResult>& results, double dura
     ++r.num_completed;
     r.prompt_tokens += x.prompt_tokens;
     r.output_tokens += x.output_tokens;
+    prompt_len.push_back(static_cast<double>(x.prompt_tokens));
+    output_len.push_back(static_cast<double>(x.output_tokens));
     const double ttft_ms = 1e3 * x.ttft_s, tpot_ms = 1e3 * x.tpot_s();
     ttft.push_back(ttft_ms);
     latency.push_back(1e3 * x.latency_s);
@@ -399,7 +500,19 @@ LoadBenchReport summarize(const std::vector<RequestResult>& results, double dura
   r.tpot_ms = summarize_distribution(tpot);
   r.itl_ms = summarize_distribution(itl);
   r.latency_ms = summarize_distribution(latency);
+  r.prompt_len = summarize_distribution(prompt_len);
+  r.output_len = summarize_distribution(output_len);
   return r;
+}
+
+void add_requested_lengths(const std::vector<BenchRequest>& requests, LoadBenchReport& r) {
+  std::vector<double> prompt, output;
+  for (const BenchRequest& x : requests) {
+    prompt.push_back(static_cast<double>(x.prompt_words));
+    output.push_back(static_cast<double>(x.max_tokens));
+  }
+  r.requested_prompt_len = summarize_distribution(prompt);
+  r.requested_output_len = summarize_distribution(output);
 }
 
 nlohmann::json to_json(const LoadBenchReport& r) {
@@ -425,6 +538,10 @@ nlohmann::json to_json(const LoadBenchReport& r) {
           {"tpot_ms", dist(r.tpot_ms)},
           {"itl_ms", dist(r.itl_ms)},
           {"latency_ms", dist(r.latency_ms)},
+          {"prompt_tokens_per_request", dist(r.prompt_len)},
+          {"output_tokens_per_request", dist(r.output_len)},
+          {"requested_prompt_words", dist(r.requested_prompt_len)},
+          {"requested_max_tokens", dist(r.requested_output_len)},
           {"failures", failures}};
 }
 
@@ -445,6 +562,15 @@ std::string format_report(const LoadBenchReport& r) {
   row("TPOT (ms)", fmt_ms(r.tpot_ms));
   row("ITL (ms)", fmt_ms(r.itl_ms));
   row("end-to-end latency (ms)", fmt_ms(r.latency_ms));
+  auto lengths = [](const Distribution& d) {
+    return fmt::format("mean {:7.1f}  p50 {:7.1f}  p99 {:7.1f}  max {:5.0f}", d.mean, d.p50, d.p99, d.max);
+  };
+  if (r.requested_prompt_len.count > 0) {
+    row("requested prompt words", lengths(r.requested_prompt_len));
+    row("requested max_tokens", lengths(r.requested_output_len));
+  }
+  row("prompt tokens per request", lengths(r.prompt_len));
+  row("output tokens per request", lengths(r.output_len));
   constexpr size_t kShown = 10;
   for (size_t i = 0; i < r.failures.size() && i < kShown; ++i)
     s += fmt::format("failed request {}: {}\n", r.failures[i].first, r.failures[i].second);
@@ -489,7 +615,9 @@ Expected<LoadBenchReport> run_load_bench(const LoadBenchOptions& o) {
   const std::vector<BenchRequest> requests = make_requests(o);
   double duration = 0;
   KILN_ASSIGN_OR_RETURN(const std::vector<RequestResult> results, run_load(o, requests, &duration));
-  return summarize(results, duration, o.slo_ttft_ms, o.slo_tpot_ms);
+  LoadBenchReport report = summarize(results, duration, o.slo_ttft_ms, o.slo_tpot_ms);
+  add_requested_lengths(requests, report);
+  return report;
 }
 
 }  // namespace kiln

@@ -19,12 +19,27 @@ namespace kiln {
 
 enum class LoadEndpoint { kCompletions, kChat };
 
+// How prompt or output lengths are drawn; every draw is then clamped to the range [min, max]
+// (--prompt-len / --output-len A:B). Uniform: every integer of the range equally likely.
+enum class LengthDistKind { kUniform, kExponential, kLognormal };
+struct LengthDist {
+  LengthDistKind kind = LengthDistKind::kUniform;
+  double mean = 0;              // exponential: the mean, in tokens
+  double mu = 0, sigma = 0;     // lognormal: of ln(tokens)
+};
+// "uniform", "exponential:MEAN" or "lognormal:MU,SIGMA"; errors name `flag`.
+Expected<LengthDist> parse_length_dist(std::string_view flag, std::string_view spec);
+std::string describe(const LengthDist& d);
+// One draw (rounded to the nearest integer), clamped to [min, max].
+int64_t sample_length(const LengthDist& d, int64_t min, int64_t max, Rng& rng);
+
 struct LoadBenchOptions {
   std::string url = "http://127.0.0.1:8000";  // base URL; "/v1/completions" is appended
   int64_t num_requests = 100;
   double rate = std::numeric_limits<double>::infinity();  // requests/s; inf: all at time 0
   int64_t prompt_min = 64, prompt_max = 512;              // prompt length in tokens (approximate)
   int64_t output_min = 64, output_max = 256;              // max_tokens, uniform in the range
+  LengthDist prompt_dist, output_dist;                    // --prompt-dist, --output-dist (clamped to the ranges)
   int64_t shared_prefix = 0;                              // first K words identical in every prompt
   std::string model;                                      // empty: the first of GET /v1/models
   double slo_ttft_ms = 0;                                 // 0: no SLO
@@ -39,6 +54,15 @@ struct LoadBenchOptions {
 };
 
 Status check_options(const LoadBenchOptions& o);
+
+// Preset workloads (--mix): "chat" — prompts uniform 64–1,024, outputs lognormal with mean
+// ≈ 200 and a tail clamped at 2,048 (kChatOutput); "rag" — prompts of 1,100–1,400 tokens whose
+// first 1,024 are shared, outputs 16–64. Sets the lengths, distributions and shared prefix of
+// `o` (flags given beside --mix are applied after it and win).
+Status apply_mix(std::string_view name, LoadBenchOptions& o);
+// ln N(4.71, 1.1) clamped to [8, 2048]: mean 200 (computed from the normal CDF), median 111,
+// p99 ≈ 1,440; about 0.4% of draws hit the 2,048 clamp.
+inline constexpr LengthDist kChatOutput{LengthDistKind::kLognormal, 0, 4.71, 1.1};
 
 // ---- request generation ------------------------------------------------------------------
 
@@ -126,6 +150,9 @@ Distribution summarize_distribution(const std::vector<double>& values);
 
 struct LoadBenchReport {
   int64_t num_requests = 0, num_completed = 0, num_failed = 0;
+  // Token counts of the completed requests (usage when the server sends it) and, when filled
+  // by run_load_bench, the workload as requested (prompt words, max_tokens) of every request.
+  Distribution prompt_len, output_len, requested_prompt_len, requested_output_len;
   double duration_s = 0;
   int64_t prompt_tokens = 0, output_tokens = 0;
   double request_throughput = 0;  // completed requests/s
@@ -140,6 +167,8 @@ struct LoadBenchReport {
 
 LoadBenchReport summarize(const std::vector<RequestResult>& results, double duration_s, double slo_ttft_ms,
                           double slo_tpot_ms);
+// The requested lengths of a workload into a report (requested_prompt_len, requested_output_len).
+void add_requested_lengths(const std::vector<BenchRequest>& requests, LoadBenchReport& r);
 nlohmann::json to_json(const LoadBenchReport& r);
 std::string format_report(const LoadBenchReport& r);
 

@@ -14,7 +14,20 @@ namespace kiln {
 std::optional<BatchingMode> parse_batching_mode(std::string_view name) {
   if (name == "continuous") return BatchingMode::kContinuous;
   if (name == "static") return BatchingMode::kStatic;
+  if (name == "classic") return BatchingMode::kClassic;
   return std::nullopt;
+}
+
+const char* batching_mode_name(BatchingMode m) {
+  switch (m) {
+    case BatchingMode::kContinuous:
+      return "continuous";
+    case BatchingMode::kStatic:
+      return "static";
+    case BatchingMode::kClassic:
+      return "classic";
+  }
+  return "?";
 }
 
 const char* finish_reason_name(FinishReason r) {
@@ -154,20 +167,18 @@ SchedulerOutput Scheduler::schedule() {
   out.finished_seq_ids.swap(finished_since_step_);
   awaiting_update_ = true;
 
-  // Static batching: a new batch only when the previous one is gone; it is admitted whole
-  // (as many as max_running and the blocks of their cached prefixes allow) and prefilled by
-  // the running loop below.
-  if (config_.batching == BatchingMode::kStatic && running_.empty()) {
-    while (!waiting_.empty() && num_running() < config_.max_running) {
-      if (!admit(*waiting_.front(), 0, out)) break;
-    }
-  }
+  if (config_.batching != BatchingMode::kContinuous && running_.empty()) admit_batch(out);
+  // Classic batching prefills the whole batch first: no member decodes while another has
+  // prompt left (the literature's batch runs one padded prefill, then decodes in lockstep).
+  const bool batch_prefilling =
+      config_.batching == BatchingMode::kClassic &&
+      std::any_of(running_.begin(), running_.end(), [](const Sequence* s) { return s->num_tokens() - s->num_computed > 1; });
 
   int64_t budget = config_.max_batched_tokens;
   auto needs_one = [](const Sequence* s) { return !s->awaiting_remote && s->num_tokens() - s->num_computed == 1; };
   // Decodes not yet visited: a prefill chunk leaves one token of budget for each.
   auto pending_decodes =
-      static_cast<int64_t>(std::count_if(running_.begin(), running_.end(), needs_one));
+      batch_prefilling ? 0 : static_cast<int64_t>(std::count_if(running_.begin(), running_.end(), needs_one));
   const bool speculate = config_.num_lookahead > 0 &&
                          (config_.lookahead_max_batch == 0 || pending_decodes <= config_.lookahead_max_batch);
   bool preempted = false;
@@ -177,6 +188,7 @@ SchedulerOutput Scheduler::schedule() {
     const int64_t remaining = s.num_tokens() - s.num_computed;
     KILN_CHECK(remaining >= 1);
     const bool decode = remaining == 1;
+    if (decode && batch_prefilling) continue;  // waits for the batch's prefill
     if (decode) --pending_decodes;
     const int64_t take =
         decode ? 1 : std::min({remaining, config_.prefill_chunk, budget - pending_decodes});
@@ -233,6 +245,23 @@ SchedulerOutput Scheduler::schedule() {
   }
   KILN_CHECK(out.num_batched_tokens <= config_.max_batched_tokens);
   return out;
+}
+
+void Scheduler::admit_batch(SchedulerOutput& out) {
+  // Static: as many as max_running and the blocks of their cached prefixes allow; prefilled by
+  // the running loop. Classic: also only while the blocks of every member's whole length
+  // (prompt + max_tokens - 1 tokens, times n) fit in the pool, so the batch never preempts;
+  // the head of the queue always goes (add_request saw one sequence of it fit).
+  int64_t reserved_blocks = 0;
+  while (!waiting_.empty() && num_running() < config_.max_running) {
+    Sequence& s = *waiting_.front();
+    if (config_.batching == BatchingMode::kClassic) {
+      const int64_t blocks = (1 + s.forks_pending) * kv_.blocks_for(s.prompt_len + s.max_tokens - 1);
+      if (!running_.empty() && reserved_blocks + blocks > kv_.pool().num_blocks()) break;
+      reserved_blocks += blocks;
+    }
+    if (!admit(s, 0, out)) break;
+  }
 }
 
 void Scheduler::finish(Sequence& s, FinishReason reason, UpdateResult* result) {

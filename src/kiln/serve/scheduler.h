@@ -1,6 +1,7 @@
 // The serving scheduler: continuous batching under a per-step token budget (running decodes
 // first, then prefill chunks), chunked prefill, an FCFS waiting queue, max-running, and
-// preemption by recompute when the KV cache has no free block; static batching for comparison.
+// preemption by recompute when the KV cache has no free block; static and classic padded static
+// batching for comparison.
 // Bookkeeping only: SchedulerOutput is the whole interface to the executor, which computes the
 // scheduled tokens, samples, and hands the sampled tokens back to update().
 #pragma once
@@ -23,8 +24,15 @@ namespace kiln {
 enum class BatchingMode {
   kContinuous,  // admit and retire requests before every step
   kStatic,      // admit a batch only when the previous one has completely finished
+  // Classic padded static batching (FasterTransformer, pre-Orca servers): as kStatic, and also
+  // each member's KV for prompt + max_tokens is guaranteed at admission (a batch never
+  // preempts), the whole batch is prefilled before any member decodes, then all decode in
+  // lockstep until the longest is done; a finished member frees its slot, nobody joins.
+  kClassic,
 };
-std::optional<BatchingMode> parse_batching_mode(std::string_view name);  // "continuous" | "static"
+// "continuous" | "static" | "classic"
+std::optional<BatchingMode> parse_batching_mode(std::string_view name);
+const char* batching_mode_name(BatchingMode m);
 
 struct SchedulerConfig {
   int64_t max_batched_tokens = 2048;  // token budget of one step (--max-batched-tokens)
@@ -196,6 +204,8 @@ class Scheduler {
   // reserves up to max_new more tokens (0: only the prefix). Returns the tokens reserved, or
   // nullopt (nothing changed) when the pool has too few blocks.
   std::optional<int64_t> admit(Sequence& s, int64_t max_new, SchedulerOutput& out);
+  // Static and classic batching: a new batch from the head of the waiting queue.
+  void admit_batch(SchedulerOutput& out);
   void append_token(Sequence& s, int32_t token, UpdateResult& result);
   void finish(Sequence& s, FinishReason reason, UpdateResult* result);
 
