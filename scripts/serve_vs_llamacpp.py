@@ -22,24 +22,8 @@ import fcntl
 import json
 import os
 import subprocess
-import time
-import urllib.request
 
-from serve_bench import KILN, free_port  # noqa: E402  (scripts/ is on sys.path when run as a script)
-
-
-def wait_healthy(base, proc, seconds=120):
-    for _ in range(int(seconds / 0.1)):
-        try:
-            with urllib.request.urlopen(base + "/health", timeout=1) as r:
-                if r.status == 200:
-                    return
-        except OSError:
-            pass
-        if proc.poll() is not None:
-            raise SystemExit(proc.stdout.read())
-        time.sleep(0.1)
-    raise SystemExit("server did not come up")
+from serve_bench import KILN, free_port, wait_healthy  # noqa: E402  (scripts/ is on sys.path when run as a script)
 
 
 def run(server_cmd, bench_flags):
