@@ -52,8 +52,8 @@ Expected<std::vector<const SafetensorsTensor*>> match_params(SafetensorsFile& st
     const SafetensorsTensor* t = st.header().find(e.name);
     if (t == nullptr) {
       if (st.header().find(e.name.substr(0, e.name.rfind('.')) + ".qweight"))  // kiln quantized format
-        return failed_precondition("{} holds a quantized model: load it with quant::load_any_model (kiln eval and "
-                                   "generate do)", path);
+        return failed_precondition("{} holds a kiln-quantized model; this command needs an fp32, bf16 or f16 one "
+                                   "(kiln serve, generate and eval run quantized models)", path);
       return data_loss("{}: tensor {} is missing (config.json: {})", path, e.name, c.describe());
     }
     if (!float_dtype(t->dtype))
@@ -144,8 +144,8 @@ Expected<std::unique_ptr<Transformer>> load_model(const std::string& dir) {
   if (!cfg.ok()) return Status(cfg.status().code(), fmt::format("{}: {}", cfg_path.string(), cfg.status().message()));
   KILN_ASSIGN_OR_RETURN(SafetensorsFile st, SafetensorsFile::open(st_path.string()));
   if (!st.header().metadata_value("kiln.quant.method").empty())
-    return failed_precondition("{} holds a quantized model: load it with quant::load_any_model (kiln eval and "
-                               "generate do)", st_path.string());
+    return failed_precondition("{} holds a kiln-quantized model; this command needs an fp32, bf16 or f16 one "
+                               "(kiln serve, generate and eval run quantized models)", st_path.string());
   // Every name, dtype and shape against the header before the model is allocated.
   const std::vector<ParamEntry> entries = Transformer::param_entries_for(*cfg);
   KILN_ASSIGN_OR_RETURN(std::vector<const SafetensorsTensor*> tensors, match_params(st, *cfg, entries));
