@@ -1610,6 +1610,40 @@ void PagedKvCache::copy_block(int32_t src, int32_t dst, int64_t num_tokens) {
   }
 }
 
+namespace {
+// Calls fn(row, slot, rows) for each run of the positions [pos, pos + n) inside one block: the
+// first packed row, its slot in the pool and how many rows follow it there.
+template <class Fn>
+void for_each_block_run(std::span<const int32_t> blocks, int64_t block_size, int64_t pos, int64_t n, Fn fn) {
+  for (int64_t i = 0; i < n;) {
+    const int64_t p = pos + i, rows = std::min(n - i, block_size - p % block_size);
+    KILN_CHECK(p / block_size < static_cast<int64_t>(blocks.size()));
+    fn(i, int64_t{blocks[static_cast<size_t>(p / block_size)]} * block_size + p % block_size, rows);
+    i += rows;
+  }
+}
+}  // namespace
+
+void PagedKvCache::read_rows(int64_t layer, std::span<const int32_t> blocks, int64_t pos, int64_t n, float* kd,
+                             float* vd) const {
+  const auto l = static_cast<size_t>(layer);
+  for_each_block_run(blocks, block_size, pos, n, [&](int64_t i, int64_t slot, int64_t rows) {
+    const size_t bytes = static_cast<size_t>(rows * row_width) * sizeof(float);
+    std::memcpy(kd + i * row_width, k[l].data<float>() + slot * row_width, bytes);
+    if (vd != nullptr && v[l].numel() > 0) std::memcpy(vd + i * row_width, v[l].data<float>() + slot * row_width, bytes);
+  });
+}
+
+void PagedKvCache::write_rows(int64_t layer, std::span<const int32_t> blocks, int64_t pos, int64_t n, const float* ks,
+                              const float* vs) {
+  const auto l = static_cast<size_t>(layer);
+  for_each_block_run(blocks, block_size, pos, n, [&](int64_t i, int64_t slot, int64_t rows) {
+    const size_t bytes = static_cast<size_t>(rows * row_width) * sizeof(float);
+    std::memcpy(k[l].data<float>() + slot * row_width, ks + i * row_width, bytes);
+    if (vs != nullptr && v[l].numel() > 0) std::memcpy(v[l].data<float>() + slot * row_width, vs + i * row_width, bytes);
+  });
+}
+
 PagedKvCache Transformer::make_paged_kv_cache(int64_t num_blocks, int64_t block_size) const {
   PagedKvCache c;
   c.num_blocks = num_blocks;

@@ -265,6 +265,12 @@ struct PagedKvCache {
   // Copies the first num_tokens rows of block src into block dst, in every layer
   // (copy-on-write of a shared, partially filled block).
   void copy_block(int32_t src, int32_t dst, int64_t num_tokens);
+  // The K (and V) rows of positions [pos, pos + n) of a sequence whose blocks are `blocks`, in
+  // layer `layer`, to or from packed (n, row_width) buffers; v is ignored (may be null) for a
+  // latent-attention cache, which has no V rows.
+  void read_rows(int64_t layer, std::span<const int32_t> blocks, int64_t pos, int64_t n, float* k, float* v) const;
+  void write_rows(int64_t layer, std::span<const int32_t> blocks, int64_t pos, int64_t n, const float* k,
+                  const float* v);
 };
 
 // A ragged batch for forward_paged: sequence i runs num_new[i] new tokens (a prefill chunk or

@@ -45,6 +45,8 @@ void check(int code, const char* what) {
   KILN_CHECK_MSG(code == MPI_SUCCESS, "disaggregated serving: {} failed (MPI error {})", what, code);
 }
 
+}  // namespace
+
 // Nonblocking sends kept with their buffers until they complete.
 class Outbox {
  public:
@@ -72,8 +74,6 @@ class Outbox {
   std::deque<std::pair<MPI_Request, std::vector<char>>> sends_;
 };
 
-}  // namespace
-
 Expected<DisaggregateOptions> parse_disaggregate(std::string_view spec, int world_size) {
   DisaggregateOptions o;
   const size_t colon = spec.find(':');
@@ -96,7 +96,8 @@ Expected<DisaggregateOptions> parse_disaggregate(std::string_view spec, int worl
 // ---- the decode rank ---------------------------------------------------------------------------
 MpiPrefillClient::MpiPrefillClient(comm::Communicator& comm, int64_t n_layers, int64_t row_width, bool has_v,
                                    double timeout_s)
-    : comm_(comm), n_layers_(n_layers), row_width_(row_width), has_v_(has_v), timeout_s_(timeout_s) {
+    : comm_(comm), n_layers_(n_layers), row_width_(row_width), has_v_(has_v), timeout_s_(timeout_s),
+      outbound_(std::make_unique<Outbox>()) {
   for (int r = 1; r < comm.size(); ++r) workers_[r].last_heard = Clock::now();
   stats_.workers = stats_.workers_alive = comm.size() - 1;
 }
@@ -109,10 +110,7 @@ std::string MpiPrefillClient::describe() const {
 }
 
 void MpiPrefillClient::send(int rank, std::vector<char> bytes) {
-  outbound_.emplace_back(MPI_REQUEST_NULL, std::move(bytes));
-  auto& [request, buf] = outbound_.back();
-  check(MPI_Isend(buf.data(), static_cast<int>(buf.size()), MPI_BYTE, rank, kTagToPrefill, comm_.handle(), &request),
-        "MPI_Isend");
+  outbound_->send(comm_.handle(), rank, kTagToPrefill, std::move(bytes));
 }
 
 bool MpiPrefillClient::submit(int64_t seq_id, std::span<const int32_t> tokens) {
@@ -193,12 +191,7 @@ void MpiPrefillClient::handle(int rank, const std::vector<char>& bytes, const Kv
 }
 
 void MpiPrefillClient::poll(const KvWriter& write, Progress& progress) {
-  while (!outbound_.empty()) {
-    int done = 0;
-    check(MPI_Test(&outbound_.front().first, &done, MPI_STATUS_IGNORE), "MPI_Test");
-    if (!done) break;
-    outbound_.pop_front();
-  }
+  outbound_->progress();
   // Match every message that has arrived (its receive runs while we go on), then handle each
   // source's in order as they complete.
   for (;;) {
@@ -237,8 +230,7 @@ bool MpiPrefillClient::shutdown() {
     all_alive = all_alive && w.alive;
   }
   if (!all_alive) return false;  // a send to a stuck rank may never complete
-  for (auto& [request, buf] : outbound_) check(MPI_Wait(&request, MPI_STATUS_IGNORE), "MPI_Wait");
-  outbound_.clear();
+  outbound_->wait_all();
   return true;
 }
 
@@ -257,7 +249,7 @@ Status run_prefill_rank(Transformer& model, const EngineConfig& config, comm::Co
   if (config.packed_weights) install_packed_weights(model);
   ModelExecutor executor(model, nullptr, kv.num_blocks, kv.block_size, config.packed_weights);
   PagedKvCache& cache = executor.cache();
-  const int64_t bs = cache.block_size, w = cache.row_width;
+  const int64_t w = cache.row_width;
   const bool has_v = !cache.v.empty() && cache.v[0].numel() > 0;
   const MPI_Comm mpi = comm.handle();
 
@@ -268,14 +260,7 @@ Status run_prefill_rank(Transformer& model, const EngineConfig& config, comm::Co
   // Rows [pos, pos + n) of layer l of a scheduled sequence, gathered from its blocks.
   auto send_rows = [&](const ScheduledSeq& e, int64_t l, int64_t pos, int64_t n) {
     rows.resize(static_cast<size_t>(n * w * (has_v ? 2 : 1)));
-    for (int64_t i = 0; i < n;) {
-      const int64_t p = pos + i, in_block = std::min(n - i, bs - p % bs);
-      const int64_t slot = int64_t{e.block_ids[static_cast<size_t>(p / bs)]} * bs + p % bs;
-      const size_t bytes = static_cast<size_t>(in_block * w) * sizeof(float);
-      std::memcpy(rows.data() + i * w, cache.k[static_cast<size_t>(l)].data<float>() + slot * w, bytes);
-      if (has_v) std::memcpy(rows.data() + (n + i) * w, cache.v[static_cast<size_t>(l)].data<float>() + slot * w, bytes);
-      i += in_block;
-    }
+    cache.read_rows(l, e.block_ids, pos, n, rows.data(), has_v ? rows.data() + n * w : nullptr);
     out.send(mpi, 0, kTagToDecode,
              message({Kind::kRows, seq_of.at(e.request_id), l, pos, n}, rows.data(), rows.size() * sizeof(float)));
   };

@@ -47,6 +47,8 @@ struct DisaggregateOptions {
 // ranks are not implemented), P + D = world_size. The same verdict on every rank.
 Expected<DisaggregateOptions> parse_disaggregate(std::string_view spec, int world_size);
 
+class Outbox;  // nonblocking sends with their buffers (disaggregated.cpp)
+
 // The decode rank's side: a RemotePrefill over `comm` (rank 0 here; ranks 1..P prefill).
 class MpiPrefillClient final : public RemotePrefill {
  public:
@@ -92,7 +94,7 @@ class MpiPrefillClient final : public RemotePrefill {
   std::unordered_map<int64_t, Job> jobs_;   // seq id -> its prefill
   std::map<int, Worker> workers_;           // rank -> state
   std::map<int, std::deque<Inbound>> inbound_;  // per source, in matching order
-  std::deque<std::pair<MPI_Request, std::vector<char>>> outbound_;
+  std::unique_ptr<Outbox> outbound_;  // prompts, cancels and stops in flight
   Stats stats_;
 };
 

@@ -753,23 +753,13 @@ void Engine::poll_remote() {
   RemotePrefill* remote = config_.remote_prefill;
   if (!remote) return;
   PagedKvCache& cache = executor_.cache();
-  const int64_t bs = cache.block_size, w = cache.row_width;
   auto write = [&](int64_t seq_id, int64_t layer, int64_t pos, int64_t n, const float* k, const float* v) {
     const Sequence* s = scheduler_->find_sequence(seq_id);
     KILN_CHECK_MSG(s != nullptr && s->awaiting_remote && layer >= 0 && layer < static_cast<int64_t>(cache.k.size()) &&
                        pos >= 0 && n >= 0 && pos + n <= s->prompt_len - 1,
                    "[engine] K/V rows [{}, {}) of layer {} for sequence {}, which does not await them", pos, pos + n,
                    layer, seq_id);
-    const std::span<const BlockId> blocks = s->table.block_ids();
-    for (int64_t i = 0; i < n;) {  // one copy per block the rows fall in
-      const int64_t p = pos + i, in_block = std::min(n - i, bs - p % bs);
-      const int64_t slot = int64_t{blocks[static_cast<size_t>(p / bs)]} * bs + p % bs;
-      const size_t bytes = static_cast<size_t>(in_block * w) * sizeof(float);
-      std::memcpy(cache.k[static_cast<size_t>(layer)].data<float>() + slot * w, k + i * w, bytes);
-      if (v != nullptr && cache.v[static_cast<size_t>(layer)].numel() > 0)
-        std::memcpy(cache.v[static_cast<size_t>(layer)].data<float>() + slot * w, v + i * w, bytes);
-      i += in_block;
-    }
+    cache.write_rows(layer, s->table.block_ids(), pos, n, k, v);
   };
   RemotePrefill::Progress progress;
   remote->poll(write, progress);
