@@ -20,7 +20,10 @@ struct ProblemShape {
 
 // One kernel launch as the host code would issue it for a ProblemShape.
 struct KernelLaunch {
-  std::string kernel;             // the __global__ function's name as ptxas reports it (demangled base name)
+  // The __global__ function as perf::ptxas_kernel_name() writes a ptxas/cuobjdump entry's mangled
+  // name: demangled, without return type and parameters, e.g. "kiln::cuda::gemm_naive" or
+  // "kiln::cuda::gemm_tiled<128, 128, 32>" (template arguments: integers only).
+  std::string kernel;
   std::string family;             // "gemm", "attention", "norm", ...
   std::string variant;            // e.g. "tiled 128x128x32, mma.sync bf16"
   int64_t grid_blocks = 0;        // total blocks of the grid
