@@ -472,6 +472,16 @@ TEST(GpuPtxas, MalformedTextGivesNoEntries) {
   EXPECT_TRUE(parse_cuobjdump_resource_usage("REG:40 STACK:0\n").empty());         // no Function
   // A truncated log: the entry without its "Used" line is dropped.
   EXPECT_EQ(parse_ptxas_output(kPtxasSm80.substr(0, kPtxasSm80.find("Used 40 registers, used 1"))).size(), 1u);
+  // Synthetic: should another function's properties come between an entry's lines, its stack and
+  // spills are not the entry's.
+  const std::vector<KernelResourceUsage> e = parse_ptxas_output(
+      "ptxas info    : Compiling entry function 'k' for 'sm_90'\n"
+      "ptxas info    : Function properties for _Z6helperf\n"
+      "    16 bytes stack frame, 8 bytes spill stores, 8 bytes spill loads\n"
+      "ptxas info    : Used 12 registers, used 0 barriers\n");
+  ASSERT_EQ(e.size(), 1u);
+  EXPECT_EQ(e[0].stack_bytes, 0);
+  EXPECT_FALSE(e[0].spill_store_bytes.has_value());
 }
 
 // ---- Launches explained --------------------------------------------------------------------
