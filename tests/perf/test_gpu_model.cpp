@@ -566,5 +566,32 @@ TEST(GpuExplain, WithoutALogAndWithALaunchThatCannotFit) {
   EXPECT_TRUE(explain_launches(gpu("h200"), {}, {}).rows.empty());
 }
 
+TEST(GpuExplain, FormattedReportMarksUnknownRegisters) {
+  std::vector<cuda::KernelLaunch> launches = {launch("kiln::cuda::gemm_tiled<128, 128, 32>", 1024, 256, 16384),
+                                              launch("kiln::cuda::missing", 10, 128, 0),
+                                              launch("kiln::cuda::b", 100, 256, 300 * 1024)};
+  std::vector<KernelResourceUsage> usage = synthetic_usage();
+  usage[1].spill_store_bytes = 12, usage[1].spill_load_bytes = 20;
+  const std::string text = format_launch_report(explain_launches(gpu("h100"), launches, usage));
+  std::vector<std::string> lines;
+  for (size_t at = 0, nl; (nl = text.find('\n', at)) != std::string::npos; at = nl + 1)
+    lines.push_back(text.substr(at, nl - at));
+  ASSERT_EQ(lines.size(), 6u) << text;  // header, 3 rows, 2 notes
+  EXPECT_NE(lines[0].find("limiter"), std::string::npos);
+  // gemm_tiled: 168 registers, 32768 + 16384 bytes, spills 12/20, 1 block = 8 warps = 12.5%, 8 waves
+  // with a last one of 100 / 132 = 75.8%.
+  EXPECT_NE(lines[1].find(" 168 "), std::string::npos) << lines[1];
+  EXPECT_NE(lines[1].find("32768+16384"), std::string::npos) << lines[1];
+  EXPECT_NE(lines[1].find("12/20"), std::string::npos) << lines[1];
+  EXPECT_NE(lines[1].find(" 12.5  registers "), std::string::npos) << lines[1];
+  EXPECT_NE(lines[1].find("75.8"), std::string::npos) << lines[1];
+  // missing: "?" registers and smem, occupancy 16 blocks × 4 warps = 100% marked "*".
+  EXPECT_NE(lines[2].find(" ? "), std::string::npos) << lines[2];
+  EXPECT_NE(lines[2].find("?+0"), std::string::npos) << lines[2];
+  EXPECT_NE(lines[2].find("100.0*"), std::string::npos) << lines[2];
+  EXPECT_NE(lines[3].find("cannot launch"), std::string::npos) << lines[3];
+  EXPECT_EQ(lines[4].rfind("note: ", 0), 0u);
+}
+
 }  // namespace
 }  // namespace kiln::perf

@@ -407,4 +407,32 @@ LaunchReport explain_launches(const GpuSpec& gpu, std::span<const cuda::KernelLa
   return r;
 }
 
+std::string format_launch_report(const LaunchReport& r) {
+  std::string out = fmt::format("{:<10} {:<30} {:>8} {:>6} {:>5} {:>12} {:>11} {:>6} {:>7} {:>6} {:>9} {:>5} {:>6}\n",
+                                "family", "variant", "grid", "thr", "regs", "smem st+dyn", "spill st/ld",
+                                "blk/SM", "warp/SM", "occ%", "limiter", "waves", "last%");
+  for (const LaunchRow& row : r.rows) {
+    const cuda::KernelLaunch& l = row.launch;
+    const std::optional<KernelResourceUsage>& u = row.usage;
+    const std::string regs = u ? fmt::format("{}", u->registers) : "?";
+    const std::string smem =
+        fmt::format("{}+{}", u ? fmt::format("{}", u->smem_bytes) : "?", l.dynamic_smem_bytes);
+    const std::string spill = u && u->spill_store_bytes
+                                  ? fmt::format("{}/{}", *u->spill_store_bytes, u->spill_load_bytes.value_or(0))
+                                  : "-";
+    out += fmt::format("{:<10} {:<30} {:>8} {:>6} {:>5} {:>12} {:>11} ", l.family, l.variant, l.grid_blocks,
+                       l.threads_per_block, regs, smem, spill);
+    if (!row.occupancy) {
+      out += fmt::format("cannot launch: {}\n", row.error);
+      continue;
+    }
+    const Occupancy& o = *row.occupancy;
+    out += fmt::format("{:>6} {:>7} {:>5.1f}{} {:>9} {:>5} {:>6.1f}\n", o.blocks_per_sm, o.warps_per_sm,
+                       100 * o.fraction, o.registers_known ? " " : "*", occupancy_limiter_name(o.limiter),
+                       row.waves.num_waves, 100 * row.waves.last_wave_efficiency);
+  }
+  for (const std::string& n : r.notes) out += fmt::format("note: {}\n", n);
+  return out;
+}
+
 }  // namespace kiln::perf

@@ -225,4 +225,10 @@ struct LaunchReport {
 LaunchReport explain_launches(const GpuSpec& gpu, std::span<const cuda::KernelLaunch> launches,
                               std::span<const KernelResourceUsage> usage);
 
+// The report as `kiln info --cuda` prints it: a header line, one row per launch (family, variant,
+// grid, threads, registers, static+dynamic shared memory, spills, blocks and warps per SM,
+// occupancy, limiter, waves, last-wave efficiency; "?" for unknown registers and "*" after an
+// occupancy computed without them), then the notes.
+std::string format_launch_report(const LaunchReport& r);
+
 }  // namespace kiln::perf
