@@ -34,8 +34,10 @@ void parse_gemm_shape(const std::string& s, cuda::ProblemShape& shape) {
   size_t pos = 0;
   for (int i = 0; i < 3; ++i) {
     const size_t comma = s.find(',', pos);
-    if ((i < 2) == (comma == std::string::npos)) fail(fmt::format("--shape '{}': expected m,n,k", s));
-    const std::string part = s.substr(pos, comma == std::string::npos ? std::string::npos : comma - pos);
+    if ((i < 2) == (comma == std::string::npos))
+      fail(fmt::format("--shape '{}': expected m,n,k", s));
+    const std::string part =
+        s.substr(pos, comma == std::string::npos ? std::string::npos : comma - pos);
     size_t used = 0;
     try {
       v[i] = std::stoll(part, &used);
@@ -59,26 +61,30 @@ std::string si(double x, const char* unit) {
 void print_gpu(const perf::GpuSpec& g) {
   fmt::print("gpu        : {} ({}), {} SMs, boost {:.0f} MHz\n", g.full_name, g.arch(), g.num_sms,
              g.boost_clock_hz / 1e6);
-  fmt::print("per SM     : {} K registers ({} per thread at most), {} threads = {} warps, {} blocks;\n"
-             "             shared memory {} KiB (carveouts", g.registers_per_sm / 1024,
-             g.max_registers_per_thread, g.max_threads_per_sm, g.max_warps_per_sm(), g.max_blocks_per_sm,
-             g.smem_per_sm_bytes / 1024);
+  fmt::print(
+      "per SM     : {} K registers ({} per thread at most), {} threads = {} warps, {} blocks;\n"
+      "             shared memory {} KiB (carveouts",
+      g.registers_per_sm / 1024, g.max_registers_per_thread, g.max_threads_per_sm,
+      g.max_warps_per_sm(), g.max_blocks_per_sm, g.smem_per_sm_bytes / 1024);
   for (const int c : g.smem_carveouts_kib) fmt::print(" {}", c);
   fmt::print(" KiB), {} KiB per block + {} KiB reserved\n", g.smem_per_block_bytes / 1024,
              g.smem_reserved_per_block_bytes / 1024);
   fmt::print("memory     : HBM {} GB at {}, L2 {} MiB\n", g.hbm_capacity_bytes / 1000000000,
              si(g.hbm_bytes_per_s, "B/s"), g.l2_bytes >> 20);
-  fmt::print("peaks      : fp32 {}  tf32 {}  bf16/fp16 {}  fp8 {}  int8 {} (dense)\n", si(g.peaks.fp32, "FLOP/s"),
-             si(g.peaks.tf32, "FLOP/s"), si(g.peaks.bf16, "FLOP/s"),
-             g.peaks.fp8 > 0 ? si(g.peaks.fp8, "FLOP/s") : std::string("none"), si(g.peaks.int8, "OP/s"));
+  fmt::print("peaks      : fp32 {}  tf32 {}  bf16/fp16 {}  fp8 {}  int8 {} (dense)\n",
+             si(g.peaks.fp32, "FLOP/s"), si(g.peaks.tf32, "FLOP/s"), si(g.peaks.bf16, "FLOP/s"),
+             g.peaks.fp8 > 0 ? si(g.peaks.fp8, "FLOP/s") : std::string("none"),
+             si(g.peaks.int8, "OP/s"));
   fmt::print("source     : {}\n", g.source);
   const perf::LittlesLaw l = perf::littles_law(g, perf::kAssumedHbmLatencyS, kBytesPerWarpInFlight);
-  fmt::print("little     : {} × {:.0f} ns = {} in flight to saturate HBM, {} per SM: {:.1f} warps per SM\n"
-             "             with 16 B per lane ({:.0f} B per warp) in flight, {:.0f}% of the SM's {} warps\n"
-             "             ({:.0f} ns: assumed load latency under load, see perf::kAssumedHbmLatencyS)\n",
-             si(g.hbm_bytes_per_s, "B/s"), l.latency_s * 1e9, si(l.bytes_in_flight, "B"),
-             si(l.bytes_in_flight_per_sm, "B"), l.warps_per_sm, l.bytes_per_warp, 100 * l.fraction_of_max_warps,
-             g.max_warps_per_sm(), l.latency_s * 1e9);
+  fmt::print(
+      "little     : {} × {:.0f} ns = {} in flight to saturate HBM, {} per SM: {:.1f} warps per SM\n"
+      "             with 16 B per lane ({:.0f} B per warp) in flight, {:.0f}% of the SM's {} "
+      "warps\n"
+      "             ({:.0f} ns: assumed load latency under load, see perf::kAssumedHbmLatencyS)\n",
+      si(g.hbm_bytes_per_s, "B/s"), l.latency_s * 1e9, si(l.bytes_in_flight, "B"),
+      si(l.bytes_in_flight_per_sm, "B"), l.warps_per_sm, l.bytes_per_warp,
+      100 * l.fraction_of_max_warps, g.max_warps_per_sm(), l.latency_s * 1e9);
 }
 
 void run_info_cuda(const CudaInfoArgs& a) {
@@ -93,15 +99,21 @@ void run_info_cuda(const CudaInfoArgs& a) {
   if (built) {
     fmt::print("cuda build : archs {}\n", cuda::archs());
   } else {
-    fmt::print("cuda build : this binary was built without the CUDA backend: registers unknown, occupancy\n"
-               "             below leaves out the register limit (marked *)\n");
+    fmt::print(
+        "cuda build : this binary was built without the CUDA backend: registers unknown, "
+        "occupancy\n"
+        "             below leaves out the register limit (marked *)\n");
   }
-  fmt::print("shape      : gemm m,n,k = {},{},{}; attention batch {}, heads {} (kv {}), seq {}, head dim {}; "
-             "rows {} x {}\n", shape.m, shape.n, shape.k, shape.batch, shape.heads, shape.kv_heads, shape.seq,
-             shape.head_dim, shape.rows, shape.cols);
+  fmt::print(
+      "shape      : gemm m,n,k = {},{},{}; attention batch {}, heads {} (kv {}), seq {}, head dim "
+      "{}; "
+      "rows {} x {}\n",
+      shape.m, shape.n, shape.k, shape.batch, shape.heads, shape.kv_heads, shape.seq,
+      shape.head_dim, shape.rows, shape.cols);
 
   const std::vector<cuda::KernelLaunch> launches = cuda::kernel_launches(shape);
-  const std::vector<perf::KernelResourceUsage> usage = perf::parse_resource_usage(cuda::ptxas_log());
+  const std::vector<perf::KernelResourceUsage> usage =
+      perf::parse_resource_usage(cuda::ptxas_log());
   const perf::LaunchReport r = perf::explain_launches(**g, launches, usage);
   if (r.rows.empty()) {
     fmt::print("launches   : none (the CUDA catalog lists no kernel launches in this build)\n");
@@ -114,8 +126,9 @@ void run_info_cuda(const CudaInfoArgs& a) {
 
 std::function<bool()> add_info_cuda(CLI::App* info) {
   auto a = std::make_shared<CudaInfoArgs>();
-  info->add_flag("--cuda", a->enabled,
-                 "Print the GPU execution model of each CUDA kernel launch (with --gpu, --shape, --seq)");
+  info->add_flag(
+      "--cuda", a->enabled,
+      "Print the GPU execution model of each CUDA kernel launch (with --gpu, --shape, --seq)");
   info->add_option("--gpu", a->gpu, "--cuda: a100 | h100 | h200 | b200")
       ->check(CLI::IsMember({"a100", "h100", "h200", "b200"}));
   info->add_option("--shape", a->shape, "--cuda: GEMM problem m,n,k (default 4096,4096,4096)");

@@ -13,7 +13,9 @@
 namespace kiln::perf {
 namespace {
 
-const GpuSpec& gpu(std::string_view name) { return *find_gpu(name).value(); }
+const GpuSpec& gpu(std::string_view name) {
+  return *find_gpu(name).value();
+}
 
 Occupancy occ(std::string_view g, int threads, int regs, int64_t smem) {
   return occupancy(gpu(g), {threads, regs, smem}).value();
@@ -269,12 +271,12 @@ TEST(GpuCoalescing, SectorsOfKnownPatterns) {
 // ---- Bank conflicts ------------------------------------------------------------------------
 
 TEST(GpuBankConflicts, StridesAndBroadcast) {
-  EXPECT_EQ(bank_conflicts(lanes(0, 4), 4).degree, 1);    // stride 1: 32 banks, one word each
-  EXPECT_EQ(bank_conflicts(lanes(0, 8), 4).degree, 2);    // stride 2: 16 banks, two words each
-  EXPECT_EQ(bank_conflicts(lanes(0, 12), 4).degree, 1);   // odd stride 3: a permutation of banks
-  EXPECT_EQ(bank_conflicts(lanes(0, 128), 4).degree, 32); // stride 32: all in bank 0
+  EXPECT_EQ(bank_conflicts(lanes(0, 4), 4).degree, 1);     // stride 1: 32 banks, one word each
+  EXPECT_EQ(bank_conflicts(lanes(0, 8), 4).degree, 2);     // stride 2: 16 banks, two words each
+  EXPECT_EQ(bank_conflicts(lanes(0, 12), 4).degree, 1);    // odd stride 3: a permutation of banks
+  EXPECT_EQ(bank_conflicts(lanes(0, 128), 4).degree, 32);  // stride 32: all in bank 0
   EXPECT_EQ(bank_conflicts(lanes(0, 128), 4).wavefronts, 32);
-  EXPECT_EQ(bank_conflicts(lanes(64, 0), 4).degree, 1);   // one word for all: broadcast
+  EXPECT_EQ(bank_conflicts(lanes(64, 0), 4).degree, 1);  // one word for all: broadcast
   // Lanes pairwise on the same word (i / 2): multicast, no conflict.
   std::vector<uint64_t> pairs(32);
   for (uint64_t i = 0; i < 32; ++i) pairs[i] = (i / 2) * 4;
@@ -329,7 +331,8 @@ TEST(GpuPtxas, KernelNameDemangledWithoutSignature) {
 
 // `nvcc -c -arch=sm_80 -Xptxas -v -maxrregcount=40 k.cu` (CUDA 13.0): a spilling kernel, a
 // template with static __shared__ (2 × 64×16 floats = 8192 bytes), a plain one; cmem[0] printed.
-constexpr std::string_view kPtxasSm80 = R"(ptxas info    : Overriding maximum register limit 256 for '_ZN4kiln4cuda5heavyEPK6float4PS1_i' with  40 of maxrregcount option
+constexpr std::string_view kPtxasSm80 =
+    R"(ptxas info    : Overriding maximum register limit 256 for '_ZN4kiln4cuda5heavyEPK6float4PS1_i' with  40 of maxrregcount option
 ptxas info    : 0 bytes gmem
 ptxas info    : Compiling entry function '_ZN4kiln4cuda5heavyEPK6float4PS1_i' for 'sm_80'
 ptxas info    : Function properties for _ZN4kiln4cuda5heavyEPK6float4PS1_i
@@ -471,7 +474,9 @@ TEST(GpuPtxas, MalformedTextGivesNoEntries) {
   EXPECT_TRUE(parse_ptxas_output("ptxas info    : Used 32 registers\n").empty());  // no entry line
   EXPECT_TRUE(parse_cuobjdump_resource_usage("REG:40 STACK:0\n").empty());         // no Function
   // A truncated log: the entry without its "Used" line is dropped.
-  EXPECT_EQ(parse_ptxas_output(kPtxasSm80.substr(0, kPtxasSm80.find("Used 40 registers, used 1"))).size(), 1u);
+  EXPECT_EQ(
+      parse_ptxas_output(kPtxasSm80.substr(0, kPtxasSm80.find("Used 40 registers, used 1"))).size(),
+      1u);
   // Synthetic: should another function's properties come between an entry's lines, its stack and
   // spills are not the entry's.
   const std::vector<KernelResourceUsage> e = parse_ptxas_output(
@@ -567,9 +572,9 @@ TEST(GpuExplain, WithoutALogAndWithALaunchThatCannotFit) {
 }
 
 TEST(GpuExplain, FormattedReportMarksUnknownRegisters) {
-  std::vector<cuda::KernelLaunch> launches = {launch("kiln::cuda::gemm_tiled<128, 128, 32>", 1024, 256, 16384),
-                                              launch("kiln::cuda::missing", 10, 128, 0),
-                                              launch("kiln::cuda::b", 100, 256, 300 * 1024)};
+  std::vector<cuda::KernelLaunch> launches = {
+      launch("kiln::cuda::gemm_tiled<128, 128, 32>", 1024, 256, 16384),
+      launch("kiln::cuda::missing", 10, 128, 0), launch("kiln::cuda::b", 100, 256, 300 * 1024)};
   std::vector<KernelResourceUsage> usage = synthetic_usage();
   usage[1].spill_store_bytes = 12, usage[1].spill_load_bytes = 20;
   const std::string text = format_launch_report(explain_launches(gpu("h100"), launches, usage));
@@ -578,8 +583,8 @@ TEST(GpuExplain, FormattedReportMarksUnknownRegisters) {
     lines.push_back(text.substr(at, nl - at));
   ASSERT_EQ(lines.size(), 6u) << text;  // header, 3 rows, 2 notes
   EXPECT_NE(lines[0].find("limiter"), std::string::npos);
-  // gemm_tiled: 168 registers, 32768 + 16384 bytes, spills 12/20, 1 block = 8 warps = 12.5%, 8 waves
-  // with a last one of 100 / 132 = 75.8%.
+  // gemm_tiled: 168 registers, 32768 + 16384 bytes, spills 12/20, 1 block = 8 warps = 12.5%, 8
+  // waves with a last one of 100 / 132 = 75.8%.
   EXPECT_NE(lines[1].find(" 168 "), std::string::npos) << lines[1];
   EXPECT_NE(lines[1].find("32768+16384"), std::string::npos) << lines[1];
   EXPECT_NE(lines[1].find("12/20"), std::string::npos) << lines[1];

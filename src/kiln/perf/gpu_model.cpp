@@ -10,7 +10,6 @@
 #include <charconv>
 #include <climits>
 #include <cstdlib>
-#include <map>
 #include <memory>
 #include <set>
 
@@ -24,32 +23,41 @@ constexpr int kRegisterAllocUnit = 256;
 constexpr int kSubPartitions = 4;
 constexpr int64_t kSmemAllocUnit = 128;
 
-constexpr int64_t round_up(int64_t x, int64_t unit) { return (x + unit - 1) / unit * unit; }
-constexpr int64_t ceil_div(int64_t x, int64_t y) { return (x + y - 1) / y; }
+constexpr int64_t round_up(int64_t x, int64_t unit) {
+  return (x + unit - 1) / unit * unit;
+}
+constexpr int64_t ceil_div(int64_t x, int64_t y) {
+  return (x + y - 1) / y;
+}
 
 }  // namespace
 
 std::string_view occupancy_limiter_name(OccupancyLimiter l) {
   switch (l) {
-    case OccupancyLimiter::kWarps: return "warps";
-    case OccupancyLimiter::kRegisters: return "registers";
-    case OccupancyLimiter::kSharedMemory: return "smem";
-    case OccupancyLimiter::kBlocks: return "blocks";
+    case OccupancyLimiter::kWarps:
+      return "warps";
+    case OccupancyLimiter::kRegisters:
+      return "registers";
+    case OccupancyLimiter::kSharedMemory:
+      return "smem";
+    case OccupancyLimiter::kBlocks:
+      return "blocks";
   }
   return "?";
 }
 
 Expected<Occupancy> occupancy(const GpuSpec& gpu, const BlockResources& b) {
   if (b.threads_per_block < 1 || b.threads_per_block > gpu.max_threads_per_block)
-    return invalid_argument("[occupancy] {} threads per block: {} allows 1..{}", b.threads_per_block,
-                            gpu.full_name, gpu.max_threads_per_block);
+    return invalid_argument("[occupancy] {} threads per block: {} allows 1..{}",
+                            b.threads_per_block, gpu.full_name, gpu.max_threads_per_block);
   if (b.registers_per_thread < 0 || b.registers_per_thread > gpu.max_registers_per_thread)
     return invalid_argument("[occupancy] {} registers per thread: {} allows at most {}",
                             b.registers_per_thread, gpu.full_name, gpu.max_registers_per_thread);
   if (b.smem_per_block_bytes < 0 || b.smem_per_block_bytes > gpu.smem_per_block_bytes)
-    return invalid_argument("[occupancy] {} bytes of shared memory per block: {} allows at most {} "
-                            "(with the opt-in attribute)",
-                            b.smem_per_block_bytes, gpu.full_name, gpu.smem_per_block_bytes);
+    return invalid_argument(
+        "[occupancy] {} bytes of shared memory per block: {} allows at most {} "
+        "(with the opt-in attribute)",
+        b.smem_per_block_bytes, gpu.full_name, gpu.smem_per_block_bytes);
   Occupancy o;
   o.warps_per_block = static_cast<int>(ceil_div(b.threads_per_block, kWarpSize));
   o.blocks_by_warps = gpu.max_warps_per_sm() / o.warps_per_block;
@@ -60,12 +68,14 @@ Expected<Occupancy> occupancy(const GpuSpec& gpu, const BlockResources& b) {
     o.registers_per_warp =
         static_cast<int>(round_up(int64_t{b.registers_per_thread} * kWarpSize, kRegisterAllocUnit));
     // The launch check assumes a block's warps fill whole rows of the 4 sub-partitions.
-    const int64_t block_regs = int64_t{o.registers_per_warp} * round_up(o.warps_per_block, kSubPartitions);
+    const int64_t block_regs =
+        int64_t{o.registers_per_warp} * round_up(o.warps_per_block, kSubPartitions);
     if (block_regs > gpu.registers_per_block)
-      return invalid_argument("[occupancy] {} registers × {} threads: the block needs {} registers, "
-                              "{} holds {} per block (too many resources requested for launch)",
-                              b.registers_per_thread, b.threads_per_block, block_regs, gpu.full_name,
-                              gpu.registers_per_block);
+      return invalid_argument(
+          "[occupancy] {} registers × {} threads: the block needs {} registers, "
+          "{} holds {} per block (too many resources requested for launch)",
+          b.registers_per_thread, b.threads_per_block, block_regs, gpu.full_name,
+          gpu.registers_per_block);
     const int warps_by_regs =
         kSubPartitions * (gpu.registers_per_sm / kSubPartitions / o.registers_per_warp);
     o.blocks_by_registers = warps_by_regs / o.warps_per_block;
@@ -184,7 +194,8 @@ namespace {
 
 std::string_view trim(std::string_view s) {
   while (!s.empty() && (s.front() == ' ' || s.front() == '\t')) s.remove_prefix(1);
-  while (!s.empty() && (s.back() == ' ' || s.back() == '\t' || s.back() == '\r')) s.remove_suffix(1);
+  while (!s.empty() && (s.back() == ' ' || s.back() == '\t' || s.back() == '\r'))
+    s.remove_suffix(1);
   return s;
 }
 
@@ -221,9 +232,12 @@ void parse_stack_line(std::string_view line, KernelResourceUsage& e) {
   for_each_piece(line, ',', [&](std::string_view part) {
     part = trim(part);
     if (const auto v = leading_int(part)) {
-      if (part.ends_with("stack frame")) e.stack_bytes = *v;
-      else if (part.ends_with("spill stores")) e.spill_store_bytes = *v;
-      else if (part.ends_with("spill loads")) e.spill_load_bytes = *v;
+      if (part.ends_with("stack frame"))
+        e.stack_bytes = *v;
+      else if (part.ends_with("spill stores"))
+        e.spill_store_bytes = *v;
+      else if (part.ends_with("spill loads"))
+        e.spill_load_bytes = *v;
     }
   });
 }
@@ -235,10 +249,14 @@ void parse_used_line(std::string_view used, KernelResourceUsage& e) {
     part = trim(part);
     if (part.starts_with("Used ") || part.starts_with("used ")) part.remove_prefix(5);
     if (const auto v = leading_int(part)) {
-      if (part.ends_with(" registers")) e.registers = static_cast<int>(*v);
-      else if (part.ends_with(" barriers")) e.barriers = static_cast<int>(*v);
-      else if (part.ends_with(" bytes smem")) e.smem_bytes = *v;
-      else if (part.ends_with(" bytes cmem[0]")) e.cmem0_bytes = *v;
+      if (part.ends_with(" registers"))
+        e.registers = static_cast<int>(*v);
+      else if (part.ends_with(" barriers"))
+        e.barriers = static_cast<int>(*v);
+      else if (part.ends_with(" bytes smem"))
+        e.smem_bytes = *v;
+      else if (part.ends_with(" bytes cmem[0]"))
+        e.cmem0_bytes = *v;
     }
   });
 }
@@ -250,11 +268,16 @@ void parse_cuobjdump_fields(std::string_view line, KernelResourceUsage& e) {
     if (colon == std::string_view::npos) return;
     const std::string_view key = field.substr(0, colon);
     if (const auto v = leading_int(field.substr(colon + 1))) {
-      if (key == "REG") e.registers = static_cast<int>(*v);
-      else if (key == "STACK") e.stack_bytes = *v;
-      else if (key == "SHARED") e.smem_bytes = *v;
-      else if (key == "LOCAL") e.local_bytes = *v;
-      else if (key == "CONSTANT[0]") e.cmem0_bytes = *v;
+      if (key == "REG")
+        e.registers = static_cast<int>(*v);
+      else if (key == "STACK")
+        e.stack_bytes = *v;
+      else if (key == "SHARED")
+        e.smem_bytes = *v;
+      else if (key == "LOCAL")
+        e.local_bytes = *v;
+      else if (key == "CONSTANT[0]")
+        e.cmem0_bytes = *v;
     }
   });
 }
@@ -332,7 +355,8 @@ std::string ptxas_kernel_name(std::string_view mangled) {
   if (s.ends_with(")")) {
     int depth = 0;
     for (size_t i = s.size(); i-- > 0;) {
-      if (s[i] == ')') ++depth;
+      if (s[i] == ')')
+        ++depth;
       else if (s[i] == '(' && --depth == 0) {
         s = s.substr(0, i);
         break;
@@ -343,9 +367,12 @@ std::string ptxas_kernel_name(std::string_view mangled) {
   int depth = 0;
   size_t name_at = 0;
   for (size_t i = 0; i < s.size(); ++i) {
-    if (s[i] == '<' || s[i] == '(') ++depth;
-    else if (s[i] == '>' || s[i] == ')') --depth;
-    else if (s[i] == ' ' && depth == 0) name_at = i + 1;
+    if (s[i] == '<' || s[i] == '(')
+      ++depth;
+    else if (s[i] == '>' || s[i] == ')')
+      --depth;
+    else if (s[i] == ' ' && depth == 0)
+      name_at = i + 1;
   }
   return std::string(s.substr(name_at));
 }
@@ -367,7 +394,8 @@ LaunchReport explain_launches(const GpuSpec& gpu, std::span<const cuda::KernelLa
   r.target_arch = gpu.arch();
   const int target = gpu.arch_number();
   if (usage.empty() && !launches.empty())
-    r.notes.push_back("no resource usage at all: registers unknown, occupancy without the register limit");
+    r.notes.push_back(
+        "no resource usage at all: registers unknown, occupancy without the register limit");
   for (const cuda::KernelLaunch& l : launches) {
     LaunchRow row;
     row.launch = l;
@@ -384,13 +412,14 @@ LaunchReport explain_launches(const GpuSpec& gpu, std::span<const cuda::KernelLa
       row.usage = *best;
       row.arch_used = best->arch;
       if (arch_number_of(best->arch) != target)
-        r.notes.push_back(fmt::format("{}: no {} build, using the {} figures", l.kernel, r.target_arch,
-                                      best->arch));
+        r.notes.push_back(fmt::format("{}: no {} build, using the {} figures", l.kernel,
+                                      r.target_arch, best->arch));
     } else if (!usage.empty()) {
-      r.notes.push_back(seen.empty()
-                            ? fmt::format("{}: not in the resource-usage log (registers unknown)", l.kernel)
-                            : fmt::format("{}: built only for {} (none at or below {}; registers unknown)",
-                                          l.kernel, seen, r.target_arch));
+      r.notes.push_back(
+          seen.empty()
+              ? fmt::format("{}: not in the resource-usage log (registers unknown)", l.kernel)
+              : fmt::format("{}: built only for {} (none at or below {}; registers unknown)",
+                            l.kernel, seen, r.target_arch));
     }
     row.smem_per_block_bytes = (row.usage ? row.usage->smem_bytes : 0) + l.dynamic_smem_bytes;
     Expected<Occupancy> o = occupancy(
@@ -408,28 +437,31 @@ LaunchReport explain_launches(const GpuSpec& gpu, std::span<const cuda::KernelLa
 }
 
 std::string format_launch_report(const LaunchReport& r) {
-  std::string out = fmt::format("{:<10} {:<30} {:>8} {:>6} {:>5} {:>12} {:>11} {:>6} {:>7} {:>6} {:>9} {:>5} {:>6}\n",
-                                "family", "variant", "grid", "thr", "regs", "smem st+dyn", "spill st/ld",
-                                "blk/SM", "warp/SM", "occ%", "limiter", "waves", "last%");
+  std::string out = fmt::format(
+      "{:<10} {:<30} {:>8} {:>6} {:>5} {:>12} {:>11} {:>6} {:>7} {:>6} {:>9} {:>5} {:>6}\n",
+      "family", "variant", "grid", "thr", "regs", "smem st+dyn", "spill st/ld", "blk/SM", "warp/SM",
+      "occ%", "limiter", "waves", "last%");
   for (const LaunchRow& row : r.rows) {
     const cuda::KernelLaunch& l = row.launch;
     const std::optional<KernelResourceUsage>& u = row.usage;
     const std::string regs = u ? fmt::format("{}", u->registers) : "?";
     const std::string smem =
         fmt::format("{}+{}", u ? fmt::format("{}", u->smem_bytes) : "?", l.dynamic_smem_bytes);
-    const std::string spill = u && u->spill_store_bytes
-                                  ? fmt::format("{}/{}", *u->spill_store_bytes, u->spill_load_bytes.value_or(0))
-                                  : "-";
-    out += fmt::format("{:<10} {:<30} {:>8} {:>6} {:>5} {:>12} {:>11} ", l.family, l.variant, l.grid_blocks,
-                       l.threads_per_block, regs, smem, spill);
+    const std::string spill =
+        u && u->spill_store_bytes
+            ? fmt::format("{}/{}", *u->spill_store_bytes, u->spill_load_bytes.value_or(0))
+            : "-";
+    out += fmt::format("{:<10} {:<30} {:>8} {:>6} {:>5} {:>12} {:>11} ", l.family, l.variant,
+                       l.grid_blocks, l.threads_per_block, regs, smem, spill);
     if (!row.occupancy) {
       out += fmt::format("cannot launch: {}\n", row.error);
       continue;
     }
     const Occupancy& o = *row.occupancy;
-    out += fmt::format("{:>6} {:>7} {:>5.1f}{} {:>9} {:>5} {:>6.1f}\n", o.blocks_per_sm, o.warps_per_sm,
-                       100 * o.fraction, o.registers_known ? " " : "*", occupancy_limiter_name(o.limiter),
-                       row.waves.num_waves, 100 * row.waves.last_wave_efficiency);
+    out += fmt::format("{:>6} {:>7} {:>5.1f}{} {:>9} {:>5} {:>6.1f}\n", o.blocks_per_sm,
+                       o.warps_per_sm, 100 * o.fraction, o.registers_known ? " " : "*",
+                       occupancy_limiter_name(o.limiter), row.waves.num_waves,
+                       100 * row.waves.last_wave_efficiency);
   }
   for (const std::string& n : r.notes) out += fmt::format("note: {}\n", n);
   return out;

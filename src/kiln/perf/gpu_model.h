@@ -21,26 +21,26 @@ constexpr int kWarpSize = 32;
 
 // Dense peaks in operations per second (a FMA counts 2); 0 where the GPU has no such path.
 struct GpuPeaks {
-  double fp32 = 0;      // CUDA cores, no tensor cores
-  double tf32 = 0;      // tensor cores
-  double bf16 = 0;      // tensor cores, bf16 and fp16 alike, fp32 accumulate
-  double fp8 = 0;       // tensor cores (e4m3 / e5m2)
-  double int8 = 0;      // tensor cores, int32 accumulate
+  double fp32 = 0;  // CUDA cores, no tensor cores
+  double tf32 = 0;  // tensor cores
+  double bf16 = 0;  // tensor cores, bf16 and fp16 alike, fp32 accumulate
+  double fp8 = 0;   // tensor cores (e4m3 / e5m2)
+  double int8 = 0;  // tensor cores, int32 accumulate
 };
 
 // One GPU. Per-SM limits are the CUDA programming guide's "technical specifications per compute
 // capability" table; bandwidth, L2, clock and peaks the vendor's datasheet or whitepaper.
 struct GpuSpec {
-  std::string_view name;        // "a100" | "h100" | "h200" | "b200" (the --gpu flag)
-  std::string_view full_name;   // "A100 SXM4 80GB", ...
+  std::string_view name;           // "a100" | "h100" | "h200" | "b200" (the --gpu flag)
+  std::string_view full_name;      // "A100 SXM4 80GB", ...
   int cc_major = 0, cc_minor = 0;  // compute capability, e.g. 9.0
   int num_sms = 0;
-  int fp32_lanes_per_sm = 0;       // FP32 FMA units per SM (peaks.fp32 = SMs × lanes × 2 × clock)
-  int registers_per_sm = 0;        // 32-bit registers
-  int registers_per_block = 0;     // the most one block may hold
+  int fp32_lanes_per_sm = 0;    // FP32 FMA units per SM (peaks.fp32 = SMs × lanes × 2 × clock)
+  int registers_per_sm = 0;     // 32-bit registers
+  int registers_per_block = 0;  // the most one block may hold
   int max_registers_per_thread = 0;
-  int64_t smem_per_sm_bytes = 0;         // the largest carveout
-  int64_t smem_per_block_bytes = 0;      // the most one block may use (opt-in past 48 KiB)
+  int64_t smem_per_sm_bytes = 0;              // the largest carveout
+  int64_t smem_per_block_bytes = 0;           // the most one block may use (opt-in past 48 KiB)
   int64_t smem_reserved_per_block_bytes = 0;  // the runtime's own, added to every block (cc >= 8.0)
   std::span<const int> smem_carveouts_kib;    // shared-memory sizes the L1 / shared split allows
   int max_threads_per_sm = 0, max_threads_per_block = 0, max_blocks_per_sm = 0;
@@ -53,7 +53,7 @@ struct GpuSpec {
 
   int max_warps_per_sm() const { return max_threads_per_sm / kWarpSize; }
   int arch_number() const { return cc_major * 10 + cc_minor; }  // 90 for sm_90
-  std::string arch() const;                                      // "sm_90"
+  std::string arch() const;                                     // "sm_90"
 };
 
 // The table: A100 SXM4 80GB, H100 SXM5, H200 SXM, B200.
@@ -72,7 +72,8 @@ struct BlockResources {
 
 // What bounds the blocks resident on one SM. Ties name the first of this order.
 enum class OccupancyLimiter { kWarps, kRegisters, kSharedMemory, kBlocks };
-std::string_view occupancy_limiter_name(OccupancyLimiter l);  // "warps" | "registers" | "smem" | "blocks"
+std::string_view occupancy_limiter_name(
+    OccupancyLimiter l);  // "warps" | "registers" | "smem" | "blocks"
 
 struct Occupancy {
   int blocks_per_sm = 0;
@@ -83,9 +84,9 @@ struct Occupancy {
   int blocks_by_warps = 0, blocks_by_registers = 0, blocks_by_smem = 0, blocks_by_cap = 0;
   bool registers_known = true;
   int warps_per_block = 0;
-  int registers_per_warp = 0;             // allocated: regs × 32 rounded up to 256
-  int64_t smem_allocated_per_block = 0;   // (asked + reserved) rounded up to 128 bytes
-  int smem_carveout_kib = 0;              // the smallest carveout holding blocks_per_sm blocks
+  int registers_per_warp = 0;            // allocated: regs × 32 rounded up to 256
+  int64_t smem_allocated_per_block = 0;  // (asked + reserved) rounded up to 128 bytes
+  int smem_carveout_kib = 0;             // the smallest carveout holding blocks_per_sm blocks
 };
 
 // Resident blocks and warps per SM, the way cudaOccupancyMaxActiveBlocksPerMultiprocessor counts
@@ -108,8 +109,8 @@ Expected<Occupancy> occupancy(const GpuSpec& gpu, const BlockResources& block);
 
 struct Waves {
   int64_t blocks = 0;
-  int64_t blocks_per_wave = 0;   // SMs × blocks per SM
-  int64_t num_waves = 0;         // ceil(blocks / blocks_per_wave)
+  int64_t blocks_per_wave = 0;  // SMs × blocks per SM
+  int64_t num_waves = 0;        // ceil(blocks / blocks_per_wave)
   int64_t last_wave_blocks = 0;
   double last_wave_efficiency = 0;  // last_wave_blocks / blocks_per_wave
   double efficiency = 0;            // blocks / (num_waves × blocks_per_wave): SM time doing work
@@ -122,11 +123,11 @@ Waves waves(int64_t grid_blocks, int num_sms, int blocks_per_sm);
 // bytes in flight = bandwidth × latency, to keep HBM busy.
 struct LittlesLaw {
   double latency_s = 0;
-  double bytes_in_flight = 0;         // whole GPU
+  double bytes_in_flight = 0;  // whole GPU
   double bytes_in_flight_per_sm = 0;
-  double bytes_per_warp = 0;          // what one warp keeps in flight (given)
-  double warps_per_sm = 0;            // bytes_in_flight_per_sm / bytes_per_warp
-  double fraction_of_max_warps = 0;   // warps_per_sm / the SM's max warps (> 1: cannot be reached)
+  double bytes_per_warp = 0;         // what one warp keeps in flight (given)
+  double warps_per_sm = 0;           // bytes_in_flight_per_sm / bytes_per_warp
+  double fraction_of_max_warps = 0;  // warps_per_sm / the SM's max warps (> 1: cannot be reached)
 };
 LittlesLaw littles_law(const GpuSpec& gpu, double latency_s, double bytes_per_warp);
 
@@ -141,10 +142,10 @@ constexpr double kAssumedHbmLatencyS = 600e-9;
 constexpr int kSectorBytes = 32;
 
 struct Coalescing {
-  int sectors = 0;              // distinct 32-byte sectors the warp touches
-  int64_t useful_bytes = 0;     // distinct bytes the threads ask for
-  int64_t sector_bytes = 0;     // sectors × 32: what the memory system moves
-  double efficiency = 0;        // useful / sector bytes
+  int sectors = 0;           // distinct 32-byte sectors the warp touches
+  int64_t useful_bytes = 0;  // distinct bytes the threads ask for
+  int64_t sector_bytes = 0;  // sectors × 32: what the memory system moves
+  double efficiency = 0;     // useful / sector bytes
 };
 // One warp-wide global access: the active lanes' byte addresses (at most 32) and each lane's
 // access size in bytes (1, 2, 4, 8 or 16). An access straddling a sector boundary touches both.
@@ -156,7 +157,7 @@ constexpr int kNumBanks = 32;
 constexpr int kBankWordBytes = 4;
 
 struct BankConflicts {
-  int degree = 0;      // max over phases of the distinct 4-byte words in one bank (1: conflict-free)
+  int degree = 0;  // max over phases of the distinct 4-byte words in one bank (1: conflict-free)
   int wavefronts = 0;  // shared-memory cycles the warp's access takes (sum over phases)
 };
 // One warp-wide shared-memory access: the active lanes' byte addresses and the access width
@@ -169,12 +170,12 @@ BankConflicts bank_conflicts(std::span<const uint64_t> addresses, int access_byt
 
 // One kernel on one arch, as the CUDA toolchain reported it.
 struct KernelResourceUsage {
-  std::string mangled;      // the symbol, e.g. "_Z10gemm_naivePKfS0_Pfiii"
-  std::string name;         // ptxas_kernel_name(mangled)
-  std::string arch;         // "sm_90"
+  std::string mangled;  // the symbol, e.g. "_Z10gemm_naivePKfS0_Pfiii"
+  std::string name;     // ptxas_kernel_name(mangled)
+  std::string arch;     // "sm_90"
   int registers = 0;
-  int64_t smem_bytes = 0;   // static shared memory
-  int64_t stack_bytes = 0;  // ptxas: stack frame; cuobjdump: STACK
+  int64_t smem_bytes = 0;                    // static shared memory
+  int64_t stack_bytes = 0;                   // ptxas: stack frame; cuobjdump: STACK
   std::optional<int64_t> local_bytes;        // cuobjdump LOCAL
   std::optional<int64_t> spill_store_bytes;  // ptxas only
   std::optional<int64_t> spill_load_bytes;   // ptxas only
@@ -214,7 +215,7 @@ struct LaunchRow {
 };
 
 struct LaunchReport {
-  std::string target_arch;   // the GPU's own, e.g. "sm_90"
+  std::string target_arch;  // the GPU's own, e.g. "sm_90"
   std::vector<LaunchRow> rows;
   std::vector<std::string> notes;  // arch fallbacks, kernels with no entry
 };
