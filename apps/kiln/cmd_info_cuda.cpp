@@ -58,6 +58,25 @@ std::string si(double x, const char* unit) {
   return fmt::format("{:.{}f} {}{}", x, x < 10 ? 2 : 1, prefixes[p], unit);
 }
 
+// `label` then `text` in lines of at most 100 columns, continuation lines indented under it.
+void print_wrapped(std::string_view label, std::string_view text) {
+  std::string line(label);
+  for (size_t at = 0; at < text.size();) {
+    size_t end = text.find(' ', at);
+    if (end == std::string_view::npos) end = text.size();
+    const std::string_view word = text.substr(at, end - at);
+    if (line.size() > label.size() && line.size() + 1 + word.size() > 100) {
+      fmt::print("{}\n", line);
+      line.assign(label.size(), ' ');
+    } else if (line.size() > label.size()) {
+      line += ' ';
+    }
+    line += word;
+    at = end + 1;
+  }
+  fmt::print("{}\n", line);
+}
+
 void print_gpu(const perf::GpuSpec& g) {
   fmt::print("gpu        : {} ({}), {} SMs, boost {:.0f} MHz\n", g.full_name, g.arch(), g.num_sms,
              g.boost_clock_hz / 1e6);
@@ -75,7 +94,7 @@ void print_gpu(const perf::GpuSpec& g) {
              si(g.peaks.fp32, "FLOP/s"), si(g.peaks.tf32, "FLOP/s"), si(g.peaks.bf16, "FLOP/s"),
              g.peaks.fp8 > 0 ? si(g.peaks.fp8, "FLOP/s") : std::string("none"),
              si(g.peaks.int8, "OP/s"));
-  fmt::print("source     : {}\n", g.source);
+  print_wrapped("source     : ", g.source);
   const perf::LittlesLaw l = perf::littles_law(g, perf::kAssumedHbmLatencyS, kBytesPerWarpInFlight);
   fmt::print(
       "little     : {} × {:.0f} ns = {} in flight to saturate HBM, {} per SM: {:.1f} warps per SM\n"

@@ -84,7 +84,7 @@ constexpr GpuSpec h200() {
 
 constexpr GpuSpec b200() {
   GpuSpec s;
-  s.name = "b200", s.full_name = "B200 (HGX B200)", s.cc_major = 10, s.cc_minor = 0;
+  s.name = "b200", s.full_name = "B200 180GB", s.cc_major = 10, s.cc_minor = 0;
   s.num_sms = 148, s.fp32_lanes_per_sm = 128;
   s.smem_per_sm_bytes = 228 * kKiB, s.smem_per_block_bytes = 227 * kKiB;
   s.smem_carveouts_kib = kCarveoutsSm90;
