@@ -119,14 +119,12 @@ void run_info_cuda(const CudaInfoArgs& a) {
     fmt::print("cuda build : archs {}\n", cuda::archs());
   } else {
     fmt::print(
-        "cuda build : this binary was built without the CUDA backend: registers unknown, "
-        "occupancy\n"
-        "             below leaves out the register limit (marked *)\n");
+        "cuda build : this binary was built without the CUDA backend: registers unknown,\n"
+        "             occupancy below leaves out the register limit (marked *)\n");
   }
   fmt::print(
-      "shape      : gemm m,n,k = {},{},{}; attention batch {}, heads {} (kv {}), seq {}, head dim "
-      "{}; "
-      "rows {} x {}\n",
+      "shape      : gemm m,n,k = {},{},{}; attention batch {}, heads {} (kv {}), seq {},\n"
+      "             head dim {}; rows {} x {}\n",
       shape.m, shape.n, shape.k, shape.batch, shape.heads, shape.kv_heads, shape.seq,
       shape.head_dim, shape.rows, shape.cols);
 

@@ -5,7 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <climits>
-#include <numeric>
+#include <tuple>
 #include <vector>
 
 #include "kiln/perf/gpu_model.h"
@@ -20,6 +20,16 @@ const GpuSpec& gpu(std::string_view name) {
 Occupancy occ(std::string_view g, int threads, int regs, int64_t smem) {
   return occupancy(gpu(g), {threads, regs, smem}).value();
 }
+
+// Blocks and warps per SM, occupancy (the cases' fractions are exact in binary) and limiter.
+using Summary = std::tuple<int, int, double, OccupancyLimiter>;
+Summary summary(const Occupancy& o) {
+  return {o.blocks_per_sm, o.warps_per_sm, o.fraction, o.limiter};
+}
+constexpr OccupancyLimiter kByWarps = OccupancyLimiter::kWarps,
+                           kByRegs = OccupancyLimiter::kRegisters,
+                           kBySmem = OccupancyLimiter::kSharedMemory,
+                           kByCap = OccupancyLimiter::kBlocks;
 
 // ---- Specs ---------------------------------------------------------------------------------
 
@@ -64,15 +74,8 @@ TEST(GpuOccupancy, BestPracticesGuide37RegistersAt128And320Threads) {
   for (const std::string_view g : {"a100", "h100", "b200"}) {
     const Occupancy a = occ(g, 128, 37, 0);
     EXPECT_EQ(a.registers_per_warp, 1280);
-    EXPECT_EQ(a.blocks_per_sm, 12) << g;
-    EXPECT_EQ(a.warps_per_sm, 48);
-    EXPECT_DOUBLE_EQ(a.fraction, 0.75);
-    EXPECT_EQ(a.limiter, OccupancyLimiter::kRegisters);
-    const Occupancy b = occ(g, 320, 37, 0);
-    EXPECT_EQ(b.blocks_per_sm, 4) << g;
-    EXPECT_EQ(b.warps_per_sm, 40);
-    EXPECT_DOUBLE_EQ(b.fraction, 0.625);
-    EXPECT_EQ(b.limiter, OccupancyLimiter::kRegisters);
+    EXPECT_EQ(summary(a), Summary(12, 48, 0.75, kByRegs)) << g;
+    EXPECT_EQ(summary(occ(g, 320, 37, 0)), Summary(4, 40, 0.625, kByRegs)) << g;
   }
 }
 
@@ -82,16 +85,11 @@ TEST(GpuOccupancy, FullOccupancyNeeds32RegistersOrFewer) {
   // warp limit too (a tie: warps named first). 33: 1056 → 1280 per warp, 12 per sub-partition,
   // 48 warps = 6 blocks of 256 threads, 75%.
   const Occupancy full = occ("h100", 256, 32, 0);
-  EXPECT_EQ(full.blocks_per_sm, 8);
-  EXPECT_EQ(full.warps_per_sm, 64);
-  EXPECT_DOUBLE_EQ(full.fraction, 1.0);
-  EXPECT_EQ(full.limiter, OccupancyLimiter::kWarps);
+  EXPECT_EQ(summary(full), Summary(8, 64, 1.0, kByWarps));
   EXPECT_EQ(full.blocks_by_registers, 8);
   const Occupancy one_more = occ("h100", 256, 33, 0);
   EXPECT_EQ(one_more.registers_per_warp, 1280);
-  EXPECT_EQ(one_more.blocks_per_sm, 6);
-  EXPECT_DOUBLE_EQ(one_more.fraction, 0.75);
-  EXPECT_EQ(one_more.limiter, OccupancyLimiter::kRegisters);
+  EXPECT_EQ(summary(one_more), Summary(6, 48, 0.75, kByRegs));
 }
 
 TEST(GpuOccupancy, RegistersLiveInSubPartitions) {
@@ -99,16 +97,12 @@ TEST(GpuOccupancy, RegistersLiveInSubPartitions) {
   // not floor(65536 / 3072) = 21. 32-thread blocks: 20 blocks (the cap is 32).
   const Occupancy o = occ("a100", 32, 96, 0);
   EXPECT_EQ(o.blocks_by_registers, 20);
-  EXPECT_EQ(o.blocks_per_sm, 20);
-  EXPECT_EQ(o.limiter, OccupancyLimiter::kRegisters);
+  EXPECT_EQ(summary(o), Summary(20, 20, 20.0 / 64, kByRegs));
   // 255 registers (the most): 8160 → 8192 per warp, 2 per sub-partition, 8 warps per SM.
   EXPECT_EQ(occ("h100", 256, 255, 0).blocks_per_sm, 1);
   EXPECT_EQ(occ("h100", 64, 255, 0).warps_per_sm, 8);
   // 1024 threads × 64 registers = 65536: exactly one block, 32 warps.
-  const Occupancy big = occ("h100", 1024, 64, 0);
-  EXPECT_EQ(big.blocks_per_sm, 1);
-  EXPECT_EQ(big.warps_per_sm, 32);
-  EXPECT_EQ(big.limiter, OccupancyLimiter::kRegisters);
+  EXPECT_EQ(summary(occ("h100", 1024, 64, 0)), Summary(1, 32, 0.5, kByRegs));
 }
 
 TEST(GpuOccupancy, LaunchesThatCannotFitAreErrors) {
@@ -135,9 +129,7 @@ TEST(GpuOccupancy, SharedMemoryReserveGranularityAndCarveout) {
   // 16 blocks. Four blocks take 200704 bytes = 196 KiB exactly: the 196 KiB carveout.
   const Occupancy h = occ("h100", 128, 32, 48 * 1024);
   EXPECT_EQ(h.smem_allocated_per_block, 50176);
-  EXPECT_EQ(h.blocks_per_sm, 4);
-  EXPECT_EQ(h.warps_per_sm, 16);
-  EXPECT_EQ(h.limiter, OccupancyLimiter::kSharedMemory);
+  EXPECT_EQ(summary(h), Summary(4, 16, 0.25, kBySmem));
   EXPECT_EQ(h.smem_carveout_kib, 196);
   // A100: 164 KiB = 167936 / 50176 = 3.35 → 3 blocks; 150528 bytes = 147 KiB → the 164 carveout.
   const Occupancy a = occ("a100", 128, 32, 48 * 1024);
@@ -161,17 +153,12 @@ TEST(GpuOccupancy, SharedMemoryReserveGranularityAndCarveout) {
 TEST(GpuOccupancy, TheBlockCapAndTheCalculatorDefault) {
   // Programming guide's occupancy example style: 32-thread blocks, no shared memory. Warps allow
   // 64 blocks, the SM holds at most 32: 32 warps, 50%.
-  const Occupancy tiny = occ("a100", 32, 32, 0);
-  EXPECT_EQ(tiny.blocks_per_sm, 32);
-  EXPECT_EQ(tiny.warps_per_sm, 32);
-  EXPECT_DOUBLE_EQ(tiny.fraction, 0.5);
-  EXPECT_EQ(tiny.limiter, OccupancyLimiter::kBlocks);
+  EXPECT_EQ(summary(occ("a100", 32, 32, 0)), Summary(32, 32, 0.5, kByCap));
   // The occupancy calculator's default input (256 threads, 32 registers, 4096 bytes) on cc 8.0:
   // warps 64 / 8 = 8 blocks, registers 8, shared memory 167936 / 5120 = 32: 8 blocks, 100%.
   // 8 × 5120 = 40 KiB needed → the 64 KiB carveout.
   const Occupancy d = occ("a100", 256, 32, 4096);
-  EXPECT_EQ(d.blocks_per_sm, 8);
-  EXPECT_DOUBLE_EQ(d.fraction, 1.0);
+  EXPECT_EQ(summary(d), Summary(8, 64, 1.0, kByWarps));
   EXPECT_EQ(d.blocks_by_smem, 32);
   EXPECT_EQ(d.smem_carveout_kib, 64);
   // Partial warps count whole: 33 threads are 2 warps.

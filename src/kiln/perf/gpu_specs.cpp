@@ -43,11 +43,10 @@ constexpr GpuSpec a100() {
   s.boost_clock_hz = 1410e6;
   s.peaks = {19.5e12, 156e12, 312e12, 0, 624e12};
   s.source =
-      "NVIDIA A100 Tensor Core GPU datasheet (SXM4 80GB: 2,039 GB/s; dense TF32 156, BF16/FP16 "
-      "312, "
-      "INT8 624 T; no FP8) and NVIDIA A100 architecture whitepaper (108 SMs, 64 FP32 lanes/SM, 40 "
-      "MB "
-      "L2, 1410 MHz boost); CUDA C++ Programming Guide, technical specifications, cc 8.0";
+      "NVIDIA A100 Tensor Core GPU datasheet (SXM4 80GB: 2,039 GB/s; dense TF32 156, "
+      "BF16/FP16 312, INT8 624 T; no FP8) and NVIDIA A100 architecture whitepaper (108 SMs, "
+      "64 FP32 lanes/SM, 40 MB L2, 1410 MHz boost); CUDA C++ Programming Guide, technical "
+      "specifications, cc 8.0";
   return with_common_limits(s);
 }
 
@@ -61,11 +60,10 @@ constexpr GpuSpec h100() {
   s.boost_clock_hz = 1980e6;
   s.peaks = {67e12, 494.7e12, 989.4e12, 1978.9e12, 1978.9e12};
   s.source =
-      "NVIDIA H100 Tensor Core GPU datasheet (SXM: 3.35 TB/s; FP32 67 T; tensor figures given with "
-      "2:4 sparsity, halved here: TF32 989, BF16 1979, FP8 3958, INT8 3958) and NVIDIA H100 "
-      "(Hopper) "
-      "architecture whitepaper (132 SMs, 128 FP32 lanes/SM, 50 MB L2); CUDA C++ Programming Guide, "
-      "technical specifications, cc 9.0";
+      "NVIDIA H100 Tensor Core GPU datasheet (SXM: 3.35 TB/s; FP32 67 T; tensor figures given "
+      "with 2:4 sparsity, halved here: TF32 989, BF16 1979, FP8 3958, INT8 3958) and NVIDIA "
+      "H100 (Hopper) architecture whitepaper (132 SMs, 128 FP32 lanes/SM, 50 MB L2); CUDA C++ "
+      "Programming Guide, technical specifications, cc 9.0";
   return with_common_limits(s);
 }
 
@@ -75,10 +73,9 @@ constexpr GpuSpec h200() {
   s.hbm_bytes_per_s = 4.8e12, s.hbm_capacity_bytes = 141 * kGB;
   s.source =
       "NVIDIA H200 Tensor Core GPU datasheet (SXM: 141 GB HBM3e at 4.8 TB/s; the H100 SXM's "
-      "compute "
-      "figures: FP32 67 T, sparse TF32 989, BF16 1979, FP8 3958, INT8 3958, halved here); the same "
-      "GH100 chip as H100 (132 SMs, 50 MB L2); CUDA C++ Programming Guide, technical "
-      "specifications, cc 9.0";
+      "compute figures: FP32 67 T, sparse TF32 989, BF16 1979, FP8 3958, INT8 3958, halved "
+      "here); the same GH100 chip as H100 (132 SMs, 50 MB L2); CUDA C++ Programming Guide, "
+      "technical specifications, cc 9.0";
   return s;
 }
 
@@ -92,14 +89,11 @@ constexpr GpuSpec b200() {
   s.boost_clock_hz = 1980e6;
   s.peaks = {75e12, 1125e12, 2250e12, 4500e12, 4500e12};
   s.source =
-      "NVIDIA HGX B200 datasheet, one of its 8 GPUs (1.4 TB HBM3e in all, 8 TB/s per GPU; FP32 600 "
-      "T, "
-      "sparse TF32 18, BF16 36, FP8 72 P, INT8 72 POPS per 8 GPUs: divided by 8, halved for "
-      "dense); "
-      "148 SMs and 1980 MHz boost from NVIDIA's Blackwell material; L2 126 MB is what CUDA's "
-      "device "
-      "properties report (no datasheet figure); CUDA C++ Programming Guide, technical "
-      "specifications, cc 10.0";
+      "NVIDIA HGX B200 datasheet, one of its 8 GPUs (1.4 TB HBM3e in all, 8 TB/s per GPU; "
+      "FP32 600 T, sparse TF32 18, BF16 36, FP8 72 P, INT8 72 POPS per 8 GPUs: divided by 8, "
+      "halved for dense); 148 SMs and 1980 MHz boost from NVIDIA's Blackwell material; L2 126 "
+      "MB is what CUDA's device properties report (no datasheet figure); CUDA C++ Programming "
+      "Guide, technical specifications, cc 10.0";
   return with_common_limits(s);
 }
 
