@@ -16,8 +16,9 @@ namespace {
 struct CudaInfoArgs {
   bool enabled = false;
   std::string gpu = "h200";
-  std::string shape;                 // "m,n,k"; empty: ProblemShape's defaults
-  const CLI::Option* seq = nullptr;  // info's --seq, shared with --memory
+  std::string shape;                                    // "m,n,k"; empty: ProblemShape's defaults
+  double latency_ns = perf::kAssumedHbmLatencyS * 1e9;  // Little's law
+  const CLI::Option* seq = nullptr;                     // info's --seq, shared with --memory
 };
 
 // What a warp keeps in flight for Little's law: one 16-byte vector load per lane.
@@ -77,7 +78,7 @@ void print_wrapped(std::string_view label, std::string_view text) {
   fmt::print("{}\n", line);
 }
 
-void print_gpu(const perf::GpuSpec& g) {
+void print_gpu(const perf::GpuSpec& g, double latency_s) {
   fmt::print("gpu        : {} ({}), {} SMs, boost {:.0f} MHz\n", g.full_name, g.arch(), g.num_sms,
              g.boost_clock_hz / 1e6);
   fmt::print(
@@ -95,12 +96,13 @@ void print_gpu(const perf::GpuSpec& g) {
              g.peaks.fp8 > 0 ? si(g.peaks.fp8, "FLOP/s") : std::string("none"),
              si(g.peaks.int8, "OP/s"));
   print_wrapped("source     : ", g.source);
-  const perf::LittlesLaw l = perf::littles_law(g, perf::kAssumedHbmLatencyS, kBytesPerWarpInFlight);
+  const perf::LittlesLaw l = perf::littles_law(g, latency_s, kBytesPerWarpInFlight);
   fmt::print(
       "little     : {} × {:.0f} ns = {} in flight to saturate HBM, {} per SM: {:.1f} warps per SM\n"
       "             with 16 B per lane ({:.0f} B per warp) in flight, {:.0f}% of the SM's {} "
       "warps\n"
-      "             ({:.0f} ns: assumed load latency under load, see perf::kAssumedHbmLatencyS)\n",
+      "             ({:.0f} ns: the load latency assumed, --latency-ns; see "
+      "perf::kAssumedHbmLatencyS)\n",
       si(g.hbm_bytes_per_s, "B/s"), l.latency_s * 1e9, si(l.bytes_in_flight, "B"),
       si(l.bytes_in_flight_per_sm, "B"), l.warps_per_sm, l.bytes_per_warp,
       100 * l.fraction_of_max_warps, g.max_warps_per_sm(), l.latency_s * 1e9);
@@ -113,7 +115,7 @@ void run_info_cuda(const CudaInfoArgs& a) {
   if (!a.shape.empty()) parse_gemm_shape(a.shape, shape);
   if (a.seq && a.seq->count() > 0) shape.seq = a.seq->as<int64_t>();
 
-  print_gpu(**g);
+  print_gpu(**g, a.latency_ns * 1e-9);
   const bool built = cuda::built();
   if (built) {
     fmt::print("cuda build : archs {}\n", cuda::archs());
@@ -149,6 +151,9 @@ std::function<bool()> add_info_cuda(CLI::App* info) {
   info->add_option("--gpu", a->gpu, "--cuda: a100 | h100 | h200 | b200")
       ->check(CLI::IsMember({"a100", "h100", "h200", "b200"}));
   info->add_option("--shape", a->shape, "--cuda: GEMM problem m,n,k (default 4096,4096,4096)");
+  info->add_option("--latency-ns", a->latency_ns,
+                   "--cuda: HBM load latency for Little's law (default 600, an assumption)")
+      ->check(CLI::Range(1.0, 1e6));
   a->seq = info->get_option_no_throw("--seq");
   return [a] {
     if (!a->enabled) return false;
