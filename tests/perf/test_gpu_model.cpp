@@ -531,6 +531,7 @@ TEST(GpuExplain, JoinsLaunchesWithTheArchsEntries) {
   EXPECT_EQ(r.rows[3].occupancy->blocks_per_sm, 16);  // 4 warps: warps allow 16
   ASSERT_EQ(r.notes.size(), 3u);
   EXPECT_NE(r.notes[0].find("softmax: no sm_90 build, using the sm_80"), std::string::npos);
+  EXPECT_NE(r.notes[0].find("JIT-compiled from PTX"), std::string::npos);
   EXPECT_NE(r.notes[1].find("built only for sm_100"), std::string::npos);
   EXPECT_NE(r.notes[2].find("missing: not in the resource-usage log"), std::string::npos);
 
@@ -542,6 +543,28 @@ TEST(GpuExplain, JoinsLaunchesWithTheArchsEntries) {
   const LaunchReport b = explain_launches(gpu("b200"), launches, usage);
   EXPECT_EQ(b.rows[0].arch_used, "sm_90");
   EXPECT_EQ(b.rows[2].arch_used, "sm_100");
+}
+
+TEST(GpuExplain, RealPtxasLogJoinsByKernelNameAndArch) {
+  // The sm_80 and sm_90 ptxas logs of the sample file, as a build for both archs prints them.
+  const std::string log = std::string(kPtxasSm80) + std::string(kPtxasSm90);
+  const std::vector<KernelResourceUsage> usage = parse_resource_usage(log);
+  const std::vector<cuda::KernelLaunch> launches = {
+      launch("kiln::cuda::gemm_tiled<64, 64, 16>", 4096, 256, 0),
+      launch("gemm_naive", 65536, 256, 0), launch("kiln::cuda::heavy", 132, 128, 0)};
+  // H100: gemm_tiled and heavy have sm_90 entries; gemm_naive only sm_80 (noted). gemm_tiled:
+  // 40 registers → 1280 per warp, 48 warps = 6 blocks of 8 warps; smem 8192 + 1024 allows 25.
+  const LaunchReport h = explain_launches(gpu("h100"), launches, usage);
+  EXPECT_EQ(h.rows[0].arch_used, "sm_90");
+  EXPECT_EQ(summary(*h.rows[0].occupancy), Summary(6, 48, 0.75, kByRegs));
+  EXPECT_EQ(h.rows[1].arch_used, "sm_80");
+  EXPECT_EQ(h.rows[2].usage->spill_load_bytes, 2884);  // sm_90's figure, not sm_80's 2868
+  ASSERT_EQ(h.notes.size(), 1u);
+  EXPECT_NE(h.notes[0].find("gemm_naive: no sm_90 build"), std::string::npos);
+  // A100: every kernel's sm_80 entry, no notes.
+  const LaunchReport a = explain_launches(gpu("a100"), launches, usage);
+  EXPECT_EQ(a.rows[2].usage->spill_load_bytes, 2868);
+  EXPECT_TRUE(a.notes.empty());
 }
 
 TEST(GpuExplain, WithoutALogAndWithALaunchThatCannotFit) {

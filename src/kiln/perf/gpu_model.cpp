@@ -411,9 +411,15 @@ LaunchReport explain_launches(const GpuSpec& gpu, std::span<const cuda::KernelLa
     if (best) {
       row.usage = *best;
       row.arch_used = best->arch;
-      if (arch_number_of(best->arch) != target)
-        r.notes.push_back(fmt::format("{}: no {} build, using the {} figures", l.kernel,
-                                      r.target_arch, best->arch));
+      const int used = arch_number_of(best->arch);
+      // SASS runs only on its own major arch: across majors the driver JIT-compiles the PTX, and
+      // that build's registers may differ.
+      if (used != target)
+        r.notes.push_back(fmt::format(
+            "{}: no {} build, using the {} figures{}", l.kernel, r.target_arch, best->arch,
+            used / 10 != target / 10 ? " (another major arch: it would run JIT-compiled "
+                                       "from PTX, so they are an estimate)"
+                                     : ""));
     } else if (!usage.empty()) {
       r.notes.push_back(
           seen.empty()
