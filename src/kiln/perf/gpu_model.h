@@ -72,15 +72,15 @@ struct BlockResources {
 
 // What bounds the blocks resident on one SM. Ties name the first of this order.
 enum class OccupancyLimiter { kWarps, kRegisters, kSharedMemory, kBlocks };
-std::string_view occupancy_limiter_name(
-    OccupancyLimiter l);  // "warps" | "registers" | "smem" | "blocks"
+// "warps" | "registers" | "smem" | "blocks"
+std::string_view occupancy_limiter_name(OccupancyLimiter l);
 
 struct Occupancy {
   int blocks_per_sm = 0;
   int warps_per_sm = 0;
   double fraction = 0;  // warps_per_sm / the SM's max warps
   OccupancyLimiter limiter = OccupancyLimiter::kWarps;
-  // Each limit in blocks per SM (INT32_MAX: no limit, e.g. registers unknown or no shared memory).
+  // Each limit in blocks per SM (INT_MAX: no limit, e.g. registers unknown or no shared memory).
   int blocks_by_warps = 0, blocks_by_registers = 0, blocks_by_smem = 0, blocks_by_cap = 0;
   bool registers_known = true;
   int warps_per_block = 0;
@@ -98,7 +98,7 @@ struct Occupancy {
 //  * shared memory: (asked + the 1 KiB the runtime reserves per block) rounded up to 128 bytes,
 //    against the SM's largest carveout (what the occupancy API assumes with no carveout
 //    preference); smem_carveout_kib then says which carveout the driver can pick: the smallest
-//    that still holds that many blocks (the rest of the 256 KiB goes to L1);
+//    that still holds that many blocks (the rest of the unified L1 / shared array stays L1);
 //  * the cap on blocks per SM.
 // InvalidArgument when no block can launch at all: threads outside 1..1024, registers past 255,
 // a block's registers past the per-block file (rounded to 4 warps, as the hardware checks), or
