@@ -56,6 +56,16 @@ void graph_break(const char* reason) {
   if (t_graph != nullptr && t_depth == 0) t_graph->add_break(reason);
 }
 
+std::string GraphKey::mismatch(const GraphKey& now) const {
+  for (size_t i = 0; i < std::max(fields.size(), now.fields.size()); ++i) {
+    if (i >= fields.size()) return now.fields[i].first + " (new guard)";
+    if (i >= now.fields.size()) return fields[i].first + " (guard gone)";
+    if (fields[i] != now.fields[i])
+      return fields[i].first + " " + std::to_string(fields[i].second) + " -> " + std::to_string(now.fields[i].second);
+  }
+  return {};
+}
+
 Capture::Capture(Graph& g) : previous_(t_graph) { t_graph = &g; }
 Capture::~Capture() { t_graph = previous_; }
 
@@ -102,8 +112,8 @@ const Plan& Graph::plan(bool relocate) {
     }
     if (written < r.bytes()) r.external = true;
   }
-  // The arena: internal regions by decreasing size, each at the lowest offset free over its
-  // lifetime (first fit); a region keeps its address's offset within a cache line.
+  // The arena: each internal region at the lowest offset free over its lifetime (first fit); a
+  // region keeps its address's offset within a cache line.
   std::vector<Region*> internal;
   for (Region& r : regions) {
     if (r.external) {
@@ -115,23 +125,29 @@ const Plan& Graph::plan(bool relocate) {
     }
   }
   plan_.num_internal = static_cast<int>(internal.size());
-  std::sort(internal.begin(), internal.end(), [](const Region* a, const Region* b) { return a->bytes() > b->bytes(); });
-  std::vector<const Region*> placed;
+  // Larger first; equal sizes in order of birth (first fit in start order colours an interval
+  // graph with the fewest colours, so equal-sized temporaries pack optimally).
+  std::sort(internal.begin(), internal.end(), [](const Region* a, const Region* b) {
+    return a->bytes() != b->bytes() ? a->bytes() > b->bytes() : a->first < b->first;
+  });
+  // Each region takes a slot of its bytes rounded up to a cache line plus one line, so it keeps
+  // its address's offset within a line (alignment-dependent SIMD paths run as in eager) and any
+  // two regions of one size fit each other's slots.
+  auto slot_bytes = [](const Region* r) { return (r->bytes() + kAlign - 1) / kAlign * kAlign + kAlign; };
+  std::vector<std::pair<const Region*, int64_t>> placed;  // (region, slot offset)
   for (Region* r : internal) {
-    const int64_t skew = static_cast<int64_t>(r->begin % kAlign), need = r->bytes() + skew;
-    std::vector<std::pair<int64_t, int64_t>> busy;  // [offset, end) of live-overlapping placed regions
-    for (const Region* q : placed)
-      if (q->first <= r->last && r->first <= q->last)
-        busy.emplace_back(q->offset - static_cast<int64_t>(q->begin % kAlign), q->offset + q->bytes());
+    std::vector<std::pair<int64_t, int64_t>> busy;  // slots of regions live at the same time
+    for (auto [q, at] : placed)
+      if (q->first <= r->last && r->first <= q->last) busy.emplace_back(at, at + slot_bytes(q));
     std::sort(busy.begin(), busy.end());
     int64_t at = 0;
     for (auto [b, e] : busy) {
-      if (at + need <= b) break;
-      at = std::max(at, (e + kAlign - 1) / kAlign * kAlign);
+      if (at + slot_bytes(r) <= b) break;
+      at = std::max(at, e);
     }
-    r->offset = at + skew;
-    plan_.arena_bytes = std::max(plan_.arena_bytes, at + need);
-    placed.push_back(r);
+    r->offset = at + static_cast<int64_t>(r->begin % kAlign);
+    plan_.arena_bytes = std::max(plan_.arena_bytes, at + slot_bytes(r));
+    placed.emplace_back(r, at);
   }
   if (relocate && !internal.empty()) {
     arena_ = std::make_unique<char[]>(static_cast<size_t>(plan_.arena_bytes + kAlign));

@@ -112,6 +112,19 @@ class Graph {
   Plan plan_;
 };
 
+// What a captured graph assumed (its guards): named values such as shapes, thread count, SIMD
+// target, precision, buffer epochs. A graph runs only under the key it was captured with.
+struct GraphKey {
+  std::vector<std::pair<std::string, int64_t>> fields;
+  GraphKey& add(std::string name, int64_t value) {
+    fields.emplace_back(std::move(name), value);
+    return *this;
+  }
+  bool operator==(const GraphKey&) const = default;
+  // The first guard `now` fails, e.g. "threads 2 -> 1" (empty when they are equal).
+  std::string mismatch(const GraphKey& now) const;
+};
+
 // True while a Capture is open on this thread and no recorded kernel is running (a kernel
 // inside a kernel is part of it, as in the profiler).
 bool recording();
