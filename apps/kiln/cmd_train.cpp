@@ -247,6 +247,9 @@ void register_train(CLI::App& app) {
   t->add_option("--attention", "Attention kernels: flash (default) or naive (the T×T GEMM path, for comparison)")
       ->check(CLI::IsMember({"naive", "flash"}))
       ->each([](const std::string& s) { set_attention_impl(parse_attention_impl(s).value()); });
+  t->add_option("--graph", "eager (default) | capture: each micro-batch's forward and backward replays a captured graph")
+      ->check(CLI::IsMember({"eager", "capture"}))
+      ->each([ta](const std::string& s) { ta->train.graph_capture = s == "capture"; });
   t->add_flag("--resume", ta->resume, "Continue from OUT/checkpoint.bin (same options give the same losses)");
   t->add_option("--save-every", ta->save_every, "Write OUT/checkpoint.bin every N steps (and always at the end)")
       ->check(CLI::Range(0, 1 << 30));

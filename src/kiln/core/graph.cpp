@@ -5,6 +5,8 @@
 #include <cstring>
 #include <utility>
 
+#include <fmt/format.h>
+
 #include "kiln/core/status.h"
 #include "kiln/core/thread_pool.h"
 
@@ -68,6 +70,17 @@ std::string GraphKey::mismatch(const GraphKey& now) const {
       return fields[i].first + " " + std::to_string(fields[i].second) + " -> " + std::to_string(now.fields[i].second);
   }
   return {};
+}
+
+std::string describe(const GraphStats& s) {
+  std::string line = fmt::format("graph capture: {} captured, {} recaptured", s.captures, s.recaptures);
+  if (!s.last_recapture.empty()) line += fmt::format(" (last: {})", s.last_recapture);
+  line += fmt::format(", {} steps replayed, {} eager", s.replays, s.eager_steps);
+  if (s.nodes > 0)
+    line += fmt::format("; {} nodes in {} levels, activations {:.1f} KiB eager vs {:.1f} KiB arena", s.nodes,
+                        s.levels, s.eager_bytes / 1024.0, s.arena_bytes / 1024.0);
+  for (const std::string& b : s.breaks) line += fmt::format("\n  graph break: {}", b);
+  return line;
 }
 
 Capture::Capture(Graph& g) : previous_(t_graph) { t_graph = &g; }

@@ -125,6 +125,22 @@ struct GraphKey {
   std::string mismatch(const GraphKey& now) const;
 };
 
+// What a caller that captures and replays graphs counts (decode steps, training micro-batches).
+struct GraphStats {
+  int64_t captures = 0;    // graphs captured (a new shape, e.g. batch size)
+  int64_t recaptures = 0;  // captured again because a guard failed
+  int64_t replays = 0;     // steps replayed
+  int64_t eager_steps = 0;  // steps run eagerly (their graph has breaks)
+  std::string last_recapture;       // the guard that failed last, e.g. "threads 2 -> 1"
+  std::vector<std::string> breaks;  // every distinct break reason seen
+  // Of the graphs held now: nodes and parallel levels, and internal activation bytes kept apart
+  // (as eager keeps them) vs packed by lifetime into each graph's arena.
+  int64_t nodes = 0, levels = 0, eager_bytes = 0, arena_bytes = 0;
+};
+
+// One line: "graph capture: 2 captured, 1 recaptured (threads 2 -> 1), 30 replayed, ...".
+std::string describe(const GraphStats& s);
+
 // True while a Capture is open on this thread and no recorded kernel is running (a kernel
 // inside a kernel is part of it, as in the profiler).
 bool recording();

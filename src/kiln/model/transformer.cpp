@@ -82,10 +82,16 @@ void Linear::backward_weight_f32(const float* dy, const float* x, int64_t n) con
   pw.beta = 1.0f;
   cpu::gemm(pw);
   if (db != nullptr) {
-    parallel_for(out, 64, [&](int64_t c0, int64_t c1) {
-      for (int64_t r = 0; r < n; ++r)
-        for (int64_t c = c0; c < c1; ++c) db[c] += dy[r * out + c];
-    });
+    const int64_t cols = out;
+    graph::op("bias_backward", {graph::writes(db, cols), graph::reads(db, cols), graph::reads(dy, n * cols)},
+              [n, cols](const graph::Access* io) {
+                float* g = io[0].mut<float>();
+                const float* d = io[2].as<float>();
+                parallel_for(cols, 64, [&](int64_t c0, int64_t c1) {
+                  for (int64_t r = 0; r < n; ++r)
+                    for (int64_t c = c0; c < c1; ++c) g[c] += d[r * cols + c];
+                });
+              });
   }
 }
 
@@ -319,6 +325,7 @@ struct Transformer::Acts {
   Buf losses;               // (N,)
   std::vector<int32_t> tokens, targets;
   int64_t num_valid = 0;
+  float loss = 0;  // the last forward's mean loss (a captured graph writes it here too)
   // Backward scratch (shared by layers):
   Buf dresid, dtmp, dnorm, datt, dq, dk, dv, dff_a, dff_b, dff_c;
 };
@@ -581,6 +588,7 @@ struct Transformer::Layer {
     const int64_t qw = heads * D;  // this shard's query (and attention output) width
     const bool cached = ck != nullptr;
     if (mla) {
+      if (!paged) graph::graph_break("latent attention keeps per-call buffers");
       cpu::rmsnorm_forward(n1.p, rstd1.p, x, norm1_w, Ns, C, cfg->norm_eps);  // tp = 1: Ns = N
       if (paged) {
         attend_paged_latent(n1.p, N, *paged);
@@ -1480,8 +1488,25 @@ Expected<float> Transformer::forward_impl(const int32_t* tokens, const int32_t* 
   const auto cur = static_cast<size_t>(sl.current);
   if (sl.chunk_of[cur] != chunk) alloc_saved(chunk);
   Acts& a = *acts_;
-  if (embedding) a.tokens.assign(tokens, tokens + N);
-  if (const int32_t* t = targets ? targets : tokens; head && t) a.targets.assign(t, t + N);
+  if (graph::recording()) {
+    if (hooks_ && !hooks_->captured()) graph::graph_break("the parallel plan's hooks run between the model's ops");
+    if (context_.on()) graph::graph_break("context-parallel attention exchanges K/V between ranks");
+    if (tp.on()) graph::graph_break("tensor-parallel collectives run outside the graph");
+    for (const Linear* l : linears())
+      if (l->backend && !l->backend->captured()) graph::graph_break("a Linear backend that graph capture does not record");
+  }
+  // The ids backward reads again (a graph's copy runs at replay too).
+  const auto keep_ids = [&](std::vector<int32_t>& dst, const int32_t* src) {
+    if (dst.size() != static_cast<size_t>(N)) {
+      dst.resize(static_cast<size_t>(N));
+      ++buffer_epoch_;
+    }
+    graph::op("copy_ids", {graph::writes(dst.data(), N), graph::reads(src, N)}, [N](const graph::Access* io) {
+      std::memcpy(io[0].ptr, io[1].ptr, static_cast<size_t>(N) * sizeof(int32_t));
+    });
+  };
+  if (embedding) keep_ids(a.tokens, tokens);
+  if (const int32_t* t = targets ? targets : tokens; head && t) keep_ids(a.targets, t);
   const bool gpt2 = c.family == ModelFamily::kGpt2;
   const int64_t Ns = tp.rows(N), row0 = tp.row0(N), Vl = V / shard_.size;
   const size_t first = chunk_first_[static_cast<size_t>(chunk)], end = chunk_first_[static_cast<size_t>(chunk) + 1];
@@ -1507,13 +1532,24 @@ Expected<float> Transformer::forward_impl(const int32_t* tokens, const int32_t* 
   head_.forward(a.logits.p, a.final_norm.p, N);
   if (!targets) return 0.0f;
   tp.cross_entropy_forward(a.losses.p, a.logits.p, targets, N, Vl);
-  double sum = 0;
-  for (int64_t i = 0; i < N; ++i) {
-    if (targets[i] == kIgnoreTarget) continue;
-    sum += a.losses.p[i];
-    ++a.num_valid;
-  }
-  return a.num_valid ? static_cast<float>(sum / a.num_valid) : 0.0f;
+  // The mean over the targets that count (a step of its own: a replayed graph computes it too).
+  graph::op("mean_loss",
+            {graph::writes(&a.loss, 1), graph::writes(&a.num_valid, 1), graph::reads(a.losses.p, N),
+             graph::reads(targets, N)},
+            [N](const graph::Access* io) {
+              const float* losses = io[2].as<float>();
+              const int32_t* t = io[3].as<int32_t>();
+              double sum = 0;
+              int64_t valid = 0;
+              for (int64_t i = 0; i < N; ++i) {
+                if (t[i] == kIgnoreTarget) continue;
+                sum += losses[i];
+                ++valid;
+              }
+              *io[1].mut<int64_t>() = valid;
+              *io[0].mut<float>() = valid ? static_cast<float>(sum / static_cast<double>(valid)) : 0.0f;
+            });
+  return a.loss;
 }
 
 const float* Transformer::stage_output(int chunk) const {
@@ -1546,6 +1582,16 @@ void Transformer::final_norm(float* y, const float* x, int64_t rows) {
 
 const float* Transformer::logits() const { return acts_ ? acts_->logits.p : nullptr; }
 
+float Transformer::last_loss() const { return acts_ ? acts_->loss : 0.0f; }
+
+std::vector<std::pair<const void*, int64_t>> Transformer::graph_outputs() const {
+  if (!acts_) return {};
+  const Acts& a = *acts_;
+  return {{&a.loss, int64_t{sizeof(float)}},
+          {&a.num_valid, int64_t{sizeof(int64_t)}},
+          {a.logits.p, a.logits.t.nbytes()}};
+}
+
 void Transformer::zero_grad() {
   if (grads_.defined()) std::memset(grads_.raw_data(), 0, static_cast<size_t>(grads_.nbytes()));
 }
@@ -1570,7 +1616,11 @@ void Transformer::backward_stage(const float* doutput, float loss_scale, bool de
   if (hooks_) hooks_->before_model(Pass::kBackward);
   if (head) {
     // dlosses = 1/num_valid for the mean; dlogits overwrite the logits.
-    for (int64_t i = 0; i < N; ++i) a.losses.p[i] = loss_scale / static_cast<float>(a.num_valid);
+    graph::op("mean_loss_backward", {graph::writes(a.losses.p, N), graph::reads(&a.num_valid, 1)},
+              [N, loss_scale](const graph::Access* io) {
+                const float d = loss_scale / static_cast<float>(*io[1].as<int64_t>());
+                for (int64_t i = 0; i < N; ++i) io[0].mut<float>()[i] = d;
+              });
     tp.cross_entropy_backward(a.logits.p, a.logits.p, a.targets.data(), a.losses.p, N, V);
     linear_backward(slots_->deferring, head_, a.dnorm.p, a.logits.p, a.final_norm.p, N, false);  // a partial sum over vocabulary shards
     const float* dnorm = tp.reduce(a.dnorm.p, N, C);

@@ -200,6 +200,9 @@ class ModelHooks {
   // During backward(), in backward order: the gradients of `range` are final for this
   // backward (tail_range(), then block_range(L-1) ... block_range(0), then head_range()).
   virtual void grads_ready(ParamRange /*range*/) {}
+  // Whether the hooks do nothing a captured graph (core/graph.h) would have to replay; hooks
+  // that communicate or time are a graph break.
+  virtual bool captured() const { return false; }
 };
 
 // How a Linear computes when its weight is used in another format than the fp32 master: a
@@ -379,6 +382,11 @@ class Transformer {
   // Changes whenever a buffer a forward wrote may have moved (activations reallocated, the paged
   // scratch grown): a captured graph (core/graph.h) holds pointers into them, so it is keyed by it.
   uint64_t buffer_epoch() const { return buffer_epoch_; }
+  // The last forward's results a caller reads after it (its mean loss and the count behind it,
+  // the logits): a captured graph must keep these where they are.
+  std::vector<std::pair<const void*, int64_t>> graph_outputs() const;
+  // The last forward's mean loss (what forward() returned; a replayed graph writes it too).
+  float last_loss() const;
   // Bytes of the activation and backward-scratch buffers for the last forward's (B, T), with
   // the MoE blocks' routing-sized buffers (every slot's).
   int64_t activation_bytes() const;

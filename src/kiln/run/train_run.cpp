@@ -617,6 +617,7 @@ Status run_training(const TrainRunOptions& o_in, const RunOutput& out_in) {
       : t.eval_every > 0   ? fmt::format("no validation loss (every {} steps; the run ended first)", t.eval_every)
                            : std::string("no validation (--eval-every 0)");
   out.print("{}; saved {} (loss curve {})\n", val, o.out_dir, svg_path);
+  if (const graph::GraphStats* g = trainer->graph_stats()) out.print("{}\n", describe(*g));
   if (world) world->barrier();
   return {};
 }

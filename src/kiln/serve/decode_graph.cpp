@@ -2,7 +2,6 @@
 #include "kiln/serve/decode_graph.h"
 
 #include <algorithm>
-#include <fmt/format.h>
 
 #include "kiln/core/cpu_features.h"
 #include "kiln/core/thread_pool.h"
@@ -18,17 +17,6 @@ struct DecodeGraphs::Entry {
   const float* logits = nullptr;
   bool eager = false;  // the graph has breaks: its steps run eagerly
 };
-
-std::string describe(const GraphStats& s) {
-  std::string line = fmt::format("graph capture: {} captured, {} recaptured", s.captures, s.recaptures);
-  if (!s.last_recapture.empty()) line += fmt::format(" (last: {})", s.last_recapture);
-  line += fmt::format(", {} steps replayed, {} eager", s.replays, s.eager_steps);
-  if (s.nodes > 0)
-    line += fmt::format("; {} nodes in {} levels, activations {:.1f} KiB eager vs {:.1f} KiB arena", s.nodes,
-                        s.levels, s.eager_bytes / 1024.0, s.arena_bytes / 1024.0);
-  for (const std::string& b : s.breaks) line += fmt::format("\n  graph break: {}", b);
-  return line;
-}
 
 DecodeGraphs::DecodeGraphs(Transformer& model, PagedKvCache& cache, bool relocate)
     : model_(model),

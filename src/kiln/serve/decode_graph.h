@@ -20,20 +20,7 @@
 
 namespace kiln {
 
-struct GraphStats {
-  int64_t captures = 0;    // graphs captured for a new batch size
-  int64_t recaptures = 0;  // captured again because a guard failed
-  int64_t replays = 0;     // decode steps replayed
-  int64_t eager_steps = 0;  // decode steps run eagerly (their graph has breaks)
-  std::string last_recapture;       // the guard that failed last, e.g. "threads 2 -> 1"
-  std::vector<std::string> breaks;  // every distinct break reason seen
-  // Of the graphs held now: nodes and parallel levels, and internal activation bytes kept apart
-  // (as eager keeps them) vs packed by lifetime into each graph's arena.
-  int64_t nodes = 0, levels = 0, eager_bytes = 0, arena_bytes = 0;
-};
-
-// One line: "graph capture: 2 captured, 1 recaptured (threads 2 -> 1), 30 replayed, ...".
-std::string describe(const GraphStats& s);
+using GraphStats = graph::GraphStats;
 
 class DecodeGraphs {
  public:

@@ -101,6 +101,7 @@ class SingleProcessPlan final : public ParallelPlan {
   int64_t state_size() const override { return model_->num_params(); }
   int64_t checkpoint_num_params() const override { return model_->num_params(); }
   std::string describe() const override { return "single"; }
+  bool captured() const override { return true; }  // its hooks are the defaults: nothing runs
 
  private:
   Transformer* model_ = nullptr;

@@ -1,6 +1,7 @@
 // Training loop and checkpoints (the file format is checkpoint.h).
 #include "kiln/train/trainer.h"
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstring>
@@ -9,7 +10,9 @@
 
 #include <nlohmann/json.hpp>
 
+#include "kiln/core/cpu_features.h"
 #include "kiln/core/file_io.h"
+#include "kiln/core/thread_pool.h"
 #include "kiln/core/trace.h"
 #include "kiln/train/checkpoint.h"
 #include "kiln/train/sharded_checkpoint.h"
@@ -68,6 +71,62 @@ double Trainer::validation_loss() {
   return mine < 0 ? mine : plan_->mean_over_data(mine);  // -1 (no batch) on every rank alike
 }
 
+graph::GraphKey Trainer::graph_key(const int32_t* tokens, const int32_t* targets, float loss_scale) const {
+  graph::GraphKey k;
+  uint32_t scale_bits = 0;
+  std::memcpy(&scale_bits, &loss_scale, sizeof(scale_bits));
+  k.add("threads", num_threads())
+      .add("simd target", static_cast<int64_t>(active_simd_target()))
+      .add("model buffers epoch", static_cast<int64_t>(model_.buffer_epoch()))
+      .add("tokens address", static_cast<int64_t>(reinterpret_cast<uintptr_t>(tokens)))
+      .add("targets address", static_cast<int64_t>(reinterpret_cast<uintptr_t>(targets)))
+      .add("loss scale bits", scale_bits);
+  return k;
+}
+
+// One micro-batch through the plan: eagerly, or (--graph capture) replayed from the graph
+// captured from the first one (again when a guard fails).
+double Trainer::forward_backward(const int32_t* tokens, const int32_t* targets, float loss_scale) {
+  if (!o_.graph_capture)
+    return plan_->forward_backward(model_, tokens, targets, rows_, o_.seq_len, loss_scale);
+  const graph::GraphKey now = graph_key(tokens, targets, loss_scale);
+  if (graph_ == nullptr || graph_key_ != now) {
+    if (graph_ == nullptr) {
+      ++graph_stats_.captures;
+    } else {
+      ++graph_stats_.recaptures;
+      graph_stats_.last_recapture = graph_key_.mismatch(now);
+    }
+    graph_ = std::make_unique<graph::Graph>();
+    double loss = 0;
+    {
+      graph::Capture recording(*graph_);
+      loss = plan_->forward_backward(model_, tokens, targets, rows_, o_.seq_len, loss_scale);
+    }
+    graph_key_ = graph_key(tokens, targets, loss_scale);  // the first forward allocates
+    graph_eager_ = !graph_->replayable();
+    for (const graph::Break& b : graph_->breaks())
+      if (std::find(graph_stats_.breaks.begin(), graph_stats_.breaks.end(), b.reason) == graph_stats_.breaks.end())
+        graph_stats_.breaks.push_back(b.reason);
+    if (!graph_eager_) {
+      for (auto [p, bytes] : model_.graph_outputs()) graph_->keep(p, bytes);
+      const graph::Plan& p = graph_->plan(/*relocate=*/true);
+      graph_stats_.nodes = static_cast<int64_t>(graph_->nodes().size());
+      graph_stats_.levels = p.num_levels;
+      graph_stats_.eager_bytes = p.eager_bytes;
+      graph_stats_.arena_bytes = p.arena_bytes;
+    }
+    return loss;
+  }
+  if (graph_eager_) {
+    ++graph_stats_.eager_steps;
+    return plan_->forward_backward(model_, tokens, targets, rows_, o_.seq_len, loss_scale);
+  }
+  graph_->replay();
+  ++graph_stats_.replays;
+  return model_.last_loss();
+}
+
 StepStats Trainer::step() {
   using clock = std::chrono::steady_clock;
   const auto t0 = clock::now();
@@ -85,8 +144,7 @@ StepStats Trainer::step() {
     }
     plan_->begin_micro_batch(micro + 1 == o_.grad_accum);
     KILN_TRACE_SCOPE(kTrain, "forward_backward");
-    loss += plan_->forward_backward(model_, x_.data() + first, y_.data() + first, rows_, o_.seq_len,
-                                    static_cast<float>(loss_scale));
+    loss += forward_backward(x_.data() + first, y_.data() + first, static_cast<float>(loss_scale));
   }
   {
     KILN_TRACE_SCOPE(kTrain, "reduction_wait");  // the gradient reductions still in flight

@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "kiln/core/graph.h"
 #include "kiln/kernels/adamw.h"
 #include "kiln/model/transformer.h"
 #include "kiln/train/checkpoint.h"
@@ -36,6 +37,9 @@ struct TrainOptions {
   int64_t loss_scale_window = 1000;  // good steps before S doubles
   int amax_history = 16;             // fp8 delayed scaling: amaxes remembered per tensor
   CheckpointMode checkpoint = CheckpointMode::kNone;
+  // Each micro-batch's forward and backward replays one captured graph (core/graph.h); the
+  // optimizer step stays eager. --graph capture
+  bool graph_capture = false;
 };
 
 struct StepStats {
@@ -75,6 +79,8 @@ class Trainer {
   const LossScaler& loss_scaler() const { return scaler_; }
   const PrecisionContext& precision_context() const { return *precision_; }
   ParallelPlan& plan() { return *plan_; }
+  // Graph capture's counters (TrainOptions::graph_capture), else null.
+  const graph::GraphStats* graph_stats() const { return o_.graph_capture ? &graph_stats_ : nullptr; }
   // Mean loss over the first eval_batches validation batches (each rank its rows).
   double validation_loss();
 
@@ -104,6 +110,13 @@ class Trainer {
   double elapsed_ = 0;  // seconds of steps run by this process
   std::vector<int32_t> x_, y_;
   int64_t rows_ = 0;  // rows of each batch this rank computes
+  // --graph capture: the micro-batch's forward and backward, captured once, replayed after.
+  std::unique_ptr<graph::Graph> graph_;
+  graph::GraphKey graph_key_;
+  graph::GraphStats graph_stats_;
+  bool graph_eager_ = false;  // the graph had breaks: micro-batches run eagerly
+  graph::GraphKey graph_key(const int32_t* tokens, const int32_t* targets, float loss_scale) const;
+  double forward_backward(const int32_t* tokens, const int32_t* targets, float loss_scale);
 
   struct PieceBuffersRef {
     std::span<const float> params, m, v;  // the pieces' values, concatenated in piece order
