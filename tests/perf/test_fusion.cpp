@@ -18,6 +18,7 @@
 #include "kiln/core/cpu_features.h"
 #include "kiln/core/rng.h"
 #include "kiln/kernels/activation.h"
+#include "kiln/kernels/elementwise.h"
 #include "kiln/perf/fusion.h"
 
 namespace kiln::perf::fusion {
@@ -273,6 +274,81 @@ TEST_F(Fusion, FusedGeluIsCloseToKilnCpuKernel) {
   EXPECT_LE(err / ref, 64 * u * u);
 }
 
+// ---- Math::kPolynomial: kiln::cpu's formulas, vectorizable ----------------------------------
+
+Chain polynomial(Chain c) {
+  c.math = Math::kPolynomial;
+  return c;
+}
+
+Chain every_transcendental_chain() {  // silu, swiglu, sigmoid, exp; two outputs
+  Chain c;
+  const Ref a = c.input(), b = c.input();
+  const Ref s = c.add(c.silu(a), c.swiglu(a, b));
+  c.output(c.mul(c.sigmoid(s), c.exp(b)));
+  c.output(s, /*aliases_input=*/1);
+  return c;
+}
+
+TEST_F(Fusion, PolynomialBiasGelu) {
+  check_grid_chain(*cache_, polynomial(bias_gelu_chain()));
+}
+TEST_F(Fusion, PolynomialSiluSwigluSigmoidExp) {
+  check_flat_chain(*cache_, polynomial(every_transcendental_chain()));
+}
+
+// The polynomial formulas are kiln::cpu's: the same bits as its scalar target's kernels.
+TEST_F(Fusion, PolynomialUnfusedMatchesKilnCpuScalarTarget) {
+  const SimdTarget before = active_simd_target();
+  ASSERT_TRUE(set_simd_target(SimdTarget::kScalar));
+  const int64_t n = 1000;
+  std::vector<float> x(n), y(n), got(n), want(n);
+  Rng rng(9);
+  rng.fill_uniform(x, -10, 10);
+  rng.fill_uniform(y, -4, 4);
+  const float* in[2] = {x.data(), y.data()};
+  float* out = got.data();
+  const auto unary = [&](Ref (Chain::*op)(Ref), void (*kernel)(float*, const float*, int64_t)) {
+    Chain c;
+    c.math = Math::kPolynomial;
+    c.output((c.*op)(c.input()));
+    run_unfused(c, in, &out, n, 1);
+    kernel(want.data(), x.data(), n);
+    return first_difference(got, want);
+  };
+  EXPECT_EQ(unary(&Chain::gelu_tanh, cpu::gelu_forward), "") << "gelu";
+  EXPECT_EQ(unary(&Chain::silu, cpu::silu_forward), "") << "silu";
+  EXPECT_EQ(unary(&Chain::exp, cpu::exp_array), "") << "exp";
+  Chain c = polynomial(swiglu_chain());
+  run_unfused(c, in, &out, n, 1);
+  cpu::swiglu_forward(want.data(), x.data(), y.data(), n);
+  EXPECT_EQ(first_difference(got, want), "") << "swiglu";
+  ASSERT_TRUE(set_simd_target(before));
+}
+
+// kPolynomial against kExact: exp within 1.3 ulp, sigmoid 3 (vec.h); each op adds its own
+// rounding and passes its input's error on amplified by at most ~3 (|x·f'(x)/f(x)| on [-4, 4]):
+// over these short chains, per-element relative error < 16u, so nmse <= (16u)².
+TEST_F(Fusion, PolynomialIsCloseToExact) {
+  for (const Chain& exact : {bias_gelu_chain(), every_transcendental_chain()}) {
+    const int64_t rows = 33, cols = 64, n = rows * cols;
+    const auto in = random_inputs(exact, rows, cols, 10);
+    std::vector<std::vector<float>> got(exact.num_outputs(), std::vector<float>(n)), want = got;
+    run_unfused(exact, pointers(in).data(), pointers(want).data(), rows, cols);
+    run_unfused(polynomial(exact), pointers(in).data(), pointers(got).data(), rows, cols);
+    for (int o = 0; o < exact.num_outputs(); ++o) {
+      double err = 0, ref = 0;
+      for (int64_t i = 0; i < n; ++i) {
+        err += (double(got[o][i]) - want[o][i]) * (double(got[o][i]) - want[o][i]);
+        ref += double(want[o][i]) * want[o][i];
+      }
+      const double u = 0x1p-24;
+      EXPECT_LE(err / ref, 256 * u * u) << canonical_text(exact) << "output " << o;
+      EXPECT_GT(err, 0) << "the two maths should differ somewhere";
+    }
+  }
+}
+
 // ---- cache behaviour ----------------------------------------------------------------------
 
 Chain small_cache_chain() {
@@ -395,7 +471,7 @@ TEST(FusionCache, DifferentChainsGetDifferentHashes) {
 TEST(FusionCache, CanonicalTextAndSourceSayWhatTheChainDoes) {
   const Chain c = silu_mul_residual_chain();
   EXPECT_EQ(canonical_text(c),
-            "kiln fusion abi 1\nin0 full\nin1 full\nin2 full\n"
+            "kiln fusion abi 1\nmath exact\nin0 full\nin1 full\nin2 full\n"
             "v0 = silu in0\nv1 = mul v0 in1\nv2 = add in2 v1\nout0 = v2 alias in2\n");
   const std::string src = generate_source(c);
   EXPECT_NE(src.find("extern \"C\" void kiln_fused("), std::string::npos) << src;

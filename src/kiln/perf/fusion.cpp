@@ -28,9 +28,11 @@ namespace kiln::perf::fusion {
 
 // The scalar formulas, written once: compiled here for run_unfused, and pasted as text into
 // every generated kernel, so fused and unfused compute the same bits (tests compare bitwise).
-// They are kiln::ref's formulas (reference/activation.cpp, elementwise.cpp, norm.cpp's rmsnorm
-// apply): transcendental ops in double through std::exp / std::tanh, rounded to float once.
-// kiln::cpu's kernels use a polynomial exp instead; against those the difference is a few ulp.
+// Math::kExact: kiln::ref's formulas (reference/activation.cpp, elementwise.cpp, norm.cpp's
+// rmsnorm apply): transcendental ops in double through std::exp / std::tanh, rounded once.
+// Math::kPolynomial (the *_poly functions): kiln::cpu's, as cpu/vec.h's scalar target computes
+// them (its fmadd is a rounded multiply then add): bitwise equal to kiln::cpu under
+// KILN_SIMD=scalar, within a few ulp of its FMA targets and of kExact.
 // Both sides must be compiled without FMA contraction (-ffp-contract=off in the JIT; kiln's
 // baseline x86-64 build has no FMA), or a·b+c would round differently.
 #define KILN_FUSION_SCALAR_OPS                                                                  \
@@ -61,7 +63,36 @@ namespace kiln::perf::fusion {
   }                                                                                             \
   static inline float kf_row_scale(float a, float b, float c) {                                 \
     return static_cast<float>(static_cast<double>(a) * static_cast<double>(b) * c);             \
-  }
+  }                                                                                             \
+  static inline float kf_exp_poly(float x) {                                                    \
+    const float hi = 88.3762626647949f, lo = -87.3365447504f;                                   \
+    float xc = x > lo ? x : lo;                                                                 \
+    xc = xc < hi ? xc : hi;                                                                     \
+    const float n = (xc * 1.44269504088896341f + 12582912.0f) - 12582912.0f;                    \
+    float r = xc - n * 0.693359375f;                                                            \
+    r = r - n * -2.12194440e-4f;                                                                \
+    float p = 1.9875691500e-4f;                                                                 \
+    p = p * r + 1.3981999507e-3f;                                                               \
+    p = p * r + 8.3334519073e-3f;                                                               \
+    p = p * r + 4.1665795894e-2f;                                                               \
+    p = p * r + 1.6666665459e-1f;                                                               \
+    p = p * r + 5.0000001201e-1f;                                                               \
+    p = p * (r * r) + (r + 1.0f);                                                               \
+    const int32_t bits = (static_cast<int32_t>(n) + 127) << 23;                                 \
+    float pow2n;                                                                                \
+    std::memcpy(&pow2n, &bits, sizeof pow2n);                                                   \
+    float y = p * pow2n;                                                                        \
+    y = x < lo ? 0.0f : y;                                                                      \
+    y = hi < x ? INFINITY : y;                                                                  \
+    return x != x ? x : y;                                                                      \
+  }                                                                                             \
+  static inline float kf_sigmoid_poly(float a) { return 1.0f / (1.0f + kf_exp_poly(-a)); }      \
+  static inline float kf_silu_poly(float a) { return a * kf_sigmoid_poly(a); }                  \
+  static inline float kf_gelu_tanh_poly(float a) {                                              \
+    const float u2 = (2.0f * 0.7978845608028654f) * ((0.044715f * a) * (a * a) + a);           \
+    return a * kf_sigmoid_poly(u2);                                                             \
+  }                                                                                             \
+  static inline float kf_swiglu_poly(float a, float b) { return a * kf_sigmoid_poly(a) * b; }
 
 #define KILN_FUSION_STRINGIFY(...) #__VA_ARGS__
 #define KILN_FUSION_EXPAND_STRINGIFY(...) KILN_FUSION_STRINGIFY(__VA_ARGS__)
@@ -161,7 +192,8 @@ Status validate(const Chain& chain) {
 }
 
 std::string canonical_text(const Chain& chain) {
-  std::string s = fmt::format("kiln fusion abi {}\n", kAbiVersion);
+  std::string s = fmt::format("kiln fusion abi {}\nmath {}\n", kAbiVersion,
+                              chain.math == Math::kExact ? "exact" : "polynomial");
   for (int i = 0; i < chain.num_inputs(); ++i)
     s += fmt::format("in{} {}\n", i, layout_name(chain.inputs[i]));
   for (size_t j = 0; j < chain.ops.size(); ++j) {
@@ -200,7 +232,7 @@ std::string generate_source(const Chain& chain) {
   std::string s = "// Generated by kiln::perf::fusion (fusion.cpp); one elementwise chain:\n";
   std::istringstream lines(canonical_text(chain));
   for (std::string line; std::getline(lines, line);) s += "//   " + line + "\n";
-  s += "#include <cmath>\n#include <cstdint>\n\nnamespace {\n";
+  s += "#include <cmath>\n#include <cstdint>\n#include <cstring>\n\nnamespace {\n";
   // The stringified macro is one line; break it after each function for a readable file.
   std::string ops(kScalarOpsSource);
   for (size_t p = 0; (p = ops.find("} static", p)) != std::string::npos; p += 2) ops[p + 1] = '\n';
@@ -241,7 +273,8 @@ std::string generate_source(const Chain& chain) {
     std::string args;
     for (int k = 0; k < info.arity; ++k) args += (k ? ", " : "") + value(op.operands[k]);
     if (info.has_imm) args += ", " + float_literal(op.imm);
-    s += fmt::format("{}const float v{} = kf_{}({});\n", indent, j, info.name, args);
+    const char* suffix = info.transcendental && chain.math == Math::kPolynomial ? "_poly" : "";
+    s += fmt::format("{}const float v{} = kf_{}{}({});\n", indent, j, info.name, suffix, args);
   }
   for (int o = 0; o < chain.num_outputs(); ++o)
     s += fmt::format("{}out{}[i] = {};\n", indent, o, value(chain.outputs[o].value));
@@ -258,6 +291,7 @@ void run_unfused(const Chain& chain, const float* const* in, float* const* out, 
   KILN_CHECK_MSG(valid.ok(), "{}", valid.message());
   KILN_CHECK(rows >= 0 && cols >= 0);
   const int64_t n = rows * cols;
+  const bool exact = chain.math == Math::kExact;
   // Each op's (rows, cols) result; a kernel per op would write it to memory just so.
   std::vector<std::vector<float>> values(chain.ops.size(), std::vector<float>(n));
   const auto load = [&](Ref ref, int64_t r, int64_t c) -> float {
@@ -285,11 +319,11 @@ void run_unfused(const Chain& chain, const float* const* in, float* const* out, 
           case OpKind::kAddScalar: v = kf_add_scalar(a, op.imm); break;
           case OpKind::kNeg: v = kf_neg(a); break;
           case OpKind::kRelu: v = kf_relu(a); break;
-          case OpKind::kSigmoid: v = kf_sigmoid(a); break;
-          case OpKind::kExp: v = kf_exp(a); break;
-          case OpKind::kSilu: v = kf_silu(a); break;
-          case OpKind::kGeluTanh: v = kf_gelu_tanh(a); break;
-          case OpKind::kSwiglu: v = kf_swiglu(a, b()); break;
+          case OpKind::kSigmoid: v = exact ? kf_sigmoid(a) : kf_sigmoid_poly(a); break;
+          case OpKind::kExp: v = exact ? kf_exp(a) : kf_exp_poly(a); break;
+          case OpKind::kSilu: v = exact ? kf_silu(a) : kf_silu_poly(a); break;
+          case OpKind::kGeluTanh: v = exact ? kf_gelu_tanh(a) : kf_gelu_tanh_poly(a); break;
+          case OpKind::kSwiglu: v = exact ? kf_swiglu(a, b()) : kf_swiglu_poly(a, b()); break;
           case OpKind::kRowScale: v = kf_row_scale(a, b(), load(op.operands[2], r, c)); break;
           case OpKind::kCount: KILN_CHECK(false);
         }

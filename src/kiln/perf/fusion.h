@@ -25,7 +25,7 @@ inline constexpr int kAbiVersion = 1;
 
 // ---- the IR -------------------------------------------------------------------------------
 // Values are float32 over a (rows, cols) grid, n = rows·cols. Every op's result is rounded to
-// float, as the unfused chain stores it; transcendental ops compute in double (kiln::ref).
+// float, as the unfused chain stores it. Transcendental ops follow the chain's Math.
 enum class OpKind {
   kAdd,        // a + b
   kSub,        // a - b
@@ -48,16 +48,23 @@ struct OpInfo {
   std::string_view name;  // in the canonical text and the generated source
   int arity;              // operands read (1 to 3)
   bool has_imm;           // reads Op::imm
+  bool transcendental;    // computed per Chain::math (exact or polynomial)
   double flops;           // per element (OpCost convention: exp and divide count 1 each)
 };
 inline constexpr OpInfo kOps[] = {
-    {OpKind::kAdd, "add", 2, false, 1},        {OpKind::kSub, "sub", 2, false, 1},
-    {OpKind::kMul, "mul", 2, false, 1},        {OpKind::kScale, "scale", 1, true, 1},
-    {OpKind::kAddScalar, "add_scalar", 1, true, 1},
-    {OpKind::kNeg, "neg", 1, false, 1},        {OpKind::kRelu, "relu", 1, false, 1},
-    {OpKind::kSigmoid, "sigmoid", 1, false, 3}, {OpKind::kExp, "exp", 1, false, 1},
-    {OpKind::kSilu, "silu", 1, false, 4},      {OpKind::kGeluTanh, "gelu_tanh", 1, false, 9},
-    {OpKind::kSwiglu, "swiglu", 2, false, 5},  {OpKind::kRowScale, "row_scale", 3, false, 2},
+    {OpKind::kAdd, "add", 2, false, false, 1},
+    {OpKind::kSub, "sub", 2, false, false, 1},
+    {OpKind::kMul, "mul", 2, false, false, 1},
+    {OpKind::kScale, "scale", 1, true, false, 1},
+    {OpKind::kAddScalar, "add_scalar", 1, true, false, 1},
+    {OpKind::kNeg, "neg", 1, false, false, 1},
+    {OpKind::kRelu, "relu", 1, false, false, 1},
+    {OpKind::kSigmoid, "sigmoid", 1, false, true, 3},
+    {OpKind::kExp, "exp", 1, false, true, 1},
+    {OpKind::kSilu, "silu", 1, false, true, 4},
+    {OpKind::kGeluTanh, "gelu_tanh", 1, false, true, 9},
+    {OpKind::kSwiglu, "swiglu", 2, false, true, 5},
+    {OpKind::kRowScale, "row_scale", 3, false, false, 2},
 };
 static_assert(std::size(kOps) == static_cast<size_t>(OpKind::kCount));
 constexpr bool ops_table_in_order() {
@@ -94,9 +101,18 @@ struct Output {
   int aliases_input = -1;  // the kFull input this output array may be (in-place), or -1
 };
 
+// How transcendental ops are computed; fused and unfused run the same formulas either way.
+enum class Math {
+  kExact,       // kiln::ref's: in double through std::exp / std::tanh, rounded once. glibc's
+                // double exp and tanh are scalar calls: the fused loop does not vectorize.
+  kPolynomial,  // kiln::cpu's: vec.h's float exp polynomial (1.3 ulp) as its scalar target
+                // writes it, gelu as x·sigmoid(2u); plain float code, so the loop vectorizes.
+};
+
 // A chain built in order: each op may read inputs and earlier ops. Outputs are written to their
 // own arrays; they must not overlap each other or any input they do not declare as aliased.
 struct Chain {
+  Math math = Math::kExact;
   std::vector<Layout> inputs;
   std::vector<Op> ops;
   std::vector<Output> outputs;
