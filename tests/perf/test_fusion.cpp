@@ -117,6 +117,27 @@ std::string first_difference(const std::vector<float>& a, const std::vector<floa
   return "";
 }
 
+// sum((got - want)²) / sum(want²)
+double nmse(const std::vector<float>& got, const std::vector<float>& want) {
+  double err = 0, ref = 0;
+  for (size_t i = 0; i < want.size(); ++i) {
+    err += (double(got[i]) - want[i]) * (double(got[i]) - want[i]);
+    ref += double(want[i]) * want[i];
+  }
+  return err / ref;
+}
+
+// <dir>/<hash>.so or .cpp, the cache's names.
+std::string cached_file(const std::string& dir, uint64_t hash, const char* ext) {
+  return fmt::format("{}/{:016x}{}", dir, hash, ext);
+}
+
+// A compile leaves nothing temporary behind, whether it worked or not.
+void expect_no_temporaries(const std::string& dir) {
+  for (const auto& e : fs::directory_iterator(dir))
+    EXPECT_EQ(e.path().string().find(".tmp"), std::string::npos) << e.path();
+}
+
 // Runs `kernel` and run_unfused on the same random inputs; outputs that alias an input are
 // computed in place on a copy of that input. Expects identical bits.
 void expect_fused_matches_unfused(const ChainFn& kernel, const Chain& chain, int64_t rows,
@@ -265,13 +286,8 @@ TEST_F(Fusion, FusedGeluIsCloseToKilnCpuKernel) {
   (*kernel)(pointers(in).data(), &out, rows, cols);
   for (int64_t i = 0; i < n; ++i) want[i] = in[0][i] + in[1][i % cols];
   cpu::gelu_forward(want.data(), want.data(), n);
-  double err = 0, ref = 0;
-  for (int64_t i = 0; i < n; ++i) {
-    err += (double(got[i]) - want[i]) * (double(got[i]) - want[i]);
-    ref += double(want[i]) * want[i];
-  }
   const double u = 0x1p-24;
-  EXPECT_LE(err / ref, 64 * u * u);
+  EXPECT_LE(nmse(got, want), 64 * u * u);
 }
 
 // ---- Math::kPolynomial: kiln::cpu's formulas, vectorizable ----------------------------------
@@ -337,14 +353,9 @@ TEST_F(Fusion, PolynomialIsCloseToExact) {
     run_unfused(exact, pointers(in).data(), pointers(want).data(), rows, cols);
     run_unfused(polynomial(exact), pointers(in).data(), pointers(got).data(), rows, cols);
     for (int o = 0; o < exact.num_outputs(); ++o) {
-      double err = 0, ref = 0;
-      for (int64_t i = 0; i < n; ++i) {
-        err += (double(got[o][i]) - want[o][i]) * (double(got[o][i]) - want[o][i]);
-        ref += double(want[o][i]) * want[o][i];
-      }
-      const double u = 0x1p-24;
-      EXPECT_LE(err / ref, 256 * u * u) << canonical_text(exact) << "output " << o;
-      EXPECT_GT(err, 0) << "the two maths should differ somewhere";
+      const double u = 0x1p-24, e = nmse(got[o], want[o]);
+      EXPECT_LE(e, 256 * u * u) << canonical_text(exact) << "output " << o;
+      EXPECT_GT(e, 0) << "the two maths should differ somewhere";
     }
   }
 }
@@ -374,8 +385,8 @@ TEST(FusionCache, SecondGetCompilesNothingAndAFreshCacheLoadsFromDisk) {
     EXPECT_EQ(a->fn, b->fn);
     hash = a->hash;
     EXPECT_EQ(hash, chain_hash(chain));
-    EXPECT_TRUE(fs::exists(dir.path() + "/" + fmt::format("{:016x}", hash) + ".so"));
-    EXPECT_TRUE(fs::exists(dir.path() + "/" + fmt::format("{:016x}", hash) + ".cpp"));
+    EXPECT_TRUE(fs::exists(cached_file(dir.path(), hash, ".so")));
+    EXPECT_TRUE(fs::exists(cached_file(dir.path(), hash, ".cpp")));
   }
   // A new process, simulated by a new cache: the object is on disk.
   KernelCache again(dir.path());
@@ -384,9 +395,7 @@ TEST(FusionCache, SecondGetCompilesNothingAndAFreshCacheLoadsFromDisk) {
   EXPECT_EQ(again.stats().compiles, 0);
   EXPECT_EQ(again.stats().disk_hits, 1);
   expect_fused_matches_unfused(*c, chain, 1000, 1);
-  // Nothing temporary is left behind.
-  for (const auto& e : fs::directory_iterator(dir.path()))
-    EXPECT_EQ(e.path().string().find(".tmp"), std::string::npos) << e.path();
+  expect_no_temporaries(dir.path());
 }
 
 TEST(FusionCache, AKernelOutlivesItsCache) {
@@ -404,7 +413,7 @@ TEST(FusionCache, AKernelOutlivesItsCache) {
 TEST(FusionCache, ACorruptObjectOnDiskIsCompiledAgain) {
   TempDir dir;
   const Chain chain = small_cache_chain();
-  const std::string so = dir.path() + "/" + fmt::format("{:016x}", chain_hash(chain)) + ".so";
+  const std::string so = cached_file(dir.path(), chain_hash(chain), ".so");
   std::ofstream(so) << "not an ELF file";
   KernelCache cache(dir.path());
   auto k = cache.get(chain);
@@ -577,8 +586,7 @@ TEST(FusionCache, MissingOrFailingCompilerIsAnErrorAndFallsBackWithOneWarning) {
   EXPECT_EQ(err.find("warning", err.find("warning") + 1), std::string::npos) << err;
   expect_fused_matches_unfused(f1, chain, 33, 1);
   expect_fused_matches_unfused(f2, swiglu_chain(), 33, 1);
-  for (const auto& e : fs::directory_iterator(dir.path()))
-    EXPECT_EQ(e.path().string().find(".tmp"), std::string::npos) << e.path();
+  expect_no_temporaries(dir.path());
 }
 
 TEST(FusionCache, UnusableCacheDirectoryIsAClearError) {
