@@ -375,9 +375,34 @@ ChainCost chain_cost(const Chain& chain, int64_t rows, int64_t cols) {
 
 // ---- compiler configuration and hash ------------------------------------------------------
 
+Expected<std::string> resolve_compiler(const std::string& name) {
+  if (name.empty()) return not_found("[fusion] no compiler: KILN_CXX is empty");
+  if (name.find('/') != std::string::npos) {
+    if (access(name.c_str(), X_OK) == 0) return name;
+    return not_found("[fusion] compiler '{}' is not an executable file (KILN_CXX)", name);
+  }
+  const std::string path(env_value("PATH").value_or("/usr/bin:/bin"));
+  std::istringstream dirs(path);
+  for (std::string dir; std::getline(dirs, dir, ':');) {
+    const std::string candidate = (dir.empty() ? "." : dir) + "/" + name;
+    if (access(candidate.c_str(), X_OK) == 0) return candidate;
+  }
+  return not_found("[fusion] compiler '{}' not found on PATH (set KILN_CXX)", name);
+}
+
 CompilerConfig default_compiler() {
   CompilerConfig c;
-  c.cxx = std::string(env_value("KILN_CXX").value_or("c++"));
+  if (auto cxx = env_value("KILN_CXX")) {
+    c.cxx = std::string(*cxx);
+  } else {
+    c.cxx = "c++";
+    for (const char* name : {"c++", "g++", "clang++"}) {
+      if (resolve_compiler(name).ok()) {
+        c.cxx = name;
+        break;
+      }
+    }
+  }
   // -O3, not -O2: GCC 12's -O2 vectorizes only loops whose trip count is a known multiple of
   // the vector width (its "very cheap" cost model), which a chain over n never is.
   c.flags = {"-O3", "-shared", "-fPIC", "-std=c++17", "-ffp-contract=off", "-fno-math-errno"};
@@ -438,21 +463,6 @@ namespace {
 
 namespace fs = std::filesystem;
 
-// `name` itself when it holds a slash, else the first executable of that name on PATH.
-Expected<std::string> find_program(const std::string& name) {
-  if (name.empty()) return not_found("[fusion] no compiler: KILN_CXX is empty");
-  if (name.find('/') != std::string::npos) {
-    if (access(name.c_str(), X_OK) == 0) return name;
-    return not_found("[fusion] compiler '{}' is not an executable file (KILN_CXX)", name);
-  }
-  const std::string path(env_value("PATH").value_or("/usr/bin:/bin"));
-  std::istringstream dirs(path);
-  for (std::string dir; std::getline(dirs, dir, ':');) {
-    const std::string candidate = (dir.empty() ? "." : dir) + "/" + name;
-    if (access(candidate.c_str(), X_OK) == 0) return candidate;
-  }
-  return not_found("[fusion] compiler '{}' not found on PATH (set KILN_CXX)", name);
-}
 
 std::string first_lines(const std::string& text, int max_lines) {
   std::string out;
@@ -539,7 +549,7 @@ Expected<FusedKernel> KernelCache::load(uint64_t hash, const std::string& so_pat
 
 Expected<FusedKernel> KernelCache::compile(const Chain& chain, uint64_t hash,
                                            const std::string& so_path) {
-  KILN_ASSIGN_OR_RETURN(const std::string cxx, find_program(compiler_.cxx));
+  KILN_ASSIGN_OR_RETURN(const std::string cxx, resolve_compiler(compiler_.cxx));
   const std::string stem = hash_stem(hash);
   const std::string src_tmp = temp_path(dir_, stem, ".cpp");
   const std::string so_tmp = temp_path(dir_, stem, ".so");

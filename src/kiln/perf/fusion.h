@@ -156,7 +156,8 @@ inline constexpr const char* kKernelSymbol = "kiln_fused";
 using KernelFn = void (*)(const float* const* in, float* const* out, int64_t rows, int64_t cols);
 std::string generate_source(const Chain& chain);
 
-// The compiler command: $KILN_CXX (a path, or a name looked up on PATH), else c++; flags: -O3
+// The compiler command: $KILN_CXX (a path, or a name looked up on PATH), else the first of c++,
+// g++, clang++ on PATH (c++ when none is); flags: -O3
 // -shared -fPIC -std=c++17 -ffp-contract=off -fno-math-errno plus the SIMD flags of
 // active_simd_target() (those of CMakeLists.txt's KILN_FLAGS_*, less what this CPU lacks).
 struct CompilerConfig {
@@ -164,6 +165,9 @@ struct CompilerConfig {
   std::vector<std::string> flags;
 };
 CompilerConfig default_compiler();
+// `cxx` itself when it holds a slash and is executable, else the first executable of that name
+// on PATH; NotFound naming it otherwise.
+Expected<std::string> resolve_compiler(const std::string& cxx);
 
 // FNV-1a 64 of the generated source (which holds the canonical text and kAbiVersion), the
 // compiler and its flags: stable across runs, different for chains that compute differently.
