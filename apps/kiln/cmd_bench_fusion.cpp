@@ -85,13 +85,13 @@ void register_bench_fusion(CLI::App& app) {
       "fusion", "A 4-op elementwise chain: JIT-fused kernel vs one kernel per op (GB/s, ratio)");
   cmd->add_option("--log2-n", a->log2_n, "Elements: 2^N (default 22)")->check(CLI::Range(4, 28));
   cmd->add_option("--reps", a->reps, "Timed repetitions")->check(CLI::Range(1, 1000));
-  cmd->add_option("--threads", a->threads, "Threads of the eager kernels (the fused one uses 1)")
+  cmd->add_option("--threads", a->threads, "Threads (kiln's pool: eager kernels and the fused one)")
       ->check(CLI::Range(1, 64));
   cmd->callback([a] {
     set_num_threads(a->threads);
     const int64_t n = int64_t{1} << a->log2_n;
     fu::KernelCache cache;
-    fmt::print("kiln bench fusion: n = {} f32, median of {}, eager on {} thread(s), cache {}\n", n,
+    fmt::print("kiln bench fusion: n = {} f32, median of {}, {} thread(s), cache {}\n", n,
                a->reps, a->threads, cache.dir());
     Rng rng(1);
     std::vector<float> x(n), y(n), r0(n), res(n), t(n), check(n);
@@ -133,9 +133,9 @@ void register_bench_fusion(CLI::App& app) {
         fmt::print("  {:<22} {:8.2f} ms  {:6.2f} GB/s of {:.0f} MiB\n", what, s * 1e3,
                    bytes / s / 1e9, bytes / (1 << 20));
       };
-      row("fused (JIT, 1 thread)", fused_s, cost.fused.bytes);
+      row("fused (JIT)", fused_s, cost.fused.bytes);
       row("eager kiln::cpu", eager_s, cost.unfused.bytes);
-      row("unfused reference", ref_s, cost.unfused.bytes);
+      row("reference, 1 thread", ref_s, cost.unfused.bytes);
       fmt::print("  fused speedup: {:.2f}x over eager, {:.2f}x over the reference\n",
                  eager_s / fused_s, ref_s / fused_s);
     }

@@ -17,6 +17,7 @@
 
 #include "kiln/core/cpu_features.h"
 #include "kiln/core/rng.h"
+#include "kiln/core/thread_pool.h"
 #include "kiln/kernels/activation.h"
 #include "kiln/kernels/elementwise.h"
 #include "kiln/perf/fusion.h"
@@ -69,6 +70,16 @@ bool have_compiler() {
 }
 #define KILN_SKIP_WITHOUT_COMPILER() \
   if (!have_compiler()) GTEST_SKIP() << "no C++ compiler (KILN_CXX, c++, g++, clang++)"
+
+// kiln's pool at n threads for one scope.
+class ScopedThreads {
+ public:
+  explicit ScopedThreads(int n) : old_(num_threads()) { set_num_threads(n); }
+  ~ScopedThreads() { set_num_threads(old_); }
+
+ private:
+  int old_;
+};
 
 // One cache directory for the whole suite, so each chain compiles once.
 class Fusion : public ::testing::Test {
@@ -176,6 +187,10 @@ void check_flat_chain(KernelCache& cache, const Chain& chain) {
   ASSERT_TRUE(kernel.ok()) << kernel.status().message();
   for (int64_t n : {1, 7, 33, 1000, 4097}) expect_fused_matches_unfused(*kernel, chain, n, 1);
   expect_fused_matches_unfused(*kernel, chain, 33, 64);
+  // Large enough to be split over two threads (kParallelGrainElements), with a ragged end.
+  ScopedThreads two(2);
+  expect_fused_matches_unfused(*kernel, chain, 4 * kParallelGrainElements + 3, 1);
+  expect_fused_matches_unfused(*kernel, chain, 1, 4 * kParallelGrainElements + 3);
 }
 
 // Broadcast chains on rows x cols grids.
@@ -184,6 +199,9 @@ void check_grid_chain(KernelCache& cache, const Chain& chain) {
   ASSERT_TRUE(kernel.ok()) << kernel.status().message();
   for (int64_t cols : {1, 3, 64})
     for (int64_t rows : {1, 7, 33}) expect_fused_matches_unfused(*kernel, chain, rows, cols);
+  ScopedThreads two(2);  // rows split over two threads
+  expect_fused_matches_unfused(*kernel, chain, 4 * kParallelGrainElements / 64 + 1, 64);
+  expect_fused_matches_unfused(*kernel, chain, 4 * kParallelGrainElements + 1, 3);
 }
 
 Chain bias_gelu_chain() {  // (rows, cols) + bias (cols,), then GELU: GPT-2's MLP epilogue

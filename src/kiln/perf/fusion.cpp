@@ -8,6 +8,8 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <array>
 #include <atomic>
 #include <cerrno>
 #include <cmath>
@@ -21,6 +23,7 @@
 
 #include "kiln/core/cpu_features.h"
 #include "kiln/core/env.h"
+#include "kiln/core/thread_pool.h"
 
 extern char** environ;  // posix_spawn passes it on to the compiler
 
@@ -155,6 +158,9 @@ Status validate(const Chain& chain) {
                               where, ref_name(r), chain.num_inputs(), before);
     return {};
   };
+  if (chain.num_inputs() > kMaxInputs || chain.num_outputs() > kMaxOutputs)
+    return invalid_argument("[fusion] the chain has {} inputs and {} outputs; at most {} and {}",
+                            chain.num_inputs(), chain.num_outputs(), kMaxInputs, kMaxOutputs);
   for (size_t j = 0; j < chain.ops.size(); ++j) {
     const Op& op = chain.ops[j];
     if (static_cast<size_t>(op.kind) >= std::size(kOps))
@@ -547,6 +553,27 @@ Expected<FusedKernel> KernelCache::load(uint64_t hash, const std::string& so_pat
   return k;
 }
 
+void FusedKernel::operator()(const float* const* in, float* const* out, int64_t rows,
+                             int64_t cols) const {
+  bool broadcast = false;
+  for (Layout l : inputs) broadcast |= l != Layout::kFull;
+  // A flat chain splits the n elements, as a (n, 1) grid; a broadcast one splits rows.
+  const int64_t split_rows = broadcast ? rows : rows * cols, split_cols = broadcast ? cols : 1;
+  const int64_t grain = std::max<int64_t>(1, kParallelGrainElements / std::max<int64_t>(1, split_cols));
+  parallel_for(split_rows, grain, [&](int64_t begin, int64_t end) {
+    std::array<const float*, kMaxInputs> in_chunk{};
+    std::array<float*, kMaxOutputs> out_chunk{};
+    for (size_t i = 0; i < inputs.size(); ++i) {
+      const int64_t offset = inputs[i] == Layout::kFull     ? begin * split_cols
+                             : inputs[i] == Layout::kPerRow ? begin
+                                                            : 0;
+      in_chunk[i] = in[i] + offset;
+    }
+    for (int o = 0; o < num_outputs; ++o) out_chunk[o] = out[o] + begin * split_cols;
+    fn(in_chunk.data(), out_chunk.data(), end - begin, split_cols);
+  });
+}
+
 Expected<FusedKernel> KernelCache::compile(const Chain& chain, uint64_t hash,
                                            const std::string& so_path) {
   KILN_ASSIGN_OR_RETURN(const std::string cxx, resolve_compiler(compiler_.cxx));
@@ -593,7 +620,7 @@ Expected<FusedKernel> KernelCache::compile(const Chain& chain, uint64_t hash,
 
 Expected<FusedKernel> KernelCache::get(const Chain& chain) {
   KILN_RETURN_IF_ERROR(validate(chain));
-  const uint64_t hash = chain_hash(chain, compiler_);
+  const uint64_t hash = chain_hash(chain, compiler_);  // the hash covers the layouts
   std::lock_guard<std::mutex> lock(mu_);
   if (auto it = kernels_.find(hash); it != kernels_.end()) {
     ++stats_.memory_hits;
@@ -609,6 +636,8 @@ Expected<FusedKernel> KernelCache::get(const Chain& chain) {
   // A file that does not load (truncated by a crash, another ABI) is compiled again over.
   if (!kernel.ok()) kernel = compile(chain, hash, so_path);
   if (!kernel.ok()) return kernel.status();
+  kernel->inputs = chain.inputs;
+  kernel->num_outputs = chain.num_outputs();
   kernels_.emplace(hash, *kernel);
   return kernel;
 }
