@@ -197,6 +197,14 @@ Status validate(const Chain& chain) {
   return {};
 }
 
+namespace {
+// For callers whose chain must already be valid (the graph pass built it): a bad one is a bug.
+void check_valid(const Chain& chain) {
+  const Status valid = validate(chain);
+  KILN_CHECK_MSG(valid.ok(), "{}", valid.message());
+}
+}  // namespace
+
 std::string canonical_text(const Chain& chain) {
   std::string s = fmt::format("kiln fusion abi {}\nmath {}\n", kAbiVersion,
                               chain.math == Math::kExact ? "exact" : "polynomial");
@@ -221,8 +229,7 @@ std::string canonical_text(const Chain& chain) {
 // ---- code generation ------------------------------------------------------------------------
 
 std::string generate_source(const Chain& chain) {
-  const Status valid = validate(chain);
-  KILN_CHECK_MSG(valid.ok(), "{}", valid.message());
+  check_valid(chain);
 
   std::vector<bool> aliased(chain.inputs.size(), false), used(chain.inputs.size(), false);
   for (const Output& o : chain.outputs)
@@ -293,8 +300,7 @@ std::string generate_source(const Chain& chain) {
 
 void run_unfused(const Chain& chain, const float* const* in, float* const* out, int64_t rows,
                  int64_t cols) {
-  const Status valid = validate(chain);
-  KILN_CHECK_MSG(valid.ok(), "{}", valid.message());
+  check_valid(chain);
   KILN_CHECK(rows >= 0 && cols >= 0);
   const int64_t n = rows * cols;
   const bool exact = chain.math == Math::kExact;
@@ -658,8 +664,7 @@ void reset_fallback_warning_for_testing() {
 }
 
 ChainFn fuse_or_fallback(KernelCache& cache, const Chain& chain) {
-  const Status valid = validate(chain);
-  KILN_CHECK_MSG(valid.ok(), "{}", valid.message());
+  check_valid(chain);
   Expected<FusedKernel> kernel = cache.get(chain);
   if (kernel.ok()) return *kernel;
   warn_once_fallback(kernel.status());
