@@ -269,6 +269,25 @@ TEST_F(Fusion, SiluTimesBPlusResidualInPlace) {
 TEST_F(Fusion, SixOpChainWithTwoOutputs) {
   check_flat_chain(*cache_, six_op_chain());
 }
+// Outputs that are inputs, written over each other: a swap of two arrays in place.
+TEST_F(Fusion, InPlaceSwapOfTwoInputs) {
+  Chain c;
+  const Ref a = c.input(), b = c.input();
+  c.output(b, /*aliases_input=*/0);
+  c.output(a, /*aliases_input=*/1);
+  auto kernel = cache_->get(c);
+  ASSERT_TRUE(kernel.ok()) << kernel.status().message();
+  std::vector<float> x = {1, 2, 3}, y = {4, 5, 6};
+  const float* in[2] = {x.data(), y.data()};
+  float* out[2] = {x.data(), y.data()};
+  run_unfused(c, in, out, 3, 1);
+  EXPECT_EQ(x, (std::vector<float>{4, 5, 6}));
+  EXPECT_EQ(y, (std::vector<float>{1, 2, 3}));
+  (*kernel)(in, out, 3, 1);  // and back
+  EXPECT_EQ(x, (std::vector<float>{1, 2, 3}));
+  EXPECT_EQ(y, (std::vector<float>{4, 5, 6}));
+}
+
 TEST_F(Fusion, RmsNormApplyEpilogue) {
   check_grid_chain(*cache_, rmsnorm_apply_residual_chain());
 }

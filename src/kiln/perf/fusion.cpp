@@ -343,10 +343,18 @@ void run_unfused(const Chain& chain, const float* const* in, float* const* out, 
       }
     }
   }
-  // Outputs last: an output may alias an input that a later op still reads.
-  for (int o = 0; o < chain.num_outputs(); ++o)
-    for (int64_t r = 0; r < rows; ++r)
-      for (int64_t c = 0; c < cols; ++c) out[o][r * cols + c] = load(chain.outputs[o].value, r, c);
+  // Outputs last, each from a temporary: an output may alias an input that a later op or
+  // another output still reads (outputs that are inputs are copied out before any is written).
+  std::vector<std::vector<float>> staged(chain.outputs.size());
+  for (int o = 0; o < chain.num_outputs(); ++o) {
+    const Ref v = chain.outputs[o].value;
+    if (v.source == Ref::Source::kInput) staged[o].assign(in[v.index], in[v.index] + n);
+  }
+  for (int o = 0; o < chain.num_outputs(); ++o) {
+    const Ref v = chain.outputs[o].value;
+    const std::vector<float>& src = v.source == Ref::Source::kInput ? staged[o] : values[v.index];
+    std::copy(src.begin(), src.end(), out[o]);
+  }
 }
 
 ChainCost chain_cost(const Chain& chain, int64_t rows, int64_t cols) {

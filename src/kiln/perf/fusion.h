@@ -2,7 +2,9 @@
 // residual, scale, the RMSNorm apply epilogue) as a `Chain`; `KernelCache` turns it into one
 // C++ loop, compiled at run time by the system compiler into a shared object cached on disk
 // under a hash of the chain (as TorchInductor does on CPU) and loaded with dlopen.
-// `run_unfused` is the reference (one pass per op) and the fallback when no compiler works.
+// `run_unfused` is the reference (one pass per op) and the fallback when no compiler works; it
+// runs the very same scalar formulas (kiln::ref's, or kiln::cpu's polynomial ones), so the two
+// agree bit for bit.
 #pragma once
 
 #include <cstdint>
@@ -162,9 +164,9 @@ using KernelFn = void (*)(const float* const* in, float* const* out, int64_t row
 std::string generate_source(const Chain& chain);
 
 // The compiler command: $KILN_CXX (a path, or a name looked up on PATH), else the first of c++,
-// g++, clang++ on PATH (c++ when none is); flags: -O3
-// -shared -fPIC -std=c++17 -ffp-contract=off -fno-math-errno plus the SIMD flags of
-// active_simd_target() (those of CMakeLists.txt's KILN_FLAGS_*, less what this CPU lacks).
+// g++, clang++ on PATH (c++ when none is); flags: -O3 -shared -fPIC -std=c++17
+// -ffp-contract=off -fno-math-errno plus the SIMD flags of active_simd_target() (those of
+// CMakeLists.txt's KILN_FLAGS_*, less what this CPU lacks), so the JIT emits nothing it can't run.
 struct CompilerConfig {
   std::string cxx;  // as given; resolved on PATH when compiling
   std::vector<std::string> flags;
