@@ -24,7 +24,7 @@ namespace fu = perf::fusion;
 
 struct BenchChain {
   const char* name;
-  fu::Chain chain;                                    // inputs x, y, residual (n,); out = residual
+  fu::Chain chain;  // inputs x, y, residual (n,); out = residual
   std::function<void(float* t, const float* x, const float* y, float* res, int64_t n)> eager;
 };
 
@@ -41,7 +41,7 @@ BenchChain gelu_chain(fu::Math math) {
     cpu::add(res, t, res, n);
   };
   return {math == fu::Math::kExact ? "add, gelu_tanh, scale, add (exact math)"
-                                    : "add, gelu_tanh, scale, add (polynomial math)",
+                                   : "add, gelu_tanh, scale, add (polynomial math)",
           std::move(c), eager};
 }
 
@@ -60,7 +60,8 @@ BenchChain scale_residual_chain() {
 }
 
 // Median seconds of `reps` runs after one warm-up; `reset` (untimed) restores the inputs.
-double median_seconds(int reps, const std::function<void()>& reset, const std::function<void()>& run) {
+double median_seconds(int reps, const std::function<void()>& reset,
+                      const std::function<void()>& run) {
   std::vector<double> secs;
   for (int r = 0; r <= reps; ++r) {
     reset();
@@ -91,8 +92,8 @@ void register_bench_fusion(CLI::App& app) {
     set_num_threads(a->threads);
     const int64_t n = int64_t{1} << a->log2_n;
     fu::KernelCache cache;
-    fmt::print("kiln bench fusion: n = {} f32, median of {}, {} thread(s), cache {}\n", n,
-               a->reps, a->threads, cache.dir());
+    fmt::print("kiln bench fusion: n = {} f32, median of {}, {} thread(s), cache {}\n", n, a->reps,
+               a->threads, cache.dir());
     Rng rng(1);
     std::vector<float> x(n), y(n), r0(n), res(n), t(n), check(n);
     rng.fill_uniform(x, -4, 4);
@@ -102,7 +103,7 @@ void register_bench_fusion(CLI::App& app) {
     const float* in[3] = {x.data(), y.data(), res.data()};
     float* out[1] = {res.data()};
     for (const BenchChain& bc : {gelu_chain(fu::Math::kExact), gelu_chain(fu::Math::kPolynomial),
-                                   scale_residual_chain()}) {
+                                 scale_residual_chain()}) {
       const int compiles_before = cache.stats().compiles;
       const auto t_compile = std::chrono::steady_clock::now();
       auto kernel = cache.get(bc.chain);
@@ -122,13 +123,13 @@ void register_bench_fusion(CLI::App& app) {
 
       const fu::ChainCost cost = fu::chain_cost(bc.chain, n, 1);
       const double fused_s = median_seconds(a->reps, reset, [&] { (*kernel)(in, out, n, 1); });
-      const double eager_s = median_seconds(a->reps, reset, [&] {
-        bc.eager(t.data(), x.data(), y.data(), res.data(), n);
-      });
+      const double eager_s = median_seconds(
+          a->reps, reset, [&] { bc.eager(t.data(), x.data(), y.data(), res.data(), n); });
       const double ref_s =
           median_seconds(a->reps, reset, [&] { fu::run_unfused(bc.chain, in, out, n, 1); });
-      fmt::print("chain {} (get: {:.2f} s, {}; fused == unfused bitwise: {}):\n", bc.name,
-                 compile_s, cache.stats().compiles > compiles_before ? "compiled" : "loaded from the cache", same);
+      fmt::print(
+          "chain {} (get: {:.2f} s, {}; fused == unfused bitwise: {}):\n", bc.name, compile_s,
+          cache.stats().compiles > compiles_before ? "compiled" : "loaded from the cache", same);
       const auto row = [&](const char* what, double s, double bytes) {
         fmt::print("  {:<22} {:8.2f} ms  {:6.2f} GB/s of {:.0f} MiB\n", what, s * 1e3,
                    bytes / s / 1e9, bytes / (1 << 20));

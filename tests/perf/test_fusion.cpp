@@ -54,8 +54,10 @@ class ScopedEnv {
     setenv(name, value, 1);
   }
   ~ScopedEnv() {
-    if (had_) setenv(name_, old_.c_str(), 1);
-    else unsetenv(name_);
+    if (had_)
+      setenv(name_, old_.c_str(), 1);
+    else
+      unsetenv(name_);
   }
 
  private:
@@ -110,7 +112,8 @@ std::vector<std::vector<float>> random_inputs(const Chain& chain, int64_t rows, 
   std::vector<std::vector<float>> in;
   for (Layout l : chain.inputs) {
     std::vector<float> v(length(l, rows, cols));
-    for (float& x : v) x = l == Layout::kPerRow ? 2.0f - rng.uniform() * 1.99f : rng.uniform() * 8 - 4;
+    for (float& x : v)
+      x = l == Layout::kPerRow ? 2.0f - rng.uniform() * 1.99f : rng.uniform() * 8 - 4;
     in.push_back(std::move(v));
   }
   return in;
@@ -132,7 +135,8 @@ std::string first_difference(const std::vector<float>& a, const std::vector<floa
   if (a.size() != b.size()) return "sizes differ";
   for (size_t i = 0; i < a.size(); ++i)
     if (std::memcmp(&a[i], &b[i], sizeof(float)) != 0)
-      return "index " + std::to_string(i) + ": " + std::to_string(a[i]) + " vs " + std::to_string(b[i]);
+      return "index " + std::to_string(i) + ": " + std::to_string(a[i]) + " vs " +
+             std::to_string(b[i]);
   return "";
 }
 
@@ -166,13 +170,17 @@ void expect_fused_matches_unfused(const ChainFn& kernel, const Chain& chain, int
   std::vector<std::vector<float>> results[2];
   for (int fused = 0; fused < 2; ++fused) {
     auto in = inputs;
-    std::vector<std::vector<float>> out(chain.num_outputs(), std::vector<float>(rows * cols, -7.0f));
+    std::vector<std::vector<float>> out(chain.num_outputs(),
+                                        std::vector<float>(rows * cols, -7.0f));
     std::vector<float*> out_ptr = pointers(out);
     for (int o = 0; o < chain.num_outputs(); ++o)
-      if (chain.outputs[o].aliases_input >= 0) out_ptr[o] = in[chain.outputs[o].aliases_input].data();
+      if (chain.outputs[o].aliases_input >= 0)
+        out_ptr[o] = in[chain.outputs[o].aliases_input].data();
     const auto in_ptr = pointers(std::as_const(in));
-    if (fused) kernel(in_ptr.data(), out_ptr.data(), rows, cols);
-    else run_unfused(chain, in_ptr.data(), out_ptr.data(), rows, cols);
+    if (fused)
+      kernel(in_ptr.data(), out_ptr.data(), rows, cols);
+    else
+      run_unfused(chain, in_ptr.data(), out_ptr.data(), rows, cols);
     for (int o = 0; o < chain.num_outputs(); ++o)
       if (chain.outputs[o].aliases_input >= 0) out[o] = in[chain.outputs[o].aliases_input];
     results[fused] = std::move(out);
@@ -235,8 +243,8 @@ Chain silu_mul_residual_chain() {  // residual += silu(a)·b, in place in the re
 Chain six_op_chain() {  // every remaining op; two outputs, one in place
   Chain c;
   const Ref a = c.input(), b = c.input();
-  const Ref d = c.sub(b, a);             // order matters: b - a
-  const Ref e = c.relu(c.neg(d));        // max(a - b, 0)
+  const Ref d = c.sub(b, a);       // order matters: b - a
+  const Ref e = c.relu(c.neg(d));  // max(a - b, 0)
   const Ref s = c.sigmoid(c.add_scalar(e, -0.25f));
   const Ref x = c.exp(c.scale(s, -1.5f));
   c.output(x, /*aliases_input=*/0);
@@ -495,9 +503,10 @@ TEST(FusionCache, TwoCachesCompilingTheSameChainAtOnce) {
 
 TEST(FusionCache, DifferentChainsGetDifferentHashes) {
   const CompilerConfig cc{"c++", {"-O2"}};
-  std::vector<Chain> chains = {bias_gelu_chain(), residual_scale_chain(), swiglu_chain(),
-                               silu_mul_residual_chain(), six_op_chain(),
-                               rmsnorm_apply_residual_chain(), small_cache_chain()};
+  std::vector<Chain> chains = {bias_gelu_chain(),  residual_scale_chain(),
+                               swiglu_chain(),     silu_mul_residual_chain(),
+                               six_op_chain(),     rmsnorm_apply_residual_chain(),
+                               small_cache_chain()};
   {  // the same chain but for an immediate, the operand order, a layout, an alias
     Chain c = residual_scale_chain();
     c.ops[0].imm = 0.25f;
@@ -519,7 +528,8 @@ TEST(FusionCache, DifferentChainsGetDifferentHashes) {
   }
   for (size_t i = 0; i < hashes.size(); ++i)
     for (size_t j = i + 1; j < hashes.size(); ++j)
-      EXPECT_NE(hashes[i], hashes[j]) << canonical_text(chains[i]) << "vs\n" << canonical_text(chains[j]);
+      EXPECT_NE(hashes[i], hashes[j]) << canonical_text(chains[i]) << "vs\n"
+                                      << canonical_text(chains[j]);
   // Stable: rebuilding a chain gives the same hash; the compiler and its flags are part of it.
   EXPECT_EQ(chain_hash(six_op_chain(), cc), chain_hash(six_op_chain(), cc));
   EXPECT_NE(chain_hash(six_op_chain(), cc), chain_hash(six_op_chain(), {"c++", {"-O3"}}));
@@ -537,7 +547,8 @@ TEST(FusionCache, CanonicalTextAndSourceSayWhatTheChainDoes) {
   EXPECT_NE(src.find("const float* in2 = in[2];"), std::string::npos) << src;
   EXPECT_NE(src.find("float* out0 = out[0];"), std::string::npos) << src;
   EXPECT_NE(src.find("const float* __restrict in0 = in[0];"), std::string::npos) << src;
-  EXPECT_NE(generate_source(residual_scale_chain()).find("//   v0 = scale in1 0x1p-1f\n"), std::string::npos);
+  EXPECT_NE(generate_source(residual_scale_chain()).find("//   v0 = scale in1 0x1p-1f\n"),
+            std::string::npos);
 }
 
 TEST(FusionCache, InvalidChainsAreNamedErrors) {
@@ -550,7 +561,8 @@ TEST(FusionCache, InvalidChainsAreNamedErrors) {
   auto k = cache.get(forward_ref);
   ASSERT_FALSE(k.ok());
   EXPECT_EQ(k.status().code(), StatusCode::kInvalidArgument);
-  EXPECT_NE(k.status().message().find("op v0 (add) reads v0"), std::string::npos) << k.status().message();
+  EXPECT_NE(k.status().message().find("op v0 (add) reads v0"), std::string::npos)
+      << k.status().message();
 
   Chain no_outputs;
   no_outputs.relu(no_outputs.input());
@@ -614,14 +626,17 @@ TEST(FusionCache, MissingOrFailingCompilerIsAnErrorAndFallsBackWithOneWarning) {
     KernelCache cache(dir.path());
     auto k = cache.get(chain);
     ASSERT_FALSE(k.ok());
-    EXPECT_NE(k.status().message().find("'kiln-no-such-compiler' not found on PATH"), std::string::npos)
+    EXPECT_NE(k.status().message().find("'kiln-no-such-compiler' not found on PATH"),
+              std::string::npos)
         << k.status().message();
   }
   if (have_compiler()) {  // a compiler that rejects a flag: its stderr is in the error
-    KernelCache cache(dir.path(), {default_compiler().cxx, {"-shared", "-fPIC", "--kiln-no-such-flag"}});
+    KernelCache cache(dir.path(),
+                      {default_compiler().cxx, {"-shared", "-fPIC", "--kiln-no-such-flag"}});
     auto k = cache.get(chain);
     ASSERT_FALSE(k.ok());
-    EXPECT_NE(k.status().message().find("kiln-no-such-flag"), std::string::npos) << k.status().message();
+    EXPECT_NE(k.status().message().find("kiln-no-such-flag"), std::string::npos)
+        << k.status().message();
     EXPECT_NE(k.status().message().find("\n  "), std::string::npos) << k.status().message();
   }
   // The graph's path: two chains that cannot compile, one warning, unfused results.

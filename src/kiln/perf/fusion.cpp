@@ -38,6 +38,7 @@ namespace kiln::perf::fusion {
 // KILN_SIMD=scalar, within a few ulp of its FMA targets and of kExact.
 // Both sides must be compiled without FMA contraction (-ffp-contract=off in the JIT; kiln's
 // baseline x86-64 build has no FMA), or a·b+c would round differently.
+// clang-format off
 #define KILN_FUSION_SCALAR_OPS                                                                  \
   static inline float kf_add(float a, float b) { return a + b; }                                \
   static inline float kf_sub(float a, float b) { return a - b; }                                \
@@ -96,6 +97,7 @@ namespace kiln::perf::fusion {
     return a * kf_sigmoid_poly(u2);                                                             \
   }                                                                                             \
   static inline float kf_swiglu_poly(float a, float b) { return a * kf_sigmoid_poly(a) * b; }
+// clang-format on
 
 #define KILN_FUSION_STRINGIFY(...) #__VA_ARGS__
 #define KILN_FUSION_EXPAND_STRINGIFY(...) KILN_FUSION_STRINGIFY(__VA_ARGS__)
@@ -108,9 +110,12 @@ constexpr std::string_view kScalarOpsSource = KILN_FUSION_EXPAND_STRINGIFY(KILN_
 
 std::string_view layout_name(Layout l) {
   switch (l) {
-    case Layout::kFull: return "full";
-    case Layout::kPerCol: return "per_col";
-    case Layout::kPerRow: return "per_row";
+    case Layout::kFull:
+      return "full";
+    case Layout::kPerCol:
+      return "per_col";
+    case Layout::kPerRow:
+      return "per_row";
   }
   return "?";
 }
@@ -154,8 +159,9 @@ Status validate(const Chain& chain) {
     const bool input = r.source == Ref::Source::kInput;
     const int limit = input ? chain.num_inputs() : before;
     if (r.index < 0 || r.index >= limit)
-      return invalid_argument("[fusion] {} reads {}, but the chain has {} inputs and {} ops before it",
-                              where, ref_name(r), chain.num_inputs(), before);
+      return invalid_argument(
+          "[fusion] {} reads {}, but the chain has {} inputs and {} ops before it", where,
+          ref_name(r), chain.num_inputs(), before);
     return {};
   };
   if (chain.num_inputs() > kMaxInputs || chain.num_outputs() > kMaxOutputs)
@@ -164,7 +170,8 @@ Status validate(const Chain& chain) {
   for (size_t j = 0; j < chain.ops.size(); ++j) {
     const Op& op = chain.ops[j];
     if (static_cast<size_t>(op.kind) >= std::size(kOps))
-      return invalid_argument("[fusion] op v{} has kind {}, not an OpKind", j, static_cast<int>(op.kind));
+      return invalid_argument("[fusion] op v{} has kind {}, not an OpKind", j,
+                              static_cast<int>(op.kind));
     const OpInfo& info = op_info(op.kind);
     const std::string where = fmt::format("op v{} ({})", j, info.name);
     for (int k = 0; k < info.arity; ++k)
@@ -175,7 +182,8 @@ Status validate(const Chain& chain) {
       const auto layout_of = [&](Ref r) {
         return r.source == Ref::Source::kInput ? chain.inputs[r.index] : Layout::kFull;
       };
-      if (layout_of(op.operands[1]) != Layout::kPerRow || layout_of(op.operands[2]) != Layout::kPerCol)
+      if (layout_of(op.operands[1]) != Layout::kPerRow ||
+          layout_of(op.operands[2]) != Layout::kPerCol)
         return invalid_argument("[fusion] {} needs rstd a per_row input and weight a per_col input",
                                 where);
     }
@@ -220,7 +228,8 @@ std::string canonical_text(const Chain& chain) {
   }
   for (size_t o = 0; o < chain.outputs.size(); ++o) {
     s += fmt::format("out{} = {}", o, ref_name(chain.outputs[o].value));
-    if (chain.outputs[o].aliases_input >= 0) s += fmt::format(" alias in{}", chain.outputs[o].aliases_input);
+    if (chain.outputs[o].aliases_input >= 0)
+      s += fmt::format(" alias in{}", chain.outputs[o].aliases_input);
     s += "\n";
   }
   return s;
@@ -251,9 +260,10 @@ std::string generate_source(const Chain& chain) {
   for (size_t p = 0; (p = ops.find("} static", p)) != std::string::npos; p += 2) ops[p + 1] = '\n';
   s += ops + "\n}  // namespace\n\n";
 
-  s += fmt::format("extern \"C\" void {}(const float* const* in, float* const* out, int64_t rows, "
-                   "int64_t cols) {{\n",
-                   kKernelSymbol);
+  s += fmt::format(
+      "extern \"C\" void {}(const float* const* in, float* const* out, int64_t rows, "
+      "int64_t cols) {{\n",
+      kKernelSymbol);
   // An array an output may alias is not __restrict: the compiler then checks for overlap.
   for (int i = 0; i < chain.num_inputs(); ++i)
     if (used[i])
@@ -279,7 +289,9 @@ std::string generate_source(const Chain& chain) {
                                                              : "i";
     s += fmt::format("{}const float in{}_v = in{}[{}];\n", indent, i, i, index);
   }
-  const auto value = [](Ref r) { return r.source == Ref::Source::kInput ? ref_name(r) + "_v" : ref_name(r); };
+  const auto value = [](Ref r) {
+    return r.source == Ref::Source::kInput ? ref_name(r) + "_v" : ref_name(r);
+  };
   for (size_t j = 0; j < chain.ops.size(); ++j) {
     const Op& op = chain.ops[j];
     const OpInfo& info = op_info(op.kind);
@@ -309,9 +321,12 @@ void run_unfused(const Chain& chain, const float* const* in, float* const* out, 
   const auto load = [&](Ref ref, int64_t r, int64_t c) -> float {
     if (ref.source == Ref::Source::kOp) return values[ref.index][r * cols + c];
     switch (chain.inputs[ref.index]) {
-      case Layout::kFull: return in[ref.index][r * cols + c];
-      case Layout::kPerCol: return in[ref.index][c];
-      case Layout::kPerRow: return in[ref.index][r];
+      case Layout::kFull:
+        return in[ref.index][r * cols + c];
+      case Layout::kPerCol:
+        return in[ref.index][c];
+      case Layout::kPerRow:
+        return in[ref.index][r];
     }
     return 0;
   };
@@ -324,20 +339,47 @@ void run_unfused(const Chain& chain, const float* const* in, float* const* out, 
         const auto b = [&] { return load(op.operands[1], r, c); };
         float v = 0;
         switch (op.kind) {
-          case OpKind::kAdd: v = kf_add(a, b()); break;
-          case OpKind::kSub: v = kf_sub(a, b()); break;
-          case OpKind::kMul: v = kf_mul(a, b()); break;
-          case OpKind::kScale: v = kf_scale(a, op.imm); break;
-          case OpKind::kAddScalar: v = kf_add_scalar(a, op.imm); break;
-          case OpKind::kNeg: v = kf_neg(a); break;
-          case OpKind::kRelu: v = kf_relu(a); break;
-          case OpKind::kSigmoid: v = exact ? kf_sigmoid(a) : kf_sigmoid_poly(a); break;
-          case OpKind::kExp: v = exact ? kf_exp(a) : kf_exp_poly(a); break;
-          case OpKind::kSilu: v = exact ? kf_silu(a) : kf_silu_poly(a); break;
-          case OpKind::kGeluTanh: v = exact ? kf_gelu_tanh(a) : kf_gelu_tanh_poly(a); break;
-          case OpKind::kSwiglu: v = exact ? kf_swiglu(a, b()) : kf_swiglu_poly(a, b()); break;
-          case OpKind::kRowScale: v = kf_row_scale(a, b(), load(op.operands[2], r, c)); break;
-          case OpKind::kCount: KILN_CHECK(false);
+          case OpKind::kAdd:
+            v = kf_add(a, b());
+            break;
+          case OpKind::kSub:
+            v = kf_sub(a, b());
+            break;
+          case OpKind::kMul:
+            v = kf_mul(a, b());
+            break;
+          case OpKind::kScale:
+            v = kf_scale(a, op.imm);
+            break;
+          case OpKind::kAddScalar:
+            v = kf_add_scalar(a, op.imm);
+            break;
+          case OpKind::kNeg:
+            v = kf_neg(a);
+            break;
+          case OpKind::kRelu:
+            v = kf_relu(a);
+            break;
+          case OpKind::kSigmoid:
+            v = exact ? kf_sigmoid(a) : kf_sigmoid_poly(a);
+            break;
+          case OpKind::kExp:
+            v = exact ? kf_exp(a) : kf_exp_poly(a);
+            break;
+          case OpKind::kSilu:
+            v = exact ? kf_silu(a) : kf_silu_poly(a);
+            break;
+          case OpKind::kGeluTanh:
+            v = exact ? kf_gelu_tanh(a) : kf_gelu_tanh_poly(a);
+            break;
+          case OpKind::kSwiglu:
+            v = exact ? kf_swiglu(a, b()) : kf_swiglu_poly(a, b());
+            break;
+          case OpKind::kRowScale:
+            v = kf_row_scale(a, b(), load(op.operands[2], r, c));
+            break;
+          case OpKind::kCount:
+            KILN_CHECK(false);
         }
         y[r * cols + c] = v;
       }
@@ -362,9 +404,12 @@ ChainCost chain_cost(const Chain& chain, int64_t rows, int64_t cols) {
   const auto elements = [&](Ref r) -> double {
     if (r.source == Ref::Source::kOp) return n;
     switch (chain.inputs[r.index]) {
-      case Layout::kFull: return n;
-      case Layout::kPerCol: return static_cast<double>(cols);
-      case Layout::kPerRow: return static_cast<double>(rows);
+      case Layout::kFull:
+        return n;
+      case Layout::kPerCol:
+        return static_cast<double>(cols);
+      case Layout::kPerRow:
+        return static_cast<double>(rows);
     }
     return 0;
   };
@@ -483,7 +528,6 @@ namespace {
 
 namespace fs = std::filesystem;
 
-
 std::string first_lines(const std::string& text, int max_lines) {
   std::string out;
   std::istringstream in(text);
@@ -500,13 +544,15 @@ std::string temp_path(const std::string& dir, const std::string& stem, const cha
 
 // Runs argv[0] with stdout and stderr into `log_path`; its exit status, or -1 when it did not
 // start (errno in *spawn_error).
-int run_logged(const std::vector<std::string>& argv, const std::string& log_path, int* spawn_error) {
+int run_logged(const std::vector<std::string>& argv, const std::string& log_path,
+               int* spawn_error) {
   std::vector<char*> args;
   for (const std::string& a : argv) args.push_back(const_cast<char*>(a.c_str()));
   args.push_back(nullptr);
   posix_spawn_file_actions_t actions;
   posix_spawn_file_actions_init(&actions);
-  posix_spawn_file_actions_addopen(&actions, 1, log_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+  posix_spawn_file_actions_addopen(&actions, 1, log_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC,
+                                   0644);
   posix_spawn_file_actions_adddup2(&actions, 1, 2);
   pid_t pid = 0;
   const int rc = posix_spawn(&pid, args[0], &actions, nullptr, args.data(), environ);
@@ -544,11 +590,13 @@ Status KernelCache::prepare_dir() {
   std::error_code ec;
   fs::create_directories(dir_, ec);
   if (ec || !fs::is_directory(dir_, ec))
-    return failed_precondition("[fusion] cache directory '{}' cannot be created: {} (set KILN_FUSION_CACHE)",
-                               dir_, ec ? ec.message() : "not a directory");
+    return failed_precondition(
+        "[fusion] cache directory '{}' cannot be created: {} (set KILN_FUSION_CACHE)", dir_,
+        ec ? ec.message() : "not a directory");
   if (access(dir_.c_str(), W_OK | X_OK) != 0)
-    return failed_precondition("[fusion] cache directory '{}' is not writable: {} (set KILN_FUSION_CACHE)",
-                               dir_, std::strerror(errno));
+    return failed_precondition(
+        "[fusion] cache directory '{}' is not writable: {} (set KILN_FUSION_CACHE)", dir_,
+        std::strerror(errno));
   dir_ready_ = true;
   return {};
 }
@@ -573,7 +621,8 @@ void FusedKernel::operator()(const float* const* in, float* const* out, int64_t 
   for (Layout l : inputs) broadcast |= l != Layout::kFull;
   // A flat chain splits the n elements, as a (n, 1) grid; a broadcast one splits rows.
   const int64_t split_rows = broadcast ? rows : rows * cols, split_cols = broadcast ? cols : 1;
-  const int64_t grain = std::max<int64_t>(1, kParallelGrainElements / std::max<int64_t>(1, split_cols));
+  const int64_t grain =
+      std::max<int64_t>(1, kParallelGrainElements / std::max<int64_t>(1, split_cols));
   parallel_for(split_rows, grain, [&](int64_t begin, int64_t end) {
     std::array<const float*, kMaxInputs> in_chunk{};
     std::array<float*, kMaxOutputs> out_chunk{};
@@ -625,7 +674,9 @@ Expected<FusedKernel> KernelCache::compile(const Chain& chain, uint64_t hash,
   }
   // rename(2) is atomic: another process sees no <hash>.so or a whole one.
   fs::rename(so_tmp, so_path, ec);
-  if (ec) return failed_precondition("[fusion] cannot rename '{}' to '{}': {}", so_tmp, so_path, ec.message());
+  if (ec)
+    return failed_precondition("[fusion] cannot rename '{}' to '{}': {}", so_tmp, so_path,
+                               ec.message());
   fs::rename(src_tmp, dir_ + "/" + stem + ".cpp", ec);  // kept beside it for reading; optional
   if (ec) fs::remove(src_tmp, ec);
   ++stats_.compiles;

@@ -179,7 +179,9 @@ Expected<std::string> resolve_compiler(const std::string& cxx);
 // FNV-1a 64 of the generated source (which holds the canonical text and kAbiVersion), the
 // compiler and its flags: stable across runs, different for chains that compute differently.
 uint64_t chain_hash(const Chain& chain, const CompilerConfig& compiler);
-inline uint64_t chain_hash(const Chain& chain) { return chain_hash(chain, default_compiler()); }
+inline uint64_t chain_hash(const Chain& chain) {
+  return chain_hash(chain, default_compiler());
+}
 
 // ---- the reference ----------------------------------------------------------------------
 // One pass per op over (rows, cols) temporaries with the same scalar formulas as the generated
@@ -260,8 +262,8 @@ void reset_fallback_warning_for_testing();
 
 // What a graph pass calls: the fused kernel, or, when compiling fails, the unfused chain (after
 // warn_once_fallback). The chain must be valid.
-using ChainFn = std::function<void(const float* const* in, float* const* out, int64_t rows,
-                                   int64_t cols)>;
+using ChainFn =
+    std::function<void(const float* const* in, float* const* out, int64_t rows, int64_t cols)>;
 ChainFn fuse_or_fallback(KernelCache& cache, const Chain& chain);
 
 }  // namespace kiln::perf::fusion
