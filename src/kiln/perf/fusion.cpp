@@ -310,6 +310,33 @@ std::string generate_source(const Chain& chain) {
 
 // ---- the reference ----------------------------------------------------------------------
 
+namespace {
+// One op on one element: the kf_* function the generated code calls for it. b and c are the
+// second and third operands (0 where the op has none).
+float apply(const Op& op, bool exact, float a, float b, float c) {
+  // clang-format off
+  switch (op.kind) {
+    case OpKind::kAdd: return kf_add(a, b);
+    case OpKind::kSub: return kf_sub(a, b);
+    case OpKind::kMul: return kf_mul(a, b);
+    case OpKind::kScale: return kf_scale(a, op.imm);
+    case OpKind::kAddScalar: return kf_add_scalar(a, op.imm);
+    case OpKind::kNeg: return kf_neg(a);
+    case OpKind::kRelu: return kf_relu(a);
+    case OpKind::kSigmoid: return exact ? kf_sigmoid(a) : kf_sigmoid_poly(a);
+    case OpKind::kExp: return exact ? kf_exp(a) : kf_exp_poly(a);
+    case OpKind::kSilu: return exact ? kf_silu(a) : kf_silu_poly(a);
+    case OpKind::kGeluTanh: return exact ? kf_gelu_tanh(a) : kf_gelu_tanh_poly(a);
+    case OpKind::kSwiglu: return exact ? kf_swiglu(a, b) : kf_swiglu_poly(a, b);
+    case OpKind::kRowScale: return kf_row_scale(a, b, c);
+    case OpKind::kCount: break;
+  }
+  // clang-format on
+  KILN_CHECK_MSG(false, "op kind {}", static_cast<int>(op.kind));
+  return 0;
+}
+}  // namespace
+
 void run_unfused(const Chain& chain, const float* const* in, float* const* out, int64_t rows,
                  int64_t cols) {
   check_valid(chain);
@@ -332,56 +359,14 @@ void run_unfused(const Chain& chain, const float* const* in, float* const* out, 
   };
   for (size_t j = 0; j < chain.ops.size(); ++j) {
     const Op& op = chain.ops[j];
+    const OpInfo& info = op_info(op.kind);
     float* y = values[j].data();  // (rows, cols)
     for (int64_t r = 0; r < rows; ++r) {
       for (int64_t c = 0; c < cols; ++c) {
         const float a = load(op.operands[0], r, c);
-        const auto b = [&] { return load(op.operands[1], r, c); };
-        float v = 0;
-        switch (op.kind) {
-          case OpKind::kAdd:
-            v = kf_add(a, b());
-            break;
-          case OpKind::kSub:
-            v = kf_sub(a, b());
-            break;
-          case OpKind::kMul:
-            v = kf_mul(a, b());
-            break;
-          case OpKind::kScale:
-            v = kf_scale(a, op.imm);
-            break;
-          case OpKind::kAddScalar:
-            v = kf_add_scalar(a, op.imm);
-            break;
-          case OpKind::kNeg:
-            v = kf_neg(a);
-            break;
-          case OpKind::kRelu:
-            v = kf_relu(a);
-            break;
-          case OpKind::kSigmoid:
-            v = exact ? kf_sigmoid(a) : kf_sigmoid_poly(a);
-            break;
-          case OpKind::kExp:
-            v = exact ? kf_exp(a) : kf_exp_poly(a);
-            break;
-          case OpKind::kSilu:
-            v = exact ? kf_silu(a) : kf_silu_poly(a);
-            break;
-          case OpKind::kGeluTanh:
-            v = exact ? kf_gelu_tanh(a) : kf_gelu_tanh_poly(a);
-            break;
-          case OpKind::kSwiglu:
-            v = exact ? kf_swiglu(a, b()) : kf_swiglu_poly(a, b());
-            break;
-          case OpKind::kRowScale:
-            v = kf_row_scale(a, b(), load(op.operands[2], r, c));
-            break;
-          case OpKind::kCount:
-            KILN_CHECK(false);
-        }
-        y[r * cols + c] = v;
+        const float b = info.arity > 1 ? load(op.operands[1], r, c) : 0.0f;
+        const float w = info.arity > 2 ? load(op.operands[2], r, c) : 0.0f;
+        y[r * cols + c] = apply(op, exact, a, b, w);
       }
     }
   }
