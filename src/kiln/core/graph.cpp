@@ -49,9 +49,9 @@ bool conflict(const Node& a, const Node& b) {
 
 bool recording() { return t_graph != nullptr && t_depth == 0; }
 
-void record(const char* name, const Access* io, size_t num_io, NodeFn fn) {
+void record(const char* name, const Access* io, size_t num_io, NodeFn fn, float scalar) {
   Graph& g = *t_graph;
-  g.add(Node{name, std::vector<Access>(io, io + num_io), std::move(fn)});
+  g.add(Node{name, std::vector<Access>(io, io + num_io), std::move(fn), scalar});
   const Node& n = g.nodes().back();
   ++t_depth;
   n.fn(n.io.data());
@@ -217,6 +217,12 @@ void Graph::replay() const {
     }
   }
   --t_depth;
+}
+
+bool Graph::kept(const void* p, int64_t bytes) const {
+  for (auto [k, n] : kept_)
+    if (overlaps(addr(p), addr(p) + bytes, addr(k), addr(k) + n)) return true;
+  return false;
 }
 
 void Graph::replace(size_t first, size_t count, Node fused) {

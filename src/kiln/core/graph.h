@@ -65,6 +65,7 @@ struct Node {
   const char* name = nullptr;  // a literal (the kernel's name)
   std::vector<Access> io;
   NodeFn fn;
+  float scalar = 0;  // a kernel's scalar argument (scale's factor), for passes over the graph
 };
 
 // A point where capture could not continue as one graph.
@@ -96,8 +97,10 @@ class Graph {
   const Plan& last_plan() const { return plan_; }
   // Runs every node (in levels when planned and threads > 1).
   void replay() const;
-  // Replaces nodes [first, first + count) by one (a fusion pass).
+  // Replaces nodes [first, first + count) by one (a fusion pass; before plan()).
   void replace(size_t first, size_t count, Node fused);
+  // Whether keep() covers any of [p, p + bytes).
+  bool kept(const void* p, int64_t bytes) const;
 
   // Capture's side.
   void add(Node n) { nodes_.push_back(std::move(n)); }
@@ -145,7 +148,7 @@ std::string describe(const GraphStats& s);
 // inside a kernel is part of it, as in the profiler).
 bool recording();
 // Records a kernel call as a node and runs it (through fn, so nested kernels are not recorded).
-void record(const char* name, const Access* io, size_t num_io, NodeFn fn);
+void record(const char* name, const Access* io, size_t num_io, NodeFn fn, float scalar = 0);
 // A data-dependent point: while capturing, splits the graph here (listed with the reason).
 void graph_break(const char* reason);
 
@@ -182,6 +185,15 @@ class Capture {
     if (::kiln::graph::recording()) {                                                   \
       const ::kiln::graph::Access kiln_graph_io_[] = {__VA_ARGS__};                      \
       ::kiln::graph::record(name, kiln_graph_io_, std::size(kiln_graph_io_), fn);        \
+      return;                                                                           \
+    }                                                                                   \
+  } while (0)
+// The same with the kernel's scalar argument recorded (passes read it: Node::scalar).
+#define KILN_GRAPH_NODE_SCALAR(name, scalar, fn, ...)                                    \
+  do {                                                                                  \
+    if (::kiln::graph::recording()) {                                                   \
+      const ::kiln::graph::Access kiln_graph_io_[] = {__VA_ARGS__};                      \
+      ::kiln::graph::record(name, kiln_graph_io_, std::size(kiln_graph_io_), fn, scalar); \
       return;                                                                           \
     }                                                                                   \
   } while (0)

@@ -18,8 +18,8 @@ void add(float* out, const float* a, const float* b, int64_t n) {
 }
 
 void scale(float* out, const float* inp, float s, int64_t n) {
-  KILN_GRAPH_NODE("scale", [=](const graph::Access* io) { scale(io[0].mut<float>(), io[1].as<float>(), s, n); },
-                  graph::writes(out, n), graph::reads(inp, n));
+  KILN_GRAPH_NODE_SCALAR("scale", s, [=](const graph::Access* io) { scale(io[0].mut<float>(), io[1].as<float>(), s, n); },
+                         graph::writes(out, n), graph::reads(inp, n));
   KILN_TRACE_KERNEL("scale", scale_cost(n), n);
   const auto fn = KILN_OPS_DISPATCH(scale_n).pick();
   parallel_elems(n, [&](int64_t b, int64_t e) { fn(out + b, inp + b, s, e - b); });
