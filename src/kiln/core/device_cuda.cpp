@@ -28,7 +28,7 @@ const Probe& probe() {
     if (err != cudaSuccess) {
       r.count = 0;
       r.reason = fmt::format("no CUDA device: {} ({})", cudaGetErrorString(err), cudaGetErrorName(err));
-      cudaGetLastError();  // clear the sticky-free error so later calls start clean
+      cudaGetLastError();  // clear it, so that later runtime calls start clean
     } else if (r.count == 0) {
       r.reason = "no CUDA device: cudaGetDeviceCount found 0";
     }
@@ -64,6 +64,8 @@ Expected<void*> malloc_device(int64_t nbytes) {
 void free_device(void* ptr) {
   if (ptr == nullptr) return;
   const cudaError_t err = cudaFree(ptr);
+  // At process exit the runtime may be torn down before the last static tensor: nothing to free.
+  if (err == cudaErrorCudartUnloading) return;
   KILN_CHECK_MSG(err == cudaSuccess, "cudaFree: {}", cudaGetErrorString(err));
 }
 

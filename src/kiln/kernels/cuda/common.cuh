@@ -32,25 +32,21 @@ __device__ __forceinline__ float warp_max(float v) {
 // Sum / max over the whole block (blockDim.x a multiple of 32, at most 1024): every thread
 // gets the result. `scratch` is 32 floats of shared memory; the call ends with a barrier, so
 // the same scratch may be reused by the next reduction.
-__device__ __forceinline__ float block_sum(float v, float* scratch) {
+template <class WarpOp>
+__device__ __forceinline__ float block_reduce(float v, float* scratch, float identity, WarpOp warp_op) {
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, num_warps = blockDim.x / 32;
-  v = warp_sum(v);
+  v = warp_op(v);
   if (lane == 0) scratch[warp] = v;
   __syncthreads();
-  float r = lane < num_warps ? scratch[lane] : 0.0f;
-  r = warp_sum(r);
+  const float r = warp_op(lane < num_warps ? scratch[lane] : identity);
   __syncthreads();
   return r;
 }
+__device__ __forceinline__ float block_sum(float v, float* scratch) {
+  return block_reduce(v, scratch, 0.0f, [](float x) { return warp_sum(x); });
+}
 __device__ __forceinline__ float block_max(float v, float* scratch) {
-  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, num_warps = blockDim.x / 32;
-  v = warp_max(v);
-  if (lane == 0) scratch[warp] = v;
-  __syncthreads();
-  float r = lane < num_warps ? scratch[lane] : -INFINITY;
-  r = warp_max(r);
-  __syncthreads();
-  return r;
+  return block_reduce(v, scratch, -INFINITY, [](float x) { return warp_max(x); });
 }
 
 __device__ __forceinline__ float activate(DeviceActivation act, float v) {

@@ -27,24 +27,26 @@ __device__ __forceinline__ uint16_t b_bits(const GemmArgs& p, int64_t l, int64_t
 
 // ---- rung 1: one thread per C element, threadIdx.x along m ---------------------------------
 // Neighbouring threads read different rows of A and write C a row apart: no coalescing.
-__global__ void gemm_naive(GemmArgs p) {
-  const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
-  const int64_t j = static_cast<int64_t>(blockIdx.y) * blockDim.y + threadIdx.y;
+namespace {
+// C[i, j] from a dot product over k straight out of global memory (rungs 1 and 2).
+__device__ __forceinline__ void gemm_element(const GemmArgs& p, int64_t i, int64_t j) {
   if (i >= p.m || j >= p.n) return;
   float acc = 0.0f;
   for (int64_t l = 0; l < p.k; ++l) acc += a_at(p, i, l) * b_at(p, l, j);
   gemm_store(p, i, j, acc);
 }
+}  // namespace
+
+__global__ void gemm_naive(GemmArgs p) {
+  gemm_element(p, static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x,
+               static_cast<int64_t>(blockIdx.y) * blockDim.y + threadIdx.y);
+}
 
 // ---- rung 2: threadIdx.x along n -------------------------------------------------------------
 // A warp shares one A element (a broadcast) and reads 32 consecutive B elements (row-major B).
 __global__ void gemm_coalesced(GemmArgs p) {
-  const int64_t j = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
-  const int64_t i = static_cast<int64_t>(blockIdx.y) * blockDim.y + threadIdx.y;
-  if (i >= p.m || j >= p.n) return;
-  float acc = 0.0f;
-  for (int64_t l = 0; l < p.k; ++l) acc += a_at(p, i, l) * b_at(p, l, j);
-  gemm_store(p, i, j, acc);
+  gemm_element(p, static_cast<int64_t>(blockIdx.y) * blockDim.y + threadIdx.y,
+               static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x);
 }
 
 // ---- rung 3: T x T tiles of A and B in shared memory, one C element per thread ---------------
@@ -169,27 +171,25 @@ __device__ __forceinline__ void mma_load_tile(const GemmArgs& p, uint16_t* as, u
 
 // cp.async copies of the same tiles for A row-major and B stored (n, k), both with leading dims
 // that are multiples of 8 elements and 16-byte aligned bases: 8 bf16 per copy, the k tail of a
-// row zero-filled through src_bytes, rows past m (or n) all zeros.
+// row zero-filled through src_bytes, rows past m (or n) all zeros. load_rows_async stages ROWS
+// k-contiguous rows [row0, row0 + ROWS) of a (num_rows, k) matrix, columns [k0, k0 + BK).
+template <int ROWS, int BK>
+__device__ __forceinline__ void load_rows_async(uint16_t* dst, const uint16_t* src, int64_t ld,
+                                                int64_t row0, int64_t num_rows, int64_t k, int64_t k0) {
+  constexpr int kChunksPerRow = BK / 8;
+  for (int e = threadIdx.x; e < ROWS * kChunksPerRow; e += kGemmMmaThreads) {
+    const int r = e / kChunksPerRow, l = (e % kChunksPerRow) * 8;
+    const int64_t gr = row0 + r, gl = k0 + l;
+    const int64_t left = gr < num_rows ? k - gl : 0;
+    const int bytes = left <= 0 ? 0 : left >= 8 ? 16 : static_cast<int>(2 * left);
+    cp_async_16(dst + r * kMmaRow + l, bytes > 0 ? src + gr * ld + gl : src, bytes);
+  }
+}
 template <int BM, int BN, int BK>
 __device__ __forceinline__ void mma_load_tile_async(const GemmArgs& p, uint16_t* as, uint16_t* bs,
                                                     int64_t row0, int64_t col0, int64_t k0) {
-  constexpr int kChunksPerRow = BK / 8;
-  const auto* a = static_cast<const uint16_t*>(p.a);
-  const auto* b = static_cast<const uint16_t*>(p.b);
-  for (int e = threadIdx.x; e < BM * kChunksPerRow; e += kGemmMmaThreads) {
-    const int r = e / kChunksPerRow, l = (e % kChunksPerRow) * 8;
-    const int64_t gi = row0 + r, gl = k0 + l;
-    const int64_t left = gi < p.m ? p.k - gl : 0;
-    const int bytes = left <= 0 ? 0 : left >= 8 ? 16 : static_cast<int>(2 * left);
-    cp_async_16(as + r * kMmaRow + l, bytes > 0 ? a + gi * p.lda + gl : a, bytes);
-  }
-  for (int e = threadIdx.x; e < BN * kChunksPerRow; e += kGemmMmaThreads) {
-    const int c = e / kChunksPerRow, l = (e % kChunksPerRow) * 8;
-    const int64_t gj = col0 + c, gl = k0 + l;
-    const int64_t left = gj < p.n ? p.k - gl : 0;
-    const int bytes = left <= 0 ? 0 : left >= 8 ? 16 : static_cast<int>(2 * left);
-    cp_async_16(bs + c * kMmaRow + l, bytes > 0 ? b + gj * p.ldb + gl : b, bytes);
-  }
+  load_rows_async<BM, BK>(as, static_cast<const uint16_t*>(p.a), p.lda, row0, p.m, p.k, k0);
+  load_rows_async<BN, BK>(bs, static_cast<const uint16_t*>(p.b), p.ldb, col0, p.n, p.k, k0);
 }
 
 // One stage's BK of MMAs for this warp's (WM, WN) = (BM / warps_m, BN / warps_n) tile.
