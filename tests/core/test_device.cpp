@@ -40,7 +40,9 @@ TEST(Device, AvailabilityIsConsistent) {
   const int count = cuda_runtime::device_count();
   EXPECT_GE(count, 0);
   EXPECT_EQ(cuda_available(), built && count > 0);
-  if (!built) EXPECT_EQ(count, 0);
+  if (!built) {
+    EXPECT_EQ(count, 0);
+  }
   if (cuda_available()) {
     EXPECT_TRUE(cuda_runtime::unavailable_reason().empty());
   } else {
