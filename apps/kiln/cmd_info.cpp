@@ -1,7 +1,9 @@
-// `kiln info`: the build, the CPU features detected, each kernel family's SIMD path, threads.
+// `kiln info`: the build, the CPU features detected, each kernel family's SIMD path, threads
+// (`--formats`, `--memory` here; `--cuda` in cmd_info_cuda.cpp).
 #include <fmt/format.h>
 
 #include <cmath>
+#include <functional>
 #include <memory>
 
 #include "apps/kiln/commands.h"
@@ -155,7 +157,8 @@ void register_info(CLI::App& app) {
                                            "--precision, --checkpoint)");
   cmd->add_option("--preset", mem->preset, "--memory: model preset");
   cmd->add_option("--batch", mem->batch, "--memory: sequences per step")->check(CLI::Range(int64_t{1}, int64_t{1} << 20));
-  cmd->add_option("--seq", mem->seq, "--memory: tokens per sequence")->check(CLI::Range(int64_t{1}, int64_t{1} << 24));
+  cmd->add_option("--seq", mem->seq, "--memory: tokens per sequence; --cuda: attention's (default 4096)")
+      ->check(CLI::Range(int64_t{1}, int64_t{1} << 24));
   cmd->add_option("--precision", mem->precision, "--memory: fp32 | bf16 | fp16 | fp8")
       ->check(CLI::IsMember({"fp32", "bf16", "fp16", "fp8"}));
   cmd->add_option("--checkpoint", mem->checkpoint, "--memory: none | full | selective")
@@ -172,7 +175,9 @@ void register_info(CLI::App& app) {
   dp_opt("--tp", mem->tp, "--memory: tensor-parallel ranks (with --dp: dp × tp ranks; divides heads, d_ff, vocab)");
   cmd->add_flag_function("--sp", [mem](int64_t) { mem->sp = mem->data_parallel = true; },
                          "--memory: sequence parallelism over the --tp ranks (needs --tp >= 2, --seq divisible by it)");
-  cmd->callback([formats, mem] {
+  std::function<bool()> run_cuda = add_info_cuda(cmd);  // after --seq, which it shares
+  cmd->callback([formats, mem, run_cuda] {
+    if (run_cuda()) return;
     if (mem->enabled) run_memory(*mem);
     else if (*formats) run_formats();
     else run_info();

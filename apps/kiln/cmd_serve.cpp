@@ -60,6 +60,7 @@ struct ServeArgs {
   double disagg_timeout_s = 30;
   double request_timeout_s = 10, keep_alive_timeout_s = 5, drain_timeout_s = 10;
   std::string profile;  // --profile FILE.json: a trace from start to shutdown (rank 0)
+  std::string graph = "eager";  // --graph eager | capture
 };
 
 // SIGINT/SIGTERM: the handler only writes the signal's number to a pipe (async-signal-safe,
@@ -92,6 +93,7 @@ void run_serve(ServeArgs a) {
   a.engine.kv_cache_mem_bytes = *bytes;
   a.engine.enable_prefix_caching = !a.no_prefix_caching;
   a.engine.packed_weights = !a.no_packed_weights;
+  a.engine.graph_capture = a.graph == "capture";
   a.engine.scheduler.batching = *parse_batching_mode(a.batching);
   a.server.request_timeout = millis(a.request_timeout_s);
   a.server.keep_alive_timeout = millis(a.keep_alive_timeout_s);
@@ -180,6 +182,7 @@ void run_serve(ServeArgs a) {
   signal(SIGINT, SIG_DFL);
   signal(SIGTERM, SIG_DFL);
   (*engine)->stop();
+  if (const GraphStats* g = (*engine)->graph_stats()) fmt::print("kiln serve: {}\n", describe(*g));
   if (!a.profile.empty()) {  // written on shutdown
     auto report = perf::finish_profile(a.profile, nullptr, perf::run_profile_meta("serve " + a.model));
     if (!report.ok()) fmt::print(stderr, "kiln serve: {}\n", report.status().message());
@@ -258,6 +261,8 @@ void register_serve(CLI::App& app) {
                 "Speculate only while at most this many sequences decode (0: always)")
       ->check(CLI::Range(0, 1 << 16));
   s->add_flag("--no-prefix-caching", a->no_prefix_caching, "Do not reuse cached prompt blocks");
+  s->add_option("--graph", a->graph, "eager (default) | capture: decode steps replay a captured graph per batch size")
+      ->check(CLI::IsMember({"eager", "capture"}));
   s->add_flag("--no-packed-weights", a->no_packed_weights,
               "Do not pack the fp32 weights once at start (the GEMM then packs them per call)");
   s->add_option("--http-threads", a->server.num_http_threads, "Requests served at once (a stream holds one)")

@@ -43,6 +43,7 @@ struct GenArgs {
   int64_t num_speculative = 4;  // γ
   int tp = 1;                   // --tp: tensor-parallel ranks (mpirun -np T)
   std::string profile;          // --profile FILE.json: a trace of the generation (rank 0)
+  std::string graph = "eager";  // --graph eager | capture (decode steps replay captured graphs)
 };
 
 // `generate --draft-model`: speculative decoding, then plain generation of the same prompt
@@ -52,6 +53,7 @@ struct GenArgs {
 std::unique_ptr<Engine> generation_engine(std::unique_ptr<Transformer> model, std::unique_ptr<Transformer> draft,
                                           const GenArgs& a) {
   EngineConfig ec;
+  ec.graph_capture = a.graph == "capture";
   ec.num_speculative = a.num_speculative;
   ec.speculative_max_batch = 0;
   const int64_t ctx = std::max(model->config().max_seq_len, draft ? draft->config().max_seq_len : 0);
@@ -193,6 +195,7 @@ void run_generate(const GenArgs& a) {
     if (!r.ok()) fail("generate", r.status());
     fmt::print("\n---\n");
   }
+  if (const GraphStats* g = engine->graph_stats()) fmt::print("{}\n", describe(*g));
   if (!a.profile.empty()) {
     auto report = perf::finish_profile(a.profile, nullptr, perf::run_profile_meta("generate " + a.model));
     if (!report.ok()) fail("generate", report.status());
@@ -344,6 +347,8 @@ void register_train(CLI::App& app) {
   g->add_option("--draft-model", ga->draft_model, "Speculative decoding with this draft model (same tokenizer)");
   g->add_option("--num-speculative", ga->num_speculative, "Draft tokens per target pass (γ)")->check(CLI::Range(1, 16));
   g->add_option("--profile", ga->profile, "Write a Chrome/Perfetto trace of the generation (FILE.json; rank 0 under --tp)");
+  g->add_option("--graph", ga->graph, "eager (default) | capture: decode steps replay a captured graph per batch size")
+      ->check(CLI::IsMember({"eager", "capture"}));
   g->callback([ga] { run_generate(*ga); });
 }
 

@@ -3,6 +3,7 @@
 
 #include <CLI/CLI.hpp>
 
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -13,6 +14,9 @@
 namespace kiln::app {
 
 void register_info(CLI::App& app);
+// `kiln info --cuda` (cmd_info_cuda.cpp): adds its flags to `info` (after info's --seq, which it
+// reads too); the function returned runs it and says true when --cuda was given.
+std::function<bool()> add_info_cuda(CLI::App* info);
 void register_bench(CLI::App& app);
 void register_tokenizer(CLI::App& app);
 void register_train(CLI::App& app);

@@ -126,6 +126,11 @@ TEST(CliFlags, GoodRunsSucceed) {  // the harness itself: a valid command exits 
   EXPECT_TRUE(r.exited && r.code == 0) << r.output;
   r = run_kiln({"info"}, {"KILN_NUM_THREADS=1", "KILN_SIMD=scalar", "KILN_PIN_THREADS=off"});
   EXPECT_TRUE(r.exited && r.code == 0) << r.output;
+  r = run_kiln({"info", "--cuda", "--gpu", "b200", "--shape", "512,1024,256", "--seq", "8192"});
+  EXPECT_TRUE(r.exited && r.code == 0) << r.output;
+  EXPECT_NE(r.output.find("gemm m,n,k = 512,1024,256"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("seq 8192"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("B200"), std::string::npos) << r.output;
 }
 
 TEST(CliFlags, BadFloatsAreRefused) {
@@ -203,6 +208,13 @@ TEST(CliFlags, BadIntegersAreRefused) {
       {{"info", "--memory", "--sp"}, "--sp"},
       {{"info", "--memory", "--tp", "2", "--sp", "--seq", "255"}, "--seq"},
       {{"info", "--memory", "--tp", "2", "--zero", "1"}, "--zero"},
+      {{"info", "--cuda", "--gpu", "v100"}, "--gpu"},
+      {{"info", "--cuda", "--shape", "1,2"}, "--shape"},
+      {{"info", "--cuda", "--shape", "0,4,4"}, "--shape"},
+      {{"info", "--cuda", "--shape", "4,4,4x"}, "--shape"},
+      {{"info", "--cuda", "--seq", "0"}, "--seq"},
+      {{"info", "--cuda", "--latency-ns", "0"}, "--latency-ns"},
+      {{"info", "--cuda", "--latency-ns", "nan"}, "--latency-ns"},
       {{"bench", "serve", "--num", "0"}, "--num"},
       {{"bench", "serve", "--shared-prefix", "-1"}, "--shared-prefix"},
       {{"bench", "serve", "--prompt-len", "9:3"}, "--prompt-len"},

@@ -2,8 +2,11 @@
 // activations every path shares, and the tensor-level matmul op that calls cpu::gemm.
 #include "kiln/kernels/gemm.h"
 
+#include "kiln/core/graph.h"
+
 #include <cmath>
 
+#include "kiln/core/graph.h"
 #include "kiln/core/trace.h"
 
 namespace kiln {
@@ -72,6 +75,19 @@ double gemm_bytes(const GemmParams& p) {
   const double c = 4.0 * p.m * p.n * (p.beta != 0.0f ? 2 : 1);
   const double extra = (p.bias ? 4.0 * p.n : 0.0) + (p.residual ? 4.0 * p.m * p.n : 0.0);
   return a + b + c + extra;
+}
+
+std::array<graph::Access, 6> gemm_io(const GemmParams& p) {
+  // A (rows, cols) stored with leading dim ld, in elements of `dt`.
+  auto bytes = [](int64_t rows, int64_t cols, int64_t ld, DType dt) {
+    return rows > 0 && cols > 0 ? dtype_nbytes(dt, (rows - 1) * ld + cols) : 0;
+  };
+  const int64_t a = p.trans_a ? bytes(p.k, p.m, p.lda, p.a_dtype) : bytes(p.m, p.k, p.lda, p.a_dtype);
+  const int64_t b = p.trans_b ? bytes(p.n, p.k, p.ldb, p.b_dtype) : bytes(p.k, p.n, p.ldb, p.b_dtype);
+  const int64_t c = bytes(p.m, p.n, p.ldc, DType::kF32);
+  return {graph::writes_bytes(p.c, c), graph::reads_bytes(p.a, a), graph::reads_bytes(p.b, b),
+          graph::reads(p.bias, p.n), graph::reads_bytes(p.residual, bytes(p.m, p.n, p.ldr, DType::kF32)),
+          p.beta != 0.0f ? graph::reads_bytes(p.c, c) : graph::Access{}};
 }
 
 void describe_gemm(trace::Event& e, const GemmParams& p) {

@@ -3,6 +3,7 @@
 // the op boundary; ref::gemm is the ground truth; cpu::gemm is the fast packed path.
 #pragma once
 
+#include <array>
 #include <cstdint>
 
 #include "kiln/core/dtype.h"
@@ -12,6 +13,9 @@
 namespace kiln {
 namespace trace {
 struct Event;
+}
+namespace graph {
+struct Access;
 }
 
 enum class Activation { kNone, kGeluTanh, kSilu, kRelu };
@@ -47,6 +51,10 @@ inline double gemm_flops(int64_t m, int64_t n, int64_t k) { return 2.0 * m * n *
 double gemm_bytes(const GemmParams& p);
 // The profiler's arguments of one call (core/trace.h): FLOPs, bytes, (m, n, k), dtype.
 void describe_gemm(trace::Event& e, const GemmParams& p);
+
+// The buffers of one call for graph capture (core/graph.h), in this order: C written, A, B,
+// bias, residual, and C read when beta != 0 (a null or empty operand is an empty access).
+std::array<graph::Access, 6> gemm_io(const GemmParams& p);
 
 // The scalar epilogue, shared by the reference and edge paths: v is alpha·acc + beta·C.
 float apply_activation(Activation act, float v);

@@ -13,6 +13,7 @@ class PackedLinear final : public LinearBackend {
   explicit PackedLinear(const Linear& l);
   void forward(const Linear& l, float* y, const float* x, int64_t n, const float* residual) const override;
   void sync(const Linear& l) override;  // re-packs the changed master weight
+  bool captured() const override { return true; }  // one gemm_prepacked call (a graph node)
   const PackedMatrix& packed() const { return packed_; }
 
  private:

@@ -11,6 +11,7 @@
 
 #include "kiln/comm/collectives.h"
 #include "kiln/comm/work.h"
+#include "kiln/core/graph.h"
 #include "kiln/core/rng.h"
 #include "kiln/core/thread_pool.h"
 #include "kiln/core/trace.h"
@@ -331,6 +332,7 @@ struct PagedStep {
   int64_t block_size = 0;
   float* k_pool = nullptr;             // this layer's (num_blocks · block_size, Hkv·D)
   float* v_pool = nullptr;
+  int64_t pool_rows = 0;               // num_blocks · block_size
   float* gather = nullptr;             // (2, max kv_len of a chunk > kSplitKvMaxQueries, Hkv·D)
 };
 
@@ -420,21 +422,40 @@ struct Transformer::Layer {
   // q rows of q_stride, k/v rows of kv_stride (GPT-2: inside the fused QKV rows).
   void attend_paged(float* q, float* k, const float* v, int64_t q_stride, int64_t kv_stride, const PagedStep& ps) {
     const PagedBatch& b = *ps.batch;
-    const int64_t H = heads, D = cfg->head_dim(), W = kv_heads * D, bs = ps.block_size;
+    const int64_t H = heads, D = cfg->head_dim(), W = kv_heads * D, bs = ps.block_size, Hkv = kv_heads;
     const int64_t S = static_cast<int64_t>(b.num_new.size()), maxb = b.max_blocks_per_seq;
-    for (int64_t i = 0; i < S; ++i) {
-      const int64_t r0 = ps.row_begin[i], n = b.num_new[i], pos = b.num_cached[i];
-      if (cfg->is_llama()) {  // q, k packed here (q_stride = H·D, kv_stride = W)
-        cpu::rope_forward(q + r0 * q_stride, q + r0 * q_stride, *rope, 1, n, H, D, pos);
-        cpu::rope_forward(k + r0 * kv_stride, k + r0 * kv_stride, *rope, 1, n, kv_heads, D, pos);
-      }
-      const int32_t* table = b.block_table.data() + i * maxb;
-      for (int64_t t = 0; t < n; ++t) {
-        const int64_t p = pos + t, slot = int64_t{table[p / bs]} * bs + p % bs;
-        std::memcpy(ps.k_pool + slot * W, k + (r0 + t) * kv_stride, static_cast<size_t>(W) * sizeof(float));
-        std::memcpy(ps.v_pool + slot * W, v + (r0 + t) * kv_stride, static_cast<size_t>(W) * sizeof(float));
-      }
-    }
+    const int64_t N = static_cast<int64_t>(b.tokens.size()), P = ps.pool_rows * W;
+    const bool llama = cfg->is_llama();
+    const RopeTable* table = rope;
+    // RoPE at each sequence's positions and its new K/V rows into their pool slots: one step
+    // that reads positions and slots when it runs (a replayed decode step's are new).
+    graph::op("paged_kv_write",
+              {graph::writes_rows(q, N, H * D, q_stride), graph::reads_rows(q, N, H * D, q_stride),
+               graph::writes_rows(k, N, W, kv_stride), graph::reads_rows(k, N, W, kv_stride),
+               graph::reads_rows(v, N, W, kv_stride), graph::writes(ps.k_pool, P), graph::reads(ps.k_pool, P),
+               graph::writes(ps.v_pool, P), graph::reads(ps.v_pool, P), graph::reads(b.num_cached.data(), S),
+               graph::reads(b.num_new.data(), S), graph::reads(ps.row_begin, S + 1),
+               graph::reads(b.block_table.data(), S * maxb)},
+              [=](const graph::Access* io) {
+                float *qp = io[0].mut<float>(), *kp = io[2].mut<float>(), *kpool = io[5].mut<float>();
+                float* vpool = io[7].mut<float>();
+                const float* vp = io[4].as<float>();
+                const int32_t *cached = io[9].as<int32_t>(), *num_new = io[10].as<int32_t>();
+                const int32_t *row_begin = io[11].as<int32_t>(), *tables = io[12].as<int32_t>();
+                for (int64_t i = 0; i < S; ++i) {
+                  const int64_t r0 = row_begin[i], n = num_new[i], pos = cached[i];
+                  if (llama) {  // q, k packed here (q_stride = H·D, kv_stride = W)
+                    cpu::rope_forward(qp + r0 * q_stride, qp + r0 * q_stride, *table, 1, n, H, D, pos);
+                    cpu::rope_forward(kp + r0 * kv_stride, kp + r0 * kv_stride, *table, 1, n, Hkv, D, pos);
+                  }
+                  const int32_t* blocks = tables + i * maxb;
+                  for (int64_t t = 0; t < n; ++t) {
+                    const int64_t p = pos + t, slot = int64_t{blocks[p / bs]} * bs + p % bs;
+                    std::memcpy(kpool + slot * W, kp + (r0 + t) * kv_stride, static_cast<size_t>(W) * sizeof(float));
+                    std::memcpy(vpool + slot * W, vp + (r0 + t) * kv_stride, static_cast<size_t>(W) * sizeof(float));
+                  }
+                }
+              });
     AttentionParams base;
     base.n_heads = H; base.n_kv_heads = kv_heads; base.head_dim = D; base.causal = true;
     base.scale = cfg->attention_scale(index);
@@ -445,6 +466,7 @@ struct Transformer::Layer {
   // Latent attention's paged step: each sequence's new latent rows into their pool slots, its
   // absorbed queries over them (values: the same rows), the output through W_uv into att.
   void attend_paged_latent(const float* n1p, int64_t N, const PagedStep& ps) {
+    graph::graph_break("latent attention's paged step keeps per-call buffers");
     const PagedBatch& b = *ps.batch;
     const int64_t H = heads, W = mla->latent_width(), C = cfg->d_model, bs = ps.block_size;
     const int64_t S = static_cast<int64_t>(b.num_new.size()), maxb = b.max_blocks_per_seq;
@@ -486,6 +508,7 @@ struct Transformer::Layer {
         i = j;
         continue;
       }
+      graph::graph_break("a prefill chunk's K/V rows are gathered from the pool by host code");
       const int64_t S_kv = ps.kv_lens[i];
       const int32_t* table = b.block_table.data() + i * maxb;
       float* gk = ps.gather;
@@ -511,6 +534,7 @@ struct Transformer::Layer {
     tp->row_forward(o, x1.p, att.p, N, x);
     cpu::rmsnorm_forward(n2.p, rstd2.p, x1.p, norm2_w, Ns, C, cfg->norm_eps);
     if (moe) {  // tp = 1
+      graph::graph_break("MoE routing: the tokens per expert decide the expert GEMMs");
       MoeStats discarded;
       return moe->forward(y, n2.p, N, x1.p, moe_acts, inference ? nullptr : recomputing ? &discarded : moe_stats);
     }
@@ -1218,6 +1242,7 @@ void Transformer::ensure_activations(int64_t B, int64_t T) {
   Tp& tp = *tp_;
   if (acts_ && acts_->B == B && acts_->T == T && acts_->mode == ckpt_ && acts_->sp == tp.sp) return;
   g_activation_bytes = 0;
+  ++buffer_epoch_;
   acts_.reset();  // free the old buffers before allocating the new ones
   Slots& sl = *slots_;
   for (Slots::Saved& saved : sl.stored) saved = {};  // every slot's activations are for the old shape
@@ -1244,6 +1269,7 @@ void Transformer::ensure_activations(int64_t B, int64_t T) {
 }
 
 void Transformer::alloc_saved(int chunk) {
+  ++buffer_epoch_;
   Acts& a = *acts_;
   Tp& tp = *tp_;
   const int64_t N = a.B * a.T, Ns = tp.rows(N), C = config_.d_model, V = config_.vocab_size / shard_.size;
@@ -1296,6 +1322,7 @@ void Transformer::use_activation_slot(int slot) {
   KILN_CHECK(slot >= 0);
   Slots& sl = *slots_;
   if (slot == sl.current) return;
+  ++buffer_epoch_;
   sl.grow(slot + 1);
   if (acts_) {
     swap_saved(sl.current);  // the live buffers go to their slot
@@ -1671,11 +1698,16 @@ Expected<const float*> Transformer::forward_paged(const PagedBatch& b, PagedKvCa
   if (static_cast<int64_t>(cache.k.size()) != c.n_layers || cache.row_width != kv_width || bs < 1)
     return invalid_argument("[forward_paged] the cache has {} layers of rows {}, the model {} of {}", cache.k.size(),
                             cache.row_width, c.n_layers, kv_width);
+  if (graph::recording()) {
+    if (tp_->on()) graph::graph_break("tensor-parallel collectives run outside the graph");
+    if (cache.on_layer_written) graph::graph_break("disaggregated serving sends each layer's K/V as it is written");
+    for (const Linear* l : linears())
+      if (l->backend && !l->backend->captured()) graph::graph_break("a Linear backend that graph capture does not record");
+  }
   if (!paged_) paged_ = std::make_unique<PagedScratch>();
   PagedScratch& ps = *paged_;
-  ps.row_begin.assign(1, 0);
-  ps.kv_lens.clear();
   int64_t gather_rows = 0;
+  int64_t rows = 0;
   for (int64_t i = 0; i < S; ++i) {
     const int64_t n = b.num_new[i], end = int64_t{b.num_cached[i]} + n;
     if (n < 1 || b.num_cached[i] < 0 || end > c.max_seq_len || (end + bs - 1) / bs > maxb)
@@ -1687,12 +1719,10 @@ Expected<const float*> Transformer::forward_paged(const PagedBatch& b, PagedKvCa
       if (id < 0 || id >= cache.num_blocks)
         return invalid_argument("[forward_paged] sequence {} block {} is {}, the cache has {}", i, j, id, cache.num_blocks);
     }
-    ps.row_begin.push_back(static_cast<int32_t>(ps.row_begin.back() + n));
-    ps.kv_lens.push_back(static_cast<int32_t>(end));
+    rows += n;
     if (n > kSplitKvMaxQueries) gather_rows = std::max(gather_rows, end);
   }
-  if (ps.row_begin.back() != N)
-    return invalid_argument("[forward_paged] num_new sums to {}, tokens has {}", ps.row_begin.back(), N);
+  if (rows != N) return invalid_argument("[forward_paged] num_new sums to {}, tokens has {}", rows, N);
   for (int32_t r : b.logit_rows)
     if (r < 0 || r >= N) return invalid_argument("[forward_paged] logit row {} of {} tokens", r, N);
   KILN_RETURN_IF_ERROR(check_token_ids(b.tokens, V));
@@ -1705,13 +1735,42 @@ Expected<const float*> Transformer::forward_paged(const PagedBatch& b, PagedKvCa
   Acts& a = *acts_;
   a.num_valid = 0;
   const size_t gather_floats = static_cast<size_t>(2 * gather_rows * cache.row_width);
-  if (ps.gather.size() < gather_floats) ps.gather.resize(gather_floats);
+  // A captured graph keeps pointers into these: moving one changes the buffer epoch.
+  const auto grow = [&](auto& v, size_t n) {
+    const void* before = v.data();
+    if (v.size() < n) v.resize(n);
+    if (v.data() != before) ++buffer_epoch_;
+  };
+  grow(ps.gather, gather_floats);
+  grow(ps.row_begin, static_cast<size_t>(S + 1));
+  grow(ps.kv_lens, static_cast<size_t>(S));
+  grow(ps.x, static_cast<size_t>(M * C));
+  // Each sequence's first row and its K/V length, from the batch (read when the step runs).
+  graph::op("paged_positions",
+            {graph::writes(ps.row_begin.data(), S + 1), graph::writes(ps.kv_lens.data(), S),
+             graph::reads(b.num_cached.data(), S), graph::reads(b.num_new.data(), S)},
+            [S](const graph::Access* io) {
+              int32_t *row_begin = io[0].mut<int32_t>(), *kv_lens = io[1].mut<int32_t>();
+              const int32_t *cached = io[2].as<int32_t>(), *num_new = io[3].as<int32_t>();
+              row_begin[0] = 0;
+              for (int64_t i = 0; i < S; ++i) {
+                row_begin[i + 1] = row_begin[i] + num_new[i];
+                kv_lens[i] = cached[i] + num_new[i];
+              }
+            });
   embed(a.resid[0].p, b.tokens.data(), N);
   if (c.family == ModelFamily::kGpt2) {
-    for (int64_t i = 0; i < S; ++i)
-      cpu::positional_forward(a.resid[0].p + int64_t{ps.row_begin[i]} * C,
-                              wpe_ + int64_t{b.num_cached[i]} * C, 1,
-                              b.num_new[i], C);
+    graph::op("positional_paged",
+              {graph::writes(a.resid[0].p, N * C), graph::reads(a.resid[0].p, N * C), graph::reads(wpe_, c.max_seq_len * C),
+               graph::reads(ps.row_begin.data(), S + 1), graph::reads(b.num_cached.data(), S),
+               graph::reads(b.num_new.data(), S)},
+              [S, C](const graph::Access* io) {
+                const int32_t *row_begin = io[3].as<int32_t>(), *cached = io[4].as<int32_t>();
+                const int32_t* num_new = io[5].as<int32_t>();
+                for (int64_t i = 0; i < S; ++i)
+                  cpu::positional_forward(io[0].mut<float>() + int64_t{row_begin[i]} * C,
+                                          io[2].as<float>() + int64_t{cached[i]} * C, 1, num_new[i], C);
+              });
   }
   PagedStep step;
   step.batch = &b;
@@ -1722,14 +1781,20 @@ Expected<const float*> Transformer::forward_paged(const PagedBatch& b, PagedKvCa
   for (size_t l = 0; l < layers_.size(); ++l) {
     step.k_pool = cache.k[l].data<float>();
     step.v_pool = cache.v[l].numel() > 0 ? cache.v[l].data<float>() : step.k_pool;  // MLA: the key rows
+    step.pool_rows = cache.num_blocks * bs;
     layers_[l]->forward(a.resid[l + 1].p, a.resid[l].p, 1, N, nullptr, nullptr, 0, &step);
     if (cache.on_layer_written) cache.on_layer_written(static_cast<int64_t>(l));
   }
   if (M == 0) return a.logits.p;
   // Final norm and LM head only for the rows that get logits: x (M, C) -> logits (M, V).
-  ps.x.resize(static_cast<size_t>(M * C));
-  for (int64_t r = 0; r < M; ++r)
-    std::memcpy(ps.x.data() + r * C, a.resid.back().p + int64_t{b.logit_rows[r]} * C, static_cast<size_t>(C) * sizeof(float));
+  graph::op("gather_rows",
+            {graph::writes(ps.x.data(), M * C), graph::reads(a.resid.back().p, N * C), graph::reads(b.logit_rows.data(), M)},
+            [M, C](const graph::Access* io) {
+              const int32_t* logit_rows = io[2].as<int32_t>();
+              for (int64_t r = 0; r < M; ++r)
+                std::memcpy(io[0].mut<float>() + r * C, io[1].as<float>() + int64_t{logit_rows[r]} * C,
+                            static_cast<size_t>(C) * sizeof(float));
+            });
   final_norm(a.final_norm.p, ps.x.data(), M);
   head_.forward(a.logits.p, a.final_norm.p, M);
   return tp_->whole_logits(a.logits.p, M, V / shard_.size);

@@ -216,6 +216,10 @@ class LinearBackend {
                         bool accumulate_dx) const;
   // Called after the master weight changed (an optimizer step, a load).
   virtual void sync(const Linear& /*l*/) {}
+  // Whether graph capture (core/graph.h) records all of forward's work: true when every kernel
+  // it calls records itself and it keeps no per-call buffers; otherwise a forward through it is
+  // a graph break.
+  virtual bool captured() const { return false; }
 };
 
 // y = x Wᵀ + b over n rows; W (out, in), b (out,) or null.
@@ -372,6 +376,9 @@ class Transformer {
   // decode). Returns logits (logit_rows.size(), V); errors name bad shapes, ids or positions.
   PagedKvCache make_paged_kv_cache(int64_t num_blocks, int64_t block_size) const;
   Expected<const float*> forward_paged(const PagedBatch& batch, PagedKvCache& cache);
+  // Changes whenever a buffer a forward wrote may have moved (activations reallocated, the paged
+  // scratch grown): a captured graph (core/graph.h) holds pointers into them, so it is keyed by it.
+  uint64_t buffer_epoch() const { return buffer_epoch_; }
   // Bytes of the activation and backward-scratch buffers for the last forward's (B, T), with
   // the MoE blocks' routing-sized buffers (every slot's).
   int64_t activation_bytes() const;
@@ -477,6 +484,7 @@ class Transformer {
   std::unique_ptr<PagedScratch> paged_;
   int64_t activation_bytes_ = 0;
   int64_t scratch_bytes_ = 0;  // of it, the backward scratch shared by the slots
+  uint64_t buffer_epoch_ = 0;
   CheckpointMode ckpt_ = CheckpointMode::kNone;
 };
 

@@ -42,6 +42,8 @@ struct EngineConfig {
   // Disaggregated serving (--disaggregate): prompts are prefilled there, not here (requests
   // with prompt logprobs excepted: their logits are needed here). Not owned; outlives the engine.
   RemotePrefill* remote_prefill = nullptr;
+  // Decode steps replay captured graphs, one per batch size (serve/decode_graph.h). --graph capture
+  bool graph_capture = false;
 };
 
 inline constexpr int64_t kMaxParallelSamples = 64;  // the largest n one request may ask for
@@ -194,6 +196,9 @@ class Engine {
   void run_until_idle();
 
   EngineMetrics metrics() const;
+  // Graph capture's counters (EngineConfig::graph_capture), null when decode runs eagerly. Read
+  // it while no step runs (after generate(), or from the engine's thread).
+  const GraphStats* graph_stats() const { return executor_.graph_stats(); }
   // Prometheus text exposition of metrics(), names prefixed kiln_.
   std::string metrics_text() const;
   const ModelConfig& model_config() const { return model_->config(); }

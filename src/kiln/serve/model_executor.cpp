@@ -9,7 +9,7 @@
 namespace kiln {
 
 ModelExecutor::ModelExecutor(Transformer& model, Transformer* draft, int64_t num_blocks, int64_t block_size,
-                             bool packed_weights)
+                             bool packed_weights, bool graph_capture)
     : model_(model), draft_(draft), cache_(model.make_paged_kv_cache(num_blocks, block_size)) {
   if (draft_) draft_cache_ = draft_->make_paged_kv_cache(num_blocks, block_size);
   const TensorShard& shard = model.tensor_shard();
@@ -19,6 +19,7 @@ ModelExecutor::ModelExecutor(Transformer& model, Transformer* draft, int64_t num
     tp_leader_ = std::make_unique<TensorParallelLeader>(*shard.comm);
     tp_leader_->cache(num_blocks, block_size, packed_weights);
   }
+  if (graph_capture) graphs_ = std::make_unique<DecodeGraphs>(model_, cache_);
 }
 
 Expected<std::vector<const float*>> ModelExecutor::forward(Transformer& model, PagedKvCache& cache,
@@ -55,7 +56,8 @@ Expected<std::vector<const float*>> ModelExecutor::forward(Transformer& model, P
   b.logit_rows = logit_rows_;
   // The other tp ranks run the target's step on their shards (the draft is rank 0's alone).
   if (tp_leader_ && &model == &model_) tp_leader_->forward(b);
-  KILN_ASSIGN_OR_RETURN(const float* rows, model.forward_paged(b, cache));
+  const bool replay = graphs_ && &model == &model_ && !tp_leader_ && DecodeGraphs::eligible(b);
+  KILN_ASSIGN_OR_RETURN(const float* rows, replay ? graphs_->run(b) : model.forward_paged(b, cache));
   const int64_t V = model.config().vocab_size;
   for (const auto& [seq, row] : row_of) first_row[seq] = rows + row * V;
   return first_row;

@@ -12,6 +12,7 @@
 
 #include "kiln/core/status.h"
 #include "kiln/model/transformer.h"
+#include "kiln/serve/decode_graph.h"
 #include "kiln/serve/scheduler.h"
 #include "kiln/serve/tensor_parallel.h"
 
@@ -42,8 +43,9 @@ class ModelExecutor {
   // shard of size > 1 (on tp rank 0) announces every target step to the other tp ranks first
   // (serve/tensor_parallel.h); a draft runs whole on rank 0.
   // packed_weights: the engine packed the model's weights (EngineConfig); the other tp ranks do too.
+  // graph_capture: the target's decode steps replay captured graphs (serve/decode_graph.h).
   ModelExecutor(Transformer& model, Transformer* draft, int64_t num_blocks, int64_t block_size,
-                bool packed_weights = false);
+                bool packed_weights = false, bool graph_capture = false);
 
   // Copies the step's copy-on-write blocks (in both caches), runs the draft's proposals when a
   // sequence has num_lookahead > 0 (draft_sampler required then), then every scheduled
@@ -59,6 +61,8 @@ class ModelExecutor {
   const PagedKvCache& cache() const { return cache_; }
   PagedKvCache& cache() { return cache_; }  // disaggregated serving writes received K/V here
   int64_t cache_bytes() const { return cache_.bytes() + (draft_ ? draft_cache_.bytes() : 0); }
+  // Graph capture's counters (null when the engine runs eagerly).
+  const GraphStats* graph_stats() const { return graphs_ ? &graphs_->stats() : nullptr; }
 
  private:
   // One sequence's share of a forward: tokens at positions [num_cached, num_cached + size),
@@ -82,6 +86,7 @@ class ModelExecutor {
   std::vector<ForwardSeq> seqs_;
   std::vector<std::vector<int32_t>> verify_tokens_;  // per entry: pending token + draft tokens
   std::unique_ptr<TensorParallelLeader> tp_leader_;  // tensor-parallel serving: rank 0's broadcast
+  std::unique_ptr<DecodeGraphs> graphs_;             // the target's captured decode steps
 };
 
 }  // namespace kiln

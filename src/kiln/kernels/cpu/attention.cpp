@@ -12,6 +12,7 @@
 #include "kiln/core/thread_pool.h"
 #include "kiln/core/trace.h"
 #include "kiln/kernels/attention.h"
+#include "kiln/kernels/cpu/attention_io.h"
 #include "kiln/kernels/cpu/attention_scratch.h"
 #include "kiln/kernels/elementwise.h"
 #include "kiln/kernels/gemm.h"
@@ -58,6 +59,10 @@ AttentionImpl resolve(const AttentionParams& p) {
 
 void attention_forward(float* out, float* lse, const float* q, const float* k, const float* v,
                        const AttentionParams& p) {
+  KILN_GRAPH_NODE("attention_forward", [=](const graph::Access* io) {
+    attention_forward(io[0].mut<float>(), io[1].mut<float>(), io[2].as<float>(), io[3].as<float>(), io[4].as<float>(), p);
+  }, attention_out(out, p), graph::writes(lse, p.batch * p.n_heads * p.q_len), attention_q(q, p), attention_k(k, p),
+     attention_v(v, p));
   if (resolve(p) == AttentionImpl::kNaive) {
     attention_forward_naive(out, lse, q, k, v, p);
   } else {
@@ -68,6 +73,12 @@ void attention_forward(float* out, float* lse, const float* q, const float* k, c
 void attention_backward(float* dq, float* dk, float* dv, const float* dout, const float* q,
                         const float* k, const float* v, const float* out, const float* lse,
                         const AttentionParams& p) {
+  KILN_GRAPH_NODE("attention_backward", [=](const graph::Access* io) {
+    attention_backward(io[0].mut<float>(), io[1].mut<float>(), io[2].mut<float>(), io[3].as<float>(), io[4].as<float>(),
+                       io[5].as<float>(), io[6].as<float>(), io[7].as<float>(), io[8].as<float>(), p);
+  }, attention_q(dq, p, true), attention_k(dk, p, true), attention_v(dv, p, true), attention_out(dout, p, false),
+     attention_q(q, p), attention_k(k, p), attention_v(v, p), attention_out(out, p, false),
+     graph::reads(lse, p.batch * p.n_heads * p.q_len));
   if (resolve(p) == AttentionImpl::kNaive) {
     attention_backward_naive(dq, dk, dv, dout, q, k, v, out, lse, p);
   } else {

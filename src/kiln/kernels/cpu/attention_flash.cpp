@@ -16,6 +16,7 @@
 #include "kiln/core/trace.h"
 #include "kiln/kernels/attention.h"
 #include "kiln/kernels/cpu/attention_flash.h"
+#include "kiln/kernels/cpu/attention_io.h"
 #include "kiln/kernels/cpu/attention_scratch.h"
 #include "kiln/kernels/cpu/parallel.h"
 
@@ -455,6 +456,18 @@ void attention_backward_varlen(float* dq, float* dk, float* dv, const float* dou
 }
 
 void attention_decode_paged(float* out, float* lse, const float* q, const PagedKv& kv, const AttentionParams& p) {
+  // The pools' extent is the cache's, not this call's: a byte of each marks them (the step that
+  // writes the pools declares all of them).
+  KILN_GRAPH_NODE("attention_decode", [=](const graph::Access* io) {
+    PagedKv r = kv;
+    r.k_pool = io[3].as<float>(); r.v_pool = io[4].as<float>();
+    r.block_table = io[5].as<int32_t>(); r.seq_lens = io[6].as<int32_t>();
+    attention_decode_paged(io[0].mut<float>(), io[1].mut<float>(), io[2].as<float>(), r, p);
+  }, attention_rows(out, kv.num_seqs * p.q_len, p.n_heads * p.head_dim, p.o_row_stride, true),
+     graph::writes(lse, kv.num_seqs * p.n_heads * p.q_len),
+     attention_rows(q, kv.num_seqs * p.q_len, p.n_heads * p.head_dim, p.q_row_stride, false),
+     graph::reads(kv.k_pool, 1), graph::reads(kv.v_pool, 1), graph::reads(kv.block_table, kv.num_seqs * kv.max_blocks_per_seq),
+     graph::reads(kv.seq_lens, kv.num_seqs));
   trace::Scope kiln_trace_(trace::Category::kKernel, "attention_decode", [&](trace::Event& e) { describe_attention(e, p, attention_decode_paged_cost(p, kv), "split-kv paged"); });
   std::vector<FlashSeq> seqs(static_cast<size_t>(kv.num_seqs));
   std::vector<const FlashSeq*> ptrs;

@@ -2,6 +2,7 @@
 // (one streaming max/sum pass per row, one gradient pass), rows spread over threads.
 #include "kiln/kernels/cross_entropy.h"
 
+#include "kiln/core/graph.h"
 #include "kiln/core/trace.h"
 #include "kiln/kernels/cpu/ops_targets.h"
 #include "kiln/kernels/cpu/parallel.h"
@@ -10,6 +11,9 @@ namespace kiln::cpu {
 
 void cross_entropy_forward(float* losses, const float* logits, const int32_t* targets, int64_t rows,
                            int64_t vocab) {
+  KILN_GRAPH_NODE("cross_entropy_forward", [=](const graph::Access* io) {
+    cross_entropy_forward(io[0].mut<float>(), io[1].as<float>(), io[2].as<int32_t>(), rows, vocab);
+  }, graph::writes(losses, rows), graph::reads(logits, rows * vocab), graph::reads(targets, rows));
   KILN_TRACE_KERNEL("cross_entropy_forward", cross_entropy_forward_cost(rows, vocab), rows, vocab);
   check_targets({targets, static_cast<size_t>(rows)}, vocab).check_ok(__FILE__, __LINE__);
   KILN_CHECK(vocab > 0);
@@ -20,6 +24,10 @@ void cross_entropy_forward(float* losses, const float* logits, const int32_t* ta
 
 void cross_entropy_backward(float* dlogits, const float* logits, const int32_t* targets,
                             const float* dlosses, int64_t rows, int64_t vocab) {
+  KILN_GRAPH_NODE("cross_entropy_backward", [=](const graph::Access* io) {
+    cross_entropy_backward(io[0].mut<float>(), io[1].as<float>(), io[2].as<int32_t>(), io[3].as<float>(), rows, vocab);
+  }, graph::writes(dlogits, rows * vocab), graph::reads(logits, rows * vocab), graph::reads(targets, rows),
+     graph::reads(dlosses, rows));
   KILN_TRACE_KERNEL("cross_entropy_backward", cross_entropy_backward_cost(rows, vocab), rows, vocab);
   check_targets({targets, static_cast<size_t>(rows)}, vocab).check_ok(__FILE__, __LINE__);
   KILN_CHECK(vocab > 0);

@@ -2,6 +2,7 @@
 // ops_impl.inc over aligned element ranges spread over threads.
 #include "kiln/kernels/elementwise.h"
 
+#include "kiln/core/graph.h"
 #include "kiln/core/trace.h"
 #include "kiln/kernels/cpu/ops_targets.h"
 #include "kiln/kernels/cpu/parallel.h"
@@ -9,18 +10,24 @@
 namespace kiln::cpu {
 
 void add(float* out, const float* a, const float* b, int64_t n) {
+  KILN_GRAPH_NODE("add", [=](const graph::Access* io) { add(io[0].mut<float>(), io[1].as<float>(), io[2].as<float>(), n); },
+                  graph::writes(out, n), graph::reads(a, n), graph::reads(b, n));
   KILN_TRACE_KERNEL("add", add_cost(n), n);
   const auto fn = KILN_OPS_DISPATCH(add_n).pick();
   parallel_elems(n, [&](int64_t i0, int64_t i1) { fn(out + i0, a + i0, b + i0, i1 - i0); });
 }
 
 void scale(float* out, const float* inp, float s, int64_t n) {
+  KILN_GRAPH_NODE("scale", [=](const graph::Access* io) { scale(io[0].mut<float>(), io[1].as<float>(), s, n); },
+                  graph::writes(out, n), graph::reads(inp, n));
   KILN_TRACE_KERNEL("scale", scale_cost(n), n);
   const auto fn = KILN_OPS_DISPATCH(scale_n).pick();
   parallel_elems(n, [&](int64_t b, int64_t e) { fn(out + b, inp + b, s, e - b); });
 }
 
 void accumulate(float* y, const float* x, int64_t n) {
+  KILN_GRAPH_NODE("accumulate", [=](const graph::Access* io) { accumulate(io[0].mut<float>(), io[2].as<float>(), n); },
+                  graph::writes(y, n), graph::reads(y, n), graph::reads(x, n));
   KILN_TRACE_KERNEL("accumulate", accumulate_cost(n), n);
   const auto fn = KILN_OPS_DISPATCH(accumulate_n).pick();
   parallel_elems(n, [&](int64_t b, int64_t e) { fn(y + b, x + b, e - b); });

@@ -5,6 +5,7 @@
 
 #include <cstring>
 
+#include "kiln/core/graph.h"
 #include "kiln/core/trace.h"
 #include "kiln/kernels/cpu/ops_targets.h"
 #include "kiln/kernels/cpu/parallel.h"
@@ -13,6 +14,9 @@ namespace kiln::cpu {
 
 void embedding_forward(float* out, const int32_t* ids, const float* weight, int64_t num_tokens,
                        int64_t vocab_size, int64_t cols) {
+  KILN_GRAPH_NODE("embedding_forward", [=](const graph::Access* io) {
+    embedding_forward(io[0].mut<float>(), io[1].as<int32_t>(), io[2].as<float>(), num_tokens, vocab_size, cols);
+  }, graph::writes(out, num_tokens * cols), graph::reads(ids, num_tokens), graph::reads(weight, vocab_size * cols));
   KILN_TRACE_KERNEL("embedding_forward", embedding_forward_cost(num_tokens, cols), num_tokens, cols);
   check_token_ids({ids, static_cast<size_t>(num_tokens)}, vocab_size).check_ok(__FILE__, __LINE__);
   parallel_for(num_tokens, grain_for(cols), [&](int64_t t0, int64_t t1) {
@@ -25,6 +29,10 @@ void embedding_forward(float* out, const int32_t* ids, const float* weight, int6
 
 void embedding_backward(float* dweight, const float* dout, const int32_t* ids, int64_t num_tokens,
                         int64_t vocab_size, int64_t cols) {
+  KILN_GRAPH_NODE("embedding_backward", [=](const graph::Access* io) {
+    embedding_backward(io[0].mut<float>(), io[2].as<float>(), io[3].as<int32_t>(), num_tokens, vocab_size, cols);
+  }, graph::writes(dweight, vocab_size * cols), graph::reads(dweight, vocab_size * cols),
+     graph::reads(dout, num_tokens * cols), graph::reads(ids, num_tokens));
   KILN_TRACE_KERNEL("embedding_backward", embedding_backward_cost(num_tokens, cols), num_tokens, cols);
   check_token_ids({ids, static_cast<size_t>(num_tokens)}, vocab_size).check_ok(__FILE__, __LINE__);
   const auto fn = KILN_OPS_DISPATCH(embedding_backward_cols).pick();
@@ -33,6 +41,9 @@ void embedding_backward(float* dweight, const float* dout, const int32_t* ids, i
 }
 
 void positional_forward(float* x, const float* wpe, int64_t batch, int64_t seq_len, int64_t cols) {
+  KILN_GRAPH_NODE("positional_forward", [=](const graph::Access* io) {
+    positional_forward(io[0].mut<float>(), io[2].as<float>(), batch, seq_len, cols);
+  }, graph::writes(x, batch * seq_len * cols), graph::reads(x, batch * seq_len * cols), graph::reads(wpe, seq_len * cols));
   KILN_TRACE_KERNEL("positional_forward", positional_cost(batch, seq_len, cols), batch, seq_len, cols);
   const auto fn = KILN_OPS_DISPATCH(accumulate_n).pick();
   parallel_for(batch * seq_len, grain_for(cols), [&](int64_t r0, int64_t r1) {
@@ -42,6 +53,9 @@ void positional_forward(float* x, const float* wpe, int64_t batch, int64_t seq_l
 
 void positional_backward(float* dwpe, const float* dx, int64_t batch, int64_t seq_len,
                          int64_t cols) {
+  KILN_GRAPH_NODE("positional_backward", [=](const graph::Access* io) {
+    positional_backward(io[0].mut<float>(), io[2].as<float>(), batch, seq_len, cols);
+  }, graph::writes(dwpe, seq_len * cols), graph::reads(dwpe, seq_len * cols), graph::reads(dx, batch * seq_len * cols));
   KILN_TRACE_KERNEL("positional_backward", positional_cost(batch, seq_len, cols), batch, seq_len, cols);
   const auto fn = KILN_OPS_DISPATCH(accumulate_n).pick();
   parallel_for(seq_len, grain_for(batch * cols), [&](int64_t t0, int64_t t1) {

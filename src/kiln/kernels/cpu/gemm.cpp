@@ -21,6 +21,7 @@
 #include "kiln/core/cpu_features.h"
 #include "kiln/core/huge_pages.h"
 #include "kiln/core/thread_pool.h"
+#include "kiln/core/graph.h"
 #include "kiln/core/trace.h"
 #include "kiln/core/file_io.h"
 #include "kiln/core/json.h"
@@ -480,6 +481,11 @@ std::string gemm_path_name(GemmPath path) {
 std::string gemm_small_m_name() { return gemm_target_kernels().small_m_name; }
 
 void gemm(const GemmParams& p) {
+  KILN_GRAPH_NODE_IO("gemm", [p](const graph::Access* io) {
+    GemmParams q = p;
+    q.c = io[0].mut<float>(); q.a = io[1].ptr; q.b = io[2].ptr; q.bias = io[3].as<float>(); q.residual = io[4].as<float>();
+    gemm(q);
+  }, gemm_io(p));
   trace::Scope kiln_trace_(trace::Category::kKernel, "gemm", [&](trace::Event& e) { describe_gemm(e, p); e.algo = p.m <= kGemmSmallM ? "small-m" : "packed"; });
   KILN_CHECK_MSG(check_gemm(p).ok(), "{}", check_gemm(p).message());
   if (p.m == 0 || p.n == 0) return;

@@ -13,6 +13,7 @@
 #include "kiln/core/dtype.h"
 #include "kiln/core/huge_pages.h"
 #include "kiln/core/thread_pool.h"
+#include "kiln/core/graph.h"
 #include "kiln/core/trace.h"
 #include "kiln/kernels/cpu/gemm_cpu.h"
 #include "kiln/kernels/cpu/gemm_kernels.h"
@@ -216,6 +217,11 @@ double gemm_prepacked_bytes(const GemmParams& p, const PackedMatrix& b) {
 }
 
 void gemm_prepacked(const GemmParams& p, const PackedMatrix& b) {
+  KILN_GRAPH_NODE_IO("gemm", ([p, &b](const graph::Access* io) {
+    GemmParams q = p;
+    q.c = io[0].mut<float>(); q.a = io[1].ptr; q.bias = io[3].as<float>(); q.residual = io[4].as<float>();
+    gemm_prepacked(q, b);
+  }), gemm_io(p));
   trace::Scope kiln_trace_(trace::Category::kKernel, "gemm", [&](trace::Event& e) { describe_gemm(e, p); e.algo = "prepacked"; });
   KILN_CHECK_MSG(check_gemm_prepacked(p, b).ok(), "{}", check_gemm_prepacked(p, b).message());
   if (p.m == 0 || p.n == 0) return;

@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "kiln/core/status.h"
+#include "kiln/core/graph.h"
 #include "kiln/core/trace.h"
 #include "kiln/kernels/cpu/ops_targets.h"
 #include "kiln/kernels/cpu/parallel.h"
@@ -30,6 +31,11 @@ float* partials(int64_t floats) {
 
 void layernorm_forward(float* out, float* mean, float* rstd, const float* inp, const float* weight,
                        const float* bias, int64_t rows, int64_t cols, float eps) {
+  KILN_GRAPH_NODE("layernorm_forward", [=](const graph::Access* io) {
+    layernorm_forward(io[0].mut<float>(), io[1].mut<float>(), io[2].mut<float>(), io[3].as<float>(), io[4].as<float>(),
+                      io[5].as<float>(), rows, cols, eps);
+  }, graph::writes(out, rows * cols), graph::writes(mean, rows), graph::writes(rstd, rows), graph::reads(inp, rows * cols),
+     graph::reads(weight, cols), graph::reads(bias, cols));
   KILN_TRACE_KERNEL("layernorm_forward", layernorm_forward_cost(rows, cols), rows, cols);
   KILN_CHECK(rows >= 0 && cols > 0);
   const auto fn = KILN_OPS_DISPATCH(layernorm_forward_rows).pick();
@@ -41,6 +47,12 @@ void layernorm_forward(float* out, float* mean, float* rstd, const float* inp, c
 void layernorm_backward(float* dinp, float* dweight, float* dbias, const float* dout,
                         const float* inp, const float* weight, const float* mean, const float* rstd,
                         int64_t rows, int64_t cols) {
+  KILN_GRAPH_NODE("layernorm_backward", [=](const graph::Access* io) {
+    layernorm_backward(io[0].mut<float>(), io[1].mut<float>(), io[2].mut<float>(), io[5].as<float>(), io[6].as<float>(),
+                       io[7].as<float>(), io[8].as<float>(), io[9].as<float>(), rows, cols);
+  }, graph::writes(dinp, rows * cols), graph::writes(dweight, cols), graph::writes(dbias, cols), graph::reads(dweight, cols),
+     graph::reads(dbias, cols), graph::reads(dout, rows * cols), graph::reads(inp, rows * cols), graph::reads(weight, cols),
+     graph::reads(mean, rows), graph::reads(rstd, rows));
   KILN_TRACE_KERNEL("layernorm_backward", layernorm_backward_cost(rows, cols), rows, cols);
   KILN_CHECK(rows >= 0 && cols > 0);
   const int64_t blocks = (rows + kRowBlock - 1) / kRowBlock;
@@ -62,6 +74,9 @@ void layernorm_backward(float* dinp, float* dweight, float* dbias, const float* 
 
 void rmsnorm_forward(float* out, float* rstd, const float* inp, const float* weight, int64_t rows,
                      int64_t cols, float eps) {
+  KILN_GRAPH_NODE("rmsnorm_forward", [=](const graph::Access* io) {
+    rmsnorm_forward(io[0].mut<float>(), io[1].mut<float>(), io[2].as<float>(), io[3].as<float>(), rows, cols, eps);
+  }, graph::writes(out, rows * cols), graph::writes(rstd, rows), graph::reads(inp, rows * cols), graph::reads(weight, cols));
   KILN_TRACE_KERNEL("rmsnorm_forward", rmsnorm_forward_cost(rows, cols), rows, cols);
   KILN_CHECK(rows >= 0 && cols > 0);
   const auto fn = KILN_OPS_DISPATCH(rmsnorm_forward_rows).pick();
@@ -71,6 +86,11 @@ void rmsnorm_forward(float* out, float* rstd, const float* inp, const float* wei
 
 void rmsnorm_backward(float* dinp, float* dweight, const float* dout, const float* inp,
                       const float* weight, const float* rstd, int64_t rows, int64_t cols) {
+  KILN_GRAPH_NODE("rmsnorm_backward", [=](const graph::Access* io) {
+    rmsnorm_backward(io[0].mut<float>(), io[1].mut<float>(), io[3].as<float>(), io[4].as<float>(), io[5].as<float>(),
+                     io[6].as<float>(), rows, cols);
+  }, graph::writes(dinp, rows * cols), graph::writes(dweight, cols), graph::reads(dweight, cols), graph::reads(dout, rows * cols),
+     graph::reads(inp, rows * cols), graph::reads(weight, cols), graph::reads(rstd, rows));
   KILN_TRACE_KERNEL("rmsnorm_backward", rmsnorm_backward_cost(rows, cols), rows, cols);
   KILN_CHECK(rows >= 0 && cols > 0);
   const int64_t blocks = (rows + kRowBlock - 1) / kRowBlock;

@@ -1,0 +1,207 @@
+// Capture, plan and replay of kernel graphs (graph.h).
+#include "kiln/core/graph.h"
+
+#include <algorithm>
+#include <cstring>
+#include <utility>
+
+#include "kiln/core/status.h"
+#include "kiln/core/thread_pool.h"
+
+namespace kiln::graph {
+namespace {
+thread_local Graph* t_graph = nullptr;  // the open capture of this thread
+thread_local int t_depth = 0;           // > 0 while a recorded kernel runs
+
+constexpr int64_t kAlign = 64;  // the arena keeps each region's offset within a cache line
+
+uintptr_t addr(const void* p) { return reinterpret_cast<uintptr_t>(p); }
+
+// A maximal run of touched bytes: overlapping or adjacent accesses merge into one.
+struct Region {
+  uintptr_t begin = 0, end = 0;
+  size_t first = SIZE_MAX, last = 0;  // nodes touching it
+  bool external = false;
+  int64_t offset = -1;  // in the arena (internal)
+  int64_t bytes() const { return static_cast<int64_t>(end - begin); }
+};
+
+bool overlaps(uintptr_t a0, uintptr_t a1, uintptr_t b0, uintptr_t b1) { return a0 < b1 && b0 < a1; }
+
+// Whether node b must run after node a (a read or write of one meets a write of the other).
+bool conflict(const Node& a, const Node& b) {
+  for (const Access& x : a.io) {
+    if (x.bytes == 0) continue;
+    for (const Access& y : b.io) {
+      if (y.bytes == 0 || !(x.write || y.write)) continue;
+      if (overlaps(addr(x.ptr), addr(x.ptr) + x.bytes, addr(y.ptr), addr(y.ptr) + y.bytes)) return true;
+    }
+  }
+  return false;
+}
+}  // namespace
+
+bool recording() { return t_graph != nullptr && t_depth == 0; }
+
+void record(const char* name, const Access* io, size_t num_io, NodeFn fn) {
+  Graph& g = *t_graph;
+  g.add(Node{name, std::vector<Access>(io, io + num_io), std::move(fn)});
+  const Node& n = g.nodes().back();
+  ++t_depth;
+  n.fn(n.io.data());
+  --t_depth;
+}
+
+void graph_break(const char* reason) {
+  if (t_graph != nullptr && t_depth == 0) t_graph->add_break(reason);
+}
+
+std::string GraphKey::mismatch(const GraphKey& now) const {
+  for (size_t i = 0; i < std::max(fields.size(), now.fields.size()); ++i) {
+    if (i >= fields.size()) return now.fields[i].first + " (new guard)";
+    if (i >= now.fields.size()) return fields[i].first + " (guard gone)";
+    if (fields[i] != now.fields[i])
+      return fields[i].first + " " + std::to_string(fields[i].second) + " -> " + std::to_string(now.fields[i].second);
+  }
+  return {};
+}
+
+Capture::Capture(Graph& g) : previous_(t_graph) { t_graph = &g; }
+Capture::~Capture() { t_graph = previous_; }
+
+void Graph::keep(const void* p, int64_t bytes) {
+  if (p != nullptr && bytes > 0) kept_.emplace_back(static_cast<const char*>(p), bytes);
+}
+
+const Plan& Graph::plan(bool relocate) {
+  KILN_CHECK_MSG(!plan_.relocated, "a graph is planned once");
+  // Regions: the union of every access, merged where they overlap or touch.
+  std::vector<std::pair<uintptr_t, uintptr_t>> spans;
+  for (const Node& n : nodes_)
+    for (const Access& a : n.io)
+      if (a.bytes > 0) spans.emplace_back(addr(a.ptr), addr(a.ptr) + a.bytes);
+  std::sort(spans.begin(), spans.end());
+  std::vector<Region> regions;
+  for (auto [b, e] : spans) {
+    if (!regions.empty() && b <= regions.back().end) regions.back().end = std::max(regions.back().end, e);
+    else regions.push_back({b, e});
+  }
+  auto region_of = [&](const void* p) -> Region& {
+    auto it = std::upper_bound(regions.begin(), regions.end(), addr(p),
+                               [](uintptr_t v, const Region& r) { return v < r.begin; });
+    return *(it - 1);
+  };
+  // Lifetimes, and which regions the graph defines: the first node touching a region must write
+  // all of it and read none of it, and nobody outside must need it (keep()).
+  for (size_t i = 0; i < nodes_.size(); ++i)
+    for (const Access& a : nodes_[i].io)
+      if (a.bytes > 0) {
+        Region& r = region_of(a.ptr);
+        r.first = std::min(r.first, i);
+        r.last = std::max(r.last, i);
+      }
+  for (Region& r : regions) {
+    for (auto [p, bytes] : kept_)
+      if (overlaps(r.begin, r.end, addr(p), addr(p) + bytes)) r.external = true;
+    if (r.external) continue;
+    int64_t written = 0;
+    for (const Access& a : nodes_[r.first].io) {
+      if (a.bytes == 0 || !overlaps(r.begin, r.end, addr(a.ptr), addr(a.ptr) + a.bytes)) continue;
+      if (!a.write) r.external = true;  // read before the graph wrote it: it comes from outside
+      else written += a.bytes;           // writes of one node to one region do not overlap
+    }
+    if (written < r.bytes()) r.external = true;
+  }
+  // The arena: each internal region at the lowest offset free over its lifetime (first fit); a
+  // region keeps its address's offset within a cache line.
+  std::vector<Region*> internal;
+  for (Region& r : regions) {
+    if (r.external) {
+      plan_.external_bytes += r.bytes();
+      ++plan_.num_external;
+    } else {
+      plan_.eager_bytes += r.bytes();
+      internal.push_back(&r);
+    }
+  }
+  plan_.num_internal = static_cast<int>(internal.size());
+  // Larger first; equal sizes in order of birth (first fit in start order colours an interval
+  // graph with the fewest colours, so equal-sized temporaries pack optimally).
+  std::sort(internal.begin(), internal.end(), [](const Region* a, const Region* b) {
+    return a->bytes() != b->bytes() ? a->bytes() > b->bytes() : a->first < b->first;
+  });
+  // Each region takes a slot of its bytes rounded up to a cache line plus one line, so it keeps
+  // its address's offset within a line (alignment-dependent SIMD paths run as in eager) and any
+  // two regions of one size fit each other's slots.
+  auto slot_bytes = [](const Region* r) { return (r->bytes() + kAlign - 1) / kAlign * kAlign + kAlign; };
+  std::vector<std::pair<const Region*, int64_t>> placed;  // (region, slot offset)
+  for (Region* r : internal) {
+    std::vector<std::pair<int64_t, int64_t>> busy;  // slots of regions live at the same time
+    for (auto [q, at] : placed)
+      if (q->first <= r->last && r->first <= q->last) busy.emplace_back(at, at + slot_bytes(q));
+    std::sort(busy.begin(), busy.end());
+    int64_t at = 0;
+    for (auto [b, e] : busy) {
+      if (at + slot_bytes(r) <= b) break;
+      at = std::max(at, e);
+    }
+    r->offset = at + static_cast<int64_t>(r->begin % kAlign);
+    plan_.arena_bytes = std::max(plan_.arena_bytes, at + slot_bytes(r));
+    placed.emplace_back(r, at);
+  }
+  if (relocate && !internal.empty()) {
+    arena_ = std::make_unique<char[]>(static_cast<size_t>(plan_.arena_bytes + kAlign));
+    char* base = arena_.get() + (kAlign - static_cast<int64_t>(addr(arena_.get()) % kAlign)) % kAlign;
+    for (Node& n : nodes_)
+      for (Access& a : n.io) {
+        if (a.bytes == 0) continue;
+        const Region& r = region_of(a.ptr);
+        if (!r.external) a.ptr = base + r.offset + static_cast<int64_t>(addr(a.ptr) - r.begin);
+      }
+    plan_.relocated = true;
+  }
+  // Levels: consecutive nodes with no hazard between any two of them.
+  level_end_.clear();
+  size_t begin = 0;
+  for (size_t i = 1; i <= nodes_.size(); ++i) {
+    bool joins = i < nodes_.size();
+    for (size_t j = begin; joins && j < i; ++j) joins = !conflict(nodes_[j], nodes_[i]);
+    if (!joins) {
+      level_end_.push_back(static_cast<int>(i));
+      begin = i;
+    }
+  }
+  plan_.num_levels = static_cast<int>(level_end_.size());
+  return plan_;
+}
+
+void Graph::replay() const {
+  KILN_CHECK_MSG(breaks_.empty(), "a graph with breaks is not replayed");
+  ++t_depth;  // the nodes' kernels run, they do not record
+  if (level_end_.empty() || num_threads() == 1) {
+    for (const Node& n : nodes_) n.fn(n.io.data());
+  } else {
+    int begin = 0;
+    for (int end : level_end_) {
+      if (end - begin == 1) {
+        nodes_[static_cast<size_t>(begin)].fn(nodes_[static_cast<size_t>(begin)].io.data());
+      } else {
+        thread_pool().run(end - begin, [&](int64_t t, int) {
+          const Node& n = nodes_[static_cast<size_t>(begin + t)];
+          n.fn(n.io.data());
+        });
+      }
+      begin = end;
+    }
+  }
+  --t_depth;
+}
+
+void Graph::replace(size_t first, size_t count, Node fused) {
+  KILN_CHECK_MSG(first + count <= nodes_.size() && count > 0 && level_end_.empty(), "replace before plan()");
+  nodes_.erase(nodes_.begin() + static_cast<std::ptrdiff_t>(first),
+               nodes_.begin() + static_cast<std::ptrdiff_t>(first + count));
+  nodes_.insert(nodes_.begin() + static_cast<std::ptrdiff_t>(first), std::move(fused));
+}
+
+}  // namespace kiln::graph
