@@ -2,14 +2,13 @@
 // Compiled only with the CUDA backend; cuBLAS is linked into bench/ alone, never the engine.
 #include <cublas_v2.h>
 #include <cuda_runtime_api.h>
+#include <fmt/format.h>
 
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <string>
 #include <vector>
-
-#include <fmt/format.h>
 
 #include "bench/bench_util.h"
 #include "bench/gemm_cuda_bench.h"
@@ -42,8 +41,8 @@ float time_ms(F&& fn) {
 template <class F>
 double median_ms(const GemmCudaBenchOptions& opt, F&& fn) {
   const float warm = time_ms(fn);
-  const int reps = std::clamp(static_cast<int>(opt.max_seconds_per_rung * 1e3 / std::max(warm, 1e-3f)), 1,
-                              opt.reps);
+  const int reps = std::clamp(
+      static_cast<int>(opt.max_seconds_per_rung * 1e3 / std::max(warm, 1e-3f)), 1, opt.reps);
   std::vector<double> ms;
   for (int r = 0; r < reps; ++r) ms.push_back(time_ms(fn));
   return summarize(ms).median;
@@ -72,14 +71,17 @@ struct Row {
 
 void print_row(const Row& r, bool json) {
   if (json) {
-    std::printf("%s\n", fmt::format("{{\"bench\": \"gemm_cuda\", \"dtype\": \"{}\", \"size\": {}, \"kernel\": \"{}\", "
-                                    "\"ms\": {:.4f}, \"gflops\": {:.1f}, \"vs_cublas\": {:.3f}, \"nmse\": {:.3g}, "
-                                    "\"status\": \"{}\"}}",
-                                    r.dtype, r.size, r.kernel, r.ms, r.gflops, r.vs_peer, r.nmse, r.status)
-                            .c_str());
+    std::printf(
+        "%s\n",
+        fmt::format(
+            "{{\"bench\": \"gemm_cuda\", \"dtype\": \"{}\", \"size\": {}, \"kernel\": \"{}\", "
+            "\"ms\": {:.4f}, \"gflops\": {:.1f}, \"vs_cublas\": {:.3f}, \"nmse\": {:.3g}, "
+            "\"status\": \"{}\"}}",
+            r.dtype, r.size, r.kernel, r.ms, r.gflops, r.vs_peer, r.nmse, r.status)
+            .c_str());
   } else {
-    std::printf("%-5s %6d  %-15s %10.3f %11.1f %9.3f %10.2e  %s\n", r.dtype.c_str(), r.size, r.kernel.c_str(),
-                r.ms, r.gflops, r.vs_peer, r.nmse, r.status.c_str());
+    std::printf("%-5s %6d  %-15s %10.3f %11.1f %9.3f %10.2e  %s\n", r.dtype.c_str(), r.size,
+                r.kernel.c_str(), r.ms, r.gflops, r.vs_peer, r.nmse, r.status.c_str());
   }
   std::fflush(stdout);
 }
@@ -103,8 +105,8 @@ int bench_one(cublasHandle_t handle, int size, DType dtype, const GemmCudaBenchO
   cublasStatus_t cs = CUBLAS_STATUS_SUCCESS;
   const double peer_ms = median_ms(opt, [&] {
     cs = cublasGemmEx(handle, CUBLAS_OP_T, CUBLAS_OP_N, static_cast<int>(n), static_cast<int>(n),
-                      static_cast<int>(n), &one, b.raw_data(), t, static_cast<int>(n), a.raw_data(), t,
-                      static_cast<int>(n), &zero, c.raw_data(), CUDA_R_32F, static_cast<int>(n),
+                      static_cast<int>(n), &one, b.raw_data(), t, static_cast<int>(n), a.raw_data(),
+                      t, static_cast<int>(n), &zero, c.raw_data(), CUDA_R_32F, static_cast<int>(n),
                       CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
   });
   if (cs != CUBLAS_STATUS_SUCCESS) {
@@ -112,7 +114,9 @@ int bench_one(cublasHandle_t handle, int size, DType dtype, const GemmCudaBenchO
     return 1;
   }
   const std::vector<float> expected = download(c);
-  print_row({std::string(dtype_name(dtype)), "cublas", "peer", size, peer_ms, flops / (peer_ms * 1e6), 1.0, 0.0}, opt.json);
+  print_row({std::string(dtype_name(dtype)), "cublas", "peer", size, peer_ms,
+             flops / (peer_ms * 1e6), 1.0, 0.0},
+            opt.json);
 
   int failures = 0;
   for (cuda::GemmKernel rung : cuda::kGemmLadder) {
@@ -156,7 +160,8 @@ int bench_one(cublasHandle_t handle, int size, DType dtype, const GemmCudaBenchO
 
 int run_gemm_cuda_bench(const GemmCudaBenchOptions& opt) {
   if (!cuda_available()) {
-    std::fprintf(stderr, "kiln bench gemm --device cuda: %s\n", cuda_runtime::unavailable_reason().c_str());
+    std::fprintf(stderr, "kiln bench gemm --device cuda: %s\n",
+                 cuda_runtime::unavailable_reason().c_str());
     return 1;
   }
   cudaDeviceProp prop{};
@@ -167,9 +172,10 @@ int run_gemm_cuda_bench(const GemmCudaBenchOptions& opt) {
     return 1;
   }
   if (!opt.json) {
-    std::printf("GEMM ladder on %s (sm_%d%d): C (n, n) = A (n, n) . B^T, f32 accumulate; cuBLAS = "
-                "cublasGemmEx, COMPUTE_32F\n",
-                prop.name, prop.major, prop.minor);
+    std::printf(
+        "GEMM ladder on %s (sm_%d%d): C (n, n) = A (n, n) . B^T, f32 accumulate; cuBLAS = "
+        "cublasGemmEx, COMPUTE_32F\n",
+        prop.name, prop.major, prop.minor);
     std::printf("%-5s %6s  %-15s %10s %11s %9s %10s  %s\n", "dtype", "n", "kernel", "ms", "GFLOP/s",
                 "vs cuBLAS", "nmse", "status");
   }
@@ -179,7 +185,8 @@ int run_gemm_cuda_bench(const GemmCudaBenchOptions& opt) {
     for (int size : opt.sizes) failures += bench_one(handle, size, dtype, opt);
   }
   cublasDestroy(handle);
-  if (failures) std::fprintf(stderr, "kiln bench gemm --device cuda: %d rung(s) failed validation\n", failures);
+  if (failures)
+    std::fprintf(stderr, "kiln bench gemm --device cuda: %d rung(s) failed validation\n", failures);
   return failures ? 1 : 0;
 }
 

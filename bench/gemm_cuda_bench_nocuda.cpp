@@ -6,8 +6,9 @@
 namespace kiln::bench {
 
 int run_gemm_cuda_bench(const GemmCudaBenchOptions&) {
-  std::fprintf(stderr, "kiln bench gemm --device cuda: kiln was built without CUDA "
-                       "(-DKILN_CUDA=OFF or no nvcc found)\n");
+  std::fprintf(stderr,
+               "kiln bench gemm --device cuda: kiln was built without CUDA "
+               "(-DKILN_CUDA=OFF or no nvcc found)\n");
   return 1;
 }
 

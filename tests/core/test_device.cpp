@@ -56,7 +56,8 @@ TEST(Device, WithoutCudaTheErrorsSayWhatIsMissing) {
   const char* why = cuda_runtime::built_with_cuda() ? "no CUDA device" : "built without CUDA";
   auto storage = Storage::allocate(16, Device::kCuda);
   ASSERT_FALSE(storage.ok());
-  EXPECT_NE(storage.status().message().find(why), std::string::npos) << storage.status().to_string();
+  EXPECT_NE(storage.status().message().find(why), std::string::npos)
+      << storage.status().to_string();
   const Tensor t = Tensor::full({4}, 2.0f);
   auto moved = t.to(Device::kCuda);
   ASSERT_FALSE(moved.ok());

@@ -70,8 +70,8 @@ std::vector<float> rounded(const std::vector<float>& v, DType dtype) {
 struct GemmShape {
   int64_t m, n, k;
 };
-constexpr GemmShape kGemmShapes[] = {{1, 1, 1},     {7, 33, 31},    {33, 7, 64},   {100, 100, 255},
-                                     {257, 65, 64}, {64, 257, 1},   {130, 200, 96}, {257, 257, 255},
+constexpr GemmShape kGemmShapes[] = {{1, 1, 1},     {7, 33, 31},  {33, 7, 64},    {100, 100, 255},
+                                     {257, 65, 64}, {64, 257, 1}, {130, 200, 96}, {257, 257, 255},
                                      {1, 300, 31},  {300, 1, 100}};
 
 void check_gemm_case(const GemmShape& s, DType dtype, bool trans_a, bool trans_b, bool epilogue) {
@@ -107,9 +107,9 @@ void check_gemm_case(const GemmShape& s, DType dtype, bool trans_a, bool trans_b
   const Tensor da = ha.to(Device::kCuda).value(), db = hb.to(Device::kCuda).value();
   const Tensor dbias = device_floats(bias), dres = device_floats(residual);
   for (GemmKernel rung : kGemmLadder) {
-    const std::string what = fmt::format("{} m={} n={} k={} {} ta={} tb={} epilogue={}",
-                                         gemm_kernel_name(rung), s.m, s.n, s.k, dtype_name(dtype),
-                                         trans_a, trans_b, epilogue);
+    const std::string what =
+        fmt::format("{} m={} n={} k={} {} ta={} tb={} epilogue={}", gemm_kernel_name(rung), s.m,
+                    s.n, s.k, dtype_name(dtype), trans_a, trans_b, epilogue);
     GemmParams dp = p;
     dp.a = da.raw_data(), dp.b = db.raw_data();
     if (epilogue) dp.bias = dbias.data<float>(), dp.residual = dres.data<float>();
@@ -130,7 +130,8 @@ void check_gemm_case(const GemmShape& s, DType dtype, bool trans_a, bool trans_b
 TEST(CudaGemm, EveryRungMatchesTheReference) {
   for (const GemmShape& s : kGemmShapes)
     for (DType dtype : {DType::kF32, DType::kBF16})
-      for (auto [ta, tb] : {std::pair{false, false}, std::pair{false, true}, std::pair{true, false}})
+      for (auto [ta, tb] :
+           {std::pair{false, false}, std::pair{false, true}, std::pair{true, false}})
         check_gemm_case(s, dtype, ta, tb, /*epilogue=*/false);
 }
 
@@ -166,12 +167,14 @@ TEST(CudaRows, LayerNormAndRmsNorm) {
       const auto x = random_floats(rng, rows * cols, -2.0f, 3.0f);
       const auto w = random_floats(rng, cols), bias = random_floats(rng, cols);
       std::vector<float> out(x.size()), mean(rows), rstd(rows);
-      ref::layernorm_forward(out.data(), mean.data(), rstd.data(), x.data(), w.data(), bias.data(), rows, cols);
+      ref::layernorm_forward(out.data(), mean.data(), rstd.data(), x.data(), w.data(), bias.data(),
+                             rows, cols);
       const Tensor dx = device_floats(x), dw = device_floats(w), db = device_floats(bias);
       const Tensor dout = device_floats(std::vector<float>(x.size())), dmean = device_floats(mean),
                    drstd = device_floats(rstd);
       ASSERT_TRUE(layernorm_forward(dout.data<float>(), dmean.data<float>(), drstd.data<float>(),
-                                    dx.data<float>(), dw.data<float>(), db.data<float>(), rows, cols)
+                                    dx.data<float>(), dw.data<float>(), db.data<float>(), rows,
+                                    cols)
                       .ok());
       const std::string what = fmt::format("rows={} cols={}", rows, cols);
       EXPECT_LE(nmse(out, host_floats(dout)), kF32Nmse) << "layernorm " << what;
@@ -214,8 +217,11 @@ TEST(CudaRows, CrossEntropyWithIgnoredTargets) {
       ref::cross_entropy_forward(losses.data(), logits.data(), targets.data(), rows, vocab);
       const Tensor dl = device_floats(logits), dt = device_ints(targets);
       const Tensor dloss = device_floats(std::vector<float>(rows));
-      ASSERT_TRUE(cross_entropy_forward(dloss.data<float>(), dl.data<float>(), dt.data<int32_t>(), rows, vocab).ok());
-      EXPECT_LE(nmse(losses, host_floats(dloss)), kF32Nmse) << "rows=" << rows << " vocab=" << vocab;
+      ASSERT_TRUE(cross_entropy_forward(dloss.data<float>(), dl.data<float>(), dt.data<int32_t>(),
+                                        rows, vocab)
+                      .ok());
+      EXPECT_LE(nmse(losses, host_floats(dloss)), kF32Nmse)
+          << "rows=" << rows << " vocab=" << vocab;
     }
   }
 }
@@ -232,8 +238,11 @@ TEST(CudaRows, EmbeddingForward) {
       ref::embedding_forward(out.data(), ids.data(), weight.data(), tokens, vocab, cols);
       const Tensor dw = device_floats(weight), di = device_ints(ids);
       const Tensor dout = device_floats(std::vector<float>(out.size()));
-      ASSERT_TRUE(embedding_forward(dout.data<float>(), di.data<int32_t>(), dw.data<float>(), tokens, vocab, cols).ok());
-      EXPECT_EQ(out, host_floats(dout)) << "tokens=" << tokens << " cols=" << cols;  // a copy: exact
+      ASSERT_TRUE(embedding_forward(dout.data<float>(), di.data<int32_t>(), dw.data<float>(),
+                                    tokens, vocab, cols)
+                      .ok());
+      EXPECT_EQ(out, host_floats(dout))
+          << "tokens=" << tokens << " cols=" << cols;  // a copy: exact
     }
   }
 }
@@ -247,23 +256,28 @@ TEST(CudaRows, RopeForward) {
       const auto x = random_floats(rng, batch * seq * heads * head_dim);
       std::vector<float> out(x.size());
       ref::rope_forward(out.data(), x.data(), table, batch, seq, heads, head_dim, pos_offset);
-      const Tensor dx = device_floats(x), dcos = device_floats(table.cos), dsin = device_floats(table.sin);
-      ASSERT_TRUE(rope_forward(dx.data<float>(), dx.data<float>(), dcos.data<float>(), dsin.data<float>(),
-                               table.max_positions, batch, seq, heads, head_dim, pos_offset)
+      const Tensor dx = device_floats(x), dcos = device_floats(table.cos),
+                   dsin = device_floats(table.sin);
+      ASSERT_TRUE(rope_forward(dx.data<float>(), dx.data<float>(), dcos.data<float>(),
+                               dsin.data<float>(), table.max_positions, batch, seq, heads, head_dim,
+                               pos_offset)
                       .ok());  // in place
-      EXPECT_LE(nmse(out, host_floats(dx)), kF32Nmse) << "head_dim=" << head_dim << " pos_offset=" << pos_offset;
+      EXPECT_LE(nmse(out, host_floats(dx)), kF32Nmse)
+          << "head_dim=" << head_dim << " pos_offset=" << pos_offset;
     }
   }
   const Tensor x = device_floats(std::vector<float>(8));
-  EXPECT_EQ(rope_forward(x.data<float>(), x.data<float>(), nullptr, nullptr, 4, 1, 4, 1, 2, 1).code(),
-            StatusCode::kInvalidArgument);  // positions [1, 5) past a 4-position table
+  EXPECT_EQ(
+      rope_forward(x.data<float>(), x.data<float>(), nullptr, nullptr, 4, 1, 4, 1, 2, 1).code(),
+      StatusCode::kInvalidArgument);  // positions [1, 5) past a 4-position table
 }
 
 TEST(CudaRows, ActivationsAndAdamW) {
   for (int64_t n : {int64_t{1}, int64_t{31}, int64_t{1000}, int64_t{1} << 20}) {
     Rng rng(static_cast<uint64_t>(n));
     const auto x = random_floats(rng, n, -6.0f, 6.0f), up = random_floats(rng, n);
-    const Tensor dx = device_floats(x), dup = device_floats(up), dout = device_floats(std::vector<float>(n));
+    const Tensor dx = device_floats(x), dup = device_floats(up),
+                 dout = device_floats(std::vector<float>(n));
     std::vector<float> out(static_cast<size_t>(n));
     ref::gelu_forward(out.data(), x.data(), n);
     ASSERT_TRUE(gelu_forward(dout.data<float>(), dx.data<float>(), n).ok());
@@ -276,7 +290,8 @@ TEST(CudaRows, ActivationsAndAdamW) {
     EXPECT_LE(nmse(out, host_floats(dout)), kF32Nmse) << "swiglu n=" << n;
 
     // Three AdamW steps from the same state on both sides.
-    auto param = random_floats(rng, n), m = std::vector<float>(n, 0.0f), v = std::vector<float>(n, 0.0f);
+    auto param = random_floats(rng, n), m = std::vector<float>(n, 0.0f),
+         v = std::vector<float>(n, 0.0f);
     const Tensor dparam = device_floats(param), dm = device_floats(m), dv = device_floats(v);
     AdamWConfig config;
     config.lr = 1e-2;
@@ -284,8 +299,8 @@ TEST(CudaRows, ActivationsAndAdamW) {
       const auto grad = random_floats(rng, n);
       ref::adamw_step(param.data(), grad.data(), m.data(), v.data(), n, config, step);
       const Tensor dgrad = device_floats(grad);
-      ASSERT_TRUE(adamw_step(dparam.data<float>(), dgrad.data<float>(), dm.data<float>(), dv.data<float>(),
-                             n, config, step)
+      ASSERT_TRUE(adamw_step(dparam.data<float>(), dgrad.data<float>(), dm.data<float>(),
+                             dv.data<float>(), n, config, step)
                       .ok());
     }
     EXPECT_LE(nmse(param, host_floats(dparam)), kF32Nmse) << "adamw param n=" << n;
@@ -294,7 +309,8 @@ TEST(CudaRows, ActivationsAndAdamW) {
   }
 }
 
-// ---- FlashAttention forward ------------------------------------------------------------------------
+// ---- FlashAttention forward
+// ------------------------------------------------------------------------
 TEST(CudaAttention, FlashForwardMatchesTheReference) {
   struct Case {
     int64_t batch, q_len, kv_len, heads, kv_heads, head_dim;
@@ -302,9 +318,9 @@ TEST(CudaAttention, FlashForwardMatchesTheReference) {
     int64_t window;
   };
   const Case cases[] = {
-      {2, 7, 7, 4, 2, 64, true, 0},      {1, 33, 40, 2, 1, 40, false, 0},
-      {1, 1, 100, 8, 8, 128, true, 0},   {2, 65, 65, 4, 1, 32, true, 16},
-      {1, 17, 17, 2, 2, 256, true, 0},   {1, 100, 257, 6, 3, 96, true, 0},
+      {2, 7, 7, 4, 2, 64, true, 0},    {1, 33, 40, 2, 1, 40, false, 0},
+      {1, 1, 100, 8, 8, 128, true, 0}, {2, 65, 65, 4, 1, 32, true, 16},
+      {1, 17, 17, 2, 2, 256, true, 0}, {1, 100, 257, 6, 3, 96, true, 0},
       {1, 9, 9, 1, 1, 1, false, 3},
   };
   for (const Case& c : cases) {
@@ -322,8 +338,9 @@ TEST(CudaAttention, FlashForwardMatchesTheReference) {
     const Tensor dout = device_floats(std::vector<float>(out.size())), dlse = device_floats(lse);
     const Status st = attention_forward(dout.data<float>(), dlse.data<float>(), dq.data<float>(),
                                         dk.data<float>(), dv.data<float>(), p);
-    const std::string what = fmt::format("B={} T={} S={} H={}/{} D={} causal={} window={}", c.batch,
-                                         c.q_len, c.kv_len, c.heads, c.kv_heads, c.head_dim, c.causal, c.window);
+    const std::string what =
+        fmt::format("B={} T={} S={} H={}/{} D={} causal={} window={}", c.batch, c.q_len, c.kv_len,
+                    c.heads, c.kv_heads, c.head_dim, c.causal, c.window);
     ASSERT_TRUE(st.ok()) << what << ": " << st.to_string();
     EXPECT_LE(nmse(out, host_floats(dout)), kF32Nmse) << "out " << what;
     EXPECT_LE(nmse(lse, host_floats(dlse)), kF32Nmse) << "lse " << what;
@@ -340,7 +357,8 @@ TEST(CudaDevice, TensorRoundTrip) {
   // A strided host view is packed on the way; a strided device view is refused.
   const Tensor t = host.transpose(0, 1).value();
   EXPECT_EQ(t.to(Device::kCuda).value().to(Device::kHost).value().to_floats(), t.to_floats());
-  EXPECT_EQ(dev.transpose(0, 1).value().to(Device::kHost).status().code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(dev.transpose(0, 1).value().to(Device::kHost).status().code(),
+            StatusCode::kInvalidArgument);
 }
 
 }  // namespace

@@ -31,8 +31,10 @@ TEST(CudaCatalog, LaunchesCoverTheProblem) {
   }
   // The GEMM rungs cover C (1000, 300) with whole tiles.
   for (GemmKernel g : kGemmLadder) EXPECT_EQ(gemm_launch(g, s.m, s.n).threads % 32, 0);
-  EXPECT_EQ(gemm_launch(GemmKernel::kNaive, s.m, s.n).blocks(), ceil_div(1000, 16) * ceil_div(300, 16));
-  EXPECT_EQ(gemm_launch(GemmKernel::kMma, s.m, s.n).blocks(), ceil_div(1000, 128) * ceil_div(300, 128));
+  EXPECT_EQ(gemm_launch(GemmKernel::kNaive, s.m, s.n).blocks(),
+            ceil_div(1000, 16) * ceil_div(300, 16));
+  EXPECT_EQ(gemm_launch(GemmKernel::kMma, s.m, s.n).blocks(),
+            ceil_div(1000, 128) * ceil_div(300, 128));
   EXPECT_EQ(gemm_launch(GemmKernel::kMmaCpAsync, s.m, s.n).smem_bytes,
             2 * gemm_launch(GemmKernel::kMma, s.m, s.n).smem_bytes);
   EXPECT_TRUE(names.count("kiln::cuda::gemm_register_tiled<128, 128, 8, 8, 8, 4>"));

@@ -5,8 +5,10 @@ namespace kiln {
 
 std::string_view device_name(Device device) {
   switch (device) {
-    case Device::kHost: return "host";
-    case Device::kCuda: return "cuda";
+    case Device::kHost:
+      return "host";
+    case Device::kCuda:
+      return "cuda";
   }
   return "?";
 }

@@ -27,7 +27,8 @@ const Probe& probe() {
     const cudaError_t err = cudaGetDeviceCount(&r.count);
     if (err != cudaSuccess) {
       r.count = 0;
-      r.reason = fmt::format("no CUDA device: {} ({})", cudaGetErrorString(err), cudaGetErrorName(err));
+      r.reason =
+          fmt::format("no CUDA device: {} ({})", cudaGetErrorString(err), cudaGetErrorName(err));
       cudaGetLastError();  // clear it, so that later runtime calls start clean
     } else if (r.count == 0) {
       r.reason = "no CUDA device: cudaGetDeviceCount found 0";
@@ -43,10 +44,18 @@ Status check_available(const char* what) {
 }
 }  // namespace
 
-bool built_with_cuda() { return true; }
-int device_count() { return probe().count; }
-bool available() { return probe().count > 0; }
-std::string unavailable_reason() { return probe().reason; }
+bool built_with_cuda() {
+  return true;
+}
+int device_count() {
+  return probe().count;
+}
+bool available() {
+  return probe().count > 0;
+}
+std::string unavailable_reason() {
+  return probe().reason;
+}
 
 Expected<void*> malloc_device(int64_t nbytes) {
   KILN_RETURN_IF_ERROR(check_available("malloc_device"));

@@ -4,8 +4,14 @@
 
 namespace kiln::cuda {
 
-bool built() { return false; }
-std::string_view archs() { return {}; }
-std::string_view ptxas_log() { return {}; }
+bool built() {
+  return false;
+}
+std::string_view archs() {
+  return {};
+}
+std::string_view ptxas_log() {
+  return {};
+}
 
 }  // namespace kiln::cuda

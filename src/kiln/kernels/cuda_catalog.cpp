@@ -8,20 +8,30 @@
 
 namespace kiln::cuda {
 namespace {
-KernelLaunch launch(std::string kernel, std::string family, std::string variant, const LaunchConfig& c) {
-  return {std::move(kernel), std::move(family), std::move(variant), c.blocks(), c.threads, c.smem_bytes};
+KernelLaunch launch(std::string kernel, std::string family, std::string variant,
+                    const LaunchConfig& c) {
+  return {std::move(kernel), std::move(family), std::move(variant),
+          c.blocks(),        c.threads,         c.smem_bytes};
 }
 
 std::string gemm_variant(GemmKernel k) {
   switch (k) {
-    case GemmKernel::kNaive: return "naive, 16x16 threads, x along m (uncoalesced)";
-    case GemmKernel::kCoalesced: return "coalesced, 32x8 threads, x along n";
-    case GemmKernel::kSmemTiled: return "shared-memory tiles 32x32";
-    case GemmKernel::kRegisterTiled: return "register-tiled 128x128x8, 8x8 per thread";
-    case GemmKernel::kPadded: return "register-tiled 128x128x8, 8x8 per thread, padded shared rows";
-    case GemmKernel::kMma: return "tiled 128x128x32, mma.sync bf16";
-    case GemmKernel::kMmaCpAsync: return "tiled 128x128x32, mma.sync bf16, cp.async double buffer";
-    case GemmKernel::kAuto: break;
+    case GemmKernel::kNaive:
+      return "naive, 16x16 threads, x along m (uncoalesced)";
+    case GemmKernel::kCoalesced:
+      return "coalesced, 32x8 threads, x along n";
+    case GemmKernel::kSmemTiled:
+      return "shared-memory tiles 32x32";
+    case GemmKernel::kRegisterTiled:
+      return "register-tiled 128x128x8, 8x8 per thread";
+    case GemmKernel::kPadded:
+      return "register-tiled 128x128x8, 8x8 per thread, padded shared rows";
+    case GemmKernel::kMma:
+      return "tiled 128x128x32, mma.sync bf16";
+    case GemmKernel::kMmaCpAsync:
+      return "tiled 128x128x32, mma.sync bf16, cp.async double buffer";
+    case GemmKernel::kAuto:
+      break;
   }
   return {};
 }
@@ -37,15 +47,21 @@ std::vector<KernelLaunch> kernel_launches(const ProblemShape& s) {
   out.push_back(launch("kiln::cuda::softmax_forward_kernel", "softmax", "one block per row", rows));
   out.push_back(launch("kiln::cuda::cross_entropy_forward_kernel", "cross_entropy",
                        "one block per row, fused logsumexp", rows));
-  out.push_back(launch("kiln::cuda::embedding_forward_kernel", "embedding", "one block per token", rows));
+  out.push_back(
+      launch("kiln::cuda::embedding_forward_kernel", "embedding", "one block per token", rows));
   const int64_t n = s.rows * s.cols;
-  out.push_back(launch("kiln::cuda::gelu_forward_kernel", "activation", "elementwise", elementwise_launch(n)));
-  out.push_back(launch("kiln::cuda::silu_forward_kernel", "activation", "elementwise", elementwise_launch(n)));
-  out.push_back(launch("kiln::cuda::swiglu_forward_kernel", "activation", "elementwise", elementwise_launch(n)));
-  out.push_back(launch("kiln::cuda::adamw_step_kernel", "adamw", "elementwise", elementwise_launch(n)));
+  out.push_back(launch("kiln::cuda::gelu_forward_kernel", "activation", "elementwise",
+                       elementwise_launch(n)));
+  out.push_back(launch("kiln::cuda::silu_forward_kernel", "activation", "elementwise",
+                       elementwise_launch(n)));
+  out.push_back(launch("kiln::cuda::swiglu_forward_kernel", "activation", "elementwise",
+                       elementwise_launch(n)));
+  out.push_back(
+      launch("kiln::cuda::adamw_step_kernel", "adamw", "elementwise", elementwise_launch(n)));
   // RoPE: one thread per rotated pair of q laid out (batch, seq, heads, head_dim).
   const int64_t pairs = s.batch * s.seq * s.heads * (s.head_dim / 2);
-  out.push_back(launch("kiln::cuda::rope_forward_kernel", "rope", "one thread per pair", elementwise_launch(pairs)));
+  out.push_back(launch("kiln::cuda::rope_forward_kernel", "rope", "one thread per pair",
+                       elementwise_launch(pairs)));
   out.push_back(launch("kiln::cuda::attention_forward_kernel", "attention",
                        "flash forward, 8 query rows per block, 32-key tiles in shared memory",
                        attention_launch(s.batch, s.heads, s.seq, s.head_dim)));

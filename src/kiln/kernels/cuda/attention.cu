@@ -10,7 +10,8 @@ namespace {
 constexpr int kMaxPerLane = kAttnMaxHeadDim / 32;  // output elements d = lane + 32·i per lane
 
 // Keys [lo, hi] that query t may see (attention.h); hi < lo when none.
-__device__ __forceinline__ void key_range(const AttentionArgs& p, int64_t t, int64_t* lo, int64_t* hi) {
+__device__ __forceinline__ void key_range(const AttentionArgs& p, int64_t t, int64_t* lo,
+                                          int64_t* hi) {
   const int64_t pos = t + (p.kv_len - p.q_len);
   *lo = 0;
   *hi = p.kv_len - 1;
@@ -27,10 +28,10 @@ __global__ void __launch_bounds__(32 * kAttnWarps)
                              AttentionArgs p) {
   extern __shared__ float smem[];
   const int64_t D = p.head_dim, T = p.q_len, S = p.kv_len;
-  const int64_t kv_row = D + 1;                   // padded shared row
-  float* ks = smem;                               // (kAttnKeyTile, D + 1)
-  float* vs = ks + kAttnKeyTile * kv_row;         // (kAttnKeyTile, D + 1)
-  float* qs = vs + kAttnKeyTile * kv_row;         // (kAttnWarps, D)
+  const int64_t kv_row = D + 1;            // padded shared row
+  float* ks = smem;                        // (kAttnKeyTile, D + 1)
+  float* vs = ks + kAttnKeyTile * kv_row;  // (kAttnKeyTile, D + 1)
+  float* qs = vs + kAttnKeyTile * kv_row;  // (kAttnWarps, D)
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int64_t b = blockIdx.z, h = blockIdx.y, g = h / (p.n_heads / p.n_kv_heads);
   const int64_t t0 = static_cast<int64_t>(blockIdx.x) * kAttnWarps;
@@ -106,9 +107,9 @@ cudaError_t launch_attention_forward(float* out, float* lse, const float* q, con
   const LaunchConfig c = attention_launch(p.batch, p.n_heads, p.q_len, p.head_dim);
   constexpr int64_t kDefaultSmemLimit = 48 * 1024;  // above it a kernel must opt in
   if (c.smem_bytes > kDefaultSmemLimit) {
-    const cudaError_t err = cudaFuncSetAttribute(attention_forward_kernel,
-                                                 cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                                 static_cast<int>(c.smem_bytes));
+    const cudaError_t err =
+        cudaFuncSetAttribute(attention_forward_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                             static_cast<int>(c.smem_bytes));
     if (err != cudaSuccess) return err;
   }
   attention_forward_kernel<<<grid_of(c), block_of(c), static_cast<size_t>(c.smem_bytes)>>>(

@@ -16,7 +16,8 @@ namespace kiln::cuda {
 
 // A bf16 (raw bits) or f32 operand element as f32.
 __device__ __forceinline__ float load_operand(const void* base, bool is_bf16, int64_t i) {
-  if (is_bf16) return __uint_as_float(static_cast<uint32_t>(static_cast<const uint16_t*>(base)[i]) << 16);
+  if (is_bf16)
+    return __uint_as_float(static_cast<uint32_t>(static_cast<const uint16_t*>(base)[i]) << 16);
   return static_cast<const float*>(base)[i];
 }
 
@@ -33,7 +34,8 @@ __device__ __forceinline__ float warp_max(float v) {
 // gets the result. `scratch` is 32 floats of shared memory; the call ends with a barrier, so
 // the same scratch may be reused by the next reduction.
 template <class WarpOp>
-__device__ __forceinline__ float block_reduce(float v, float* scratch, float identity, WarpOp warp_op) {
+__device__ __forceinline__ float block_reduce(float v, float* scratch, float identity,
+                                              WarpOp warp_op) {
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, num_warps = blockDim.x / 32;
   v = warp_op(v);
   if (lane == 0) scratch[warp] = v;
@@ -51,13 +53,16 @@ __device__ __forceinline__ float block_max(float v, float* scratch) {
 
 __device__ __forceinline__ float activate(DeviceActivation act, float v) {
   switch (act) {
-    case DeviceActivation::kNone: return v;
+    case DeviceActivation::kNone:
+      return v;
     case DeviceActivation::kGeluTanh: {
       const float kS = 0.7978845608028654f;  // sqrt(2/pi)
       return 0.5f * v * (1.0f + tanhf(kS * (v + 0.044715f * v * v * v)));
     }
-    case DeviceActivation::kSilu: return v / (1.0f + expf(-v));
-    case DeviceActivation::kRelu: return v > 0.0f ? v : 0.0f;
+    case DeviceActivation::kSilu:
+      return v / (1.0f + expf(-v));
+    case DeviceActivation::kRelu:
+      return v > 0.0f ? v : 0.0f;
   }
   return v;
 }

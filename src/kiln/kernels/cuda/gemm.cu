@@ -1,8 +1,8 @@
-// The CUDA GEMM ladder (launch.h's GemmKernel), each rung behind gemm.h's GemmParams contract (as GemmArgs):
-// naive -> coalesced -> shared-memory tiles -> register micro-tiles -> padded (conflict-free)
-// shared rows -> tensor cores (mma.sync bf16, f32 accumulate) -> cp.async double buffering.
-// Every rung bounds-checks its edge tiles (zero-filled loads, guarded stores), so any m, n, k
-// and leading dims work; the fused epilogue is gemm_store() (common.cuh).
+// The CUDA GEMM ladder (launch.h's GemmKernel), each rung behind gemm.h's GemmParams contract (as
+// GemmArgs): naive -> coalesced -> shared-memory tiles -> register micro-tiles -> padded
+// (conflict-free) shared rows -> tensor cores (mma.sync bf16, f32 accumulate) -> cp.async double
+// buffering. Every rung bounds-checks its edge tiles (zero-filled loads, guarded stores), so any m,
+// n, k and leading dims work; the fused epilogue is gemm_store() (common.cuh).
 #include "kiln/kernels/cuda/common.cuh"
 
 namespace kiln::cuda {
@@ -77,8 +77,7 @@ __global__ void gemm_smem_tiled(GemmArgs p) {
 // for a k-contiguous operand makes the stores stride BM (or BN) words: bank conflicts that the
 // PAD extra words per row remove.
 template <int BM, int BN, int BK, int TM, int TN, int PAD>
-__global__ void __launch_bounds__((BM / TM) * (BN / TN), 1)
-    gemm_register_tiled(GemmArgs p) {
+__global__ void __launch_bounds__((BM / TM) * (BN / TN), 1) gemm_register_tiled(GemmArgs p) {
   constexpr int kThreads = (BM / TM) * (BN / TN);
   constexpr int kRowStep = BM / TM, kColStep = BN / TN;
   __shared__ float as[BK][BM + PAD];
@@ -135,7 +134,8 @@ namespace {
 // fragments for mma.m16n8k16"): a0 = A[g][2t, 2t+1], a1 = A[g+8][2t..], a2 = A[g][2t+8..],
 // a3 = A[g+8][2t+8..]; b0 = B[2t, 2t+1][g], b1 = B[2t+8, 2t+9][g]; d0, d1 = D[g][2t, 2t+1],
 // d2, d3 = D[g+8][2t, 2t+1].
-__device__ __forceinline__ void mma_bf16_16x8x16(float d[4], const uint32_t a[4], const uint32_t b[2]) {
+__device__ __forceinline__ void mma_bf16_16x8x16(float d[4], const uint32_t a[4],
+                                                 const uint32_t b[2]) {
   asm volatile(
       "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 "
       "{%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};\n"
@@ -146,11 +146,16 @@ __device__ __forceinline__ void mma_bf16_16x8x16(float d[4], const uint32_t a[4]
 // 16 bytes global -> shared, asynchronously; bytes past src_bytes (0..16) are zero-filled.
 __device__ __forceinline__ void cp_async_16(void* smem, const void* gmem, int src_bytes) {
   const unsigned dst = static_cast<unsigned>(__cvta_generic_to_shared(smem));
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(gmem), "r"(src_bytes));
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(gmem),
+               "r"(src_bytes));
 }
-__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
+__device__ __forceinline__ void cp_async_commit() {
+  asm volatile("cp.async.commit_group;\n" ::);
+}
 template <int N>
-__device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N)); }
+__device__ __forceinline__ void cp_async_wait() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
+}
 
 // Shared tiles of one stage: as (BM, BK + pad) and bs (BN, BK + pad), both k-contiguous bf16.
 constexpr int kMmaRow = kGemmMmaBk + kGemmMmaPad;
@@ -175,7 +180,8 @@ __device__ __forceinline__ void mma_load_tile(const GemmArgs& p, uint16_t* as, u
 // k-contiguous rows [row0, row0 + ROWS) of a (num_rows, k) matrix, columns [k0, k0 + BK).
 template <int ROWS, int BK>
 __device__ __forceinline__ void load_rows_async(uint16_t* dst, const uint16_t* src, int64_t ld,
-                                                int64_t row0, int64_t num_rows, int64_t k, int64_t k0) {
+                                                int64_t row0, int64_t num_rows, int64_t k,
+                                                int64_t k0) {
   constexpr int kChunksPerRow = BK / 8;
   for (int e = threadIdx.x; e < ROWS * kChunksPerRow; e += kGemmMmaThreads) {
     const int r = e / kChunksPerRow, l = (e % kChunksPerRow) * 8;
@@ -289,9 +295,15 @@ cudaError_t launch_gemm(const GemmArgs& p, GemmKernel kernel) {
   const dim3 grid = grid_of(c), block = block_of(c);
   const size_t smem = static_cast<size_t>(c.smem_bytes);
   switch (kernel) {
-    case GemmKernel::kNaive: gemm_naive<<<grid, block>>>(p); break;
-    case GemmKernel::kCoalesced: gemm_coalesced<<<grid, block>>>(p); break;
-    case GemmKernel::kSmemTiled: gemm_smem_tiled<kGemmSmemTile><<<grid, block>>>(p); break;
+    case GemmKernel::kNaive:
+      gemm_naive<<<grid, block>>>(p);
+      break;
+    case GemmKernel::kCoalesced:
+      gemm_coalesced<<<grid, block>>>(p);
+      break;
+    case GemmKernel::kSmemTiled:
+      gemm_smem_tiled<kGemmSmemTile><<<grid, block>>>(p);
+      break;
     case GemmKernel::kRegisterTiled:
       gemm_register_tiled<kGemmRegBm, kGemmRegBn, kGemmRegBk, kGemmRegTm, kGemmRegTn, 0>
           <<<grid, block>>>(p);
@@ -306,7 +318,8 @@ cudaError_t launch_gemm(const GemmArgs& p, GemmKernel kernel) {
     case GemmKernel::kMmaCpAsync:
       gemm_mma_bf16<kGemmMmaBm, kGemmMmaBn, kGemmMmaBk, 2><<<grid, block, smem>>>(p);
       break;
-    case GemmKernel::kAuto: return cudaErrorInvalidValue;
+    case GemmKernel::kAuto:
+      return cudaErrorInvalidValue;
   }
   return cudaGetLastError();
 }

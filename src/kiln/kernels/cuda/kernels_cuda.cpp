@@ -19,7 +19,8 @@ Status launched(cudaError_t err, std::string_view kernel) {
 }
 
 Status check_rows(const char* op, int64_t rows, int64_t cols) {
-  if (rows < 0 || cols < 0) return invalid_argument("[cuda::{}] negative shape ({}, {})", op, rows, cols);
+  if (rows < 0 || cols < 0)
+    return invalid_argument("[cuda::{}] negative shape ({}, {})", op, rows, cols);
   if (rows > int64_t{0x7fffffff})
     return invalid_argument("[cuda::{}] {} rows: at most 2^31 - 1 (one block per row)", op, rows);
   return {};
@@ -32,10 +33,18 @@ GemmArgs gemm_args(const GemmParams& p) {
   a.b = p.b, a.ldb = p.ldb, a.b_bf16 = p.b_dtype == DType::kBF16, a.trans_b = p.trans_b;
   a.c = p.c, a.ldc = p.ldc, a.alpha = p.alpha, a.beta = p.beta, a.bias = p.bias;
   switch (p.act) {
-    case Activation::kNone: a.act = DeviceActivation::kNone; break;
-    case Activation::kGeluTanh: a.act = DeviceActivation::kGeluTanh; break;
-    case Activation::kSilu: a.act = DeviceActivation::kSilu; break;
-    case Activation::kRelu: a.act = DeviceActivation::kRelu; break;
+    case Activation::kNone:
+      a.act = DeviceActivation::kNone;
+      break;
+    case Activation::kGeluTanh:
+      a.act = DeviceActivation::kGeluTanh;
+      break;
+    case Activation::kSilu:
+      a.act = DeviceActivation::kSilu;
+      break;
+    case Activation::kRelu:
+      a.act = DeviceActivation::kRelu;
+      break;
   }
   a.residual = p.residual, a.ldr = p.ldr;
   return a;
@@ -56,13 +65,15 @@ Status gemm_supports(const GemmParams& p, GemmKernel kernel) {
   if (kernel == GemmKernel::kMmaCpAsync) {
     const auto aligned = [](const void* ptr) { return reinterpret_cast<uintptr_t>(ptr) % 16 == 0; };
     if (p.trans_a || !p.trans_b)
-      return unimplemented("[cuda::gemm] the {} rung needs A (m, k) row-major and B stored (n, k) "
-                           "(trans_a=0 trans_b=1), got trans_a={} trans_b={}",
-                           gemm_kernel_name(kernel), p.trans_a, p.trans_b);
+      return unimplemented(
+          "[cuda::gemm] the {} rung needs A (m, k) row-major and B stored (n, k) "
+          "(trans_a=0 trans_b=1), got trans_a={} trans_b={}",
+          gemm_kernel_name(kernel), p.trans_a, p.trans_b);
     if (p.lda % 8 != 0 || p.ldb % 8 != 0 || !aligned(p.a) || !aligned(p.b))
-      return unimplemented("[cuda::gemm] the {} rung needs lda, ldb multiples of 8 and 16-byte "
-                           "aligned A and B, got lda={} ldb={}",
-                           gemm_kernel_name(kernel), p.lda, p.ldb);
+      return unimplemented(
+          "[cuda::gemm] the {} rung needs lda, ldb multiples of 8 and 16-byte "
+          "aligned A and B, got lda={} ldb={}",
+          gemm_kernel_name(kernel), p.lda, p.ldb);
   }
   return {};
 }
@@ -86,8 +97,9 @@ Status gemm(const GemmParams& p, GemmKernel kernel) {
 }
 
 // ---- row-wise and elementwise ----------------------------------------------------------------
-Status layernorm_forward(float* out, float* mean, float* rstd, const float* inp, const float* weight,
-                         const float* bias, int64_t rows, int64_t cols, float eps) {
+Status layernorm_forward(float* out, float* mean, float* rstd, const float* inp,
+                         const float* weight, const float* bias, int64_t rows, int64_t cols,
+                         float eps) {
   KILN_RETURN_IF_ERROR(check_rows("layernorm_forward", rows, cols));
   if (rows == 0) return {};
   return launched(launch_layernorm_forward(out, mean, rstd, inp, weight, bias, rows, cols, eps),
@@ -105,14 +117,16 @@ Status rmsnorm_forward(float* out, float* rstd, const float* inp, const float* w
 Status softmax_forward(float* out, const float* inp, int64_t rows, int64_t cols) {
   KILN_RETURN_IF_ERROR(check_rows("softmax_forward", rows, cols));
   if (rows == 0) return {};
-  return launched(launch_softmax_forward(out, inp, rows, cols), "kiln::cuda::softmax_forward_kernel");
+  return launched(launch_softmax_forward(out, inp, rows, cols),
+                  "kiln::cuda::softmax_forward_kernel");
 }
 
-Status cross_entropy_forward(float* losses, const float* logits, const int32_t* targets, int64_t rows,
-                             int64_t vocab) {
+Status cross_entropy_forward(float* losses, const float* logits, const int32_t* targets,
+                             int64_t rows, int64_t vocab) {
   KILN_RETURN_IF_ERROR(check_rows("cross_entropy_forward", rows, vocab));
   if (rows == 0) return {};
-  if (vocab == 0) return invalid_argument("[cuda::cross_entropy_forward] vocab 0 with {} rows", rows);
+  if (vocab == 0)
+    return invalid_argument("[cuda::cross_entropy_forward] vocab 0 with {} rows", rows);
   return launched(launch_cross_entropy_forward(losses, logits, targets, rows, vocab),
                   "kiln::cuda::cross_entropy_forward_kernel");
 }
@@ -120,7 +134,8 @@ Status cross_entropy_forward(float* losses, const float* logits, const int32_t* 
 Status embedding_forward(float* out, const int32_t* ids, const float* weight, int64_t num_tokens,
                          int64_t vocab_size, int64_t cols) {
   KILN_RETURN_IF_ERROR(check_rows("embedding_forward", num_tokens, cols));
-  if (vocab_size <= 0) return invalid_argument("[cuda::embedding_forward] vocab_size {}", vocab_size);
+  if (vocab_size <= 0)
+    return invalid_argument("[cuda::embedding_forward] vocab_size {}", vocab_size);
   if (num_tokens == 0) return {};
   return launched(launch_embedding_forward(out, ids, weight, num_tokens, vocab_size, cols),
                   "kiln::cuda::embedding_forward_kernel");
@@ -132,26 +147,30 @@ Status rope_forward(float* out, const float* inp, const float* cos, const float*
   if (head_dim <= 0 || head_dim % 2 != 0)
     return invalid_argument("[cuda::rope_forward] head_dim {} must be even and > 0", head_dim);
   if (batch < 0 || seq_len < 0 || n_heads < 0 || pos_offset < 0)
-    return invalid_argument("[cuda::rope_forward] negative size batch={} seq_len={} n_heads={} pos_offset={}",
-                            batch, seq_len, n_heads, pos_offset);
+    return invalid_argument(
+        "[cuda::rope_forward] negative size batch={} seq_len={} n_heads={} pos_offset={}", batch,
+        seq_len, n_heads, pos_offset);
   if (pos_offset + seq_len > max_positions)
-    return invalid_argument("[cuda::rope_forward] positions [{}, {}) past the table's {}", pos_offset,
-                            pos_offset + seq_len, max_positions);
+    return invalid_argument("[cuda::rope_forward] positions [{}, {}) past the table's {}",
+                            pos_offset, pos_offset + seq_len, max_positions);
   if (batch * seq_len * n_heads == 0) return {};
-  return launched(launch_rope_forward(out, inp, cos, sin, batch, seq_len, n_heads, head_dim, pos_offset),
-                  "kiln::cuda::rope_forward_kernel");
+  return launched(
+      launch_rope_forward(out, inp, cos, sin, batch, seq_len, n_heads, head_dim, pos_offset),
+      "kiln::cuda::rope_forward_kernel");
 }
 
 Status gelu_forward(float* out, const float* inp, int64_t n) {
   KILN_RETURN_IF_ERROR(check_count("gelu_forward", n));
   if (n == 0) return {};
-  return launched(launch_activation_forward(Elementwise::kGelu, out, inp, n), "kiln::cuda::gelu_forward_kernel");
+  return launched(launch_activation_forward(Elementwise::kGelu, out, inp, n),
+                  "kiln::cuda::gelu_forward_kernel");
 }
 
 Status silu_forward(float* out, const float* inp, int64_t n) {
   KILN_RETURN_IF_ERROR(check_count("silu_forward", n));
   if (n == 0) return {};
-  return launched(launch_activation_forward(Elementwise::kSilu, out, inp, n), "kiln::cuda::silu_forward_kernel");
+  return launched(launch_activation_forward(Elementwise::kSilu, out, inp, n),
+                  "kiln::cuda::silu_forward_kernel");
 }
 
 Status swiglu_forward(float* out, const float* gate, const float* up, int64_t n) {
@@ -164,23 +183,30 @@ Status adamw_step(float* param, const float* grad, float* m, float* v, int64_t n
                   const AdamWConfig& c, int64_t step) {
   KILN_RETURN_IF_ERROR(check_adamw_config(c));
   KILN_RETURN_IF_ERROR(check_count("adamw_step", n));
-  if (step < 1) return invalid_argument("[cuda::adamw_step] step {} (the first update is step 1)", step);
+  if (step < 1)
+    return invalid_argument("[cuda::adamw_step] step {} (the first update is step 1)", step);
   if (n == 0) return {};
   const double bc1 = 1.0 - std::pow(c.beta1, static_cast<double>(step));
   const double bc2 = 1.0 - std::pow(c.beta2, static_cast<double>(step));
-  const AdamWScalars s{static_cast<float>(1.0 - c.lr * c.weight_decay), static_cast<float>(c.beta1),
-                       static_cast<float>(c.beta2), static_cast<float>(c.lr / bc1),
-                       static_cast<float>(1.0 / std::sqrt(bc2)), static_cast<float>(c.eps)};
+  const AdamWScalars s{static_cast<float>(1.0 - c.lr * c.weight_decay),
+                       static_cast<float>(c.beta1),
+                       static_cast<float>(c.beta2),
+                       static_cast<float>(c.lr / bc1),
+                       static_cast<float>(1.0 / std::sqrt(bc2)),
+                       static_cast<float>(c.eps)};
   return launched(launch_adamw_step(param, grad, m, v, n, s), "kiln::cuda::adamw_step_kernel");
 }
 
-// ---- attention ------------------------------------------------------------------------------------
+// ---- attention
+// ------------------------------------------------------------------------------------
 Status attention_forward(float* out, float* lse, const float* q, const float* k, const float* v,
                          const AttentionParams& params) {
   KILN_ASSIGN_OR_RETURN(const AttentionParams p, check_attention(params));
   if (p.head_dim > kAttnMaxHeadDim)
-    return unimplemented("[cuda::attention_forward] head_dim {} (at most {}: each lane keeps "
-                         "head_dim/32 output elements)", p.head_dim, kAttnMaxHeadDim);
+    return unimplemented(
+        "[cuda::attention_forward] head_dim {} (at most {}: each lane keeps "
+        "head_dim/32 output elements)",
+        p.head_dim, kAttnMaxHeadDim);
   const LaunchConfig c = attention_launch(p.batch, p.n_heads, p.q_len, p.head_dim);
   if (c.grid_y > 65535 || c.grid_z > 65535)
     return invalid_argument("[cuda::attention_forward] n_heads={} batch={}: at most 65535 each",
@@ -192,7 +218,8 @@ Status attention_forward(float* out, float* lse, const float* q, const float* k,
   a.scale = p.softmax_scale();
   a.q_row_stride = p.q_row_stride, a.k_row_stride = p.k_row_stride;
   a.v_row_stride = p.v_row_stride, a.o_row_stride = p.o_row_stride;
-  return launched(launch_attention_forward(out, lse, q, k, v, a), "kiln::cuda::attention_forward_kernel");
+  return launched(launch_attention_forward(out, lse, q, k, v, a),
+                  "kiln::cuda::attention_forward_kernel");
 }
 
 }  // namespace kiln::cuda

@@ -15,13 +15,15 @@ namespace kiln::cuda {
 
 struct LaunchConfig {
   int64_t grid_x = 1, grid_y = 1, grid_z = 1;
-  int threads = 0;            // per block (1-D blocks, or 2-D tiled ones flattened)
+  int threads = 0;               // per block (1-D blocks, or 2-D tiled ones flattened)
   int block_x = 0, block_y = 1;  // the block's shape (block_x · block_y = threads)
-  int64_t smem_bytes = 0;     // dynamic shared memory per block
+  int64_t smem_bytes = 0;        // dynamic shared memory per block
   int64_t blocks() const { return grid_x * grid_y * grid_z; }
 };
 
-inline int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
+inline int64_t ceil_div(int64_t a, int64_t b) {
+  return (a + b - 1) / b;
+}
 
 // ---- GEMM: the ladder, each rung a kernel one can select (bench/, tests) ---------------------
 enum class GemmKernel {
@@ -59,14 +61,22 @@ inline constexpr int64_t kGemmMmaStageBytes =
 
 inline std::string_view gemm_kernel_name(GemmKernel k) {
   switch (k) {
-    case GemmKernel::kNaive: return "naive";
-    case GemmKernel::kCoalesced: return "coalesced";
-    case GemmKernel::kSmemTiled: return "smem-tiled";
-    case GemmKernel::kRegisterTiled: return "register-tiled";
-    case GemmKernel::kPadded: return "padded";
-    case GemmKernel::kMma: return "mma";
-    case GemmKernel::kMmaCpAsync: return "mma-cp-async";
-    case GemmKernel::kAuto: return "auto";
+    case GemmKernel::kNaive:
+      return "naive";
+    case GemmKernel::kCoalesced:
+      return "coalesced";
+    case GemmKernel::kSmemTiled:
+      return "smem-tiled";
+    case GemmKernel::kRegisterTiled:
+      return "register-tiled";
+    case GemmKernel::kPadded:
+      return "padded";
+    case GemmKernel::kMma:
+      return "mma";
+    case GemmKernel::kMmaCpAsync:
+      return "mma-cp-async";
+    case GemmKernel::kAuto:
+      return "auto";
   }
   return "?";
 }
@@ -85,15 +95,22 @@ inline std::string gemm_kernel_symbol(GemmKernel k) {
            std::to_string(stages) + ">";
   };
   switch (k) {
-    case GemmKernel::kNaive: return "kiln::cuda::gemm_naive";
-    case GemmKernel::kCoalesced: return "kiln::cuda::gemm_coalesced";
+    case GemmKernel::kNaive:
+      return "kiln::cuda::gemm_naive";
+    case GemmKernel::kCoalesced:
+      return "kiln::cuda::gemm_coalesced";
     case GemmKernel::kSmemTiled:
       return "kiln::cuda::gemm_smem_tiled<" + std::to_string(kGemmSmemTile) + ">";
-    case GemmKernel::kRegisterTiled: return reg(0);
-    case GemmKernel::kPadded: return reg(kGemmRegPad);
-    case GemmKernel::kMma: return mma(1);
-    case GemmKernel::kMmaCpAsync: return mma(2);
-    case GemmKernel::kAuto: break;
+    case GemmKernel::kRegisterTiled:
+      return reg(0);
+    case GemmKernel::kPadded:
+      return reg(kGemmRegPad);
+    case GemmKernel::kMma:
+      return mma(1);
+    case GemmKernel::kMmaCpAsync:
+      return mma(2);
+    case GemmKernel::kAuto:
+      break;
   }
   return {};
 }
@@ -125,7 +142,8 @@ inline LaunchConfig gemm_launch(GemmKernel k, int64_t m, int64_t n) {
       c.grid_x = ceil_div(n, kGemmMmaBn), c.grid_y = ceil_div(m, kGemmMmaBm);
       c.smem_bytes = kGemmMmaStageBytes * (k == GemmKernel::kMmaCpAsync ? 2 : 1);
       break;
-    case GemmKernel::kAuto: break;
+    case GemmKernel::kAuto:
+      break;
   }
   c.threads = c.block_x * c.block_y;
   return c;
@@ -165,7 +183,8 @@ inline constexpr int kAttnMaxHeadDim = 256;
 inline int64_t attention_smem_bytes(int64_t head_dim) {
   return 4 * (2 * kAttnKeyTile * (head_dim + 1) + kAttnWarps * head_dim);
 }
-inline LaunchConfig attention_launch(int64_t batch, int64_t n_heads, int64_t q_len, int64_t head_dim) {
+inline LaunchConfig attention_launch(int64_t batch, int64_t n_heads, int64_t q_len,
+                                     int64_t head_dim) {
   LaunchConfig c;
   c.grid_x = ceil_div(std::max<int64_t>(q_len, 1), kAttnWarps);
   c.grid_y = n_heads;

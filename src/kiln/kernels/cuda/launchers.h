@@ -54,7 +54,7 @@ cudaError_t launch_activation_forward(Elementwise op, float* out, const float* i
 cudaError_t launch_swiglu_forward(float* out, const float* gate, const float* up, int64_t n);
 // The AdamW scalars, computed in double on the host and applied in fp32 (adamw.h).
 struct AdamWScalars {
-  float decay;      // 1 - lr·λ
+  float decay;  // 1 - lr·λ
   float beta1, beta2;
   float step_size;  // lr / (1 - β1^t)
   float rsqrt_bc2;  // 1 / sqrt(1 - β2^t)

@@ -22,15 +22,16 @@ __global__ void layernorm_forward_kernel(float* out, float* mean, float* rstd, c
     ss += d * d;
   }
   const float r = rsqrtf(block_sum(ss, scratch) / static_cast<float>(cols) + eps);
-  for (int64_t j = threadIdx.x; j < cols; j += blockDim.x) y[j] = (x[j] - mu) * r * weight[j] + bias[j];
+  for (int64_t j = threadIdx.x; j < cols; j += blockDim.x)
+    y[j] = (x[j] - mu) * r * weight[j] + bias[j];
   if (threadIdx.x == 0) {
     if (mean) mean[row] = mu;
     if (rstd) rstd[row] = r;
   }
 }
 
-__global__ void rmsnorm_forward_kernel(float* out, float* rstd, const float* inp, const float* weight,
-                                       int64_t cols, float eps) {
+__global__ void rmsnorm_forward_kernel(float* out, float* rstd, const float* inp,
+                                       const float* weight, int64_t cols, float eps) {
   __shared__ float scratch[32];
   const int64_t row = blockIdx.x;
   const float* x = inp + row * cols;  // (cols,)
@@ -57,8 +58,8 @@ __global__ void softmax_forward_kernel(float* out, const float* inp, int64_t col
 }
 
 // loss = logsumexp(row) - row[target]; target -1 gives 0, one outside [0, vocab) gives NaN.
-__global__ void cross_entropy_forward_kernel(float* losses, const float* logits, const int32_t* targets,
-                                             int64_t vocab) {
+__global__ void cross_entropy_forward_kernel(float* losses, const float* logits,
+                                             const int32_t* targets, int64_t vocab) {
   __shared__ float scratch[32];
   const int64_t row = blockIdx.x;
   const int32_t t = targets[row];
@@ -88,9 +89,9 @@ __global__ void embedding_forward_kernel(float* out, const int32_t* ids, const f
 }
 
 // One thread per rotated pair (i, i + D/2) of x (B, T, H, D); cos, sin (positions, D/2).
-__global__ void rope_forward_kernel(float* out, const float* inp, const float* cos, const float* sin,
-                                    int64_t num_pairs, int64_t seq_len, int64_t n_heads,
-                                    int64_t head_dim, int64_t pos_offset) {
+__global__ void rope_forward_kernel(float* out, const float* inp, const float* cos,
+                                    const float* sin, int64_t num_pairs, int64_t seq_len,
+                                    int64_t n_heads, int64_t head_dim, int64_t pos_offset) {
   const int64_t half = head_dim / 2;
   for (int64_t e = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; e < num_pairs;
        e += static_cast<int64_t>(gridDim.x) * blockDim.x) {
@@ -104,9 +105,9 @@ __global__ void rope_forward_kernel(float* out, const float* inp, const float* c
   }
 }
 
-#define KILN_GRID_STRIDE(i, n)                                                   \
-  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; \
-       i < (n); i += static_cast<int64_t>(gridDim.x) * blockDim.x)
+#define KILN_GRID_STRIDE(i, n)                                                           \
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < (n); \
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x)
 
 __global__ void gelu_forward_kernel(float* out, const float* inp, int64_t n) {
   KILN_GRID_STRIDE(i, n) out[i] = activate(DeviceActivation::kGeluTanh, inp[i]);
@@ -139,7 +140,8 @@ cudaError_t launch_layernorm_forward(float* out, float* mean, float* rstd, const
                                      const float* weight, const float* bias, int64_t rows,
                                      int64_t cols, float eps) {
   const LaunchConfig c = row_launch(rows, cols);
-  layernorm_forward_kernel<<<grid_of(c), block_of(c)>>>(out, mean, rstd, inp, weight, bias, cols, eps);
+  layernorm_forward_kernel<<<grid_of(c), block_of(c)>>>(out, mean, rstd, inp, weight, bias, cols,
+                                                        eps);
   return cudaGetLastError();
 }
 
