@@ -13,34 +13,13 @@ KernelLaunch launch(std::string kernel, std::string family, std::string variant,
   return {std::move(kernel), std::move(family), std::move(variant),
           c.blocks(),        c.threads,         c.smem_bytes};
 }
-
-std::string gemm_variant(GemmKernel k) {
-  switch (k) {
-    case GemmKernel::kNaive:
-      return "naive, 16x16 threads, x along m (uncoalesced)";
-    case GemmKernel::kCoalesced:
-      return "coalesced, 32x8 threads, x along n";
-    case GemmKernel::kSmemTiled:
-      return "shared-memory tiles 32x32";
-    case GemmKernel::kRegisterTiled:
-      return "register-tiled 128x128x8, 8x8 per thread";
-    case GemmKernel::kPadded:
-      return "register-tiled 128x128x8, 8x8 per thread, padded shared rows";
-    case GemmKernel::kMma:
-      return "tiled 128x128x32, mma.sync bf16";
-    case GemmKernel::kMmaCpAsync:
-      return "tiled 128x128x32, mma.sync bf16, cp.async double buffer";
-    case GemmKernel::kAuto:
-      break;
-  }
-  return {};
-}
 }  // namespace
 
 std::vector<KernelLaunch> kernel_launches(const ProblemShape& s) {
   std::vector<KernelLaunch> out;
   for (GemmKernel k : kGemmLadder)
-    out.push_back(launch(gemm_kernel_symbol(k), "gemm", gemm_variant(k), gemm_launch(k, s.m, s.n)));
+    out.push_back(launch(gemm_kernel_symbol(k), "gemm", std::string(gemm_kernel_info(k).variant),
+                         gemm_launch(k, s.m, s.n)));
   const LaunchConfig rows = row_launch(s.rows, s.cols);
   out.push_back(launch("kiln::cuda::layernorm_forward_kernel", "norm", "one block per row", rows));
   out.push_back(launch("kiln::cuda::rmsnorm_forward_kernel", "norm", "one block per row", rows));

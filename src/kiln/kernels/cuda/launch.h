@@ -8,6 +8,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <iterator>
 #include <string>
 #include <string_view>
 
@@ -59,26 +60,34 @@ inline constexpr int kGemmMmaThreads = 32 * kGemmMmaWarpsM * kGemmMmaWarpsN;
 inline constexpr int64_t kGemmMmaStageBytes =
     int64_t{2} * (kGemmMmaBm + kGemmMmaBn) * (kGemmMmaBk + kGemmMmaPad);  // bf16: 2 bytes
 
+// One row per GemmKernel, in enum order (checked below): the name bench/ and errors print and
+// the variant the catalog (cuda_catalog.h) describes.
+struct GemmKernelInfo {
+  GemmKernel kernel;
+  std::string_view name;
+  std::string_view variant;
+};
+inline constexpr GemmKernelInfo kGemmKernelInfo[] = {
+    {GemmKernel::kNaive, "naive", "naive, 16x16 threads, x along m (uncoalesced)"},
+    {GemmKernel::kCoalesced, "coalesced", "coalesced, 32x8 threads, x along n"},
+    {GemmKernel::kSmemTiled, "smem-tiled", "shared-memory tiles 32x32"},
+    {GemmKernel::kRegisterTiled, "register-tiled", "register-tiled 128x128x8, 8x8 per thread"},
+    {GemmKernel::kPadded, "padded", "register-tiled 128x128x8, 8x8 per thread, padded shared rows"},
+    {GemmKernel::kMma, "mma", "tiled 128x128x32, mma.sync bf16"},
+    {GemmKernel::kMmaCpAsync, "mma-cp-async",
+     "tiled 128x128x32, mma.sync bf16, cp.async double buffer"},
+    {GemmKernel::kAuto, "auto", "the fastest rung that takes the params"},
+};
+static_assert([] {
+  for (int i = 0; i < static_cast<int>(std::size(kGemmKernelInfo)); ++i)
+    if (static_cast<int>(kGemmKernelInfo[i].kernel) != i) return false;
+  return std::size(kGemmKernelInfo) == static_cast<size_t>(GemmKernel::kAuto) + 1;
+}());
+inline const GemmKernelInfo& gemm_kernel_info(GemmKernel k) {
+  return kGemmKernelInfo[static_cast<int>(k)];
+}
 inline std::string_view gemm_kernel_name(GemmKernel k) {
-  switch (k) {
-    case GemmKernel::kNaive:
-      return "naive";
-    case GemmKernel::kCoalesced:
-      return "coalesced";
-    case GemmKernel::kSmemTiled:
-      return "smem-tiled";
-    case GemmKernel::kRegisterTiled:
-      return "register-tiled";
-    case GemmKernel::kPadded:
-      return "padded";
-    case GemmKernel::kMma:
-      return "mma";
-    case GemmKernel::kMmaCpAsync:
-      return "mma-cp-async";
-    case GemmKernel::kAuto:
-      return "auto";
-  }
-  return "?";
+  return gemm_kernel_info(k).name;
 }
 
 // The __global__ function behind each rung, named as cuda_catalog.h's KernelLaunch::kernel.
