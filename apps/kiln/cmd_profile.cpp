@@ -35,19 +35,39 @@ ProfileCommand take_profile_command(int argc, char** argv) {
   }
   std::vector<std::string> out(words.begin(), words.begin() + static_cast<std::ptrdiff_t>(at));
   size_t i = at + 1;
-  for (; i + 1 < words.size() && (words[i] == "--out" || words[i] == "--svg"); i += 2)
-    (words[i] == "--out" ? pc.trace_path : pc.svg_path) = words[i + 1];
+  bool graph = false;  // --graph: decode steps replay captured graphs; their breaks are listed
+  while (i < words.size()) {
+    if (words[i] == "--graph") {
+      graph = true;
+      ++i;
+    } else if (i + 1 < words.size() && (words[i] == "--out" || words[i] == "--svg")) {
+      (words[i] == "--out" ? pc.trace_path : pc.svg_path) = words[i + 1];
+      i += 2;
+    } else {
+      break;
+    }
+  }
   if (i < words.size() && (words[i] == "--help" || words[i] == "-h")) {  // CLI11 prints the help
     pc.args = std::move(words);
     return pc;
   }
   if (i >= words.size() || !profiles(words, i)) {
-    pc.error = "kiln profile: name the command to profile: kiln profile [--out FILE.json] [--svg FILE.svg] "
+    pc.error = "kiln profile: name the command to profile: kiln profile [--out FILE.json] [--svg FILE.svg] [--graph] "
                "train | generate | serve | bench train ...";
     pc.args = std::move(words);
     return pc;
   }
+  if (graph && words[i] != "generate" && words[i] != "serve") {
+    pc.error = "kiln profile --graph: graphs are captured for the decode steps of generate and serve (training steps "
+               "run eagerly)";
+    pc.args = std::move(words);
+    return pc;
+  }
   out.insert(out.end(), words.begin() + static_cast<std::ptrdiff_t>(i), words.end());
+  if (graph) {
+    out.push_back("--graph");
+    out.push_back("capture");
+  }
   out.push_back("--profile");
   out.push_back(pc.trace_path);
   pc.active = true;
@@ -71,7 +91,7 @@ int print_profile_summary(const ProfileCommand& pc) {
 void register_profile(CLI::App& app) {
   CLI::App* p = app.add_subcommand(
       "profile", "Run a command with --profile and print its summary: kiln profile [--out FILE.json] [--svg FILE.svg] "
-                 "train | generate | serve | bench train ...");
+                 "[--graph] train | generate | serve | bench train ... (--graph: captured decode graphs, breaks listed)");
   p->allow_extras();
   // Reached only when take_profile_command found nothing to run (main rewrites the others).
   p->callback([] {

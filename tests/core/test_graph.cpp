@@ -118,15 +118,16 @@ TEST(Graph, ReadBeforeWriteIsExternal) {
 
 // Independent consecutive nodes share a level (one parallel region); dependent ones do not.
 TEST(Graph, IndependentNodesShareALevel) {
-  std::vector<float> a(kN, 1.0f), b(kN, 2.0f), c(kN), d(kN), e(kN);
+  constexpr int64_t kBig = 64 * 1024;  // a level worth a parallel region (small ones run serially)
+  std::vector<float> a(kBig, 1.0f), b(kBig, 2.0f), c(kBig), d(kBig), e(kBig);
   graph::Graph g;
   {
     graph::Capture cap(g);
-    cpu::scale(c.data(), a.data(), 3.0f, kN);  // level 0
-    cpu::scale(d.data(), b.data(), 3.0f, kN);  // level 0 (independent of c)
-    cpu::add(e.data(), c.data(), d.data(), kN);  // level 1 (reads both)
+    cpu::scale(c.data(), a.data(), 3.0f, kBig);  // level 0
+    cpu::scale(d.data(), b.data(), 3.0f, kBig);  // level 0 (independent of c)
+    cpu::add(e.data(), c.data(), d.data(), kBig);  // level 1 (reads both)
   }
-  g.keep(e.data(), kN * 4);
+  g.keep(e.data(), kBig * 4);
   EXPECT_EQ(g.plan(false).num_levels, 2);
   std::fill(e.begin(), e.end(), 0.0f);
   const int threads = num_threads();
@@ -134,6 +135,16 @@ TEST(Graph, IndependentNodesShareALevel) {
   g.replay();
   set_num_threads(threads);
   EXPECT_EQ(e[3], 9.0f);
+  // The same three nodes on small buffers: not worth a region, three levels.
+  std::vector<float> sa(16, 1.0f), sb(16, 2.0f), sc(16), sd(16), se(16);
+  graph::Graph h;
+  {
+    graph::Capture cap(h);
+    cpu::scale(sc.data(), sa.data(), 3.0f, 16);
+    cpu::scale(sd.data(), sb.data(), 3.0f, 16);
+    cpu::add(se.data(), sc.data(), sd.data(), 16);
+  }
+  EXPECT_EQ(h.plan(false).num_levels, 3);
 }
 
 // A step with host code: one node for the op; the kernels inside it are part of it.

@@ -216,12 +216,21 @@ double gemm_prepacked_bytes(const GemmParams& p, const PackedMatrix& b) {
          static_cast<double>(b.packed_bytes());
 }
 
+namespace {
+// gemm_io() with the packed weight as B (p.b is null).
+std::array<graph::Access, 6> packed_gemm_io(const GemmParams& p, const PackedMatrix& b) {
+  std::array<graph::Access, 6> io = gemm_io(p);
+  io[2] = graph::reads_bytes(b.data(), b.packed_bytes());
+  return io;
+}
+}  // namespace
+
 void gemm_prepacked(const GemmParams& p, const PackedMatrix& b) {
   KILN_GRAPH_NODE_IO("gemm", ([p, &b](const graph::Access* io) {
     GemmParams q = p;
     q.c = io[0].mut<float>(); q.a = io[1].ptr; q.bias = io[3].as<float>(); q.residual = io[4].as<float>();
     gemm_prepacked(q, b);
-  }), gemm_io(p));
+  }), packed_gemm_io(p, b));
   trace::Scope kiln_trace_(trace::Category::kKernel, "gemm", [&](trace::Event& e) { describe_gemm(e, p); e.algo = "prepacked"; });
   KILN_CHECK_MSG(check_gemm_prepacked(p, b).ok(), "{}", check_gemm_prepacked(p, b).message());
   if (p.m == 0 || p.n == 0) return;
