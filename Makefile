@@ -7,11 +7,13 @@ CMAKE_FLAGS ?=
 # UBSan build runs the whole CTest suite and also links the fuzz targets (-fsanitize=fuzzer-no-link
 # everywhere, -fsanitize=fuzzer on fuzz/); a TSan build compiles only the thread pool and server
 # tests. -gline-tables-only: file:line in every report at a fraction of -g's compile time.
+# Both leave the CUDA backend out (-DKILN_CUDA=OFF: nvcc beside clang's sanitizers is not worth
+# it); the Release build gets KILN_CUDA=AUTO (on where nvcc is found).
 ASAN_DIR ?= build-asan
 TSAN_DIR ?= build-tsan
 SAN_CC ?= clang
 SAN_CXX ?= clang++
-SAN_CMAKE_FLAGS = -DCMAKE_BUILD_TYPE=Release -DCMAKE_C_COMPILER=$(SAN_CC) -DCMAKE_CXX_COMPILER=$(SAN_CXX) \
+SAN_CMAKE_FLAGS = -DCMAKE_BUILD_TYPE=Release -DKILN_CUDA=OFF -DCMAKE_C_COMPILER=$(SAN_CC) -DCMAKE_CXX_COMPILER=$(SAN_CXX) \
 	-DCMAKE_C_FLAGS=-gline-tables-only -DCMAKE_CXX_FLAGS=-gline-tables-only
 # A UBSan finding aborts its test (-fno-sanitize-recover); the stack says where.
 export UBSAN_OPTIONS ?= print_stacktrace=1:halt_on_error=1

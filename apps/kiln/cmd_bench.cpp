@@ -1,8 +1,11 @@
 // `kiln bench <what>`: kiln beside its peers in one run (the code lives in bench/).
+#include <cstdio>
 #include <memory>
+#include <string>
 
 #include "apps/kiln/commands.h"
 #include "bench/gemm_bench.h"
+#include "bench/gemm_cuda_bench.h"
 
 namespace kiln::app {
 
@@ -26,7 +29,32 @@ void register_bench(CLI::App& app) {
   gemm->add_option("--shapes", gemm_opt->shapes,
                    "Only these shapes: 512 (square), d4 (M=4 decode, warm+cold), d4w, d4c")
       ->delimiter(',');
-  gemm->callback([gemm_opt] {
+  // --device cuda: the CUDA GEMM ladder beside cuBLAS (bench/gemm_cuda_bench.h) instead.
+  auto gemm_device = std::make_shared<std::string>("host");
+  gemm->add_option("--device", *gemm_device, "host (the CPU GEMM beside its peers) or cuda (the CUDA "
+                   "ladder beside cuBLAS; --shapes are square sizes there)")
+      ->check(CLI::IsMember({"host", "cuda"}));
+  gemm->callback([gemm_opt, gemm_device] {
+    if (*gemm_device == "cuda") {
+      bench::GemmCudaBenchOptions cuda_opt;
+      cuda_opt.dtype = gemm_opt->dtype;
+      cuda_opt.reps = gemm_opt->reps;
+      cuda_opt.json = gemm_opt->json;
+      if (gemm_opt->quick) cuda_opt.sizes = {1024, 2048};
+      if (!gemm_opt->shapes.empty()) {
+        cuda_opt.sizes.clear();
+        for (const std::string& s : gemm_opt->shapes) {
+          if (s.empty() || s.size() > 6 || s.find_first_not_of("0123456789") != std::string::npos) {
+            std::fprintf(stderr, "kiln bench gemm --device cuda: --shapes takes square sizes, got '%s'\n", s.c_str());
+            std::exit(2);
+          }
+          cuda_opt.sizes.push_back(std::stoi(s));
+        }
+      }
+      const int rc = bench::run_gemm_cuda_bench(cuda_opt);
+      if (rc != 0) std::exit(rc);
+      return;
+    }
     const int rc = bench::run_gemm_bench(*gemm_opt);
     if (rc != 0) std::exit(rc);
   });

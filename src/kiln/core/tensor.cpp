@@ -50,12 +50,23 @@ std::shared_ptr<Storage> Storage::allocate(int64_t nbytes) {
   return std::shared_ptr<Storage>(new Storage(p, nbytes, true));  // private ctor
 }
 
+Expected<std::shared_ptr<Storage>> Storage::allocate(int64_t nbytes, Device device) {
+  if (device == Device::kHost) return allocate(nbytes);
+  KILN_ASSIGN_OR_RETURN(void* p, cuda_runtime::malloc_device(nbytes));
+  return std::shared_ptr<Storage>(new Storage(p, nbytes, true, device));
+}
+
 std::shared_ptr<Storage> Storage::borrow(void* data, int64_t nbytes) {
   return std::shared_ptr<Storage>(new Storage(data, nbytes, false));
 }
 
 Storage::~Storage() {
-  if (owned_) default_allocator().deallocate(data_);
+  if (!owned_) return;
+  if (device_ == Device::kHost) {
+    default_allocator().deallocate(data_);
+  } else {
+    cuda_runtime::free_device(data_);
+  }
 }
 
 // ---- element conversion ------------------------------------------------------------------
@@ -301,6 +312,9 @@ Tensor Tensor::clone() const {
 }
 
 Status Tensor::copy_from(const Tensor& src) {
+  if (device() != Device::kHost || src.device() != Device::kHost)
+    return failed_precondition("[copy_from] {} tensor into {} tensor: copy_from is host only; use to(Device)",
+                               device_name(src.device()), device_name(device()));
   if (!(src.shape_ == shape_))
     return invalid_argument("[copy_from] shape {} into shape {}", src.shape_.to_string(), shape_.to_string());
   if (dtype_ == src.dtype_ && is_contiguous() && src.is_contiguous()) {
@@ -337,6 +351,7 @@ Expected<Tensor> Tensor::to(DType dtype) const {
 }
 
 int64_t Tensor::element_offset(std::initializer_list<int64_t> index) const {
+  check_host("element access");
   KILN_CHECK_MSG(static_cast<int>(index.size()) == rank(), "index of rank {} into shape {}",
                  index.size(), shape_.to_string());
   int64_t off = offset_;
@@ -358,6 +373,7 @@ void Tensor::set(std::initializer_list<int64_t> index, float value) {
 }
 
 std::vector<float> Tensor::to_floats() const {
+  check_host("to_floats");
   std::vector<float> out(static_cast<size_t>(numel()));
   for_each_offset(shape_, strides_, offset_,
                   [&](int64_t i, int64_t off) { out[i] = load_as_f32(storage_->data(), dtype_, off); });
@@ -365,14 +381,36 @@ std::vector<float> Tensor::to_floats() const {
 }
 
 void Tensor::fill(float value) {
+  check_host("fill");
   for_each_offset(shape_, strides_, offset_,
                   [&](int64_t, int64_t off) { store_from_f32(storage_->data(), dtype_, off, value); });
 }
 
 std::string Tensor::to_string() const {
   if (!defined()) return "Tensor(undefined)";
-  return fmt::format("Tensor({}, {}, strides {})", dtype_name(dtype_), shape_.to_string(),
-                     strides_.to_string());
+  return fmt::format("Tensor({}, {}, strides {}{})", dtype_name(dtype_), shape_.to_string(),
+                     strides_.to_string(), device() == Device::kHost ? "" : ", cuda");
+}
+
+void Tensor::check_host(const char* what) const {
+  KILN_CHECK_MSG(device() == Device::kHost, "{} on a {} tensor (copy it with to(Device::kHost))",
+                 what, device_name(device()));
+}
+
+Expected<Tensor> Tensor::to(Device device) const {
+  if (!defined()) return invalid_argument("[to] {} of an undefined tensor", device_name(device));
+  const Device from = this->device();
+  if (from == device) return *this;
+  if (from == Device::kCuda && !is_contiguous())
+    return invalid_argument("[to] non-contiguous cuda tensor {} to {}", to_string(), device_name(device));
+  const Tensor src = contiguous();  // host side: a packed copy when strided
+  KILN_ASSIGN_OR_RETURN(auto storage, Storage::allocate(nbytes(), device));
+  const void* src_bytes = src.raw_data();
+  void* dst_bytes = storage->data();
+  KILN_RETURN_IF_ERROR(device == Device::kCuda
+                           ? cuda_runtime::copy_host_to_device(dst_bytes, src_bytes, nbytes())
+                           : cuda_runtime::copy_device_to_host(dst_bytes, src_bytes, nbytes()));
+  return Tensor(std::move(storage), shape_, contiguous_strides(shape_), 0, dtype_);
 }
 
 }  // namespace kiln

@@ -11,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "kiln/core/device.h"
 #include "kiln/core/dtype.h"
 #include "kiln/core/status.h"
 
@@ -38,10 +39,15 @@ class Shape {
   int rank_ = 0;
 };
 
-// Bytes owned by the caching allocator, or borrowed memory (e.g. an mmap'ed file) not owned.
+// Bytes owned by the caching allocator, or borrowed memory (e.g. an mmap'ed file) not owned,
+// or bytes on a CUDA device (owned, freed through core/device.h). Storage knows its device;
+// host code must not dereference a device storage's data().
 class Storage {
  public:
-  static std::shared_ptr<Storage> allocate(int64_t nbytes);
+  static std::shared_ptr<Storage> allocate(int64_t nbytes);  // host
+  // On `device`: FailedPrecondition/Unavailable when this build or machine has no CUDA device,
+  // ResourceExhausted when device memory is short.
+  static Expected<std::shared_ptr<Storage>> allocate(int64_t nbytes, Device device);
   static std::shared_ptr<Storage> borrow(void* data, int64_t nbytes);
   ~Storage();
   Storage(const Storage&) = delete;
@@ -49,12 +55,15 @@ class Storage {
 
   void* data() const { return data_; }
   int64_t nbytes() const { return nbytes_; }
+  Device device() const { return device_; }
 
  private:
-  Storage(void* data, int64_t nbytes, bool owned) : data_(data), nbytes_(nbytes), owned_(owned) {}
+  Storage(void* data, int64_t nbytes, bool owned, Device device = Device::kHost)
+      : data_(data), nbytes_(nbytes), owned_(owned), device_(device) {}
   void* data_;
   int64_t nbytes_;
   bool owned_;
+  Device device_;
 };
 
 class Tensor {
@@ -81,6 +90,7 @@ class Tensor {
   int64_t offset() const { return offset_; }
   bool is_contiguous() const;
   const std::shared_ptr<Storage>& storage() const { return storage_; }
+  Device device() const { return storage_ ? storage_->device() : Device::kHost; }
 
   // Typed access; aborts if T does not match the dtype (a program error, not user input).
   template <class T>
@@ -105,8 +115,12 @@ class Tensor {
   Tensor clone() const;       // always a fresh contiguous copy
   Expected<Tensor> to(DType dtype) const;  // converting contiguous copy (float dtypes)
   Status copy_from(const Tensor& src);     // same shape; converts between float dtypes
+  // A contiguous copy on `device` (itself when already there): the one explicit way bytes move
+  // between host and device. Non-contiguous device tensors are not copied (InvalidArgument);
+  // without CUDA (build or device) the error names what is missing.
+  Expected<Tensor> to(Device device) const;
 
-  // ---- element helpers (slow; tests and small tools) ----
+  // ---- element helpers (slow; tests and small tools; host tensors only) ----
   float get(std::initializer_list<int64_t> index) const;
   void set(std::initializer_list<int64_t> index, float value);
   std::vector<float> to_floats() const;  // logical order
@@ -120,6 +134,7 @@ class Tensor {
         dtype_(dt) {}
   Expected<int> normalize_dim(const char* op, int dim) const;
   int64_t element_offset(std::initializer_list<int64_t> index) const;
+  void check_host(const char* what) const;  // aborts on a device tensor
 
   std::shared_ptr<Storage> storage_;
   Shape shape_, strides_;

@@ -1,0 +1,39 @@
+#!/usr/bin/env bash
+# The CUDA backend's check on a machine with an NVIDIA GPU (sm_80 or sm_90): builds kiln with
+# CUDA, runs the CUDA tests (ctest -L cuda: every kernel against its scalar reference) and the
+# GEMM ladder beside cuBLAS at 1024..8192, bf16 and f32, and prints one table. Meant to finish in
+# about 10 minutes on an H200. Exits 77 (with the reason) when there is no GPU to check on.
+#   scripts/cuda-device-check.sh [build-dir]      (default build-cuda; JOBS=n for the build)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+BUILD_DIR=${1:-build-cuda}
+JOBS=${JOBS:-$(nproc)}
+SIZES=${SIZES:-1024,2048,4096,8192}
+
+if ! command -v nvidia-smi > /dev/null || ! nvidia-smi -L > /dev/null 2>&1; then
+  echo "cuda-device-check: no NVIDIA GPU here (nvidia-smi finds none); nothing to check" >&2
+  exit 77
+fi
+nvidia-smi -L
+
+start=$(date +%s)
+cmake -S . -B "$BUILD_DIR" -G Ninja -DCMAKE_BUILD_TYPE=Release -DKILN_CUDA=ON > /dev/null
+cmake --build "$BUILD_DIR" -j "$JOBS" --target kiln test_cuda test_kernels
+echo "cuda-device-check: build $(( $(date +%s) - start )) s"
+
+status=0
+start=$(date +%s)
+(cd "$BUILD_DIR" && ctest -L cuda --output-on-failure) || status=1
+"$BUILD_DIR/tests/test_kernels" --gtest_filter='CudaCatalog.*' || status=1
+echo "cuda-device-check: tests $(( $(date +%s) - start )) s"
+
+start=$(date +%s)
+"$BUILD_DIR/kiln" bench gemm --device cuda --shapes "$SIZES" --reps 5 || status=1
+echo "cuda-device-check: GEMM ladder $(( $(date +%s) - start )) s"
+
+if [ "$status" -ne 0 ]; then
+  echo "cuda-device-check: FAILED (see above)" >&2
+else
+  echo "cuda-device-check: all passed"
+fi
+exit "$status"

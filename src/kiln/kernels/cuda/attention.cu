@@ -1,0 +1,120 @@
+// FlashAttention forward on CUDA behind attention.h's contract (causal or not, sliding window,
+// GQA/MQA, logsumexp out), fp32. A block is kAttnWarps query rows of one (batch, query head),
+// one warp per row; it walks the keys its rows can see in tiles of 32 staged in shared memory
+// (launch.h: rows padded to head_dim + 1 floats), each lane scoring one key of the tile, and
+// keeps the online softmax (running max m, sum l, unnormalised output o) in registers.
+#include "kiln/kernels/cuda/common.cuh"
+
+namespace kiln::cuda {
+namespace {
+constexpr int kMaxPerLane = kAttnMaxHeadDim / 32;  // output elements d = lane + 32·i per lane
+
+// Keys [lo, hi] that query t may see (attention.h); hi < lo when none.
+__device__ __forceinline__ void key_range(const AttentionArgs& p, int64_t t, int64_t* lo,
+                                          int64_t* hi) {
+  const int64_t pos = t + (p.kv_len - p.q_len);
+  *lo = 0;
+  *hi = p.kv_len - 1;
+  if (p.causal) *hi = min(*hi, pos);
+  if (p.window > 0) {
+    *lo = max(int64_t{0}, pos - p.window + 1);
+    if (!p.causal) *hi = min(*hi, pos + p.window - 1);
+  }
+}
+}  // namespace
+
+__global__ void __launch_bounds__(32 * kAttnWarps)
+    attention_forward_kernel(float* out, float* lse, const float* q, const float* k, const float* v,
+                             AttentionArgs p) {
+  extern __shared__ float smem[];
+  const int64_t D = p.head_dim, T = p.q_len, S = p.kv_len;
+  const int64_t kv_row = D + 1;            // padded shared row
+  float* ks = smem;                        // (kAttnKeyTile, D + 1)
+  float* vs = ks + kAttnKeyTile * kv_row;  // (kAttnKeyTile, D + 1)
+  float* qs = vs + kAttnKeyTile * kv_row;  // (kAttnWarps, D)
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int64_t b = blockIdx.z, h = blockIdx.y, g = h / (p.n_heads / p.n_kv_heads);
+  const int64_t t0 = static_cast<int64_t>(blockIdx.x) * kAttnWarps;
+  const int64_t t = t0 + warp;
+  const bool row_valid = t < T;  // uniform within the warp
+
+  int64_t lo = 0, hi = -1;
+  if (row_valid) key_range(p, t, &lo, &hi);
+  // lo and hi never decrease with t, so the block's keys run from its first row's lo to its
+  // last row's hi.
+  int64_t block_lo, block_hi, unused;
+  key_range(p, t0, &block_lo, &unused);
+  key_range(p, min(t0 + kAttnWarps, T) - 1, &unused, &block_hi);
+
+  if (row_valid) {
+    const float* qt = q + (b * T + t) * p.q_row_stride + h * D;
+    for (int64_t d = lane; d < D; d += 32) qs[warp * D + d] = qt[d];
+  }
+  float o[kMaxPerLane] = {};
+  float m = -INFINITY, l = 0.0f;
+
+  for (int64_t kt = block_lo; kt <= block_hi; kt += kAttnKeyTile) {
+    for (int64_t e = threadIdx.x; e < kAttnKeyTile * D; e += blockDim.x) {
+      const int64_t j = e / D, d = e % D, key = kt + j;
+      const bool in = key <= block_hi && key < S;
+      ks[j * kv_row + d] = in ? k[(b * S + key) * p.k_row_stride + g * D + d] : 0.0f;
+      vs[j * kv_row + d] = in ? v[(b * S + key) * p.v_row_stride + g * D + d] : 0.0f;
+    }
+    __syncthreads();
+    if (row_valid) {
+      const int64_t key = kt + lane;
+      float s = -INFINITY;
+      if (key >= lo && key <= hi) {
+        float dot = 0.0f;
+        for (int64_t d = 0; d < D; ++d) dot += qs[warp * D + d] * ks[lane * kv_row + d];
+        s = dot * p.scale;
+      }
+      const float m_new = fmaxf(m, warp_max(s));
+      if (m_new != -INFINITY) {  // some key of this row seen so far (uniform in the warp)
+        const float pj = s == -INFINITY ? 0.0f : expf(s - m_new);
+        const float corr = m == -INFINITY ? 0.0f : expf(m - m_new);
+        l = l * corr + warp_sum(pj);
+#pragma unroll
+        for (int i = 0; i < kMaxPerLane; ++i) o[i] *= corr;
+        for (int j = 0; j < kAttnKeyTile; ++j) {
+          const float pjj = __shfl_sync(0xffffffffu, pj, j);
+          if (pjj == 0.0f) continue;  // the same value in every lane: no divergence
+#pragma unroll
+          for (int i = 0; i < kMaxPerLane; ++i) {
+            const int64_t d = lane + 32 * i;
+            if (d < D) o[i] += pjj * vs[j * kv_row + d];
+          }
+        }
+        m = m_new;
+      }
+    }
+    __syncthreads();
+  }
+
+  if (!row_valid) return;
+  float* ot = out + (b * T + t) * p.o_row_stride + h * D;
+  const float inv = l > 0.0f ? 1.0f / l : 0.0f;
+#pragma unroll
+  for (int i = 0; i < kMaxPerLane; ++i) {
+    const int64_t d = lane + 32 * i;
+    if (d < D) ot[d] = o[i] * inv;
+  }
+  if (lane == 0) lse[(b * p.n_heads + h) * T + t] = l > 0.0f ? m + logf(l) : -INFINITY;
+}
+
+cudaError_t launch_attention_forward(float* out, float* lse, const float* q, const float* k,
+                                     const float* v, const AttentionArgs& p) {
+  const LaunchConfig c = attention_launch(p.batch, p.n_heads, p.q_len, p.head_dim);
+  constexpr int64_t kDefaultSmemLimit = 48 * 1024;  // above it a kernel must opt in
+  if (c.smem_bytes > kDefaultSmemLimit) {
+    const cudaError_t err =
+        cudaFuncSetAttribute(attention_forward_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                             static_cast<int>(c.smem_bytes));
+    if (err != cudaSuccess) return err;
+  }
+  attention_forward_kernel<<<grid_of(c), block_of(c), static_cast<size_t>(c.smem_bytes)>>>(
+      out, lse, q, k, v, p);
+  return cudaGetLastError();
+}
+
+}  // namespace kiln::cuda

@@ -1,0 +1,90 @@
+// Device helpers shared by the .cu files: bf16/f32 operand loads, warp and block reductions,
+// the GEMM epilogue (gemm.h's contract) and LaunchConfig -> dim3. The .cu files build no
+// Status (fmt's compile-time format checks do not pass nvcc's front end): they launch and
+// return the cudaError_t, and kernels_cuda.cpp turns it into kernels.h's Status.
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "kiln/kernels/cuda/launch.h"
+#include "kiln/kernels/cuda/launchers.h"
+
+namespace kiln::cuda {
+
+// A bf16 (raw bits) or f32 operand element as f32.
+__device__ __forceinline__ float load_operand(const void* base, bool is_bf16, int64_t i) {
+  if (is_bf16)
+    return __uint_as_float(static_cast<uint32_t>(static_cast<const uint16_t*>(base)[i]) << 16);
+  return static_cast<const float*>(base)[i];
+}
+
+__device__ __forceinline__ float warp_sum(float v) {
+  for (int off = 16; off > 0; off >>= 1) v += __shfl_xor_sync(0xffffffffu, v, off);
+  return v;
+}
+__device__ __forceinline__ float warp_max(float v) {
+  for (int off = 16; off > 0; off >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, off));
+  return v;
+}
+
+// Sum / max over the whole block (blockDim.x a multiple of 32, at most 1024): every thread
+// gets the result. `scratch` is 32 floats of shared memory; the call ends with a barrier, so
+// the same scratch may be reused by the next reduction.
+template <class WarpOp>
+__device__ __forceinline__ float block_reduce(float v, float* scratch, float identity,
+                                              WarpOp warp_op) {
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, num_warps = blockDim.x / 32;
+  v = warp_op(v);
+  if (lane == 0) scratch[warp] = v;
+  __syncthreads();
+  const float r = warp_op(lane < num_warps ? scratch[lane] : identity);
+  __syncthreads();
+  return r;
+}
+__device__ __forceinline__ float block_sum(float v, float* scratch) {
+  return block_reduce(v, scratch, 0.0f, [](float x) { return warp_sum(x); });
+}
+__device__ __forceinline__ float block_max(float v, float* scratch) {
+  return block_reduce(v, scratch, -INFINITY, [](float x) { return warp_max(x); });
+}
+
+__device__ __forceinline__ float activate(DeviceActivation act, float v) {
+  switch (act) {
+    case DeviceActivation::kNone:
+      return v;
+    case DeviceActivation::kGeluTanh: {
+      const float kS = 0.7978845608028654f;  // sqrt(2/pi)
+      return 0.5f * v * (1.0f + tanhf(kS * (v + 0.044715f * v * v * v)));
+    }
+    case DeviceActivation::kSilu:
+      return v / (1.0f + expf(-v));
+    case DeviceActivation::kRelu:
+      return v > 0.0f ? v : 0.0f;
+  }
+  return v;
+}
+
+// The GEMM epilogue of C[i, j] (in bounds): alpha·acc (+ beta·C) (+ bias), activation,
+// (+ residual). beta = 0 never reads C.
+__device__ __forceinline__ void gemm_store(const GemmArgs& p, int64_t i, int64_t j, float acc) {
+  float* c = p.c + i * p.ldc + j;
+  float v = p.alpha * acc;
+  if (p.beta != 0.0f) v += p.beta * *c;
+  if (p.bias) v += p.bias[j];
+  v = activate(p.act, v);
+  if (p.residual) v += p.residual[i * p.ldr + j];
+  *c = v;
+}
+
+inline dim3 grid_of(const LaunchConfig& c) {
+  return dim3(static_cast<unsigned>(c.grid_x), static_cast<unsigned>(c.grid_y),
+              static_cast<unsigned>(c.grid_z));
+}
+inline dim3 block_of(const LaunchConfig& c) {
+  return dim3(static_cast<unsigned>(c.block_x), static_cast<unsigned>(c.block_y), 1);
+}
+
+}  // namespace kiln::cuda

@@ -1,0 +1,61 @@
+// The CUDA kernels behind the same contracts as kiln::ref / kiln::cpu (gemm.h, norm.h, ...),
+// on DEVICE pointers (Tensor::to(Device::kCuda), core/device.h). Each call launches on the
+// default stream and returns once the launch is queued: Unimplemented for a path that does not
+// exist (e.g. an f32 operand on the tensor-core rungs), InvalidArgument for arguments the kernel
+// cannot take, Internal for a failed launch; kernel-time faults surface at the next
+// cuda_runtime::synchronize(). Ids and targets are not checked on the host (they live on the
+// device): an out-of-range one yields a NaN row, never an out-of-bounds access.
+// Only built with the CUDA backend (KILN_CUDA); see launch.h for every launch configuration.
+#pragma once
+
+#include <cstdint>
+
+#include "kiln/core/status.h"
+#include "kiln/kernels/adamw.h"
+#include "kiln/kernels/attention.h"
+#include "kiln/kernels/cuda/launch.h"
+#include "kiln/kernels/gemm.h"
+#include "kiln/kernels/norm.h"
+
+namespace kiln::cuda {
+
+// C = act(alpha·op(A)·op(B) + beta·C + bias) + residual, as ref::gemm, through rung `kernel`.
+// The mma rungs need bf16 A and B; kMmaCpAsync also needs A row-major and B stored (n, k)
+// (trans_a false, trans_b true), lda, ldb multiples of 8 and 16-byte aligned A and B.
+Status gemm(const GemmParams& p, GemmKernel kernel = GemmKernel::kAuto);
+// Whether rung `kernel` takes these params; the message of the Unimplemented says why not.
+Status gemm_supports(const GemmParams& p, GemmKernel kernel);
+// The rung kAuto runs for p.
+GemmKernel gemm_auto_kernel(const GemmParams& p);
+
+// norm.h
+Status layernorm_forward(float* out, float* mean, float* rstd, const float* inp,
+                         const float* weight, const float* bias, int64_t rows, int64_t cols,
+                         float eps = kLayerNormEps);
+Status rmsnorm_forward(float* out, float* rstd, const float* inp, const float* weight, int64_t rows,
+                       int64_t cols, float eps = kRmsNormEps);
+// softmax.h
+Status softmax_forward(float* out, const float* inp, int64_t rows, int64_t cols);
+// rope.h, with the table's cos and sin (max_positions, head_dim/2) copied to the device.
+Status rope_forward(float* out, const float* inp, const float* cos, const float* sin,
+                    int64_t max_positions, int64_t batch, int64_t seq_len, int64_t n_heads,
+                    int64_t head_dim, int64_t pos_offset);
+// activation.h
+Status gelu_forward(float* out, const float* inp, int64_t n);
+Status silu_forward(float* out, const float* inp, int64_t n);
+Status swiglu_forward(float* out, const float* gate, const float* up, int64_t n);
+// embedding.h
+Status embedding_forward(float* out, const int32_t* ids, const float* weight, int64_t num_tokens,
+                         int64_t vocab_size, int64_t cols);
+// adamw.h (the per-step scalars in double on the host, as torch)
+Status adamw_step(float* param, const float* grad, float* m, float* v, int64_t n,
+                  const AdamWConfig& config, int64_t step);
+// cross_entropy.h
+Status cross_entropy_forward(float* losses, const float* logits, const int32_t* targets,
+                             int64_t rows, int64_t vocab);
+// attention.h: FlashAttention forward (causal or not, sliding window, GQA), out and lse as
+// ref::attention_forward; head_dim <= kAttnMaxHeadDim. `p` is checked (check_attention).
+Status attention_forward(float* out, float* lse, const float* q, const float* k, const float* v,
+                         const AttentionParams& p);
+
+}  // namespace kiln::cuda

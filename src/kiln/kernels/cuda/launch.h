@@ -1,0 +1,206 @@
+// The launch configuration (grid, threads per block, dynamic shared memory) of every CUDA kernel,
+// as plain host C++: the .cu launchers launch exactly what these functions return, and the
+// catalog (cuda_catalog.cpp) reports the same numbers on any machine, CUDA built or not.
+// Tile sizes are the kernels' template arguments; each constant says why it was chosen (all
+// picked on paper for sm_80/sm_90 — 48 KiB of static shared memory per block, 64K registers
+// per SM — not yet tuned on a GPU).
+#pragma once
+
+#include <algorithm>
+#include <cstdint>
+#include <iterator>
+#include <string>
+#include <string_view>
+
+namespace kiln::cuda {
+
+struct LaunchConfig {
+  int64_t grid_x = 1, grid_y = 1, grid_z = 1;
+  int threads = 0;               // per block (1-D blocks, or 2-D tiled ones flattened)
+  int block_x = 0, block_y = 1;  // the block's shape (block_x · block_y = threads)
+  int64_t smem_bytes = 0;        // dynamic shared memory per block
+  int64_t blocks() const { return grid_x * grid_y * grid_z; }
+};
+
+inline int64_t ceil_div(int64_t a, int64_t b) {
+  return (a + b - 1) / b;
+}
+
+// ---- GEMM: the ladder, each rung a kernel one can select (bench/, tests) ---------------------
+enum class GemmKernel {
+  kNaive,          // one thread per C element, threadIdx.x along m: uncoalesced
+  kCoalesced,      // threadIdx.x along n: a warp reads one B row segment and writes one C run
+  kSmemTiled,      // 32x32 tiles of A and B staged in shared memory
+  kRegisterTiled,  // 128x128 block tile, 8x8 micro-tile of C per thread in registers
+  kPadded,         // the same with padded shared-memory rows (no bank conflicts on the stores)
+  kMma,            // tensor cores: mma.sync m16n8k16 bf16 -> f32, 128x128x32 block tile
+  kMmaCpAsync,     // the same, tiles fetched with cp.async into two buffers (sm_80+)
+  kAuto,           // the fastest that supports the params (kMmaCpAsync > kMma > kPadded)
+};
+inline constexpr GemmKernel kGemmLadder[] = {
+    GemmKernel::kNaive,  GemmKernel::kCoalesced, GemmKernel::kSmemTiled, GemmKernel::kRegisterTiled,
+    GemmKernel::kPadded, GemmKernel::kMma,       GemmKernel::kMmaCpAsync};
+
+// Tile of the shared-memory rung: 32x32 threads (1024, the block maximum), one C element each.
+inline constexpr int kGemmSmemTile = 32;
+// Register-tiled rungs: 256 threads each own an 8x8 C micro-tile of a 128x128 block tile; BK = 8
+// keeps the two staged tiles at 8 KiB so several blocks fit an SM.
+inline constexpr int kGemmRegBm = 128, kGemmRegBn = 128, kGemmRegBk = 8, kGemmRegTm = 8,
+                     kGemmRegTn = 8;
+inline constexpr int kGemmRegThreads = (kGemmRegBm / kGemmRegTm) * (kGemmRegBn / kGemmRegTn);
+// The padded rung's extra floats per shared row: a warp's staging stores walk 8 k values of 4
+// rows (k-contiguous operand) at word k·(BM + 4) + r, i.e. bank 4k + r: all 32 distinct.
+inline constexpr int kGemmRegPad = 4;
+// Tensor-core rungs: 8 warps as 2 (m) x 4 (n), each warp a 64x32 tile = 4x4 mma tiles of 16x8;
+// BK = 32 is two k16 steps per stage. Shared rows are padded by 8 bf16 (16 bytes): row stride
+// 40 bf16 = 20 words puts the 8 rows a fragment load touches in 8 distinct 4-bank groups.
+inline constexpr int kGemmMmaBm = 128, kGemmMmaBn = 128, kGemmMmaBk = 32, kGemmMmaPad = 8;
+inline constexpr int kGemmMmaWarpsM = 2, kGemmMmaWarpsN = 4;
+inline constexpr int kGemmMmaThreads = 32 * kGemmMmaWarpsM * kGemmMmaWarpsN;
+inline constexpr int64_t kGemmMmaStageBytes =
+    int64_t{2} * (kGemmMmaBm + kGemmMmaBn) * (kGemmMmaBk + kGemmMmaPad);  // bf16: 2 bytes
+
+// One row per GemmKernel, in enum order (checked below): the name bench/ and errors print and
+// the variant the catalog (cuda_catalog.h) describes.
+struct GemmKernelInfo {
+  GemmKernel kernel;
+  std::string_view name;
+  std::string_view variant;
+};
+inline constexpr GemmKernelInfo kGemmKernelInfo[] = {
+    {GemmKernel::kNaive, "naive", "naive, 16x16 threads, x along m (uncoalesced)"},
+    {GemmKernel::kCoalesced, "coalesced", "coalesced, 32x8 threads, x along n"},
+    {GemmKernel::kSmemTiled, "smem-tiled", "shared-memory tiles 32x32"},
+    {GemmKernel::kRegisterTiled, "register-tiled", "register-tiled 128x128x8, 8x8 per thread"},
+    {GemmKernel::kPadded, "padded", "register-tiled 128x128x8, 8x8 per thread, padded shared rows"},
+    {GemmKernel::kMma, "mma", "tiled 128x128x32, mma.sync bf16"},
+    {GemmKernel::kMmaCpAsync, "mma-cp-async",
+     "tiled 128x128x32, mma.sync bf16, cp.async double buffer"},
+    {GemmKernel::kAuto, "auto", "the fastest rung that takes the params"},
+};
+static_assert([] {
+  for (int i = 0; i < static_cast<int>(std::size(kGemmKernelInfo)); ++i)
+    if (static_cast<int>(kGemmKernelInfo[i].kernel) != i) return false;
+  return std::size(kGemmKernelInfo) == static_cast<size_t>(GemmKernel::kAuto) + 1;
+}());
+inline const GemmKernelInfo& gemm_kernel_info(GemmKernel k) {
+  return kGemmKernelInfo[static_cast<int>(k)];
+}
+inline std::string_view gemm_kernel_name(GemmKernel k) {
+  return gemm_kernel_info(k).name;
+}
+
+// The __global__ function behind each rung, named as cuda_catalog.h's KernelLaunch::kernel.
+inline std::string gemm_kernel_symbol(GemmKernel k) {
+  const auto reg = [](int pad) {
+    return "kiln::cuda::gemm_register_tiled<" + std::to_string(kGemmRegBm) + ", " +
+           std::to_string(kGemmRegBn) + ", " + std::to_string(kGemmRegBk) + ", " +
+           std::to_string(kGemmRegTm) + ", " + std::to_string(kGemmRegTn) + ", " +
+           std::to_string(pad) + ">";
+  };
+  const auto mma = [](int stages) {
+    return "kiln::cuda::gemm_mma_bf16<" + std::to_string(kGemmMmaBm) + ", " +
+           std::to_string(kGemmMmaBn) + ", " + std::to_string(kGemmMmaBk) + ", " +
+           std::to_string(stages) + ">";
+  };
+  switch (k) {
+    case GemmKernel::kNaive:
+      return "kiln::cuda::gemm_naive";
+    case GemmKernel::kCoalesced:
+      return "kiln::cuda::gemm_coalesced";
+    case GemmKernel::kSmemTiled:
+      return "kiln::cuda::gemm_smem_tiled<" + std::to_string(kGemmSmemTile) + ">";
+    case GemmKernel::kRegisterTiled:
+      return reg(0);
+    case GemmKernel::kPadded:
+      return reg(kGemmRegPad);
+    case GemmKernel::kMma:
+      return mma(1);
+    case GemmKernel::kMmaCpAsync:
+      return mma(2);
+    case GemmKernel::kAuto:
+      break;
+  }
+  return {};
+}
+
+// C is (m, n); every rung covers it with whole tiles (edge tiles are bounds-checked).
+inline LaunchConfig gemm_launch(GemmKernel k, int64_t m, int64_t n) {
+  LaunchConfig c;
+  switch (k) {
+    case GemmKernel::kNaive:  // 16x16 threads, x along m
+      c.block_x = 16, c.block_y = 16;
+      c.grid_x = ceil_div(m, 16), c.grid_y = ceil_div(n, 16);
+      break;
+    case GemmKernel::kCoalesced:  // 32x8 threads, x along n (one warp = 32 consecutive columns)
+      c.block_x = 32, c.block_y = 8;
+      c.grid_x = ceil_div(n, 32), c.grid_y = ceil_div(m, 8);
+      break;
+    case GemmKernel::kSmemTiled:
+      c.block_x = kGemmSmemTile, c.block_y = kGemmSmemTile;
+      c.grid_x = ceil_div(n, kGemmSmemTile), c.grid_y = ceil_div(m, kGemmSmemTile);
+      break;
+    case GemmKernel::kRegisterTiled:
+    case GemmKernel::kPadded:
+      c.block_x = kGemmRegThreads;
+      c.grid_x = ceil_div(n, kGemmRegBn), c.grid_y = ceil_div(m, kGemmRegBm);
+      break;
+    case GemmKernel::kMma:
+    case GemmKernel::kMmaCpAsync:
+      c.block_x = kGemmMmaThreads;
+      c.grid_x = ceil_div(n, kGemmMmaBn), c.grid_y = ceil_div(m, kGemmMmaBm);
+      c.smem_bytes = kGemmMmaStageBytes * (k == GemmKernel::kMmaCpAsync ? 2 : 1);
+      break;
+    case GemmKernel::kAuto:
+      break;
+  }
+  c.threads = c.block_x * c.block_y;
+  return c;
+}
+
+// ---- row-wise kernels (norms, softmax, cross-entropy, embedding): one block per row ---------
+// Up to 256 threads stride over a row's columns and reduce with warp shuffles, then across the
+// block's warps through 32 floats of static shared memory; short rows get fewer threads.
+inline constexpr int kRowMaxThreads = 256;
+inline LaunchConfig row_launch(int64_t rows, int64_t cols) {
+  LaunchConfig c;
+  c.grid_x = std::max<int64_t>(rows, 1);
+  c.block_x = static_cast<int>(std::clamp<int64_t>(ceil_div(cols, 32) * 32, 32, kRowMaxThreads));
+  c.threads = c.block_x;
+  return c;
+}
+
+// ---- elementwise kernels (activations, AdamW, RoPE pairs): a grid-stride loop -------------
+// 256 threads; at most 65536 blocks (beyond that each thread takes several elements).
+inline constexpr int kElementwiseThreads = 256;
+inline constexpr int64_t kElementwiseMaxBlocks = 65536;
+inline LaunchConfig elementwise_launch(int64_t n) {
+  LaunchConfig c;
+  c.grid_x = std::clamp<int64_t>(ceil_div(n, kElementwiseThreads), 1, kElementwiseMaxBlocks);
+  c.block_x = c.threads = kElementwiseThreads;
+  return c;
+}
+
+// ---- FlashAttention forward ---------------------------------------------------------------
+// A block = 8 warps = 8 query rows of one (batch, query head); K/V tiles of 32 keys (one per
+// lane for the scores) are staged in shared memory with rows padded to head_dim + 1 floats, so
+// lane j reading key j's element d hits bank (j·(D+1) + d) mod 32 = distinct banks. Each lane
+// keeps head_dim/32 output elements, so head_dim <= kAttnMaxHeadDim.
+inline constexpr int kAttnWarps = 8;
+inline constexpr int kAttnKeyTile = 32;
+inline constexpr int kAttnMaxHeadDim = 256;
+inline int64_t attention_smem_bytes(int64_t head_dim) {
+  return 4 * (2 * kAttnKeyTile * (head_dim + 1) + kAttnWarps * head_dim);
+}
+inline LaunchConfig attention_launch(int64_t batch, int64_t n_heads, int64_t q_len,
+                                     int64_t head_dim) {
+  LaunchConfig c;
+  c.grid_x = ceil_div(std::max<int64_t>(q_len, 1), kAttnWarps);
+  c.grid_y = n_heads;
+  c.grid_z = batch;
+  c.block_x = c.threads = 32 * kAttnWarps;
+  c.smem_bytes = attention_smem_bytes(head_dim);
+  return c;
+}
+
+}  // namespace kiln::cuda

@@ -1,0 +1,77 @@
+// The raw launchers the .cu files export: each launches its kernel(s) on the default stream
+// with launch.h's configuration and returns the launch's cudaError_t. They assume checked
+// arguments; kernels.h (kernels_cuda.cpp) is the checked, Status-returning API over them.
+// Plain structs only: the .cu files include no kiln core header (fmt, which those pull in,
+// does not compile under nvcc), so GemmParams and AttentionParams arrive as GemmArgs and
+// AttentionArgs, filled by kernels_cuda.cpp.
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+
+#include "kiln/kernels/cuda/launch.h"
+
+namespace kiln::cuda {
+
+// gemm.h's Activation, value for value (kernels_cuda.cpp maps one onto the other).
+enum class DeviceActivation : int { kNone, kGeluTanh, kSilu, kRelu };
+
+// GemmParams with the dtypes as flags (f32 unless *_bf16).
+struct GemmArgs {
+  int64_t m = 0, n = 0, k = 0;
+  const void* a = nullptr;
+  int64_t lda = 0;
+  bool a_bf16 = false, trans_a = false;
+  const void* b = nullptr;
+  int64_t ldb = 0;
+  bool b_bf16 = false, trans_b = false;
+  float* c = nullptr;
+  int64_t ldc = 0;
+  float alpha = 1.0f, beta = 0.0f;
+  const float* bias = nullptr;
+  DeviceActivation act = DeviceActivation::kNone;
+  const float* residual = nullptr;
+  int64_t ldr = 0;
+};
+cudaError_t launch_gemm(const GemmArgs& p, GemmKernel kernel);  // kernel != kAuto
+
+cudaError_t launch_layernorm_forward(float* out, float* mean, float* rstd, const float* inp,
+                                     const float* weight, const float* bias, int64_t rows,
+                                     int64_t cols, float eps);
+cudaError_t launch_rmsnorm_forward(float* out, float* rstd, const float* inp, const float* weight,
+                                   int64_t rows, int64_t cols, float eps);
+cudaError_t launch_softmax_forward(float* out, const float* inp, int64_t rows, int64_t cols);
+cudaError_t launch_cross_entropy_forward(float* losses, const float* logits, const int32_t* targets,
+                                         int64_t rows, int64_t vocab);
+cudaError_t launch_embedding_forward(float* out, const int32_t* ids, const float* weight,
+                                     int64_t num_tokens, int64_t vocab_size, int64_t cols);
+cudaError_t launch_rope_forward(float* out, const float* inp, const float* cos, const float* sin,
+                                int64_t batch, int64_t seq_len, int64_t n_heads, int64_t head_dim,
+                                int64_t pos_offset);
+enum class Elementwise { kGelu, kSilu };
+cudaError_t launch_activation_forward(Elementwise op, float* out, const float* inp, int64_t n);
+cudaError_t launch_swiglu_forward(float* out, const float* gate, const float* up, int64_t n);
+// The AdamW scalars, computed in double on the host and applied in fp32 (adamw.h).
+struct AdamWScalars {
+  float decay;  // 1 - lr·λ
+  float beta1, beta2;
+  float step_size;  // lr / (1 - β1^t)
+  float rsqrt_bc2;  // 1 / sqrt(1 - β2^t)
+  float eps;
+};
+cudaError_t launch_adamw_step(float* param, const float* grad, float* m, float* v, int64_t n,
+                              const AdamWScalars& s);
+// AttentionParams after check_attention (strides filled in, scale resolved).
+struct AttentionArgs {
+  int64_t batch = 1, q_len = 0, kv_len = 0, n_heads = 1, n_kv_heads = 1, head_dim = 0;
+  bool causal = true;
+  int64_t window = 0;
+  float scale = 0.0f;
+  int64_t q_row_stride = 0, k_row_stride = 0, v_row_stride = 0, o_row_stride = 0;
+};
+// head_dim <= kAttnMaxHeadDim.
+cudaError_t launch_attention_forward(float* out, float* lse, const float* q, const float* k,
+                                     const float* v, const AttentionArgs& p);
+
+}  // namespace kiln::cuda

@@ -1,0 +1,375 @@
+// Every CUDA kernel (kernels/cuda/kernels.h) against its scalar reference (kiln::ref) over odd
+// and even shapes and both GEMM dtypes: inputs go to the device with Tensor::to(Device::kCuda),
+// results come back with to(Device::kHost), and the normalized MSE sum((a-e)^2) / sum(e^2) is
+// compared with a bound (tests/kernels/harness.h's measure). Without a CUDA device the binary
+// exits 77 before any test, which CTest reports as skipped.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdio>
+#include <string>
+#include <vector>
+
+#include "kiln/core/device.h"
+#include "kiln/core/rng.h"
+#include "kiln/core/tensor.h"
+#include "kiln/kernels/activation.h"
+#include "kiln/kernels/cross_entropy.h"
+#include "kiln/kernels/cuda/kernels.h"
+#include "kiln/kernels/embedding.h"
+#include "kiln/kernels/rope.h"
+#include "kiln/kernels/softmax.h"
+
+namespace kiln::cuda {
+namespace {
+
+// fp32 results whose only difference from the reference is summation order (and expf against
+// the reference's double exp) sit near u² ≈ 4e-15 per element; 1e-9 leaves room for
+// reductions of a few thousand terms without hiding a wrong index (nmse ~ 1).
+constexpr double kF32Nmse = 1e-9;
+
+std::vector<float> random_floats(Rng& rng, int64_t n, float lo = -1.0f, float hi = 1.0f) {
+  std::vector<float> v(static_cast<size_t>(n));
+  for (float& x : v) x = lo + (hi - lo) * rng.uniform();
+  return v;
+}
+
+double nmse(const std::vector<float>& expected, const std::vector<float>& actual) {
+  EXPECT_EQ(expected.size(), actual.size());
+  double num = 0, den = 0;
+  for (size_t i = 0; i < expected.size() && i < actual.size(); ++i) {
+    const double d = static_cast<double>(actual[i]) - expected[i];
+    num += d * d;
+    den += static_cast<double>(expected[i]) * expected[i];
+  }
+  if (!std::isfinite(num)) return INFINITY;
+  return den > 0 ? num / den : num;
+}
+
+// A device copy of host values (f32, or bf16 when asked), kept alive by the Tensor.
+Tensor device_floats(const std::vector<float>& v, DType dtype = DType::kF32) {
+  const Tensor host = Tensor::from_floats({static_cast<int64_t>(v.size())}, v, dtype).value();
+  Tensor d = host.to(Device::kCuda).value();
+  EXPECT_EQ(d.device(), Device::kCuda);
+  return d;
+}
+Tensor device_ints(std::vector<int32_t> v) {
+  const Tensor host = Tensor::borrow(v.data(), {static_cast<int64_t>(v.size())}, DType::kI32);
+  return host.to(Device::kCuda).value();  // copied before v goes away
+}
+std::vector<float> host_floats(const Tensor& d) {
+  EXPECT_TRUE(cuda_runtime::synchronize().ok());
+  return d.to(Device::kHost).value().to_floats();
+}
+// The values a bf16 tensor holds (what the reference must see).
+std::vector<float> rounded(const std::vector<float>& v, DType dtype) {
+  return Tensor::from_floats({static_cast<int64_t>(v.size())}, v, dtype).value().to_floats();
+}
+
+// ---- GEMM: every rung x dtype x transposes x epilogue -------------------------------------
+struct GemmShape {
+  int64_t m, n, k;
+};
+constexpr GemmShape kGemmShapes[] = {{1, 1, 1},     {7, 33, 31},  {33, 7, 64},    {100, 100, 255},
+                                     {257, 65, 64}, {64, 257, 1}, {130, 200, 96}, {257, 257, 255},
+                                     {1, 300, 31},  {300, 1, 100}};
+
+void check_gemm_case(const GemmShape& s, DType dtype, bool trans_a, bool trans_b, bool epilogue) {
+  Rng rng(static_cast<uint64_t>(s.m * 1000003 + s.n * 1009 + s.k));
+  // Leading dims rounded up to 8 (valid strides past the logical width, and the cp.async rung's
+  // alignment), so padding columns are exercised too.
+  const auto round8 = [](int64_t x) { return (x + 7) / 8 * 8; };
+  const int64_t a_rows = trans_a ? s.k : s.m, a_cols = trans_a ? s.m : s.k;
+  const int64_t b_rows = trans_b ? s.n : s.k, b_cols = trans_b ? s.k : s.n;
+  const int64_t lda = round8(a_cols), ldb = round8(b_cols);
+  const std::vector<float> a = rounded(random_floats(rng, a_rows * lda), dtype);
+  const std::vector<float> b = rounded(random_floats(rng, b_rows * ldb), dtype);
+  const std::vector<float> c0 = random_floats(rng, s.m * s.n);
+  const std::vector<float> bias = random_floats(rng, s.n);
+  const std::vector<float> residual = random_floats(rng, s.m * s.n);
+
+  GemmParams p;
+  p.m = s.m, p.n = s.n, p.k = s.k;
+  p.lda = lda, p.ldb = ldb, p.ldc = s.n, p.ldr = s.n;
+  p.a_dtype = p.b_dtype = dtype;
+  p.trans_a = trans_a, p.trans_b = trans_b;
+  if (epilogue) p.alpha = 0.5f, p.beta = 1.0f, p.act = Activation::kGeluTanh;
+
+  // The reference on host copies (bf16 operands as bf16 bytes, like the device's).
+  const Tensor ha = Tensor::from_floats({a_rows * lda}, a, dtype).value();
+  const Tensor hb = Tensor::from_floats({b_rows * ldb}, b, dtype).value();
+  std::vector<float> expected = c0;
+  GemmParams rp = p;
+  rp.a = ha.raw_data(), rp.b = hb.raw_data(), rp.c = expected.data();
+  if (epilogue) rp.bias = bias.data(), rp.residual = residual.data();
+  ref::gemm(rp);
+
+  const Tensor da = ha.to(Device::kCuda).value(), db = hb.to(Device::kCuda).value();
+  const Tensor dbias = device_floats(bias), dres = device_floats(residual);
+  for (GemmKernel rung : kGemmLadder) {
+    const std::string what =
+        fmt::format("{} m={} n={} k={} {} ta={} tb={} epilogue={}", gemm_kernel_name(rung), s.m,
+                    s.n, s.k, dtype_name(dtype), trans_a, trans_b, epilogue);
+    GemmParams dp = p;
+    dp.a = da.raw_data(), dp.b = db.raw_data();
+    if (epilogue) dp.bias = dbias.data<float>(), dp.residual = dres.data<float>();
+    const Status supported = gemm_supports(dp, rung);
+    if (!supported.ok()) {
+      EXPECT_EQ(supported.code(), StatusCode::kUnimplemented) << what;
+      EXPECT_EQ(gemm(dp, rung).code(), StatusCode::kUnimplemented) << what;
+      continue;
+    }
+    const Tensor dc = device_floats(c0);
+    dp.c = dc.data<float>();
+    const Status st = gemm(dp, rung);
+    ASSERT_TRUE(st.ok()) << what << ": " << st.to_string();
+    EXPECT_LE(nmse(expected, host_floats(dc)), kF32Nmse) << what;
+  }
+}
+
+TEST(CudaGemm, EveryRungMatchesTheReference) {
+  for (const GemmShape& s : kGemmShapes)
+    for (DType dtype : {DType::kF32, DType::kBF16})
+      for (auto [ta, tb] :
+           {std::pair{false, false}, std::pair{false, true}, std::pair{true, false}})
+        check_gemm_case(s, dtype, ta, tb, /*epilogue=*/false);
+}
+
+TEST(CudaGemm, FusedEpilogueOnEveryRung) {
+  for (const GemmShape& s : {GemmShape{7, 33, 31}, GemmShape{130, 200, 96}, GemmShape{257, 65, 64}})
+    for (DType dtype : {DType::kF32, DType::kBF16}) check_gemm_case(s, dtype, false, true, true);
+}
+
+TEST(CudaGemm, NamedErrors) {
+  GemmParams p;
+  p.m = p.n = p.k = 8;
+  p.lda = p.ldb = p.ldc = 8;
+  const Tensor a = device_floats(std::vector<float>(64, 1.0f));
+  const Tensor c = device_floats(std::vector<float>(64, 0.0f));
+  p.a = p.b = a.raw_data();
+  p.c = c.data<float>();
+  const Status mma = gemm(p, GemmKernel::kMma);  // f32 operands on the tensor-core rung
+  EXPECT_EQ(mma.code(), StatusCode::kUnimplemented);
+  EXPECT_NE(mma.message().find("bf16"), std::string::npos) << mma.to_string();
+  EXPECT_EQ(gemm_auto_kernel(p), GemmKernel::kPadded);
+  p.lda = 4;  // < k: the op's own check names it
+  EXPECT_EQ(gemm(p).code(), StatusCode::kInvalidArgument);
+}
+
+// ---- row-wise kernels --------------------------------------------------------------------------
+constexpr int64_t kRows[] = {1, 7, 33};
+constexpr int64_t kCols[] = {1, 31, 64, 255, 1000};
+
+TEST(CudaRows, LayerNormAndRmsNorm) {
+  for (int64_t rows : kRows) {
+    for (int64_t cols : kCols) {
+      Rng rng(static_cast<uint64_t>(rows * 7919 + cols));
+      const auto x = random_floats(rng, rows * cols, -2.0f, 3.0f);
+      const auto w = random_floats(rng, cols), bias = random_floats(rng, cols);
+      std::vector<float> out(x.size()), mean(rows), rstd(rows);
+      ref::layernorm_forward(out.data(), mean.data(), rstd.data(), x.data(), w.data(), bias.data(),
+                             rows, cols);
+      const Tensor dx = device_floats(x), dw = device_floats(w), db = device_floats(bias);
+      const Tensor dout = device_floats(std::vector<float>(x.size())), dmean = device_floats(mean),
+                   drstd = device_floats(rstd);
+      ASSERT_TRUE(layernorm_forward(dout.data<float>(), dmean.data<float>(), drstd.data<float>(),
+                                    dx.data<float>(), dw.data<float>(), db.data<float>(), rows,
+                                    cols)
+                      .ok());
+      const std::string what = fmt::format("rows={} cols={}", rows, cols);
+      EXPECT_LE(nmse(out, host_floats(dout)), kF32Nmse) << "layernorm " << what;
+      EXPECT_LE(nmse(mean, host_floats(dmean)), kF32Nmse) << "layernorm mean " << what;
+      EXPECT_LE(nmse(rstd, host_floats(drstd)), kF32Nmse) << "layernorm rstd " << what;
+
+      ref::rmsnorm_forward(out.data(), rstd.data(), x.data(), w.data(), rows, cols);
+      ASSERT_TRUE(rmsnorm_forward(dout.data<float>(), drstd.data<float>(), dx.data<float>(),
+                                  dw.data<float>(), rows, cols)
+                      .ok());
+      EXPECT_LE(nmse(out, host_floats(dout)), kF32Nmse) << "rmsnorm " << what;
+      EXPECT_LE(nmse(rstd, host_floats(drstd)), kF32Nmse) << "rmsnorm rstd " << what;
+    }
+  }
+}
+
+TEST(CudaRows, Softmax) {
+  for (int64_t rows : kRows) {
+    for (int64_t cols : kCols) {
+      Rng rng(static_cast<uint64_t>(rows * 31 + cols));
+      const auto x = random_floats(rng, rows * cols, -20.0f, 20.0f);
+      std::vector<float> out(x.size());
+      ref::softmax_forward(out.data(), x.data(), rows, cols);
+      const Tensor dx = device_floats(x), dout = device_floats(std::vector<float>(x.size()));
+      ASSERT_TRUE(softmax_forward(dout.data<float>(), dx.data<float>(), rows, cols).ok());
+      EXPECT_LE(nmse(out, host_floats(dout)), kF32Nmse) << "rows=" << rows << " cols=" << cols;
+    }
+  }
+}
+
+TEST(CudaRows, CrossEntropyWithIgnoredTargets) {
+  for (int64_t rows : kRows) {
+    for (int64_t vocab : {int64_t{1}, int64_t{31}, int64_t{1000}, int64_t{50257}}) {
+      Rng rng(static_cast<uint64_t>(rows * 17 + vocab));
+      const auto logits = random_floats(rng, rows * vocab, -8.0f, 8.0f);
+      std::vector<int32_t> targets(static_cast<size_t>(rows));
+      for (int64_t r = 0; r < rows; ++r)
+        targets[r] = r % 5 == 3 ? kIgnoreTarget : static_cast<int32_t>(rng.next_u64() % vocab);
+      std::vector<float> losses(static_cast<size_t>(rows));
+      ref::cross_entropy_forward(losses.data(), logits.data(), targets.data(), rows, vocab);
+      const Tensor dl = device_floats(logits), dt = device_ints(targets);
+      const Tensor dloss = device_floats(std::vector<float>(rows));
+      ASSERT_TRUE(cross_entropy_forward(dloss.data<float>(), dl.data<float>(), dt.data<int32_t>(),
+                                        rows, vocab)
+                      .ok());
+      EXPECT_LE(nmse(losses, host_floats(dloss)), kF32Nmse)
+          << "rows=" << rows << " vocab=" << vocab;
+    }
+  }
+}
+
+TEST(CudaRows, EmbeddingForward) {
+  for (int64_t tokens : kRows) {
+    for (int64_t cols : kCols) {
+      const int64_t vocab = 50;
+      Rng rng(static_cast<uint64_t>(tokens * 3 + cols));
+      const auto weight = random_floats(rng, vocab * cols);
+      std::vector<int32_t> ids(static_cast<size_t>(tokens));
+      for (auto& id : ids) id = static_cast<int32_t>(rng.next_u64() % vocab);
+      std::vector<float> out(static_cast<size_t>(tokens * cols));
+      ref::embedding_forward(out.data(), ids.data(), weight.data(), tokens, vocab, cols);
+      const Tensor dw = device_floats(weight), di = device_ints(ids);
+      const Tensor dout = device_floats(std::vector<float>(out.size()));
+      ASSERT_TRUE(embedding_forward(dout.data<float>(), di.data<int32_t>(), dw.data<float>(),
+                                    tokens, vocab, cols)
+                      .ok());
+      EXPECT_EQ(out, host_floats(dout))
+          << "tokens=" << tokens << " cols=" << cols;  // a copy: exact
+    }
+  }
+}
+
+TEST(CudaRows, RopeForward) {
+  for (int64_t head_dim : {int64_t{2}, int64_t{64}, int64_t{128}}) {
+    for (int64_t pos_offset : {int64_t{0}, int64_t{5}}) {
+      const int64_t batch = 2, seq = 7, heads = 3;
+      const RopeTable table = make_rope_table(head_dim, 64).value();
+      Rng rng(static_cast<uint64_t>(head_dim + pos_offset));
+      const auto x = random_floats(rng, batch * seq * heads * head_dim);
+      std::vector<float> out(x.size());
+      ref::rope_forward(out.data(), x.data(), table, batch, seq, heads, head_dim, pos_offset);
+      const Tensor dx = device_floats(x), dcos = device_floats(table.cos),
+                   dsin = device_floats(table.sin);
+      ASSERT_TRUE(rope_forward(dx.data<float>(), dx.data<float>(), dcos.data<float>(),
+                               dsin.data<float>(), table.max_positions, batch, seq, heads, head_dim,
+                               pos_offset)
+                      .ok());  // in place
+      EXPECT_LE(nmse(out, host_floats(dx)), kF32Nmse)
+          << "head_dim=" << head_dim << " pos_offset=" << pos_offset;
+    }
+  }
+  const Tensor x = device_floats(std::vector<float>(8));
+  EXPECT_EQ(
+      rope_forward(x.data<float>(), x.data<float>(), nullptr, nullptr, 4, 1, 4, 1, 2, 1).code(),
+      StatusCode::kInvalidArgument);  // positions [1, 5) past a 4-position table
+}
+
+TEST(CudaRows, ActivationsAndAdamW) {
+  for (int64_t n : {int64_t{1}, int64_t{31}, int64_t{1000}, int64_t{1} << 20}) {
+    Rng rng(static_cast<uint64_t>(n));
+    const auto x = random_floats(rng, n, -6.0f, 6.0f), up = random_floats(rng, n);
+    const Tensor dx = device_floats(x), dup = device_floats(up),
+                 dout = device_floats(std::vector<float>(n));
+    std::vector<float> out(static_cast<size_t>(n));
+    ref::gelu_forward(out.data(), x.data(), n);
+    ASSERT_TRUE(gelu_forward(dout.data<float>(), dx.data<float>(), n).ok());
+    EXPECT_LE(nmse(out, host_floats(dout)), kF32Nmse) << "gelu n=" << n;
+    ref::silu_forward(out.data(), x.data(), n);
+    ASSERT_TRUE(silu_forward(dout.data<float>(), dx.data<float>(), n).ok());
+    EXPECT_LE(nmse(out, host_floats(dout)), kF32Nmse) << "silu n=" << n;
+    ref::swiglu_forward(out.data(), x.data(), up.data(), n);
+    ASSERT_TRUE(swiglu_forward(dout.data<float>(), dx.data<float>(), dup.data<float>(), n).ok());
+    EXPECT_LE(nmse(out, host_floats(dout)), kF32Nmse) << "swiglu n=" << n;
+
+    // Three AdamW steps from the same state on both sides.
+    auto param = random_floats(rng, n), m = std::vector<float>(n, 0.0f),
+         v = std::vector<float>(n, 0.0f);
+    const Tensor dparam = device_floats(param), dm = device_floats(m), dv = device_floats(v);
+    AdamWConfig config;
+    config.lr = 1e-2;
+    for (int64_t step = 1; step <= 3; ++step) {
+      const auto grad = random_floats(rng, n);
+      ref::adamw_step(param.data(), grad.data(), m.data(), v.data(), n, config, step);
+      const Tensor dgrad = device_floats(grad);
+      ASSERT_TRUE(adamw_step(dparam.data<float>(), dgrad.data<float>(), dm.data<float>(),
+                             dv.data<float>(), n, config, step)
+                      .ok());
+    }
+    EXPECT_LE(nmse(param, host_floats(dparam)), kF32Nmse) << "adamw param n=" << n;
+    EXPECT_LE(nmse(m, host_floats(dm)), kF32Nmse) << "adamw m n=" << n;
+    EXPECT_LE(nmse(v, host_floats(dv)), kF32Nmse) << "adamw v n=" << n;
+  }
+}
+
+// ---- FlashAttention forward
+// ------------------------------------------------------------------------
+TEST(CudaAttention, FlashForwardMatchesTheReference) {
+  struct Case {
+    int64_t batch, q_len, kv_len, heads, kv_heads, head_dim;
+    bool causal;
+    int64_t window;
+  };
+  const Case cases[] = {
+      {2, 7, 7, 4, 2, 64, true, 0},    {1, 33, 40, 2, 1, 40, false, 0},
+      {1, 1, 100, 8, 8, 128, true, 0}, {2, 65, 65, 4, 1, 32, true, 16},
+      {1, 17, 17, 2, 2, 256, true, 0}, {1, 100, 257, 6, 3, 96, true, 0},
+      {1, 9, 9, 1, 1, 1, false, 3},
+  };
+  for (const Case& c : cases) {
+    AttentionParams p;
+    p.batch = c.batch, p.q_len = c.q_len, p.kv_len = c.kv_len, p.n_heads = c.heads;
+    p.n_kv_heads = c.kv_heads, p.head_dim = c.head_dim, p.causal = c.causal, p.window = c.window;
+    p = check_attention(p).value();
+    Rng rng(static_cast<uint64_t>(c.q_len * 131 + c.kv_len + c.head_dim));
+    const auto q = random_floats(rng, c.batch * c.q_len * c.heads * c.head_dim);
+    const auto k = random_floats(rng, c.batch * c.kv_len * c.kv_heads * c.head_dim);
+    const auto v = random_floats(rng, c.batch * c.kv_len * c.kv_heads * c.head_dim);
+    std::vector<float> out(q.size()), lse(static_cast<size_t>(c.batch * c.heads * c.q_len));
+    ref::attention_forward(out.data(), lse.data(), q.data(), k.data(), v.data(), p);
+    const Tensor dq = device_floats(q), dk = device_floats(k), dv = device_floats(v);
+    const Tensor dout = device_floats(std::vector<float>(out.size())), dlse = device_floats(lse);
+    const Status st = attention_forward(dout.data<float>(), dlse.data<float>(), dq.data<float>(),
+                                        dk.data<float>(), dv.data<float>(), p);
+    const std::string what =
+        fmt::format("B={} T={} S={} H={}/{} D={} causal={} window={}", c.batch, c.q_len, c.kv_len,
+                    c.heads, c.kv_heads, c.head_dim, c.causal, c.window);
+    ASSERT_TRUE(st.ok()) << what << ": " << st.to_string();
+    EXPECT_LE(nmse(out, host_floats(dout)), kF32Nmse) << "out " << what;
+    EXPECT_LE(nmse(lse, host_floats(dlse)), kF32Nmse) << "lse " << what;
+  }
+}
+
+TEST(CudaDevice, TensorRoundTrip) {
+  const std::vector<float> v = {1.0f, -2.5f, 3.25f, 0.0f, 7.0f, 8.0f};
+  const Tensor host = Tensor::from_floats({2, 3}, v).value();
+  const Tensor dev = host.to(Device::kCuda).value();
+  EXPECT_EQ(dev.device(), Device::kCuda);
+  EXPECT_NE(dev.to_string().find("cuda"), std::string::npos);
+  EXPECT_EQ(dev.to(Device::kHost).value().to_floats(), v);
+  // A strided host view is packed on the way; a strided device view is refused.
+  const Tensor t = host.transpose(0, 1).value();
+  EXPECT_EQ(t.to(Device::kCuda).value().to(Device::kHost).value().to_floats(), t.to_floats());
+  EXPECT_EQ(dev.transpose(0, 1).value().to(Device::kHost).status().code(),
+            StatusCode::kInvalidArgument);
+}
+
+}  // namespace
+}  // namespace kiln::cuda
+
+// Exit 77 (CTest: skipped) when there is no CUDA device to run on.
+int main(int argc, char** argv) {
+  if (!kiln::cuda_available()) {
+    std::printf("SKIP: %s\n", kiln::cuda_runtime::unavailable_reason().c_str());
+    return 77;
+  }
+  ::testing::InitGoogleTest(&argc, argv);
+  return RUN_ALL_TESTS();
+}
