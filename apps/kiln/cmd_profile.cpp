@@ -9,10 +9,19 @@
 #include "apps/kiln/commands.h"
 #include "kiln/core/file_io.h"
 #include "kiln/core/thread_pool.h"
+#include "kiln/perf/graph_fusion.h"
 #include "kiln/perf/peak.h"
 #include "kiln/perf/profiler.h"
 
 namespace kiln::app {
+
+graph::GraphPass graph_fusion_pass() {
+  return perf::fusion_pass([](const perf::FusionReport& r) {
+    if (!r.fallback.empty()) return;  // fusion.h warned once
+    fmt::print("fusion pass: {} elementwise chain{} fused ({} nodes)\n", r.chains, r.chains == 1 ? "" : "s", r.nodes_fused);
+    for (const std::string& c : r.fused) fmt::print("  fused: {}\n", c);
+  });
+}
 
 namespace {
 // The commands that take --profile.

@@ -93,7 +93,8 @@ void run_serve(ServeArgs a) {
   a.engine.kv_cache_mem_bytes = *bytes;
   a.engine.enable_prefix_caching = !a.no_prefix_caching;
   a.engine.packed_weights = !a.no_packed_weights;
-  a.engine.graph_capture = a.graph == "capture";
+  a.engine.graph_capture = a.graph != "eager";
+  if (a.graph == "fused") a.engine.graph_pass = graph_fusion_pass();
   a.engine.scheduler.batching = *parse_batching_mode(a.batching);
   a.server.request_timeout = millis(a.request_timeout_s);
   a.server.keep_alive_timeout = millis(a.keep_alive_timeout_s);
@@ -261,8 +262,9 @@ void register_serve(CLI::App& app) {
                 "Speculate only while at most this many sequences decode (0: always)")
       ->check(CLI::Range(0, 1 << 16));
   s->add_flag("--no-prefix-caching", a->no_prefix_caching, "Do not reuse cached prompt blocks");
-  s->add_option("--graph", a->graph, "eager (default) | capture: decode steps replay a captured graph per batch size")
-      ->check(CLI::IsMember({"eager", "capture"}));
+  s->add_option("--graph", a->graph, "eager (default) | capture: decode steps replay a captured graph per batch size "
+                                     "| fused: and its elementwise chains run as JIT-compiled kernels")
+      ->check(CLI::IsMember({"eager", "capture", "fused"}));
   s->add_flag("--no-packed-weights", a->no_packed_weights,
               "Do not pack the fp32 weights once at start (the GEMM then packs them per call)");
   s->add_option("--http-threads", a->server.num_http_threads, "Requests served at once (a stream holds one)")

@@ -53,7 +53,8 @@ struct GenArgs {
 std::unique_ptr<Engine> generation_engine(std::unique_ptr<Transformer> model, std::unique_ptr<Transformer> draft,
                                           const GenArgs& a) {
   EngineConfig ec;
-  ec.graph_capture = a.graph == "capture";
+  ec.graph_capture = a.graph != "eager";
+  if (a.graph == "fused") ec.graph_pass = graph_fusion_pass();
   ec.num_speculative = a.num_speculative;
   ec.speculative_max_batch = 0;
   const int64_t ctx = std::max(model->config().max_seq_len, draft ? draft->config().max_seq_len : 0);
@@ -247,9 +248,13 @@ void register_train(CLI::App& app) {
   t->add_option("--attention", "Attention kernels: flash (default) or naive (the T×T GEMM path, for comparison)")
       ->check(CLI::IsMember({"naive", "flash"}))
       ->each([](const std::string& s) { set_attention_impl(parse_attention_impl(s).value()); });
-  t->add_option("--graph", "eager (default) | capture: each micro-batch's forward and backward replays a captured graph")
-      ->check(CLI::IsMember({"eager", "capture"}))
-      ->each([ta](const std::string& s) { ta->train.graph_capture = s == "capture"; });
+  t->add_option("--graph", "eager (default) | capture: each micro-batch's forward and backward replays a captured "
+                           "graph | fused: and its elementwise chains run as JIT-compiled kernels")
+      ->check(CLI::IsMember({"eager", "capture", "fused"}))
+      ->each([ta](const std::string& s) {
+        ta->train.graph_capture = s != "eager";
+        if (s == "fused") ta->train.graph_pass = graph_fusion_pass();
+      });
   t->add_flag("--resume", ta->resume, "Continue from OUT/checkpoint.bin (same options give the same losses)");
   t->add_option("--save-every", ta->save_every, "Write OUT/checkpoint.bin every N steps (and always at the end)")
       ->check(CLI::Range(0, 1 << 30));
@@ -350,8 +355,9 @@ void register_train(CLI::App& app) {
   g->add_option("--draft-model", ga->draft_model, "Speculative decoding with this draft model (same tokenizer)");
   g->add_option("--num-speculative", ga->num_speculative, "Draft tokens per target pass (γ)")->check(CLI::Range(1, 16));
   g->add_option("--profile", ga->profile, "Write a Chrome/Perfetto trace of the generation (FILE.json; rank 0 under --tp)");
-  g->add_option("--graph", ga->graph, "eager (default) | capture: decode steps replay a captured graph per batch size")
-      ->check(CLI::IsMember({"eager", "capture"}));
+  g->add_option("--graph", ga->graph, "eager (default) | capture: decode steps replay a captured graph per batch size "
+                                      "| fused: and its elementwise chains run as JIT-compiled kernels")
+      ->check(CLI::IsMember({"eager", "capture", "fused"}));
   g->callback([ga] { run_generate(*ga); });
 }
 

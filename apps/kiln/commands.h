@@ -8,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include "kiln/core/graph.h"
 #include "kiln/model/transformer.h"
 #include "kiln/quant/qmodel.h"
 
@@ -50,6 +51,9 @@ void register_profile(CLI::App& app);  // `profile` and `roofline` (cmd_profile.
 
 // `kiln profile [--out FILE] [--svg FILE] CMD ...`: main runs `kiln CMD ... --profile FILE` in its
 // place, then print_profile_summary. Other command lines pass through unchanged.
+// --graph fused: perf/graph_fusion.h's pass, printing each graph's fused chains (cmd_profile.cpp).
+graph::GraphPass graph_fusion_pass();
+
 struct ProfileCommand {
   bool active = false;
   std::string error;  // `kiln profile` without a command that takes --profile

@@ -79,6 +79,7 @@ std::string describe(const GraphStats& s) {
   if (s.nodes > 0)
     line += fmt::format("; {} nodes in {} levels, activations {:.1f} KiB eager vs {:.1f} KiB arena", s.nodes,
                         s.levels, s.eager_bytes / 1024.0, s.arena_bytes / 1024.0);
+  if (s.fused_nodes > 0) line += fmt::format("; {} elementwise nodes fused", s.fused_nodes);
   for (const std::string& b : s.breaks) line += fmt::format("\n  graph break: {}", b);
   return line;
 }

@@ -139,7 +139,13 @@ struct GraphStats {
   // Of the graphs held now: nodes and parallel levels, and internal activation bytes kept apart
   // (as eager keeps them) vs packed by lifetime into each graph's arena.
   int64_t nodes = 0, levels = 0, eager_bytes = 0, arena_bytes = 0;
+  int64_t fused_nodes = 0;  // nodes a pass (perf/graph_fusion.h) folded into fused ones, last capture
 };
+
+// A pass over a captured graph before it is planned (perf/graph_fusion.h's fusion): returns the
+// number of nodes it removed. The layers above core get it from the CLI (EngineConfig,
+// TrainOptions), so they need not depend on perf.
+using GraphPass = std::function<int64_t(Graph&)>;
 
 // One line: "graph capture: 2 captured, 1 recaptured (threads 2 -> 1), 30 replayed, ...".
 std::string describe(const GraphStats& s);

@@ -128,11 +128,12 @@ FusionReport fuse_elementwise(graph::Graph& g, fusion::KernelCache& cache) {
   return report;
 }
 
-std::function<void(graph::Graph&)> fusion_pass(std::function<void(const FusionReport&)> log) {
+graph::GraphPass fusion_pass(std::function<void(const FusionReport&)> log) {
   static auto cache = std::make_shared<fusion::KernelCache>();
-  return [log = std::move(log)](graph::Graph& g) {
+  return [log = std::move(log)](graph::Graph& g) -> int64_t {
     const FusionReport r = fuse_elementwise(g, *cache);
     if (log) log(r);
+    return r.nodes_fused - r.chains;
   };
 }
 

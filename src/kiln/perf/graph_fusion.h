@@ -29,6 +29,6 @@ FusionReport fuse_elementwise(graph::Graph& g, fusion::KernelCache& cache);
 
 // The pass as a graph hook for the layers above (EngineConfig / TrainOptions::graph_pass): one
 // process-wide kernel cache (perf::fusion::default_cache_dir()); its report goes to `log`.
-std::function<void(graph::Graph&)> fusion_pass(std::function<void(const FusionReport&)> log = {});
+graph::GraphPass fusion_pass(std::function<void(const FusionReport&)> log = {});
 
 }  // namespace kiln::perf

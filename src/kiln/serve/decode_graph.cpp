@@ -18,10 +18,11 @@ struct DecodeGraphs::Entry {
   bool eager = false;  // the graph has breaks: its steps run eagerly
 };
 
-DecodeGraphs::DecodeGraphs(Transformer& model, PagedKvCache& cache, bool relocate)
+DecodeGraphs::DecodeGraphs(Transformer& model, PagedKvCache& cache, bool relocate, graph::GraphPass pass)
     : model_(model),
       cache_(cache),
       relocate_(relocate),
+      pass_(std::move(pass)),
       max_blocks_((model.config().max_seq_len + cache.block_size - 1) / cache.block_size) {}
 DecodeGraphs::~DecodeGraphs() = default;
 
@@ -93,6 +94,7 @@ Expected<const float*> DecodeGraphs::capture(Entry& e, int64_t S) {
     return logits;
   }
   e.graph->keep(e.logits, S * model_.config().vocab_size * static_cast<int64_t>(sizeof(float)));
+  if (pass_) stats_.fused_nodes = pass_(*e.graph);
   e.graph->plan(relocate_);
   stats_.nodes = stats_.levels = stats_.eager_bytes = stats_.arena_bytes = 0;
   for (const auto& [size, g] : graphs_) {

@@ -25,7 +25,8 @@ using GraphStats = graph::GraphStats;
 class DecodeGraphs {
  public:
   // relocate: replay in each graph's planned arena (core/graph.h) instead of the eager buffers.
-  DecodeGraphs(Transformer& model, PagedKvCache& cache, bool relocate = true);
+  // pass: run on each graph before it is planned (a fusion pass), may be empty.
+  DecodeGraphs(Transformer& model, PagedKvCache& cache, bool relocate = true, graph::GraphPass pass = {});
   ~DecodeGraphs();
 
   // A step a graph can take: every sequence one new token, logits for every row in order.
@@ -45,6 +46,7 @@ class DecodeGraphs {
   Transformer& model_;
   PagedKvCache& cache_;
   bool relocate_;
+  graph::GraphPass pass_;
   int64_t max_blocks_;  // block table width: the longest context's blocks
   std::map<int64_t, std::unique_ptr<Entry>> graphs_;  // by batch size
   GraphStats stats_;

@@ -150,7 +150,8 @@ Engine::Engine(std::unique_ptr<Transformer> model, std::unique_ptr<Transformer> 
       config_(config),
       num_blocks_(num_blocks),
       scheduler_(std::move(scheduler)),
-      executor_(*model_, draft_.get(), num_blocks, config.block_size, config.packed_weights, config.graph_capture) {
+      executor_(*model_, draft_.get(), num_blocks, config.block_size, config.packed_weights, config.graph_capture,
+                config.graph_pass) {
   metrics_.block_size = config.block_size;
   metrics_.kv_bytes_per_token = engine_kv_bytes_per_token(*model_, draft_.get());
   metrics_.kv_bytes_per_token_mha = kv_bytes_per_token(mha_of_same_width(model_->config()), DType::kF32);

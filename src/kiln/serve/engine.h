@@ -44,6 +44,8 @@ struct EngineConfig {
   RemotePrefill* remote_prefill = nullptr;
   // Decode steps replay captured graphs, one per batch size (serve/decode_graph.h). --graph capture
   bool graph_capture = false;
+  // Run on each captured graph before it is planned (--graph fused: perf/graph_fusion.h).
+  graph::GraphPass graph_pass;
 };
 
 inline constexpr int64_t kMaxParallelSamples = 64;  // the largest n one request may ask for

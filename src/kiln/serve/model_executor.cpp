@@ -9,7 +9,7 @@
 namespace kiln {
 
 ModelExecutor::ModelExecutor(Transformer& model, Transformer* draft, int64_t num_blocks, int64_t block_size,
-                             bool packed_weights, bool graph_capture)
+                             bool packed_weights, bool graph_capture, graph::GraphPass graph_pass)
     : model_(model), draft_(draft), cache_(model.make_paged_kv_cache(num_blocks, block_size)) {
   if (draft_) draft_cache_ = draft_->make_paged_kv_cache(num_blocks, block_size);
   const TensorShard& shard = model.tensor_shard();
@@ -19,7 +19,7 @@ ModelExecutor::ModelExecutor(Transformer& model, Transformer* draft, int64_t num
     tp_leader_ = std::make_unique<TensorParallelLeader>(*shard.comm);
     tp_leader_->cache(num_blocks, block_size, packed_weights);
   }
-  if (graph_capture) graphs_ = std::make_unique<DecodeGraphs>(model_, cache_);
+  if (graph_capture) graphs_ = std::make_unique<DecodeGraphs>(model_, cache_, true, std::move(graph_pass));
 }
 
 Expected<std::vector<const float*>> ModelExecutor::forward(Transformer& model, PagedKvCache& cache,

@@ -45,7 +45,7 @@ class ModelExecutor {
   // packed_weights: the engine packed the model's weights (EngineConfig); the other tp ranks do too.
   // graph_capture: the target's decode steps replay captured graphs (serve/decode_graph.h).
   ModelExecutor(Transformer& model, Transformer* draft, int64_t num_blocks, int64_t block_size,
-                bool packed_weights = false, bool graph_capture = false);
+                bool packed_weights = false, bool graph_capture = false, graph::GraphPass graph_pass = {});
 
   // Copies the step's copy-on-write blocks (in both caches), runs the draft's proposals when a
   // sequence has num_lookahead > 0 (draft_sampler required then), then every scheduled

@@ -110,6 +110,7 @@ double Trainer::forward_backward(const int32_t* tokens, const int32_t* targets, 
         graph_stats_.breaks.push_back(b.reason);
     if (!graph_eager_) {
       for (auto [p, bytes] : model_.graph_outputs()) graph_->keep(p, bytes);
+      if (o_.graph_pass) graph_stats_.fused_nodes = o_.graph_pass(*graph_);
       const graph::Plan& p = graph_->plan(/*relocate=*/true);
       graph_stats_.nodes = static_cast<int64_t>(graph_->nodes().size());
       graph_stats_.levels = p.num_levels;

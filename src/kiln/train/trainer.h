@@ -40,6 +40,7 @@ struct TrainOptions {
   // Each micro-batch's forward and backward replays one captured graph (core/graph.h); the
   // optimizer step stays eager. --graph capture
   bool graph_capture = false;
+  graph::GraphPass graph_pass;  // run on the graph before it is planned (--graph fused)
 };
 
 struct StepStats {
