@@ -39,6 +39,17 @@ struct Chain4 {
       b[static_cast<size_t>(i)] = 0.25f - static_cast<float>(i % 7) / (4.0f * s);
     }
   }
+  // The chain on inputs(1) recorded, its output kept.
+  graph::Graph captured() {
+    inputs(1.0f);
+    graph::Graph g;
+    {
+      graph::Capture cap(g);
+      run();
+    }
+    g.keep(out.data(), kN * 4);
+    return g;
+  }
   void run() {
     cpu::add(t1.data(), a.data(), b.data(), kN);
     cpu::gelu_forward(t2.data(), t1.data(), kN);
@@ -60,13 +71,7 @@ TEST(GraphFusion, ElementwiseRunBecomesOneGeneratedNode) {
   TempDir dir;
   fusion::KernelCache cache(dir.path.string());
   Chain4 c;
-  c.inputs(1.0f);
-  graph::Graph g;
-  {
-    graph::Capture cap(g);
-    c.run();
-  }
-  g.keep(c.out.data(), kN * 4);
+  graph::Graph g = c.captured();
   const FusionReport r = fuse_elementwise(g, cache);
   if (!r.fallback.empty()) GTEST_SKIP() << "no compiler: " << r.fallback;
   ASSERT_EQ(r.chains, 1);
@@ -120,13 +125,7 @@ TEST(GraphFusion, MissingCompilerLeavesTheGraphAsItWas) {
   bad.cxx = "/nonexistent/c++";
   fusion::KernelCache cache(dir.path.string(), bad);
   Chain4 c;
-  c.inputs(1.0f);
-  graph::Graph g;
-  {
-    graph::Capture cap(g);
-    c.run();
-  }
-  g.keep(c.out.data(), kN * 4);
+  graph::Graph g = c.captured();
   const FusionReport r = fuse_elementwise(g, cache);
   EXPECT_FALSE(r.fallback.empty());
   EXPECT_EQ(r.chains, 0);

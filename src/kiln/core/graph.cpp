@@ -47,6 +47,12 @@ bool conflict(const Node& a, const Node& b) {
 }
 }  // namespace
 
+bool touches(const Node& n, const void* p, int64_t bytes) {
+  for (const Access& a : n.io)
+    if (a.bytes > 0 && overlaps(addr(a.ptr), addr(a.ptr) + a.bytes, addr(p), addr(p) + bytes)) return true;
+  return false;
+}
+
 bool recording() { return t_graph != nullptr && t_depth == 0; }
 
 void record(const char* name, const Access* io, size_t num_io, NodeFn fn, float scalar) {
@@ -84,6 +90,48 @@ std::string describe(const GraphStats& s) {
   return line;
 }
 
+StepGraph::Ran StepGraph::run(const Step& step, GraphStats& stats) {
+  const GraphKey now = step.key();
+  if (captured_ && key_ == now) {
+    if (graph_ == nullptr) {  // it had breaks
+      ++stats.eager_steps;
+      return step.eager() ? Ran::kEagerly : Ran::kFailed;
+    }
+    graph_->replay();
+    ++stats.replays;
+    return Ran::kReplayed;
+  }
+  if (captured_) {
+    ++stats.recaptures;
+    stats.last_recapture = key_.mismatch(now);
+  } else {
+    ++stats.captures;
+  }
+  auto g = std::make_unique<Graph>();
+  graph_.reset();
+  bool ok = false;
+  {
+    Capture recording(*g);
+    ok = step.eager();
+  }
+  captured_ = ok;
+  if (!ok) return Ran::kFailed;
+  key_ = step.key();  // after the step: its first run may have allocated (a new buffer epoch)
+  for (const Break& b : g->breaks())
+    if (std::find(stats.breaks.begin(), stats.breaks.end(), b.reason) == stats.breaks.end())
+      stats.breaks.push_back(b.reason);
+  if (!g->replayable()) return Ran::kEagerly;
+  if (step.keep) step.keep(*g);
+  if (step.pass) stats.fused_nodes = step.pass(*g);
+  const Plan& p = g->plan(step.relocate);
+  stats.nodes = static_cast<int64_t>(g->nodes().size());
+  stats.levels = p.num_levels;
+  stats.eager_bytes = p.eager_bytes;
+  stats.arena_bytes = p.arena_bytes;
+  graph_ = std::move(g);
+  return Ran::kEagerly;
+}
+
 Capture::Capture(Graph& g) : previous_(t_graph) { t_graph = &g; }
 Capture::~Capture() { t_graph = previous_; }
 
@@ -119,8 +167,7 @@ const Plan& Graph::plan(bool relocate) {
         r.last = std::max(r.last, i);
       }
   for (Region& r : regions) {
-    for (auto [p, bytes] : kept_)
-      if (overlaps(r.begin, r.end, addr(p), addr(p) + bytes)) r.external = true;
+    r.external = kept(reinterpret_cast<const void*>(r.begin), r.bytes());
     if (r.external) continue;
     int64_t written = 0;
     for (const Access& a : nodes_[r.first].io) {

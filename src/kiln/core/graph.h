@@ -128,6 +128,9 @@ struct GraphKey {
   std::string mismatch(const GraphKey& now) const;
 };
 
+// Whether any access of `n` overlaps [p, p + bytes) (passes over a graph ask it).
+bool touches(const Node& n, const void* p, int64_t bytes);
+
 // What a caller that captures and replays graphs counts (decode steps, training micro-batches).
 struct GraphStats {
   int64_t captures = 0;    // graphs captured (a new shape, e.g. batch size)
@@ -136,8 +139,8 @@ struct GraphStats {
   int64_t eager_steps = 0;  // steps run eagerly (their graph has breaks)
   std::string last_recapture;       // the guard that failed last, e.g. "threads 2 -> 1"
   std::vector<std::string> breaks;  // every distinct break reason seen
-  // Of the graphs held now: nodes and parallel levels, and internal activation bytes kept apart
-  // (as eager keeps them) vs packed by lifetime into each graph's arena.
+  // Of the graph planned last: nodes and parallel levels, and internal activation bytes kept
+  // apart (as eager keeps them) vs packed by lifetime into its arena.
   int64_t nodes = 0, levels = 0, eager_bytes = 0, arena_bytes = 0;
   int64_t fused_nodes = 0;  // nodes a pass (perf/graph_fusion.h) folded into fused ones, last capture
 };
@@ -146,6 +149,28 @@ struct GraphStats {
 // number of nodes it removed. The layers above core get it from the CLI (EngineConfig,
 // TrainOptions), so they need not depend on perf.
 using GraphPass = std::function<int64_t(Graph&)>;
+
+// One step captured once and replayed while its guards hold: what every caller of Capture,
+// plan() and replay() shares. The first run captures (the step runs eagerly while it is
+// recorded); a changed key recaptures, counted and named; a graph with breaks is not kept (its
+// breaks go to the stats and the step keeps running eagerly).
+class StepGraph {
+ public:
+  struct Step {
+    std::function<GraphKey()> key;      // the guards as they are now
+    std::function<bool()> eager;        // runs the step; false: it failed (nothing is kept)
+    std::function<void(Graph&)> keep;   // after a capture: keep() what callers read afterwards
+    GraphPass pass;                     // may be empty
+    bool relocate = true;               // replay in the planned arena
+  };
+  enum class Ran { kReplayed, kEagerly, kFailed };
+  Ran run(const Step& step, GraphStats& stats);
+
+ private:
+  std::unique_ptr<Graph> graph_;  // null: not captured, or captured with breaks
+  GraphKey key_;
+  bool captured_ = false;
+};
 
 // One line: "graph capture: 2 captured, 1 recaptured (threads 2 -> 1), 30 replayed, ...".
 std::string describe(const GraphStats& s);

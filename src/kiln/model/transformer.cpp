@@ -1488,19 +1488,10 @@ Expected<float> Transformer::forward_impl(const int32_t* tokens, const int32_t* 
   const auto cur = static_cast<size_t>(sl.current);
   if (sl.chunk_of[cur] != chunk) alloc_saved(chunk);
   Acts& a = *acts_;
-  if (graph::recording()) {
-    if (hooks_ && !hooks_->captured()) graph::graph_break("the parallel plan's hooks run between the model's ops");
-    if (context_.on()) graph::graph_break("context-parallel attention exchanges K/V between ranks");
-    if (tp.on()) graph::graph_break("tensor-parallel collectives run outside the graph");
-    for (const Linear* l : linears())
-      if (l->backend && !l->backend->captured()) graph::graph_break("a Linear backend that graph capture does not record");
-  }
+  note_graph_breaks();
   // The ids backward reads again (a graph's copy runs at replay too).
   const auto keep_ids = [&](std::vector<int32_t>& dst, const int32_t* src) {
-    if (dst.size() != static_cast<size_t>(N)) {
-      dst.resize(static_cast<size_t>(N));
-      ++buffer_epoch_;
-    }
+    grow_tracked(dst, static_cast<size_t>(N));
     graph::op("copy_ids", {graph::writes(dst.data(), N), graph::reads(src, N)}, [N](const graph::Access* io) {
       std::memcpy(io[0].ptr, io[1].ptr, static_cast<size_t>(N) * sizeof(int32_t));
     });
@@ -1583,6 +1574,22 @@ void Transformer::final_norm(float* y, const float* x, int64_t rows) {
 const float* Transformer::logits() const { return acts_ ? acts_->logits.p : nullptr; }
 
 float Transformer::last_loss() const { return acts_ ? acts_->loss : 0.0f; }
+
+void Transformer::note_graph_breaks() {
+  if (!graph::recording()) return;
+  if (hooks_ && !hooks_->captured()) graph::graph_break("the parallel plan's hooks run between the model's ops");
+  if (context_.on()) graph::graph_break("context-parallel attention exchanges K/V between ranks");
+  if (tp_->on()) graph::graph_break("tensor-parallel collectives run outside the graph");
+  for (const Linear* l : linears())
+    if (l->backend && !l->backend->captured()) graph::graph_break("a Linear backend that graph capture does not record");
+}
+
+template <class T>
+void Transformer::grow_tracked(std::vector<T>& v, size_t n) {
+  const void* before = v.data();
+  if (v.size() < n) v.resize(n);
+  if (v.data() != before) ++buffer_epoch_;
+}
 
 std::vector<std::pair<const void*, int64_t>> Transformer::graph_outputs() const {
   if (!acts_) return {};
@@ -1733,12 +1740,11 @@ PagedKvCache Transformer::make_paged_kv_cache(int64_t num_blocks, int64_t block_
   return c;
 }
 
-Expected<const float*> Transformer::forward_paged(const PagedBatch& b, PagedKvCache& cache) {
+Status Transformer::check_paged(const PagedBatch& b, const PagedKvCache& cache) const {
   if (!stage_.whole(config_)) return invalid_argument("[forward_paged] needs the whole model, not a pipeline stage");
   if (context_.on()) return invalid_argument("[forward_paged] needs the whole sequence, not a context-parallel shard");
   const ModelConfig& c = config_;
   const int64_t S = static_cast<int64_t>(b.num_new.size()), N = static_cast<int64_t>(b.tokens.size());
-  const int64_t C = c.d_model, V = c.vocab_size, M = static_cast<int64_t>(b.logit_rows.size());
   const int64_t bs = cache.block_size, maxb = b.max_blocks_per_seq;
   if (S == 0 || static_cast<int64_t>(b.num_cached.size()) != S || maxb < 1 ||
       static_cast<int64_t>(b.block_table.size()) != S * maxb)
@@ -1748,15 +1754,6 @@ Expected<const float*> Transformer::forward_paged(const PagedBatch& b, PagedKvCa
   if (static_cast<int64_t>(cache.k.size()) != c.n_layers || cache.row_width != kv_width || bs < 1)
     return invalid_argument("[forward_paged] the cache has {} layers of rows {}, the model {} of {}", cache.k.size(),
                             cache.row_width, c.n_layers, kv_width);
-  if (graph::recording()) {
-    if (tp_->on()) graph::graph_break("tensor-parallel collectives run outside the graph");
-    if (cache.on_layer_written) graph::graph_break("disaggregated serving sends each layer's K/V as it is written");
-    for (const Linear* l : linears())
-      if (l->backend && !l->backend->captured()) graph::graph_break("a Linear backend that graph capture does not record");
-  }
-  if (!paged_) paged_ = std::make_unique<PagedScratch>();
-  PagedScratch& ps = *paged_;
-  int64_t gather_rows = 0;
   int64_t rows = 0;
   for (int64_t i = 0; i < S; ++i) {
     const int64_t n = b.num_new[i], end = int64_t{b.num_cached[i]} + n;
@@ -1770,12 +1767,26 @@ Expected<const float*> Transformer::forward_paged(const PagedBatch& b, PagedKvCa
         return invalid_argument("[forward_paged] sequence {} block {} is {}, the cache has {}", i, j, id, cache.num_blocks);
     }
     rows += n;
-    if (n > kSplitKvMaxQueries) gather_rows = std::max(gather_rows, end);
   }
   if (rows != N) return invalid_argument("[forward_paged] num_new sums to {}, tokens has {}", rows, N);
   for (int32_t r : b.logit_rows)
     if (r < 0 || r >= N) return invalid_argument("[forward_paged] logit row {} of {} tokens", r, N);
-  KILN_RETURN_IF_ERROR(check_token_ids(b.tokens, V));
+  return check_token_ids(b.tokens, c.vocab_size);
+}
+
+Expected<const float*> Transformer::forward_paged(const PagedBatch& b, PagedKvCache& cache) {
+  KILN_RETURN_IF_ERROR(check_paged(b, cache));
+  const ModelConfig& c = config_;
+  const int64_t S = static_cast<int64_t>(b.num_new.size()), N = static_cast<int64_t>(b.tokens.size());
+  const int64_t C = c.d_model, V = c.vocab_size, M = static_cast<int64_t>(b.logit_rows.size());
+  const int64_t bs = cache.block_size;
+  note_graph_breaks();
+  if (cache.on_layer_written) graph::graph_break("disaggregated serving sends each layer's K/V as it is written");
+  if (!paged_) paged_ = std::make_unique<PagedScratch>();
+  PagedScratch& ps = *paged_;
+  int64_t gather_rows = 0;  // the longest prefill chunk's K/V, gathered for the flash kernel
+  for (int64_t i = 0; i < S; ++i)
+    if (b.num_new[i] > kSplitKvMaxQueries) gather_rows = std::max<int64_t>(gather_rows, b.num_cached[i] + b.num_new[i]);
 
   // Activation buffers for at least N rows, grown in steps of 64 so a varying batch rarely
   // reallocates. Serving never runs sequence parallelism.
@@ -1785,16 +1796,10 @@ Expected<const float*> Transformer::forward_paged(const PagedBatch& b, PagedKvCa
   Acts& a = *acts_;
   a.num_valid = 0;
   const size_t gather_floats = static_cast<size_t>(2 * gather_rows * cache.row_width);
-  // A captured graph keeps pointers into these: moving one changes the buffer epoch.
-  const auto grow = [&](auto& v, size_t n) {
-    const void* before = v.data();
-    if (v.size() < n) v.resize(n);
-    if (v.data() != before) ++buffer_epoch_;
-  };
-  grow(ps.gather, gather_floats);
-  grow(ps.row_begin, static_cast<size_t>(S + 1));
-  grow(ps.kv_lens, static_cast<size_t>(S));
-  grow(ps.x, static_cast<size_t>(M * C));
+  grow_tracked(ps.gather, gather_floats);
+  grow_tracked(ps.row_begin, static_cast<size_t>(S + 1));
+  grow_tracked(ps.kv_lens, static_cast<size_t>(S));
+  grow_tracked(ps.x, static_cast<size_t>(M * C));
   // Each sequence's first row and its K/V length, from the batch (read when the step runs).
   graph::op("paged_positions",
             {graph::writes(ps.row_begin.data(), S + 1), graph::writes(ps.kv_lens.data(), S),
@@ -1828,10 +1833,10 @@ Expected<const float*> Transformer::forward_paged(const PagedBatch& b, PagedKvCa
   step.kv_lens = ps.kv_lens.data();
   step.block_size = bs;
   step.gather = ps.gather.data();
+  step.pool_rows = cache.num_blocks * bs;
   for (size_t l = 0; l < layers_.size(); ++l) {
     step.k_pool = cache.k[l].data<float>();
     step.v_pool = cache.v[l].numel() > 0 ? cache.v[l].data<float>() : step.k_pool;  // MLA: the key rows
-    step.pool_rows = cache.num_blocks * bs;
     layers_[l]->forward(a.resid[l + 1].p, a.resid[l].p, 1, N, nullptr, nullptr, 0, &step);
     if (cache.on_layer_written) cache.on_layer_written(static_cast<int64_t>(l));
   }

@@ -379,6 +379,9 @@ class Transformer {
   // decode). Returns logits (logit_rows.size(), V); errors name bad shapes, ids or positions.
   PagedKvCache make_paged_kv_cache(int64_t num_blocks, int64_t block_size) const;
   Expected<const float*> forward_paged(const PagedBatch& batch, PagedKvCache& cache);
+  // forward_paged's checks of a batch against this model and cache (a replayed graph of the
+  // step runs without them, so its driver calls this first).
+  Status check_paged(const PagedBatch& batch, const PagedKvCache& cache) const;
   // Changes whenever a buffer a forward wrote may have moved (activations reallocated, the paged
   // scratch grown): a captured graph (core/graph.h) holds pointers into them, so it is keyed by it.
   uint64_t buffer_epoch() const { return buffer_epoch_; }
@@ -493,6 +496,11 @@ class Transformer {
   int64_t activation_bytes_ = 0;
   int64_t scratch_bytes_ = 0;  // of it, the backward scratch shared by the slots
   uint64_t buffer_epoch_ = 0;
+  // Graph capture (core/graph.h): the parts of this model a forward cannot record, as breaks.
+  void note_graph_breaks();
+  // v.resize(n) when smaller; a move of its data is a new buffer epoch.
+  template <class T>
+  void grow_tracked(std::vector<T>& v, size_t n);
   CheckpointMode ckpt_ = CheckpointMode::kNone;
 };
 

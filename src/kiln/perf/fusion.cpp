@@ -23,6 +23,7 @@
 
 #include "kiln/core/cpu_features.h"
 #include "kiln/core/env.h"
+#include "kiln/core/file_io.h"
 #include "kiln/core/thread_pool.h"
 
 extern char** environ;  // posix_spawn passes it on to the compiler
@@ -640,11 +641,8 @@ Expected<FusedKernel> KernelCache::compile(const Chain& chain, uint64_t hash,
   argv.insert(argv.end(), {"-o", so_tmp, src_tmp});
   int spawn_error = 0;
   const int rc = run_logged(argv, log_tmp, &spawn_error);
-  std::string log;
-  {
-    std::ifstream f(log_tmp, std::ios::binary);
-    log.assign(std::istreambuf_iterator<char>(f), {});
-  }
+  Expected<std::string> read = read_file(log_tmp, int64_t{1} << 20);
+  const std::string log = read.ok() ? std::move(*read) : std::string();
   std::error_code ec;
   fs::remove(log_tmp, ec);
   if (rc != 0) {

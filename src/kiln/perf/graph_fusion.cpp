@@ -40,15 +40,6 @@ bool as_elementwise(const graph::Node& node, Elementwise& e) {
   return e.n > 0;
 }
 
-bool touches(const graph::Node& node, const void* p, int64_t bytes) {
-  const auto b = reinterpret_cast<uintptr_t>(p), end = b + static_cast<uintptr_t>(bytes);
-  for (const graph::Access& a : node.io) {
-    const auto x = reinterpret_cast<uintptr_t>(a.ptr);
-    if (a.bytes > 0 && x < end && b < x + static_cast<uintptr_t>(a.bytes)) return true;
-  }
-  return false;
-}
-
 }  // namespace
 
 FusionReport fuse_elementwise(graph::Graph& g, fusion::KernelCache& cache) {
@@ -92,7 +83,7 @@ FusionReport fuse_elementwise(graph::Graph& g, fusion::KernelCache& cache) {
     std::vector<void*> out_ptrs;
     for (const auto& [p, last] : written) {
       bool live = g.kept(p, bytes);
-      for (size_t i = after; !live && i < g.nodes().size(); ++i) live = touches(g.nodes()[i], p, bytes);
+      for (size_t i = after; !live && i < g.nodes().size(); ++i) live = graph::touches(g.nodes()[i], p, bytes);
       if (!live) continue;
       int alias = -1;
       for (size_t j = 0; j < in_ptrs.size(); ++j)

@@ -16,6 +16,7 @@
 #include "kiln/comm/communicator.h"
 #include "kiln/core/file_io.h"
 #include "kiln/core/json.h"
+#include "kiln/core/median.h"
 #include "kiln/core/thread_pool.h"
 #include "kiln/core/trace.h"
 #include "kiln/model/config.h"
@@ -369,13 +370,6 @@ std::vector<int> ranks_of(const Profile& p) {
   std::sort(r.begin(), r.end());
   r.erase(std::unique(r.begin(), r.end()), r.end());
   return r;
-}
-
-double median(std::vector<double> v) {
-  if (v.empty()) return 0;
-  std::sort(v.begin(), v.end());
-  const size_t m = v.size() / 2;
-  return v.size() % 2 ? v[m] : (v[m - 1] + v[m]) / 2;
 }
 
 bool is_step(const ProfileEvent& e) { return e.cat == "train" && e.name == "step"; }

@@ -31,8 +31,8 @@ class DecodeGraphs {
 
   // A step a graph can take: every sequence one new token, logits for every row in order.
   static bool eligible(const PagedBatch& b);
-  // Runs an eligible step: logits (S, V), valid until the next step. Steps whose values
-  // forward_paged would refuse run eagerly, so the error is forward_paged's.
+  // Runs an eligible step: logits (S, V), valid until the next step. A step forward_paged
+  // would refuse gets its error (Transformer::check_paged), before anything runs.
   Expected<const float*> run(const PagedBatch& b);
 
   const GraphStats& stats() const { return stats_; }
@@ -40,8 +40,6 @@ class DecodeGraphs {
  private:
   struct Entry;
   graph::GraphKey key_for(int64_t S) const;
-  bool valid_step(const PagedBatch& b) const;
-  Expected<const float*> capture(Entry& e, int64_t S);
 
   Transformer& model_;
   PagedKvCache& cache_;

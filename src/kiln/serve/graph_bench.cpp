@@ -5,19 +5,10 @@
 #include <chrono>
 #include <cstring>
 
+#include "kiln/core/median.h"
 #include "kiln/model/packed_linear.h"
 
 namespace kiln {
-namespace {
-
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  const size_t h = v.size() / 2;
-  return v.size() % 2 ? v[h] : 0.5 * (v[h - 1] + v[h]);
-}
-
-}  // namespace
-
 Expected<std::vector<GraphBenchRow>> run_graph_bench(const GraphBenchOptions& o) {
   if (o.seqs.empty()) return invalid_argument("[bench graph] no batch sizes");
   if (o.cached < 0 || o.steps < 1 || o.cached + o.steps > o.config.max_seq_len)

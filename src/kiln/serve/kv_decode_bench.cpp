@@ -6,6 +6,7 @@
 #include <chrono>
 #include <span>
 
+#include "kiln/core/median.h"
 #include "kiln/core/rng.h"
 #include "kiln/model/packed_linear.h"
 #include "kiln/model/transformer.h"
@@ -57,12 +58,6 @@ Expected<std::vector<SameWidthModel>> same_width_models(const SameWidthOptions& 
 }
 
 namespace {
-
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  const size_t h = v.size() / 2;
-  return v.size() % 2 ? v[h] : 0.5 * (v[h - 1] + v[h]);
-}
 
 // The PagedBatch of one step, built in reused buffers: sequence i of `seqs` runs num_new[i] new
 // tokens (packed in `tokens`) after num_cached[i] positions; logits for its last token.

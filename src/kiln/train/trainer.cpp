@@ -87,45 +87,24 @@ graph::GraphKey Trainer::graph_key(const int32_t* tokens, const int32_t* targets
 // One micro-batch through the plan: eagerly, or (--graph capture) replayed from the graph
 // captured from the first one (again when a guard fails).
 double Trainer::forward_backward(const int32_t* tokens, const int32_t* targets, float loss_scale) {
-  if (!o_.graph_capture)
-    return plan_->forward_backward(model_, tokens, targets, rows_, o_.seq_len, loss_scale);
-  const graph::GraphKey now = graph_key(tokens, targets, loss_scale);
-  if (graph_ == nullptr || graph_key_ != now) {
-    if (graph_ == nullptr) {
-      ++graph_stats_.captures;
-    } else {
-      ++graph_stats_.recaptures;
-      graph_stats_.last_recapture = graph_key_.mismatch(now);
-    }
-    graph_ = std::make_unique<graph::Graph>();
-    double loss = 0;
-    {
-      graph::Capture recording(*graph_);
-      loss = plan_->forward_backward(model_, tokens, targets, rows_, o_.seq_len, loss_scale);
-    }
-    graph_key_ = graph_key(tokens, targets, loss_scale);  // the first forward allocates
-    graph_eager_ = !graph_->replayable();
-    for (const graph::Break& b : graph_->breaks())
-      if (std::find(graph_stats_.breaks.begin(), graph_stats_.breaks.end(), b.reason) == graph_stats_.breaks.end())
-        graph_stats_.breaks.push_back(b.reason);
-    if (!graph_eager_) {
-      for (auto [p, bytes] : model_.graph_outputs()) graph_->keep(p, bytes);
-      if (o_.graph_pass) graph_stats_.fused_nodes = o_.graph_pass(*graph_);
-      const graph::Plan& p = graph_->plan(/*relocate=*/true);
-      graph_stats_.nodes = static_cast<int64_t>(graph_->nodes().size());
-      graph_stats_.levels = p.num_levels;
-      graph_stats_.eager_bytes = p.eager_bytes;
-      graph_stats_.arena_bytes = p.arena_bytes;
-    }
+  double loss = 0;
+  const auto eager = [&] {
+    loss = plan_->forward_backward(model_, tokens, targets, rows_, o_.seq_len, loss_scale);
+    return true;
+  };
+  if (!o_.graph_capture) {
+    eager();
     return loss;
   }
-  if (graph_eager_) {
-    ++graph_stats_.eager_steps;
-    return plan_->forward_backward(model_, tokens, targets, rows_, o_.seq_len, loss_scale);
-  }
-  graph_->replay();
-  ++graph_stats_.replays;
-  return model_.last_loss();
+  graph::StepGraph::Step step;
+  step.key = [&] { return graph_key(tokens, targets, loss_scale); };
+  step.eager = eager;
+  step.keep = [&](graph::Graph& g) {
+    for (auto [p, bytes] : model_.graph_outputs()) g.keep(p, bytes);
+  };
+  step.pass = o_.graph_pass;
+  const graph::StepGraph::Ran ran = graph_.run(step, graph_stats_);
+  return ran == graph::StepGraph::Ran::kReplayed ? model_.last_loss() : loss;
 }
 
 StepStats Trainer::step() {

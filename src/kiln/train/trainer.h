@@ -112,10 +112,8 @@ class Trainer {
   std::vector<int32_t> x_, y_;
   int64_t rows_ = 0;  // rows of each batch this rank computes
   // --graph capture: the micro-batch's forward and backward, captured once, replayed after.
-  std::unique_ptr<graph::Graph> graph_;
-  graph::GraphKey graph_key_;
+  graph::StepGraph graph_;
   graph::GraphStats graph_stats_;
-  bool graph_eager_ = false;  // the graph had breaks: micro-batches run eagerly
   graph::GraphKey graph_key(const int32_t* tokens, const int32_t* targets, float loss_scale) const;
   double forward_backward(const int32_t* tokens, const int32_t* targets, float loss_scale);
 
