@@ -1,9 +1,13 @@
-// Training with captured graphs (TrainOptions::graph_capture): each micro-batch's forward and
-// backward replays the graph captured from the first one. At 1 thread the losses and the final
-// weights are bitwise eager's (same kernels, same arguments, same order) for both families,
-// with gradient accumulation and activation checkpointing; a MoE model breaks the graph (its
-// routing decides the expert GEMMs) and trains eagerly to the same losses.
+// Training with captured graphs (TrainOptions::graph_capture): each step (data loads, forwards,
+// backwards, unscale, norm, clip, AdamW: the joint graph) replays the graph captured from the
+// first one. At 1 thread the losses and the final weights are bitwise eager's (same kernels,
+// same arguments, same order) for both families, with gradient accumulation and activation
+// checkpointing, clipping on every step, a scaler that skips every step and one whose scale
+// changes (a recapture); a MoE model breaks the graph (its routing decides the expert GEMMs)
+// and trains eagerly to the same losses.
 #include <gtest/gtest.h>
+
+#include <cmath>
 
 #include "kiln/core/rng.h"
 #include "kiln/core/thread_pool.h"
@@ -24,6 +28,7 @@ ModelConfig small(ModelFamily f) {
 
 struct Trained {
   std::vector<float> losses, params;
+  std::vector<bool> skipped;
   graph::GraphStats stats;
 };
 
@@ -32,7 +37,11 @@ Trained train_steps(const ModelConfig& cfg, const TokenShard& data, TrainOptions
   auto m = Transformer::create(cfg, 5).value();
   Trainer t(*m, data, nullptr, o);
   Trained r;
-  while (!t.done()) r.losses.push_back(t.step().loss);
+  while (!t.done()) {
+    const StepStats st = t.step();
+    r.losses.push_back(st.loss);
+    r.skipped.push_back(st.skipped);
+  }
   r.params.assign(m->params().begin(), m->params().end());
   if (capture) r.stats = *t.graph_stats();
   return r;
@@ -61,10 +70,52 @@ TEST(TrainGraph, ReplayedStepsAreBitwiseEagerAtOneThread) {
       EXPECT_EQ(graph.losses, eager.losses) << what;
       EXPECT_EQ(graph.params, eager.params) << what;
       EXPECT_EQ(graph.stats.captures, 1) << what;
-      EXPECT_EQ(graph.stats.replays, 2 * 6 - 1) << what << ": every micro-batch after the first";
+      EXPECT_EQ(graph.stats.replays, 6 - 1) << what << ": every step after the first";
       EXPECT_TRUE(graph.stats.breaks.empty()) << what << ": " << graph.stats.breaks.front();
       EXPECT_LE(graph.stats.arena_bytes, graph.stats.eager_bytes + graph.stats.nodes * 128) << what;
     }
+  }
+  set_num_threads(threads);
+}
+
+// The update's data-dependent parts run inside the replayed nodes: the clip factor from this
+// step's norm, the scaler's verdict (a skipped step leaves the weights alone), the learning rate
+// of this step. A changed loss scale is a failed guard: recaptured, and named.
+TEST(TrainGraph, TheOptimizerStepIsReplayedWithThisStepsValues) {
+  const int threads = num_threads();
+  set_num_threads(1);
+  const ModelConfig cfg = small(ModelFamily::kLlama);
+  const TokenShard data = random_tokens(cfg.vocab_size);
+  TrainOptions o;
+  o.batch = 2; o.seq_len = 16; o.max_steps = 6; o.warmup_steps = 2; o.eval_every = 0;
+  o.clip_norm = 1e-3;  // every step clips
+  o.weight_decay = 0.1;
+  {
+    const Trained eager = train_steps(cfg, data, o, false), graph = train_steps(cfg, data, o, true);
+    EXPECT_EQ(graph.losses, eager.losses);
+    EXPECT_EQ(graph.params, eager.params);
+    EXPECT_EQ(graph.stats.replays, 5);
+  }
+  {
+    TrainOptions skip = o;
+    skip.loss_scale = INFINITY;  // static: every gradient is inf or NaN, every step is skipped
+    const Trained eager = train_steps(cfg, data, skip, false), graph = train_steps(cfg, data, skip, true);
+    const auto initial = Transformer::create(cfg, 5).value();
+    EXPECT_EQ(graph.skipped, std::vector<bool>(6, true));
+    EXPECT_EQ(graph.skipped, eager.skipped);
+    EXPECT_EQ(graph.params, std::vector<float>(initial->params().begin(), initial->params().end()));
+    EXPECT_EQ(graph.stats.replays, 5);
+  }
+  {
+    TrainOptions dyn = o;
+    dyn.dynamic_loss_scale = true;
+    dyn.loss_scale = 1024;
+    dyn.loss_scale_window = 2;  // S doubles after every two good steps
+    const Trained eager = train_steps(cfg, data, dyn, false), graph = train_steps(cfg, data, dyn, true);
+    EXPECT_EQ(graph.losses, eager.losses);
+    EXPECT_EQ(graph.params, eager.params);
+    EXPECT_EQ(graph.stats.recaptures, 2);
+    EXPECT_EQ(graph.stats.last_recapture.rfind("loss scale bits", 0), 0u) << graph.stats.last_recapture;
   }
   set_num_threads(threads);
 }

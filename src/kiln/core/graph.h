@@ -192,6 +192,11 @@ void op(const char* name, std::initializer_list<Access> io, F&& fn) {
   if (recording()) record(name, io.begin(), io.size(), NodeFn(std::forward<F>(fn)));
   else fn(io.begin());
 }
+template <class F>
+void op(const char* name, const std::vector<Access>& io, F&& fn) {
+  if (recording()) record(name, io.data(), io.size(), NodeFn(std::forward<F>(fn)));
+  else fn(io.data());
+}
 
 // Records the kernel calls of this thread into `g` for the scope's lifetime.
 class Capture {

@@ -1573,7 +1573,7 @@ void Transformer::final_norm(float* y, const float* x, int64_t rows) {
 
 const float* Transformer::logits() const { return acts_ ? acts_->logits.p : nullptr; }
 
-float Transformer::last_loss() const { return acts_ ? acts_->loss : 0.0f; }
+const float* Transformer::last_loss_ptr() const { return acts_ ? &acts_->loss : nullptr; }
 
 void Transformer::note_graph_breaks() {
   if (!graph::recording()) return;
@@ -1600,7 +1600,9 @@ std::vector<std::pair<const void*, int64_t>> Transformer::graph_outputs() const 
 }
 
 void Transformer::zero_grad() {
-  if (grads_.defined()) std::memset(grads_.raw_data(), 0, static_cast<size_t>(grads_.nbytes()));
+  if (!grads_.defined()) return;
+  graph::op("zero_grad", {graph::writes_bytes(grads_.raw_data(), grads_.nbytes())},
+            [](const graph::Access* io) { std::memset(io[0].ptr, 0, static_cast<size_t>(io[0].bytes)); });
 }
 
 void Transformer::backward(float loss_scale) { backward_stage(nullptr, loss_scale); }

@@ -388,8 +388,9 @@ class Transformer {
   // The last forward's results a caller reads after it (its mean loss and the count behind it,
   // the logits): a captured graph must keep these where they are.
   std::vector<std::pair<const void*, int64_t>> graph_outputs() const;
-  // The last forward's mean loss (what forward() returned; a replayed graph writes it too).
-  float last_loss() const;
+  // Where the last forward wrote its mean loss (what forward() returned; a replayed graph writes
+  // it there too, and a training graph's node reads it there); null before one ran.
+  const float* last_loss_ptr() const;
   // Bytes of the activation and backward-scratch buffers for the last forward's (B, T), with
   // the MoE blocks' routing-sized buffers (every slot's).
   int64_t activation_bytes() const;

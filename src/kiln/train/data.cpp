@@ -76,12 +76,16 @@ BatchLoader::BatchLoader(const TokenShard* shard, int64_t batch, int64_t seq_len
 void BatchLoader::batch_at(int64_t index, std::vector<int32_t>& inputs, std::vector<int32_t>& targets) const {
   inputs.resize(static_cast<size_t>(batch_ * seq_len_));
   targets.resize(inputs.size());
+  batch_at(index, inputs.data(), targets.data());
+}
+
+void BatchLoader::batch_at(int64_t index, int32_t* inputs, int32_t* targets) const {
   Rng rng(seed_ * 0x9E3779B97F4A7C15ull + static_cast<uint64_t>(index));
   const uint64_t starts = shard_->tokens.size() - static_cast<uint64_t>(seq_len_) - 1;
   for (int64_t b = 0; b < batch_; ++b) {
     const int32_t* src = shard_->tokens.data() + rng.below(starts + 1);
-    std::copy(src, src + seq_len_, inputs.begin() + b * seq_len_);
-    std::copy(src + 1, src + 1 + seq_len_, targets.begin() + b * seq_len_);
+    std::copy(src, src + seq_len_, inputs + b * seq_len_);
+    std::copy(src + 1, src + 1 + seq_len_, targets + b * seq_len_);
   }
 }
 

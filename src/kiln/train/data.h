@@ -33,6 +33,8 @@ class BatchLoader {
   BatchLoader(const TokenShard* shard, int64_t batch, int64_t seq_len, uint64_t seed);
   // Fills inputs and targets (batch, seq_len) for batch number `index` (any order).
   void batch_at(int64_t index, std::vector<int32_t>& inputs, std::vector<int32_t>& targets) const;
+  // The same into batch · seq_len values at each pointer.
+  void batch_at(int64_t index, int32_t* inputs, int32_t* targets) const;
   // Sequential, non-overlapping windows for evaluation; returns false past the end.
   bool eval_batch(int64_t index, std::vector<int32_t>& inputs, std::vector<int32_t>& targets) const;
 

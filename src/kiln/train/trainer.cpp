@@ -52,6 +52,8 @@ Trainer::Trainer(Transformer& model, const TokenShard& train_data, const TokenSh
   KILN_CHECK_MSG(o.batch % plan_->data_size() == 0, "batch {} does not divide over {} data-parallel ranks", o.batch,
                  plan_->data_size());
   rows_ = o.batch / plan_->data_size();
+  x_.resize(static_cast<size_t>(o.batch * o.seq_len));  // filled in place by each step's loads
+  y_.resize(x_.size());
   model_.set_checkpointing(o.checkpoint);
   auto ctx = install_precision(model_, o.precision, o.amax_history, plan_->amax_group());
   KILN_CHECK_MSG(ctx.ok(), "{}", ctx.status().message());
@@ -71,40 +73,126 @@ double Trainer::validation_loss() {
   return mine < 0 ? mine : plan_->mean_over_data(mine);  // -1 (no batch) on every rank alike
 }
 
-graph::GraphKey Trainer::graph_key(const int32_t* tokens, const int32_t* targets, float loss_scale) const {
+graph::GraphKey Trainer::graph_key(float loss_scale) const {
   graph::GraphKey k;
   uint32_t scale_bits = 0;
   std::memcpy(&scale_bits, &loss_scale, sizeof(scale_bits));
   k.add("threads", num_threads())
       .add("simd target", static_cast<int64_t>(active_simd_target()))
       .add("model buffers epoch", static_cast<int64_t>(model_.buffer_epoch()))
-      .add("tokens address", static_cast<int64_t>(reinterpret_cast<uintptr_t>(tokens)))
-      .add("targets address", static_cast<int64_t>(reinterpret_cast<uintptr_t>(targets)))
+      .add("tokens address", static_cast<int64_t>(reinterpret_cast<uintptr_t>(x_.data())))
+      .add("targets address", static_cast<int64_t>(reinterpret_cast<uintptr_t>(y_.data())))
       .add("loss scale bits", scale_bits);
   return k;
 }
 
-// One micro-batch through the plan: eagerly, or (--graph capture) replayed from the graph
-// captured from the first one (again when a guard fails).
-double Trainer::forward_backward(const int32_t* tokens, const int32_t* targets, float loss_scale) {
-  double loss = 0;
+// --graph capture: the step is captured once and replayed while its guards hold; a graph with
+// breaks (a layout that communicates, MoE routing, low-precision backends) runs eagerly.
+void Trainer::run_step(float loss_scale) {
   const auto eager = [&] {
-    loss = plan_->forward_backward(model_, tokens, targets, rows_, o_.seq_len, loss_scale);
+    step_body(loss_scale);
     return true;
   };
   if (!o_.graph_capture) {
     eager();
-    return loss;
+    return;
   }
   graph::StepGraph::Step step;
-  step.key = [&] { return graph_key(tokens, targets, loss_scale); };
+  step.key = [&] { return graph_key(loss_scale); };
   step.eager = eager;
-  step.keep = [&](graph::Graph& g) {
+  step.keep = [&](graph::Graph& g) {  // what the host reads after a step, and the gradients
     for (auto [p, bytes] : model_.graph_outputs()) g.keep(p, bytes);
+    g.keep(&state_, sizeof(state_));
+    g.keep(x_.data(), static_cast<int64_t>(x_.size() * sizeof(int32_t)));
+    g.keep(y_.data(), static_cast<int64_t>(y_.size() * sizeof(int32_t)));
+    for (const OptimizerPiece& p : plan_->pieces()) g.keep(p.grads, p.n * static_cast<int64_t>(sizeof(float)));
   };
   step.pass = o_.graph_pass;
-  const graph::StepGraph::Ran ran = graph_.run(step, graph_stats_);
-  return ran == graph::StepGraph::Ran::kReplayed ? model_.last_loss() : loss;
+  graph_.run(step, graph_stats_);
+}
+
+// One step's work, host code between kernels as graph::op nodes: eagerly each runs at once;
+// captured, it is a node of the joint graph whose closure reads this step's values (the step
+// number, the learning rate, the scaler's verdict) when it runs. The update is predicated on
+// the verdict inside its nodes (a CUDA graph's conditional node), not a branch around them.
+void Trainer::step_body(float loss_scale) {
+  plan_->begin_step();
+  const int64_t n = o_.batch * o_.seq_len;
+  const int64_t first = plan_->data_rank() * rows_ * o_.seq_len;  // this rank's rows of the global batch
+  for (int64_t micro = 0; micro < o_.grad_accum; ++micro) {
+    {
+      KILN_TRACE_SCOPE(kTrain, "data");
+      graph::op("load_batch", {graph::writes(x_.data(), n), graph::writes(y_.data(), n)},
+                [this, micro](const graph::Access* io) {
+                  loader_.batch_at((step_ - 1) * o_.grad_accum + micro, io[0].mut<int32_t>(), io[1].mut<int32_t>());
+                });
+    }
+    plan_->begin_micro_batch(micro + 1 == o_.grad_accum);
+    KILN_TRACE_SCOPE(kTrain, "forward_backward");
+    const double loss = plan_->forward_backward(model_, x_.data() + first, y_.data() + first, rows_, o_.seq_len, loss_scale);
+    if (graph::recording() && plan_->captured()) {  // the plan's loss is the model's (one part)
+      graph::op("sum_loss", {graph::reads(model_.last_loss_ptr(), 1), graph::writes(&state_, 1)},
+                [](const graph::Access* io) { io[1].mut<StepState>()->loss_sum += *io[0].as<float>(); });
+    } else {
+      state_.loss_sum += loss;
+    }
+  }
+  {
+    KILN_TRACE_SCOPE(kTrain, "reduction_wait");  // the gradient reductions still in flight
+    plan_->finish_gradients();
+  }
+  // Unscale (1/S) and average over micro-batches in one multiply; S is a power of two in the
+  // dynamic scaler, so unscaling is exact.
+  const double parts = static_cast<double>(o_.grad_accum * plan_->loss_parts());
+  const float inv = static_cast<float>(1.0 / (parts * loss_scale));
+  std::vector<graph::Access> io = {graph::writes(&state_, 1)};
+  for (const OptimizerPiece& p : plan_->pieces()) io.push_back(graph::writes(p.grads, p.n));
+  graph::op("unscale_grad_norm", io, [this, inv](const graph::Access* io) {
+    KILN_TRACE_SCOPE(kTrain, "grad_norm");
+    StepState& st = *io[0].mut<StepState>();
+    double sq = 0;
+    const std::span<const OptimizerPiece> pieces = plan_->pieces();
+    for (size_t k = 0; k < pieces.size(); ++k) {
+      float* g = io[k + 1].mut<float>();
+      for (int64_t i = 0; i < pieces[k].n; ++i) {
+        g[i] *= inv;
+        sq += static_cast<double>(g[i]) * g[i];
+      }
+    }
+    st.sq = plan_->sum_over_shards(sq);
+    st.norm = std::sqrt(st.sq);
+    st.applied = scaler_.update(!std::isfinite(st.sq));  // an inf or NaN anywhere makes sq non-finite
+    st.clip = o_.clip_norm > 0 && st.norm > o_.clip_norm ? static_cast<float>(o_.clip_norm / (st.norm + 1e-6)) : 1.0f;
+  });
+  KILN_TRACE_SCOPE(kTrain, "optimizer");
+  for (const OptimizerPiece& p : plan_->pieces()) {
+    graph::op("adamw_update",
+              {graph::reads(&state_, 1), graph::writes(p.params, p.n),
+               graph::writes(p.grads, p.n), graph::writes(m_.data<float>() + p.state_offset, p.n),
+               graph::writes(v_.data<float>() + p.state_offset, p.n)},
+              [this, n = p.n, decay = p.decay](const graph::Access* io) {
+                const StepState& st = *io[0].as<StepState>();
+                if (!st.applied) return;
+                float* g = io[2].mut<float>();
+                if (st.clip != 1.0f)
+                  for (int64_t i = 0; i < n; ++i) g[i] *= st.clip;
+                AdamWConfig cfg;
+                cfg.lr = st.lr;
+                cfg.beta1 = o_.beta1;
+                cfg.beta2 = o_.beta2;
+                cfg.weight_decay = decay ? o_.weight_decay : 0.0;
+                cpu::adamw_step(io[1].mut<float>(), g, io[3].mut<float>(), io[4].mut<float>(), n, cfg, step_);
+              });
+  }
+  // Low-precision copies (and any other backend's state) follow the master: host work the graph
+  // does not record.
+  const std::vector<Linear*> linears = model_.linears();
+  if (std::any_of(linears.begin(), linears.end(), [](const Linear* l) { return l->backend != nullptr; }))
+    graph::graph_break("Linear backends re-sync their weights after the optimizer step");
+  if (state_.applied) {
+    plan_->after_optimizer_step();
+    sync_backends(model_);
+  }
 }
 
 StepStats Trainer::step() {
@@ -112,66 +200,20 @@ StepStats Trainer::step() {
   const auto t0 = clock::now();
   ++step_;
   trace::Scope step_scope(trace::Category::kTrain, "step", [&](trace::Event& e) { e.add_arg("step", step_); });
-  plan_->begin_step();
   const int64_t flushed0 = precision_->grads_flushed, rounded0 = precision_->values_rounded;
   const double loss_scale = scaler_.scale();
-  const int64_t first = plan_->data_rank() * rows_ * o_.seq_len;  // this rank's rows of the global batch
-  double loss = 0;
-  for (int64_t micro = 0; micro < o_.grad_accum; ++micro) {
-    {
-      KILN_TRACE_SCOPE(kTrain, "data");
-      loader_.batch_at((step_ - 1) * o_.grad_accum + micro, x_, y_);
-    }
-    plan_->begin_micro_batch(micro + 1 == o_.grad_accum);
-    KILN_TRACE_SCOPE(kTrain, "forward_backward");
-    loss += forward_backward(x_.data() + first, y_.data() + first, static_cast<float>(loss_scale));
-  }
-  {
-    KILN_TRACE_SCOPE(kTrain, "reduction_wait");  // the gradient reductions still in flight
-    plan_->finish_gradients();
-  }
+  state_.lr = learning_rate(o_, step_, total_steps_);
+  state_.loss_sum = 0;
+  run_step(static_cast<float>(loss_scale));
   const double parts = static_cast<double>(o_.grad_accum * plan_->loss_parts());
-  loss = plan_->mean_over_data(loss / parts);
-  // Unscale (1/S) and average over micro-batches in one multiply; S is a power of two in the
-  // dynamic scaler, so unscaling is exact.
-  const float inv = static_cast<float>(1.0 / (parts * loss_scale));
-  double sq = 0;
-  {
-    KILN_TRACE_SCOPE(kTrain, "grad_norm");
-    for (const OptimizerPiece& p : plan_->pieces()) {
-      for (int64_t i = 0; i < p.n; ++i) {
-        p.grads[i] *= inv;
-        sq += static_cast<double>(p.grads[i]) * p.grads[i];
-      }
-    }
-    sq = plan_->sum_over_shards(sq);
-  }
-  const double norm = std::sqrt(sq);
-  const bool apply = scaler_.update(!std::isfinite(sq));  // an inf or NaN anywhere makes sq non-finite
-  AdamWConfig cfg;
-  cfg.lr = learning_rate(o_, step_, total_steps_);
-  cfg.beta1 = o_.beta1;
-  cfg.beta2 = o_.beta2;
-  if (apply) {
-    KILN_TRACE_SCOPE(kTrain, "optimizer");
-    const float clip = o_.clip_norm > 0 && norm > o_.clip_norm ? static_cast<float>(o_.clip_norm / (norm + 1e-6)) : 1.0f;
-    for (const OptimizerPiece& p : plan_->pieces()) {
-      if (clip != 1.0f)
-        for (int64_t i = 0; i < p.n; ++i) p.grads[i] *= clip;
-      cfg.weight_decay = p.decay ? o_.weight_decay : 0.0;
-      cpu::adamw_step(p.params, p.grads, m_.data<float>() + p.state_offset, v_.data<float>() + p.state_offset, p.n,
-                      cfg, step_);
-    }
-    plan_->after_optimizer_step();
-    sync_backends(model_);  // low-precision copies (and any other backend's state) follow the master
-  }
+  const double loss = plan_->mean_over_data(state_.loss_sum / parts);
   StepStats s;
   s.step = step_;
   s.loss = static_cast<float>(loss);
-  s.lr = cfg.lr;
-  s.grad_norm = norm;
+  s.lr = state_.lr;
+  s.grad_norm = state_.norm;
   s.loss_scale = loss_scale;
-  s.skipped = !apply;
+  s.skipped = !state_.applied;
   s.grads_flushed = precision_->grads_flushed - flushed0;
   s.grads_rounded = precision_->values_rounded - rounded0;
   s.comm = plan_->take_comm_times();

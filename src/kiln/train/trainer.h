@@ -37,8 +37,8 @@ struct TrainOptions {
   int64_t loss_scale_window = 1000;  // good steps before S doubles
   int amax_history = 16;             // fp8 delayed scaling: amaxes remembered per tensor
   CheckpointMode checkpoint = CheckpointMode::kNone;
-  // Each micro-batch's forward and backward replays one captured graph (core/graph.h); the
-  // optimizer step stays eager. --graph capture
+  // Each step replays one captured graph (core/graph.h) of its data loads, forwards, backwards
+  // and optimizer update. --graph capture
   bool graph_capture = false;
   graph::GraphPass graph_pass;  // run on the graph before it is planned (--graph fused)
 };
@@ -111,11 +111,23 @@ class Trainer {
   double elapsed_ = 0;  // seconds of steps run by this process
   std::vector<int32_t> x_, y_;
   int64_t rows_ = 0;  // rows of each batch this rank computes
-  // --graph capture: the micro-batch's forward and backward, captured once, replayed after.
+  // What a step's nodes compute for the host and for each other (read at run time, so replayed
+  // steps see this step's values): the learning rate in, the loss, norm and verdicts out.
+  struct StepState {
+    double lr = 0;        // set before the step
+    double loss_sum = 0;  // the micro-batches' losses
+    double sq = 0, norm = 0;  // the unscaled gradient's squared norm (over shards) and norm
+    float clip = 1;       // the factor clipping scales the gradient by
+    bool applied = false;  // the loss scaler let the update through (no inf or NaN)
+  };
+  StepState state_;
+  // --graph capture: the whole step (data, forward, backward, unscale, norm, clip, AdamW; the
+  // joint graph) captured once and replayed while its guards hold.
   graph::StepGraph graph_;
   graph::GraphStats graph_stats_;
-  graph::GraphKey graph_key(const int32_t* tokens, const int32_t* targets, float loss_scale) const;
-  double forward_backward(const int32_t* tokens, const int32_t* targets, float loss_scale);
+  graph::GraphKey graph_key(float loss_scale) const;
+  void run_step(float loss_scale);   // eagerly or replayed
+  void step_body(float loss_scale);  // what run_step captures
 
   struct PieceBuffersRef {
     std::span<const float> params, m, v;  // the pieces' values, concatenated in piece order
