@@ -44,7 +44,7 @@ ProfileCommand take_profile_command(int argc, char** argv) {
   }
   std::vector<std::string> out(words.begin(), words.begin() + static_cast<std::ptrdiff_t>(at));
   size_t i = at + 1;
-  bool graph = false;  // --graph: decode steps replay captured graphs; their breaks are listed
+  bool graph = false;  // --graph: training and decode steps replay captured graphs; their breaks are listed
   while (i < words.size()) {
     if (words[i] == "--graph") {
       graph = true;
@@ -66,9 +66,9 @@ ProfileCommand take_profile_command(int argc, char** argv) {
     pc.args = std::move(words);
     return pc;
   }
-  if (graph && words[i] != "generate" && words[i] != "serve") {
-    pc.error = "kiln profile --graph: graphs are captured for the decode steps of generate and serve (training steps "
-               "run eagerly)";
+  if (graph && words[i] != "generate" && words[i] != "serve" && words[i] != "train") {
+    pc.error = "kiln profile --graph: graphs are captured for the steps of train and the decode steps of generate and "
+               "serve";
     pc.args = std::move(words);
     return pc;
   }
@@ -100,7 +100,7 @@ int print_profile_summary(const ProfileCommand& pc) {
 void register_profile(CLI::App& app) {
   CLI::App* p = app.add_subcommand(
       "profile", "Run a command with --profile and print its summary: kiln profile [--out FILE.json] [--svg FILE.svg] "
-                 "[--graph] train | generate | serve | bench train ... (--graph: captured decode graphs, breaks listed)");
+                 "[--graph] train | generate | serve | bench train ... (--graph: captured step graphs, breaks listed)");
   p->allow_extras();
   // Reached only when take_profile_command found nothing to run (main rewrites the others).
   p->callback([] {

@@ -175,6 +175,45 @@ TEST(Graph, OpsRecordOnceAndBreaksStopReplay) {
   graph::graph_break("outside a capture: nothing");
 }
 
+// An eager region splits the graph into segments and runs its own control flow at each replay
+// (here a branch on data the first segment computed); the buffers it shares with the recorded
+// nodes stay where they are (its code uses its own pointers), the others still move.
+TEST(Graph, EagerRegionsSplitTheGraphIntoReplayedSegments) {
+  Chain c;
+  c.set_inputs(1.0f);
+  std::vector<float> z(kN), w(kN);
+  const auto step = [&] {
+    c.run();  // t1, t2 temporaries: internal; y: read by the region
+    graph::eager_region("data-dependent branch", {graph::reads(c.y.data(), kN), graph::writes(z.data(), kN)},
+                        [&c, &z](const graph::Access*) {
+                          const float s = c.y[1] > 10.0f ? -1.0f : 1.0f;  // a branch on data
+                          cpu::scale(z.data(), c.y.data(), s, kN);
+                        });
+    cpu::scale(w.data(), z.data(), 0.5f, kN);
+  };
+  graph::Graph g;
+  {
+    graph::Capture cap(g);
+    step();
+  }
+  ASSERT_TRUE(g.replayable());
+  ASSERT_EQ(g.breaks().size(), 1u);
+  EXPECT_TRUE(g.breaks()[0].resumed);
+  EXPECT_EQ(g.breaks()[0].at_node, 3u);
+  EXPECT_EQ(g.segments(), 2);
+  g.keep(w.data(), kN * 4);
+  const graph::Plan& p = g.plan(true);
+  EXPECT_EQ(p.num_internal, 2) << "t1 and t2 move; y and z, shared with the region, stay";
+  for (float s : {2.0f, 5.0f}) {  // y[1] = 3s + 2 - 2/s: 7 at s = 2, 16.6 at s = 5 (the branch flips)
+    c.set_inputs(s);
+    g.replay();
+    for (int64_t i = 0; i < kN; i += 97) {
+      const float y = c.expected(i), sign = c.expected(1) > 10.0f ? -1.0f : 1.0f;
+      EXPECT_EQ(w[static_cast<size_t>(i)], 0.5f * (sign * y)) << "s " << s << " i " << i;
+    }
+  }
+}
+
 TEST(Graph, KeyNamesTheFailedGuard) {
   graph::GraphKey a, b;
   a.add("batch", 4).add("threads", 2);

@@ -99,8 +99,9 @@ TEST(DecodeGraphGuards, ThreadCountChangeRecaptures) {
   EXPECT_NE(describe(g).find("1 recaptured"), std::string::npos) << describe(g);
 }
 
-// MoE routing is data-dependent control flow: a graph break, listed; its steps run eagerly.
-TEST(DecodeGraphBreaks, MoeRoutingBreaksTheGraph) {
+// MoE routing is data-dependent control flow: a graph break, listed; the routing runs eagerly
+// between the replayed segments of each step (one per layer boundary), to the same tokens.
+TEST(DecodeGraphBreaks, MoeRoutingSplitsTheGraphIntoSegments) {
   ModelConfig cfg = tiny_config(ModelFamily::kLlama);
   cfg.num_experts = 4;
   cfg.num_experts_per_tok = 2;
@@ -108,10 +109,12 @@ TEST(DecodeGraphBreaks, MoeRoutingBreaksTheGraph) {
   const EngineRun eager = run_engine(cfg, false, prompts);
   const EngineRun graph = run_engine(cfg, true, prompts);
   EXPECT_EQ(graph.tokens, eager.tokens);
-  EXPECT_EQ(graph.stats.replays, 0);
-  EXPECT_GT(graph.stats.eager_steps, 0);
+  EXPECT_GT(graph.stats.replays, 0);
+  EXPECT_EQ(graph.stats.eager_steps, 0);
+  EXPECT_EQ(graph.stats.segments, cfg.n_layers + 1) << "recorded nodes before, between and after the MoE blocks";
   ASSERT_FALSE(graph.stats.breaks.empty());
   EXPECT_NE(graph.stats.breaks[0].find("MoE"), std::string::npos) << graph.stats.breaks[0];
+  EXPECT_NE(graph.stats.breaks[0].find("eager region"), std::string::npos) << graph.stats.breaks[0];
 }
 
 // A step a replay would run blindly is checked first: a bad block id is forward_paged's error.

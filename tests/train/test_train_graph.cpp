@@ -3,8 +3,8 @@
 // first one. At 1 thread the losses and the final weights are bitwise eager's (same kernels,
 // same arguments, same order) for both families, with gradient accumulation and activation
 // checkpointing, clipping on every step, a scaler that skips every step and one whose scale
-// changes (a recapture); a MoE model breaks the graph (its routing decides the expert GEMMs)
-// and trains eagerly to the same losses.
+// changes (a recapture); a MoE model's routing (which decides the expert GEMMs) breaks the
+// graph into segments replayed around eager regions, to the same bits.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -120,19 +120,31 @@ TEST(TrainGraph, TheOptimizerStepIsReplayedWithThisStepsValues) {
   set_num_threads(threads);
 }
 
-TEST(TrainGraph, MoeRoutingIsABreakAndTrainsEagerly) {
+// MoE routing (forward and backward) runs eagerly between the replayed segments of the step:
+// bitwise eager's at 1 thread, with and without full checkpointing.
+TEST(TrainGraph, MoeRoutingSplitsTheStepIntoSegments) {
+  const int threads = num_threads();
+  set_num_threads(1);
   ModelConfig cfg = small(ModelFamily::kLlama);
   cfg.num_experts = 4;
   cfg.num_experts_per_tok = 2;
   const TokenShard data = random_tokens(cfg.vocab_size);
   TrainOptions o;
   o.batch = 2; o.seq_len = 16; o.max_steps = 3; o.warmup_steps = 1; o.eval_every = 0;
-  const Trained eager = train_steps(cfg, data, o, false), graph = train_steps(cfg, data, o, true);
-  EXPECT_EQ(graph.losses, eager.losses);
-  EXPECT_EQ(graph.stats.replays, 0);
-  EXPECT_EQ(graph.stats.eager_steps, 2);
-  ASSERT_FALSE(graph.stats.breaks.empty());
-  EXPECT_NE(graph.stats.breaks[0].find("MoE"), std::string::npos) << graph.stats.breaks[0];
+  for (CheckpointMode ck : {CheckpointMode::kNone, CheckpointMode::kFull}) {
+    o.checkpoint = ck;
+    const Trained eager = train_steps(cfg, data, o, false), graph = train_steps(cfg, data, o, true);
+    EXPECT_EQ(graph.losses, eager.losses);
+    EXPECT_EQ(graph.params, eager.params);
+    EXPECT_EQ(graph.stats.replays, 2);
+    EXPECT_EQ(graph.stats.eager_steps, 0);
+    // forward: before, between, after the 2 MoE blocks; backward: 2 more (a MoE block keeps its
+    // activations under checkpointing: the recomputed forward does not route again)
+    EXPECT_EQ(graph.stats.segments, 5);
+    ASSERT_FALSE(graph.stats.breaks.empty());
+    EXPECT_NE(graph.stats.breaks[0].find("MoE"), std::string::npos) << graph.stats.breaks[0];
+  }
+  set_num_threads(threads);
 }
 
 }  // namespace

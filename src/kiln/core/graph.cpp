@@ -34,8 +34,11 @@ struct Region {
 
 bool overlaps(uintptr_t a0, uintptr_t a1, uintptr_t b0, uintptr_t b1) { return a0 < b1 && b0 < a1; }
 
-// Whether node b must run after node a (a read or write of one meets a write of the other).
+// Whether node b must run after node a (a read or write of one meets a write of the other). An
+// eager region runs alone: it may touch buffers beyond its io (its own scratch) and open its own
+// parallel regions.
 bool conflict(const Node& a, const Node& b) {
+  if (a.eager || b.eager) return true;
   for (const Access& x : a.io) {
     if (x.bytes == 0) continue;
     for (const Access& y : b.io) {
@@ -55,9 +58,10 @@ bool touches(const Node& n, const void* p, int64_t bytes) {
 
 bool recording() { return t_graph != nullptr && t_depth == 0; }
 
-void record(const char* name, const Access* io, size_t num_io, NodeFn fn, float scalar) {
+void record(const char* name, const Access* io, size_t num_io, NodeFn fn, float scalar, bool eager) {
   Graph& g = *t_graph;
-  g.add(Node{name, std::vector<Access>(io, io + num_io), std::move(fn), scalar});
+  if (eager) g.add_break(name, true);
+  g.add(Node{name, std::vector<Access>(io, io + num_io), std::move(fn), scalar, eager});
   const Node& n = g.nodes().back();
   ++t_depth;
   n.fn(n.io.data());
@@ -86,6 +90,7 @@ std::string describe(const GraphStats& s) {
     line += fmt::format("; {} nodes in {} levels, activations {:.1f} KiB eager vs {:.1f} KiB arena", s.nodes,
                         s.levels, s.eager_bytes / 1024.0, s.arena_bytes / 1024.0);
   if (s.fused_nodes > 0) line += fmt::format("; {} elementwise nodes fused", s.fused_nodes);
+  if (s.segments > 1) line += fmt::format("; {} segments around eager regions", s.segments);
   for (const std::string& b : s.breaks) line += fmt::format("\n  graph break: {}", b);
   return line;
 }
@@ -117,9 +122,10 @@ StepGraph::Ran StepGraph::run(const Step& step, GraphStats& stats) {
   captured_ = ok;
   if (!ok) return Ran::kFailed;
   key_ = step.key();  // after the step: its first run may have allocated (a new buffer epoch)
-  for (const Break& b : g->breaks())
-    if (std::find(stats.breaks.begin(), stats.breaks.end(), b.reason) == stats.breaks.end())
-      stats.breaks.push_back(b.reason);
+  for (const Break& b : g->breaks()) {
+    const std::string line = b.resumed ? b.reason + " (an eager region: the graph splits and resumes after it)" : b.reason;
+    if (std::find(stats.breaks.begin(), stats.breaks.end(), line) == stats.breaks.end()) stats.breaks.push_back(line);
+  }
   if (!g->replayable()) return Ran::kEagerly;
   if (step.keep) step.keep(*g);
   if (step.pass) stats.fused_nodes = step.pass(*g);
@@ -128,6 +134,7 @@ StepGraph::Ran StepGraph::run(const Step& step, GraphStats& stats) {
   stats.levels = p.num_levels;
   stats.eager_bytes = p.eager_bytes;
   stats.arena_bytes = p.arena_bytes;
+  stats.segments = g->segments();
   graph_ = std::move(g);
   return Ran::kEagerly;
 }
@@ -168,6 +175,8 @@ const Plan& Graph::plan(bool relocate) {
       }
   for (Region& r : regions) {
     r.external = kept(reinterpret_cast<const void*>(r.begin), r.bytes());
+    for (size_t i = r.first; i <= r.last && !r.external; ++i)  // an eager region's own pointers
+      r.external = nodes_[i].eager && touches(nodes_[i], reinterpret_cast<const void*>(r.begin), r.bytes());
     if (r.external) continue;
     int64_t written = 0;
     for (const Access& a : nodes_[r.first].io) {
@@ -245,8 +254,19 @@ const Plan& Graph::plan(bool relocate) {
   return plan_;
 }
 
+bool Graph::replayable() const {
+  return !nodes_.empty() && std::all_of(breaks_.begin(), breaks_.end(), [](const Break& b) { return b.resumed; });
+}
+
+int Graph::segments() const {
+  int n = 0;
+  for (size_t i = 0; i < nodes_.size(); ++i)  // maximal runs of recorded nodes
+    n += !nodes_[i].eager && (i == 0 || nodes_[i - 1].eager);
+  return n;
+}
+
 void Graph::replay() const {
-  KILN_CHECK_MSG(breaks_.empty(), "a graph with breaks is not replayed");
+  KILN_CHECK_MSG(replayable(), "a graph with breaks that are not eager regions is not replayed");
   ++t_depth;  // the nodes' kernels run, they do not record
   if (level_end_.empty() || num_threads() == 1) {
     for (const Node& n : nodes_) n.fn(n.io.data());

@@ -3,9 +3,13 @@
 // is recorded as a node: its name, the buffers it reads and writes, and a closure that runs the
 // same kernel again with the same arguments. The kernel still runs at capture, so the captured
 // step computes what eager would. Replay runs the nodes and nothing else: none of the model's
-// control flow, checks, allocation or per-op dispatch. Data-dependent control flow (sampling,
-// MoE routing counts, loss-scale overflow) calls graph_break(): the graph splits there and a
-// graph with breaks is listed, not replayed.
+// control flow, checks, allocation or per-op dispatch. Control flow the graph cannot hold
+// breaks it, as torch.compile's graph breaks do: an eager_region() (MoE routing, whose token
+// counts per expert decide the expert GEMMs) becomes one node that runs its code eagerly at
+// replay, so the graph splits there into segments replayed around it; a plain graph_break()
+// (communication between the model's ops, backends that do not record) leaves a graph that is
+// listed, not replayed. Data-dependent values inside nodes (the loss scaler's verdict, the
+// clip factor, decode positions) are read when the node runs and need no break.
 //
 // Plan (plan()): the buffers a node list touches are grouped into regions; a region that the
 // graph writes before it reads and that is not declared external (inputs, outputs, state kept
@@ -66,12 +70,14 @@ struct Node {
   std::vector<Access> io;
   NodeFn fn;
   float scalar = 0;  // a kernel's scalar argument (scale's factor), for passes over the graph
+  bool eager = false;  // an eager_region(): host control flow run as it is (a segment boundary)
 };
 
 // A point where capture could not continue as one graph.
 struct Break {
   size_t at_node = 0;  // nodes before it
   std::string reason;
+  bool resumed = false;  // an eager region: the graph goes on after it (the next segment)
 };
 
 // The arena plan of a graph (see the file comment).
@@ -88,7 +94,9 @@ class Graph {
  public:
   const std::vector<Node>& nodes() const { return nodes_; }
   const std::vector<Break>& breaks() const { return breaks_; }
-  bool replayable() const { return breaks_.empty() && !nodes_.empty(); }
+  // Every break is an eager region (replay runs the segments around them), and there are nodes.
+  bool replayable() const;
+  int segments() const;  // graphs replayed between eager regions (1 without breaks)
   // Declares [p, p + bytes) external: kept as it is by the plan (call before plan()).
   void keep(const void* p, int64_t bytes);
   // Groups regions, plans the arena and the levels. With relocate the internal regions move to
@@ -104,7 +112,9 @@ class Graph {
 
   // Capture's side.
   void add(Node n) { nodes_.push_back(std::move(n)); }
-  void add_break(std::string reason) { breaks_.push_back({nodes_.size(), std::move(reason)}); }
+  void add_break(std::string reason, bool resumed = false) {
+    breaks_.push_back({nodes_.size(), std::move(reason), resumed});
+  }
 
  private:
   std::vector<Node> nodes_;
@@ -143,6 +153,7 @@ struct GraphStats {
   // apart (as eager keeps them) vs packed by lifetime into its arena.
   int64_t nodes = 0, levels = 0, eager_bytes = 0, arena_bytes = 0;
   int64_t fused_nodes = 0;  // nodes a pass (perf/graph_fusion.h) folded into fused ones, last capture
+  int64_t segments = 0;     // of the graph planned last: replayed segments around its eager regions
 };
 
 // A pass over a captured graph before it is planned (perf/graph_fusion.h's fusion): returns the
@@ -179,9 +190,23 @@ std::string describe(const GraphStats& s);
 // inside a kernel is part of it, as in the profiler).
 bool recording();
 // Records a kernel call as a node and runs it (through fn, so nested kernels are not recorded).
-void record(const char* name, const Access* io, size_t num_io, NodeFn fn, float scalar = 0);
-// A data-dependent point: while capturing, splits the graph here (listed with the reason).
+// eager: an eager_region()'s node, listed as a break the graph resumes after.
+void record(const char* name, const Access* io, size_t num_io, NodeFn fn, float scalar = 0, bool eager = false);
+// Where capture cannot go on: while capturing, breaks the graph here (listed with the reason;
+// such a graph is not replayed).
 void graph_break(const char* reason);
+
+// Host control flow that depends on data, run eagerly inside a graph: fn runs now, and while
+// capturing it is also recorded as one node that runs fn again at each replay (its kernels
+// dispatch, allocate and branch as they do eagerly), listed as a break the graph resumes after.
+// io must name every buffer fn shares with the recorded nodes (its inputs and outputs, for
+// ordering); the plan keeps those where they are, so fn may reach them by its own pointers.
+// fn must not hold references to the capturing call's locals. `reason` is a literal.
+template <class F>
+void eager_region(const char* reason, std::initializer_list<Access> io, F&& fn) {
+  if (recording()) record(reason, io.begin(), io.size(), NodeFn(std::forward<F>(fn)), 0, true);
+  else fn(io.begin());
+}
 
 // A step that is not one kernel call: host code between kernels (a copy, a reduction), or
 // kernels whose arguments come from state read when it runs (the cache positions of a decode

@@ -540,10 +540,16 @@ struct Transformer::Layer {
     const int64_t C = cfg->d_model;
     tp->row_forward(o, x1.p, att.p, N, x);
     cpu::rmsnorm_forward(n2.p, rstd2.p, x1.p, norm2_w, Ns, C, cfg->norm_eps);
-    if (moe) {  // tp = 1
-      graph::graph_break("MoE routing: the tokens per expert decide the expert GEMMs");
-      MoeStats discarded;
-      return moe->forward(y, n2.p, N, x1.p, moe_acts, inference ? nullptr : recomputing ? &discarded : moe_stats);
+    if (moe) {  // tp = 1; captured, the routing runs eagerly between replayed segments
+      const int stats = inference ? 0 : recomputing ? 1 : 2;  // none, discarded, the model's
+      graph::eager_region("MoE routing: the tokens per expert decide the expert GEMMs",
+                          {graph::reads(n2.p, N * C), graph::reads(x1.p, N * C), graph::writes(y, N * C)},
+                          [this, y, N, stats](const graph::Access*) {
+                            MoeStats discarded;
+                            moe->forward(y, n2.p, N, x1.p, moe_acts,
+                                         stats == 0 ? nullptr : stats == 1 ? &discarded : moe_stats);
+                          });
+      return;
     }
     const float* in2 = tp->gather(n2.p, N, C);
     gate.forward(ff1.p, in2, N);
@@ -660,7 +666,11 @@ struct Transformer::Layer {
     float* dx1 = dy;  // the residual carries dy straight through; norm branches add to it
     if (cfg->is_llama()) {
       if (moe) {  // its weight gradients are computed here, also when B defers the others' (W)
-        moe->backward(s.dnorm.p, dy, n2.p, N, moe_acts, false, *moe_stats);
+        graph::eager_region("MoE routing's backward: the tokens per expert decide the expert GEMMs",
+                            {graph::writes(s.dnorm.p, N * C), graph::reads(dy, N * C), graph::reads(n2.p, N * C)},
+                            [this, dnorm = s.dnorm.p, dy, N](const graph::Access*) {
+                              moe->backward(dnorm, dy, n2.p, N, moe_acts, false, *moe_stats);
+                            });
       } else {
         linear_backward(*defer, down, s.dff_a.p, tp->gather(dy, N, C), ffa.p, N, false);  // d swiglu out
         cpu::swiglu_backward(s.dff_b.p, s.dff_c.p, s.dff_a.p, ff1.p, ff2.p, N * F);      // d gate, d up
