@@ -19,6 +19,7 @@ struct GraphBenchArgs {
   std::string preset = "llama-tiny";
   int64_t d_model = 0, layers = 0;  // overrides (0: the preset's), for small, overhead-bound shapes
   GraphBenchOptions bench;
+  bool fused = false;  // a third column: the graphs after the fusion pass
 };
 
 [[noreturn]] void fail(const Status& s) {
@@ -36,17 +37,21 @@ void run(GraphBenchArgs a) {
   if (a.layers > 0) cfg->n_layers = a.layers;
   if (Status s = check_config(*cfg); !s.ok()) fail(s);
   a.bench.config = *cfg;
+  if (a.fused) a.bench.pass = graph_fusion_pass();
   auto rows = run_graph_bench(a.bench);
   if (!rows.ok()) fail(rows.status());
   fmt::print("# decode step of {} ({}), {} cached positions, {} steps per run, median of {} runs; {} threads; {}\n",
              a.preset, cfg->describe(), a.bench.cached, a.bench.steps, a.bench.reps, num_threads(), cpu_features().brand);
-  fmt::print("{:>4} | {:>9} {:>9} {:>7} | {:>5} {:>6} {:>11} | {:>10} {:>10} | {}\n", "S", "eager ms", "graph ms",
-             "speedup", "nodes", "levels", "us/op saved", "eager KiB", "arena KiB", "logits");
+  fmt::print("{:>4} | {:>9} {:>9} {:>7} | {:>5} {:>6} {:>11} | {:>10} {:>10} | {:<9} | {}\n", "S", "eager ms", "graph ms",
+             "speedup", "nodes", "levels", "us/op saved", "eager KiB", "arena KiB", "logits", a.fused ? "fused" : "");
   for (const GraphBenchRow& r : *rows)
-    fmt::print("{:>4} | {:>9.3f} {:>9.3f} {:>6.2f}x | {:>5} {:>6} {:>11.2f} | {:>10.1f} {:>10.1f} | {}\n", r.seqs,
+    fmt::print("{:>4} | {:>9.3f} {:>9.3f} {:>6.2f}x | {:>5} {:>6} {:>11.2f} | {:>10.1f} {:>10.1f} | {:<9} | {}\n", r.seqs,
                r.eager_s * 1e3, r.replay_s * 1e3, r.eager_s / r.replay_s, r.nodes, r.levels,
                r.overhead_per_op_s() * 1e6, r.eager_bytes / 1024.0, r.arena_bytes / 1024.0,
-               r.same_logits ? "identical" : "DIFFER");
+               r.same_logits ? "identical" : "DIFFER",
+               a.fused ? fmt::format("{:.3f} ms, {:.2f}x eager, {} nodes fused", r.fused_s * 1e3, r.eager_s / r.fused_s,
+                                     r.fused_nodes)
+                       : std::string());
 }
 
 }  // namespace
@@ -62,6 +67,7 @@ void register_bench_graph(CLI::App& app) {
   cmd->add_option("--cached", a->bench.cached, "Positions already cached per sequence")->check(CLI::Range(0, 1 << 20));
   cmd->add_option("--steps", a->bench.steps, "Decode steps per timed run")->check(CLI::Range(1, 1 << 20));
   cmd->add_option("--reps", a->bench.reps, "Timed runs (median)")->check(CLI::Range(1, 1000));
+  cmd->add_flag("--fused", a->fused, "Also replay the graphs after the fusion pass (--graph fused)");
   cmd->callback([a] { run(*a); });
 }
 

@@ -7,6 +7,9 @@
 //   capture    the step replayed from its captured joint graph (--graph capture)
 //   fused      the same after the fusion pass (--graph fused)
 //   profiled   the eager step with the trace recorder on (--profile), events dropped per step
+//   split      eager with each GEMM's bias and residual as kernels of their own (PyTorch eager's
+//              unfused shape; Transformer::set_split_epilogues)
+//   split-fused  that, captured, after the fusion pass: what the pass recovers
 // Per mode: the median step time and tokens/s, and against eager the median of the per-round
 // ratios (paired, so slow phases of the machine cancel) with its quartiles.
 #include <fmt/format.h>
@@ -32,7 +35,7 @@ struct TrainGraphBenchArgs {
   std::string preset;           // instead of a workload: a preset at --batch × --seq
   int64_t batch = 2, seq = 64;  // with --preset
   int steps = 20, warmup = 2;
-  std::vector<std::string> modes = {"eager", "eager-b", "capture", "fused", "profiled"};
+  std::vector<std::string> modes = {"eager", "eager-b", "capture", "fused", "profiled", "split", "split-fused"};
 };
 
 struct Mode {
@@ -74,8 +77,10 @@ void run(const TrainGraphBenchArgs& a) {
   }
   if (seq > cfg.max_seq_len) fail(invalid_argument("--seq {} exceeds the model's max_seq_len {}", seq, cfg.max_seq_len));
   for (const std::string& m : a.modes)
-    if (m != "eager" && m != "eager-b" && m != "capture" && m != "fused" && m != "profiled")
-      fail(invalid_argument("--modes: unknown mode '{}' (known: eager, eager-b, capture, fused, profiled)", m));
+    if (m != "eager" && m != "eager-b" && m != "capture" && m != "fused" && m != "profiled" && m != "split" &&
+        m != "split-fused")
+      fail(invalid_argument(
+          "--modes: unknown mode '{}' (known: eager, eager-b, capture, fused, profiled, split, split-fused)", m));
   if (a.modes.empty() || a.modes.front() != "eager")
     fail(invalid_argument("--modes: the first mode must be eager (the others are reported against it)"));
   const TokenShard data = bench::random_tokens(cfg.vocab_size);
@@ -87,9 +92,10 @@ void run(const TrainGraphBenchArgs& a) {
     auto model = Transformer::create(cfg, 1);
     if (!model.ok()) fail(model.status());
     m.model = std::move(*model);
+    m.model->set_split_epilogues(name == "split" || name == "split-fused");
     TrainOptions o = t;
-    o.graph_capture = name == "capture" || name == "fused";
-    if (name == "fused") o.graph_pass = graph_fusion_pass();
+    o.graph_capture = name == "capture" || name == "fused" || name == "split-fused";
+    if (name == "fused" || name == "split-fused") o.graph_pass = graph_fusion_pass();
     m.trainer = std::make_unique<Trainer>(*m.model, data, nullptr, o);
     modes.push_back(std::move(m));
   }
@@ -112,7 +118,7 @@ void run(const TrainGraphBenchArgs& a) {
   fmt::print("# kiln bench train-graph: {} ({}), batch {} x seq {}, {} steps after {} warm-up, modes interleaved; "
              "{} threads; {}\n",
              what, cfg.describe(), batch, seq, a.steps, a.warmup, num_threads(), cpu_features().brand);
-  fmt::print("{:<9} | {:>9} {:>10} | {:>9} {:>16} | {:>9} | {}\n", "mode", "step ms", "tokens/s", "t/t_eager",
+  fmt::print("{:<11} | {:>9} {:>10} | {:>9} {:>16} | {:>9} | {}\n", "mode", "step ms", "tokens/s", "t/t_eager",
              "paired q1..q3", "last loss", "graph / profile");
   const std::vector<double>& base = modes.front().seconds;
   for (const Mode& m : modes) {
@@ -126,7 +132,7 @@ void run(const TrainGraphBenchArgs& a) {
       if (!g->breaks.empty()) note += "; break: " + g->breaks.front();
     }
     if (m.name == "profiled") note = fmt::format("{} events per step", m.events);
-    fmt::print("{:<9} | {:>9.2f} {:>10.1f} | {:>7.3f}x {:>8.3f}..{:<7.3f} | {:>9.4f} | {}\n", m.name, step * 1e3,
+    fmt::print("{:<11} | {:>9.2f} {:>10.1f} | {:>7.3f}x {:>8.3f}..{:<7.3f} | {:>9.4f} | {}\n", m.name, step * 1e3,
                static_cast<double>(batch * seq) / step, median(ratio), quantile(ratio, 0.25), quantile(ratio, 0.75),
                m.last_loss, note);
   }
@@ -147,7 +153,8 @@ void register_bench_train_graph(CLI::App& app) {
   cmd->add_option("--seq", a->seq, "Tokens per row with --preset")->check(CLI::Range(1, 1 << 20));
   cmd->add_option("--steps", a->steps, "Timed steps per mode")->check(CLI::Range(1, 100000));
   cmd->add_option("--warmup", a->warmup, "Untimed steps per mode first")->check(CLI::Range(0, 1000));
-  cmd->add_option("--modes", a->modes, "Comma list, eager first: eager, eager-b, capture, fused, profiled")
+  cmd->add_option("--modes", a->modes,
+                  "Comma list, eager first: eager, eager-b, capture, fused, profiled, split, split-fused")
       ->delimiter(',');
   cmd->callback([a] { run(*a); });
 }

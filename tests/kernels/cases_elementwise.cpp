@@ -1,4 +1,4 @@
-// Elementwise helper cases (add, scale, accumulate, exp and tanh arrays) for the kernel
+// Elementwise helper cases (add, scale, accumulate, add_bias, exp and tanh arrays) for the kernel
 // harness, plus the accuracy of the SIMD exp and tanh in ulp on every supported target,
 // the numbers stated in src/kiln/kernels/cpu/vec.h.
 #include <gtest/gtest.h>
@@ -46,7 +46,7 @@ KILN_KERNEL_CASES(elementwise) {
     for (int64_t cols : kCaseCols) {
       const int64_t n = rows * cols;
       cases.push_back(
-          {fmt::format("n={}", n), [n] {
+          {fmt::format("rows={} cols={}", rows, cols), [n, rows, cols] {
              Rng rng(900 + n);
              const std::vector<float> a = random_vector(rng, n, -3.0f, 3.0f);
              const std::vector<float> b = random_vector(rng, n, -3.0f, 3.0f);
@@ -63,6 +63,10 @@ KILN_KERNEL_CASES(elementwise) {
              ref::accumulate(e.data(), a.data(), n);
              cpu::accumulate(c.data(), a.data(), n);
              out.push_back({"accumulate", e, c, 0.0});
+             const std::vector<float> bias = random_vector(rng, cols);
+             ref::add_bias(e.data(), a.data(), bias.data(), rows, cols);
+             cpu::add_bias(c.data(), a.data(), bias.data(), rows, cols);
+             out.push_back({"add_bias", e, c, 0.0});
              ref::exp_array(e.data(), a.data(), n);
              cpu::exp_array(c.data(), a.data(), n);
              out.push_back({"exp", e, c, kTolElementwise});

@@ -1,17 +1,20 @@
 // The fusion pass over captured graphs (perf/graph_fusion.h): a run of elementwise kernels becomes
 // one generated node whose replay matches the unfused graph's, the run's private temporaries are
 // no longer written, values read later stay outputs, and without a compiler the graph is left as
-// it was (one warning).
+// it was (one warning); a GPT-2 step with split epilogues is fused back.
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <cstdlib>
 #include <filesystem>
 #include <vector>
 
 #include "kiln/core/graph.h"
+#include "kiln/core/rng.h"
 #include "kiln/kernels/activation.h"
 #include "kiln/kernels/elementwise.h"
 #include "kiln/perf/graph_fusion.h"
+#include "kiln/train/trainer.h"
 
 namespace kiln::perf {
 namespace {
@@ -133,6 +136,53 @@ TEST(GraphFusion, MissingCompilerLeavesTheGraphAsItWas) {
   const std::vector<float> eager = c.out;
   g.replay();
   EXPECT_EQ(c.out, eager);
+}
+
+// A GPT-2 training step with split epilogues (each GEMM's bias and residual as kernels of their
+// own, PyTorch eager's shape): the pass fuses them back, three chains per block (the QKV and MLP
+// biases' runs end at a GEMM, so: attention-projection bias > residual, MLP up bias > GELU, MLP
+// down bias > residual), and trains to the losses of the hand-fused eager step within the
+// polynomial GELU's few ulp (the pass's Math::kPolynomial vs the eager kernels), compounded over
+// 4 AdamW steps: relative 1e-4.
+TEST(GraphFusion, SplitEpiloguesOfAGpt2StepFuseBack) {
+  if (!fusion::resolve_compiler(fusion::default_compiler().cxx).ok()) GTEST_SKIP() << "no C++ compiler";
+  TempDir dir;
+  fusion::KernelCache cache(dir.path.string());
+  ModelConfig cfg;
+  cfg.family = ModelFamily::kGpt2;
+  cfg.vocab_size = 29; cfg.d_model = 16; cfg.n_layers = 2; cfg.n_heads = 2; cfg.n_kv_heads = 2;
+  cfg.d_ff = 64; cfg.max_seq_len = 16; cfg.tied_embeddings = true;
+  TokenShard data;
+  data.vocab_size = cfg.vocab_size;
+  Rng rng(3);
+  for (int i = 0; i < 2000; ++i) data.tokens.push_back(static_cast<int32_t>(rng.below(29)));
+  TrainOptions o;
+  o.batch = 2; o.seq_len = 16; o.max_steps = 4; o.warmup_steps = 1; o.eval_every = 0;
+  FusionReport report;
+  auto train = [&](bool split, bool fused) {
+    auto m = Transformer::create(cfg, 5).value();
+    m->set_split_epilogues(split);
+    TrainOptions t = o;
+    t.graph_capture = fused;
+    if (fused) t.graph_pass = [&](graph::Graph& g) -> int64_t {
+      report = fuse_elementwise(g, cache);
+      return report.nodes_fused - report.chains;
+    };
+    Trainer trainer(*m, data, nullptr, t);
+    std::vector<float> losses;
+    while (!trainer.done()) losses.push_back(trainer.step().loss);
+    if (fused) EXPECT_EQ(trainer.graph_stats()->replays, 3);
+    return losses;
+  };
+  const std::vector<float> hand = train(false, false), split = train(true, false), fused = train(true, true);
+  EXPECT_EQ(report.chains, 3 * cfg.n_layers);
+  for (const std::string& chain : report.fused)
+    EXPECT_TRUE(chain == "add_bias > add" || chain == "add_bias > gelu_forward") << chain;
+  ASSERT_EQ(fused.size(), hand.size());
+  for (size_t i = 0; i < hand.size(); ++i) {
+    EXPECT_NEAR(split[i], hand[i], 1e-5 * std::fabs(hand[i])) << "step " << i + 1;
+    EXPECT_NEAR(fused[i], hand[i], 1e-4 * std::fabs(hand[i])) << "step " << i + 1;
+  }
 }
 
 }  // namespace

@@ -53,6 +53,12 @@ void Linear::forward_f32(float* y, const float* x, int64_t n, const float* resid
   p.a = x; p.lda = in;
   p.b = w; p.ldb = in; p.trans_b = true;
   p.c = y; p.ldc = out;
+  if (split_epilogue) {
+    cpu::gemm(p);
+    if (b) cpu::add_bias(y, y, b, n, out);
+    if (residual) cpu::add(y, y, residual, n * out);
+    return;
+  }
   p.bias = b;
   p.residual = residual; p.ldr = out;
   cpu::gemm(p);
@@ -1197,6 +1203,10 @@ float* Transformer::param(std::string_view name) {
   for (const ParamEntry& e : entries_)
     if (e.name == name) return params_.data<float>() + e.offset;
   return nullptr;
+}
+
+void Transformer::set_split_epilogues(bool on) {
+  for (Linear* l : linears()) l->split_epilogue = on;
 }
 
 std::vector<Linear*> Transformer::linears() {

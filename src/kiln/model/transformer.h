@@ -234,6 +234,10 @@ struct Linear {
   float* dw = nullptr;
   float* db = nullptr;
   std::shared_ptr<LinearBackend> backend;  // null: the fp32 GEMM
+  // The fp32 forward adds b and the residual as their own kernels after the GEMM instead of in
+  // its epilogue: the unfused shape of PyTorch's eager mode, which a graph's fusion pass
+  // (perf/graph_fusion.h) fuses again (Transformer::set_split_epilogues).
+  bool split_epilogue = false;
   // y (n, out) = act(x Wᵀ + b) + residual; x (n, in).
   void forward(float* y, const float* x, int64_t n, const float* residual = nullptr) const;
   // dx (n, in) = dy W (or += when accumulate_dx); dW += dyᵀ x; db += Σ dy.
@@ -324,6 +328,9 @@ class Transformer {
   float* grad(std::string_view name);
   // Every Linear of the model (all layers, then the LM head), to install backends on.
   std::vector<Linear*> linears();
+  // Every Linear's split_epilogue (off by default): the bias and residual adds as kernels of
+  // their own, for comparing hand-fused, unfused and graph-fused steps.
+  void set_split_epilogues(bool on);
 
   // ---- the parallel layouts' view (src/kiln/parallel) ----
   int64_t num_params() const { return num_params_; }

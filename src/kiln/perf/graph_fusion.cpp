@@ -11,13 +11,15 @@ namespace {
 using fusion::Chain;
 using fusion::Ref;
 
-// An elementwise node: its op, the arrays it reads and writes (elements), the length.
+// An elementwise node: its op, the arrays it reads and writes (elements), the length; a bias
+// add also its grid (its second read is a row of `cols`, broadcast over the rows).
 struct Elementwise {
   fusion::OpKind kind = fusion::OpKind::kAdd;
   std::vector<const void*> reads;
   const void* write = nullptr;
   int64_t n = 0;
   float imm = 0;
+  int64_t bias_cols = 0;  // > 0: reads[1] is a (cols,) bias
 };
 
 bool as_elementwise(const graph::Node& node, Elementwise& e) {
@@ -32,11 +34,14 @@ bool as_elementwise(const graph::Node& node, Elementwise& e) {
     e = {fusion::OpKind::kAdd, {io[0].ptr, io[2].ptr}, io[0].ptr, len(0)};
   } else if (name == "gelu_forward" || name == "silu_forward") {
     e = {name == "gelu_forward" ? fusion::OpKind::kGeluTanh : fusion::OpKind::kSilu, {io[1].ptr}, io[0].ptr, len(0)};
+  } else if (name == "add_bias") {  // out (rows, cols) = x + bias (cols,)
+    e = {fusion::OpKind::kAdd, {io[1].ptr, io[2].ptr}, io[0].ptr, len(0), 0, len(2)};
+    if (e.bias_cols < 1 || e.n % e.bias_cols != 0) return false;
   } else {
     return false;
   }
-  for (const graph::Access& a : io)
-    if (a.bytes != e.n * static_cast<int64_t>(sizeof(float))) return false;  // all of one length
+  for (size_t i = 0; i < io.size(); ++i)  // all of one length, but a bias
+    if (io[i].bytes != e.n * static_cast<int64_t>(sizeof(float)) && !(e.bias_cols > 0 && i == 2)) return false;
   return e.n > 0;
 }
 
@@ -50,9 +55,12 @@ FusionReport fuse_elementwise(graph::Graph& g, fusion::KernelCache& cache) {
     // Grow the run: same length, each node reading something the run wrote.
     std::vector<Elementwise> run = {e};
     std::map<const void*, int> written = {{e.write, 0}};
+    int64_t cols = e.bias_cols > 0 ? e.bias_cols : e.n;  // the run's grid: (n / cols, cols)
     for (size_t i = first + 1; i < g.nodes().size(); ++i) {
       Elementwise next;
       if (!as_elementwise(g.nodes()[i], next) || next.n != e.n) break;
+      if (next.bias_cols > 0 && cols != e.n && next.bias_cols != cols) break;  // two biases, two grids
+      if (next.bias_cols > 0) cols = next.bias_cols;
       bool reads_run = false;
       for (const void* r : next.reads) reads_run |= written.count(r) > 0;
       if (!reads_run) break;
@@ -67,16 +75,18 @@ FusionReport fuse_elementwise(graph::Graph& g, fusion::KernelCache& cache) {
     Chain chain;
     chain.math = fusion::Math::kPolynomial;
     std::vector<const void*> in_ptrs;
+    std::vector<int64_t> in_bytes;
     std::map<const void*, Ref> value;  // the array's current value inside the run
-    auto ref_of = [&](const void* p) {
+    auto ref_of = [&](const void* p, bool bias) {
       if (auto it = value.find(p); it != value.end()) return it->second;
       in_ptrs.push_back(p);
-      return value[p] = chain.input();
+      in_bytes.push_back(bias ? cols * static_cast<int64_t>(sizeof(float)) : bytes);
+      return value[p] = chain.input(bias ? fusion::Layout::kPerCol : fusion::Layout::kFull);
     };
     std::string text;
     for (size_t k = 0; k < count; ++k) {
       const Elementwise& x = run[k];
-      Ref a = ref_of(x.reads[0]), b = x.reads.size() > 1 ? ref_of(x.reads[1]) : Ref{};
+      Ref a = ref_of(x.reads[0], false), b = x.reads.size() > 1 ? ref_of(x.reads[1], x.bias_cols > 0) : Ref{};
       value[x.write] = chain.op(x.kind, a, b, {}, x.imm);
       text += (k ? " > " : "") + std::string(g.nodes()[first + k].name);
     }
@@ -100,16 +110,16 @@ FusionReport fuse_elementwise(graph::Graph& g, fusion::KernelCache& cache) {
     }
     graph::Node fused;
     fused.name = "fused_elementwise";
-    for (const void* p : in_ptrs) fused.io.push_back(graph::reads_bytes(p, bytes));
+    for (size_t j = 0; j < in_ptrs.size(); ++j) fused.io.push_back(graph::reads_bytes(in_ptrs[j], in_bytes[j]));
     for (void* p : out_ptrs) fused.io.push_back(graph::writes_bytes(p, bytes));
     const size_t num_in = in_ptrs.size(), num_out = out_ptrs.size();
-    const int64_t n = e.n;
-    fused.fn = [k = *kernel, num_in, num_out, n](const graph::Access* io) {
+    const int64_t rows = e.n / cols;
+    fused.fn = [k = *kernel, num_in, num_out, rows, cols](const graph::Access* io) {
       const float* in[fusion::kMaxInputs];
       float* out[fusion::kMaxOutputs];
       for (size_t j = 0; j < num_in; ++j) in[j] = io[j].as<float>();
       for (size_t j = 0; j < num_out; ++j) out[j] = io[num_in + j].mut<float>();
-      k(in, out, 1, n);
+      k(in, out, rows, cols);
     };
     g.replace(first, count, std::move(fused));
     ++report.chains;

@@ -30,10 +30,11 @@ Expected<std::vector<GraphBenchRow>> run_graph_bench(const GraphBenchOptions& o)
     for (size_t i = 0; i < table.size(); ++i) table[i] = static_cast<int32_t>(i);
     for (int64_t i = 0; i < S; ++i) logit_rows[static_cast<size_t>(i)] = static_cast<int32_t>(i);
     const PagedBatch b{tokens, cached, one, table, maxb, logit_rows};
-    DecodeGraphs graphs(m, cache);
-    std::vector<float> last[2];
-    // One timed run: `steps` decode steps from position `cached`, eager or replayed.
-    auto run = [&](bool replay) {
+    DecodeGraphs graphs(m, cache), fused(m, cache, true, o.pass);
+    std::vector<float> last[3];
+    // One timed run: `steps` decode steps from position `cached`: eager (0), replayed (1) or
+    // replayed after the pass (2).
+    auto run = [&](int mode) {
       const auto t0 = std::chrono::steady_clock::now();
       const float* logits = nullptr;
       for (int64_t step = 0; step < o.steps; ++step) {
@@ -41,25 +42,27 @@ Expected<std::vector<GraphBenchRow>> run_graph_bench(const GraphBenchOptions& o)
           tokens[static_cast<size_t>(i)] = static_cast<int32_t>((7 * i + 3 * step + 1) % V);
           cached[static_cast<size_t>(i)] = static_cast<int32_t>(o.cached + step);
         }
-        auto r = replay ? graphs.run(b) : m.forward_paged(b, cache);
+        auto r = mode == 1 ? graphs.run(b) : mode == 2 ? fused.run(b) : m.forward_paged(b, cache);
         KILN_CHECK_MSG(r.ok(), "{}", r.status().message());
         logits = *r;
       }
       const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-      last[replay].assign(logits, logits + S * V);
+      last[mode].assign(logits, logits + S * V);
       return s / double(o.steps);
     };
-    run(false);  // warm: page faults, the capture
-    run(true);
-    std::vector<double> eager, replayed;
-    for (int r = 0; r < o.reps; ++r) {  // interleaved, so drift hits both
-      eager.push_back(run(false));
-      replayed.push_back(run(true));
-    }
+    const int modes = o.pass ? 3 : 2;
+    for (int mode = 0; mode < modes; ++mode) run(mode);  // warm: page faults, the captures
+    std::vector<double> times[3];
+    for (int r = 0; r < o.reps; ++r)  // interleaved, so drift hits all
+      for (int mode = 0; mode < modes; ++mode) times[mode].push_back(run(mode));
     GraphBenchRow row;
     row.seqs = S;
-    row.eager_s = median(eager);
-    row.replay_s = median(replayed);
+    row.eager_s = median(times[0]);
+    row.replay_s = median(times[1]);
+    if (o.pass) {
+      row.fused_s = median(times[2]);
+      row.fused_nodes = fused.stats().fused_nodes;
+    }
     const GraphStats& st = graphs.stats();
     row.nodes = st.nodes;
     row.levels = st.levels;

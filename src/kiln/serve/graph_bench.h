@@ -20,14 +20,17 @@ struct GraphBenchOptions {
   int64_t steps = 32;               // decode steps per timed run
   int reps = 5;                     // timed runs (median)
   bool packed_weights = true;       // as the serving engine runs
+  graph::GraphPass pass;            // set: a third column, the graphs after this pass (--fused)
 };
 
 struct GraphBenchRow {
   int64_t seqs = 0;
   double eager_s = 0, replay_s = 0;  // per decode step (median)
+  double fused_s = 0;                // replayed after the pass (0: no pass)
+  int64_t fused_nodes = 0;           // nodes the pass folded
   int64_t nodes = 0, levels = 0;
   int64_t eager_bytes = 0, arena_bytes = 0;  // internal activations: eager's buffers vs the arena
-  bool same_logits = false;  // the last step's logits, bitwise
+  bool same_logits = false;  // the last step's logits, bitwise (replayed vs eager)
   // (eager - replay) / nodes: what one op costs eagerly beyond its kernel.
   double overhead_per_op_s() const { return nodes > 0 ? (eager_s - replay_s) / double(nodes) : 0.0; }
 };

@@ -33,6 +33,19 @@ void accumulate(float* y, const float* x, int64_t n) {
   parallel_elems(n, [&](int64_t b, int64_t e) { fn(y + b, x + b, e - b); });
 }
 
+void add_bias(float* out, const float* x, const float* bias, int64_t rows, int64_t cols) {
+  KILN_GRAPH_NODE("add_bias",
+                  [=](const graph::Access* io) {
+                    add_bias(io[0].mut<float>(), io[1].as<float>(), io[2].as<float>(), rows, cols);
+                  },
+                  graph::writes(out, rows * cols), graph::reads(x, rows * cols), graph::reads(bias, cols));
+  KILN_TRACE_KERNEL("add_bias", add_bias_cost(rows, cols), rows, cols);
+  const auto fn = KILN_OPS_DISPATCH(add_n).pick();
+  parallel_for(rows, grain_for(cols), [&](int64_t r0, int64_t r1) {
+    for (int64_t r = r0; r < r1; ++r) fn(out + r * cols, x + r * cols, bias, cols);
+  });
+}
+
 void exp_array(float* out, const float* inp, int64_t n) {
   KILN_TRACE_KERNEL("exp_array", exp_array_cost(n), n);
   const auto fn = KILN_OPS_DISPATCH(exp_n).pick();

@@ -8,6 +8,10 @@ namespace kiln::ref {
 void add(float* out, const float* a, const float* b, int64_t n) {
   for (int64_t i = 0; i < n; ++i) out[i] = a[i] + b[i];
 }
+void add_bias(float* out, const float* x, const float* bias, int64_t rows, int64_t cols) {
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t c = 0; c < cols; ++c) out[r * cols + c] = x[r * cols + c] + bias[c];
+}
 void scale(float* out, const float* inp, float s, int64_t n) {
   for (int64_t i = 0; i < n; ++i) out[i] = inp[i] * s;
 }
