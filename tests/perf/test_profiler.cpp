@@ -213,6 +213,25 @@ TEST(Profiler, FlopTotalsOfALlamaTinyStepEqualTheFormula) {
   EXPECT_GT(meta.attention_flops_per_step, s.attention_flops);
 }
 
+// A step that ends in validation: its forwards are not the training step's FLOPs (MFU would
+// count them as model work), they are listed apart.
+TEST(Profiler, EvaluationForwardsAreNotStepFlops) {
+  StepRun r = llama_tiny_step_setup();
+  r.opt.eval_every = 1;
+  r.opt.eval_batches = 2;
+  Trainer trainer(*r.model, r.data, &r.data, r.opt);
+  trace::start();
+  trainer.step();
+  trace::stop();
+  const ProfileSummary s = summarize(local_profile(0));
+  const auto plain = llama_step_flops(r.cfg, static_cast<double>(r.opt.batch), static_cast<double>(r.opt.seq_len),
+                                      static_cast<double>(r.model->num_params()));
+  double plain_total = 0;
+  for (const auto& [name, flops] : plain) plain_total += flops;
+  EXPECT_NEAR(s.executed_flops, plain_total, 1e-12 * plain_total);
+  EXPECT_GT(s.eval_flops, 0);
+}
+
 TEST(Profiler, CheckpointingShowsAsRecomputation) {
   StepRun r = llama_tiny_step_setup();
   r.opt.checkpoint = CheckpointMode::kFull;

@@ -305,10 +305,11 @@ namespace {
 struct Nesting {
   std::vector<double> self_ns;
   std::vector<char> in_recompute;
+  std::vector<char> in_eval;  // inside the trainer's "eval" (validation forwards)
 };
 Nesting nest(const Profile& p) {
   const size_t n = p.events.size();
-  Nesting out{std::vector<double>(n), std::vector<char>(n, 0)};
+  Nesting out{std::vector<double>(n), std::vector<char>(n, 0), std::vector<char>(n, 0)};
   std::vector<size_t> order(n);
   std::iota(order.begin(), order.end(), size_t{0});
   std::sort(order.begin(), order.end(), [&](size_t a, size_t b) {
@@ -328,8 +329,10 @@ Nesting nest(const Profile& p) {
     if (!open.empty()) {
       out.self_ns[open.back()] -= static_cast<double>(e.dur_ns);
       out.in_recompute[i] = out.in_recompute[open.back()];
+      out.in_eval[i] = out.in_eval[open.back()];
     }
     if (e.name == "recompute") out.in_recompute[i] = 1;
+    if (e.name == "eval" && e.cat == "train") out.in_eval[i] = 1;
     open.push_back(i);
   }
   return out;
@@ -453,7 +456,9 @@ ProfileSummary summarize(const Profile& p) {
     o.self_ns += nesting.self_ns[i];
     o.flops += e.flops;
     o.bytes += e.bytes;
-    if (e.cat == "kernel") {
+    if (e.cat == "kernel" && nesting.in_eval[i]) {
+      s.eval_flops += e.flops;  // validation is not the training step's work
+    } else if (e.cat == "kernel") {
       s.executed_flops += e.flops;
       if (nesting.in_recompute[i]) {
         o.recompute_flops += e.flops;

@@ -130,7 +130,8 @@ struct ProfileSummary {
   int64_t steps = 0;         // per rank
   double step_ns = 0;        // median "step" duration over every rank's steps (0: no steps)
   double span_ns = 0;        // first event to last
-  double executed_flops = 0, recompute_flops = 0;  // every kernel on every rank
+  double executed_flops = 0, recompute_flops = 0;  // every kernel on every rank, but evaluation's
+  double eval_flops = 0;                            // kernels inside the trainer's "eval" scopes
   double attention_flops = 0, gemm_flops = 0;      // parts of executed_flops
   std::vector<ExposedComm> comm;
   StragglerReport stragglers;
