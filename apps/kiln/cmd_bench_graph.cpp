@@ -68,6 +68,8 @@ void register_bench_graph(CLI::App& app) {
   cmd->add_option("--steps", a->bench.steps, "Decode steps per timed run")->check(CLI::Range(1, 1 << 20));
   cmd->add_option("--reps", a->bench.reps, "Timed runs (median)")->check(CLI::Range(1, 1000));
   cmd->add_flag("--fused", a->fused, "Also replay the graphs after the fusion pass (--graph fused)");
+  cmd->add_flag("--split-epilogues", a->bench.split_epilogues,
+                "Each GEMM's bias and residual as kernels of their own (PyTorch eager's shape), for --fused to fuse");
   cmd->callback([a] { run(*a); });
 }
 

@@ -12,6 +12,10 @@ void PackedLinear::forward(const Linear& l, float* y, const float* x, int64_t n,
   p.m = n; p.n = l.out; p.k = l.in;
   p.a = x; p.lda = l.in;
   p.c = y; p.ldc = l.out;
+  if (l.split_epilogue) {
+    gemm_prepacked(p, packed_);
+    return l.split_epilogue_adds(y, n, residual);
+  }
   p.bias = l.b;
   p.residual = residual; p.ldr = l.out;
   gemm_prepacked(p, packed_);

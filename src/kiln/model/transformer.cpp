@@ -55,13 +55,16 @@ void Linear::forward_f32(float* y, const float* x, int64_t n, const float* resid
   p.c = y; p.ldc = out;
   if (split_epilogue) {
     cpu::gemm(p);
-    if (b) cpu::add_bias(y, y, b, n, out);
-    if (residual) cpu::add(y, y, residual, n * out);
-    return;
+    return split_epilogue_adds(y, n, residual);
   }
   p.bias = b;
   p.residual = residual; p.ldr = out;
   cpu::gemm(p);
+}
+
+void Linear::split_epilogue_adds(float* y, int64_t n, const float* residual) const {
+  if (b) cpu::add_bias(y, y, b, n, out);
+  if (residual) cpu::add(y, y, residual, n * out);
 }
 
 void Linear::backward_f32(float* dx, const float* dy, const float* x, int64_t n, bool accumulate_dx) const {

@@ -245,6 +245,8 @@ struct Linear {
   // The fp32 paths, whatever the backend (backends fall back to them); backward_f32 is the
   // input half (dx) then the weight half (dW, db), which zero-bubble schedules run apart.
   void forward_f32(float* y, const float* x, int64_t n, const float* residual) const;
+  // With split_epilogue, after a GEMM without bias or residual: y += b, then y += residual.
+  void split_epilogue_adds(float* y, int64_t n, const float* residual) const;
   void backward_f32(float* dx, const float* dy, const float* x, int64_t n, bool accumulate_dx) const;
   void backward_input_f32(float* dx, const float* dy, int64_t n, bool accumulate_dx) const;
   void backward_weight_f32(const float* dy, const float* x, int64_t n) const;

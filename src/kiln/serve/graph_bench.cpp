@@ -18,6 +18,7 @@ Expected<std::vector<GraphBenchRow>> run_graph_bench(const GraphBenchOptions& o)
   KILN_ASSIGN_OR_RETURN(auto model, Transformer::create(o.config, 1));
   Transformer& m = *model;
   if (o.packed_weights) install_packed_weights(m);
+  m.set_split_epilogues(o.split_epilogues);
   constexpr int64_t kBlock = 16;
   const int64_t max_s = *std::max_element(o.seqs.begin(), o.seqs.end());
   const int64_t maxb = (o.cached + o.steps + kBlock - 1) / kBlock, V = o.config.vocab_size;

@@ -20,6 +20,7 @@ struct GraphBenchOptions {
   int64_t steps = 32;               // decode steps per timed run
   int reps = 5;                     // timed runs (median)
   bool packed_weights = true;       // as the serving engine runs
+  bool split_epilogues = false;     // bias and residual adds as kernels of their own (Linear::split_epilogue)
   graph::GraphPass pass;            // set: a third column, the graphs after this pass (--fused)
 };
 
