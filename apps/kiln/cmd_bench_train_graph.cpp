@@ -92,8 +92,8 @@ void run(const TrainGraphBenchArgs& a) {
     auto model = Transformer::create(cfg, 1);
     if (!model.ok()) fail(model.status());
     m.model = std::move(*model);
-    m.model->set_split_epilogues(name == "split" || name == "split-fused");
     TrainOptions o = t;
+    o.split_epilogues = name == "split" || name == "split-fused";
     o.graph_capture = name == "capture" || name == "fused" || name == "split-fused";
     if (name == "fused" || name == "split-fused") o.graph_pass = graph_fusion_pass();
     m.trainer = std::make_unique<Trainer>(*m.model, data, nullptr, o);

@@ -3,6 +3,8 @@
 // and its ops plotted on the ceilings). The work lives in src/kiln/perf/profiler.h.
 #include <cstdlib>
 #include <cstring>
+#include <map>
+#include <string>
 
 #include <fmt/format.h>
 
@@ -18,8 +20,12 @@ namespace kiln::app {
 graph::GraphPass graph_fusion_pass() {
   return perf::fusion_pass([](const perf::FusionReport& r) {
     if (!r.fallback.empty()) return;  // fusion.h warned once
-    fmt::print("fusion pass: {} elementwise chain{} fused ({} nodes)\n", r.chains, r.chains == 1 ? "" : "s", r.nodes_fused);
-    for (const std::string& c : r.fused) fmt::print("  fused: {}\n", c);
+    std::map<std::string, int> kinds;  // each distinct chain once, with its count
+    for (const std::string& c : r.fused) ++kinds[c];
+    std::string list;
+    for (const auto& [c, n] : kinds) list += fmt::format("{}{}x {}", list.empty() ? ": " : ", ", n, c);
+    fmt::print("fusion pass: {} elementwise chain{} fused ({} nodes){}\n", r.chains, r.chains == 1 ? "" : "s",
+               r.nodes_fused, list);
   });
 }
 

@@ -248,13 +248,15 @@ void register_train(CLI::App& app) {
   t->add_option("--attention", "Attention kernels: flash (default) or naive (the T×T GEMM path, for comparison)")
       ->check(CLI::IsMember({"naive", "flash"}))
       ->each([](const std::string& s) { set_attention_impl(parse_attention_impl(s).value()); });
-  t->add_option("--graph", "eager (default) | capture: each micro-batch's forward and backward replays a captured "
-                           "graph | fused: and its elementwise chains run as JIT-compiled kernels")
+  t->add_option("--graph", "eager (default) | capture: each step (data, forwards, backwards, optimizer) replays a "
+                           "captured graph | fused: and its elementwise chains run as JIT-compiled kernels")
       ->check(CLI::IsMember({"eager", "capture", "fused"}))
       ->each([ta](const std::string& s) {
         ta->train.graph_capture = s != "eager";
         if (s == "fused") ta->train.graph_pass = graph_fusion_pass();
       });
+  t->add_flag("--split-epilogues", ta->train.split_epilogues,
+              "Each GEMM's bias and residual as kernels of their own (PyTorch eager's shape; --graph fused fuses them)");
   t->add_flag("--resume", ta->resume, "Continue from OUT/checkpoint.bin (same options give the same losses)");
   t->add_option("--save-every", ta->save_every, "Write OUT/checkpoint.bin every N steps (and always at the end)")
       ->check(CLI::Range(0, 1 << 30));

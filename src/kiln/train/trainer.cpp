@@ -55,6 +55,7 @@ Trainer::Trainer(Transformer& model, const TokenShard& train_data, const TokenSh
   x_.resize(static_cast<size_t>(o.batch * o.seq_len));  // filled in place by each step's loads
   y_.resize(x_.size());
   model_.set_checkpointing(o.checkpoint);
+  model_.set_split_epilogues(o.split_epilogues);
   auto ctx = install_precision(model_, o.precision, o.amax_history, plan_->amax_group());
   KILN_CHECK_MSG(ctx.ok(), "{}", ctx.status().message());
   precision_ = *ctx;

@@ -41,6 +41,7 @@ struct TrainOptions {
   // and optimizer update. --graph capture
   bool graph_capture = false;
   graph::GraphPass graph_pass;  // run on the graph before it is planned (--graph fused)
+  bool split_epilogues = false;  // Transformer::set_split_epilogues (--split-epilogues)
 };
 
 struct StepStats {
