@@ -185,6 +185,16 @@ std::map<std::string, double> llama_step_flops(const ModelConfig& c, double B, d
   };
 }
 
+// The formula's FLOPs of one plain step of r, summed over the ops.
+double step_formula_total(const StepRun& r) {
+  double total = 0;
+  for (const auto& [name, flops] : llama_step_flops(r.cfg, static_cast<double>(r.opt.batch),
+                                                    static_cast<double>(r.opt.seq_len),
+                                                    static_cast<double>(r.model->num_params())))
+    total += flops;
+  return total;
+}
+
 TEST(Profiler, FlopTotalsOfALlamaTinyStepEqualTheFormula) {
   StepRun r = llama_tiny_step_setup();
   Trainer trainer(*r.model, r.data, nullptr, r.opt);
@@ -224,10 +234,7 @@ TEST(Profiler, EvaluationForwardsAreNotStepFlops) {
   trainer.step();
   trace::stop();
   const ProfileSummary s = summarize(local_profile(0));
-  const auto plain = llama_step_flops(r.cfg, static_cast<double>(r.opt.batch), static_cast<double>(r.opt.seq_len),
-                                      static_cast<double>(r.model->num_params()));
-  double plain_total = 0;
-  for (const auto& [name, flops] : plain) plain_total += flops;
+  const double plain_total = step_formula_total(r);
   EXPECT_NEAR(s.executed_flops, plain_total, 1e-12 * plain_total);
   EXPECT_GT(s.eval_flops, 0);
 }
@@ -240,10 +247,7 @@ TEST(Profiler, CheckpointingShowsAsRecomputation) {
   trainer.step();
   trace::stop();
   const ProfileSummary s = summarize(local_profile(0));
-  const auto plain = llama_step_flops(r.cfg, static_cast<double>(r.opt.batch), static_cast<double>(r.opt.seq_len),
-                                      static_cast<double>(r.model->num_params()));
-  double plain_total = 0;
-  for (const auto& [name, flops] : plain) plain_total += flops;
+  const double plain_total = step_formula_total(r);
   // Full checkpointing re-runs the forward of every layer but the last: more executed FLOPs,
   // exactly the recomputed ones on top of the plain step.
   EXPECT_GT(s.recompute_flops, 0);
