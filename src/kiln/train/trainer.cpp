@@ -87,8 +87,9 @@ graph::GraphKey Trainer::graph_key(float loss_scale) const {
   return k;
 }
 
-// --graph capture: the step is captured once and replayed while its guards hold; a graph with
-// breaks (a layout that communicates, MoE routing, low-precision backends) runs eagerly.
+// --graph capture: the step is captured once and replayed while its guards hold (MoE routing
+// runs eagerly between its segments); a graph with breaks that are not eager regions (a layout
+// that communicates, low-precision backends) is not kept and the step runs eagerly.
 void Trainer::run_step(float loss_scale) {
   const auto eager = [&] {
     step_body(loss_scale);
