@@ -161,7 +161,13 @@ void run_serve(ServeArgs a) {
              a.server.model_name, cfg.describe(), (*engine)->num_kv_blocks(), a.engine.block_size,
              double(m.kv_cache_bytes) / (1 << 20), m.kv_bytes_per_token, a.batching,
              a.engine.scheduler.max_batched_tokens, a.engine.scheduler.prefill_chunk, a.engine.scheduler.max_running);
-  if (remote) fmt::print("kiln serve: disaggregated: {}\n", remote->describe());
+  if (remote) {
+    fmt::print("kiln serve: disaggregated: {}\n", remote->describe());
+    fmt::print("kiln serve: {}\n", comm::job_survives_rank_failure()
+                                       ? "a prefill rank that dies fails the requests it holds; the others go on"
+                                       : "a prefill rank that dies ends the job (mpirun --enable-recovery: its "
+                                         "requests fail and serving goes on)");
+  }
   fmt::print("kiln serve: listening on http://{}:{}\n", a.server.host, (*server)->port());
   std::fflush(stdout);
   if (::pipe2(g_signal_pipe, O_CLOEXEC | O_NONBLOCK) != 0) fail(internal_error("cannot create the signal pipe"));

@@ -3,8 +3,9 @@
 # process does (greedy text, /metrics with the transfers); a prefill rank that stops answering
 # (SIGSTOP) fails the request it holds with an error naming it within --disagg-timeout, later
 # requests are prefilled on the decode rank, and SIGTERM then ends the job with a message; a
-# prefill rank killed mid-request ends the job (the client sees the connection close, not a
-# hang); bad --disaggregate specs fail with one message.
+# prefill rank killed mid-request does the same under mpirun --enable-recovery, and without it
+# ends the job (the client sees the connection close, not a hang); bad --disaggregate specs
+# fail with one message.
 # Usage: disagg_mpi_check.sh KILN MPIEXEC
 set -u
 kiln=$1
@@ -58,8 +59,36 @@ wait "$server" && fail "the job exited 0 with a given-up prefill rank"
 server=""
 grep -q "a prefill rank stopped answering; ending the job" "$dir/serve.log" || { cat "$dir/serve.log"; fail "no message on ending the job"; }
 
-# A prefill rank killed outright: the job ends; the client's request does not hang.
+# A prefill rank killed outright under mpirun --enable-recovery: the request it holds fails with
+# an error naming it, the server goes on (prefilling on the decode rank) with the same text.
+start_server "${mpi[@]}" --enable-recovery -np 2 "$kiln" "${serve[@]}" --disaggregate 1:1 --disagg-timeout 2
+grep -q "a prefill rank that dies fails the requests it holds; the others go on" "$dir/serve.log" ||
+  { cat "$dir/serve.log"; fail "no line saying a dead prefill rank is survived"; }
+prefill=$(rank_pid "$server" 1)
+kill -STOP "$prefill"  # so the request is surely on it when it dies
+curl -s --max-time 60 "http://127.0.0.1:$port/v1/completions" -d '{"prompt": "In the beginning", "max_tokens": 64}' \
+  > "$dir/killed.txt" 2>&1 &
+client=$!
+sleep 1
+kill -9 "$prefill"
+wait "$client"
+grep -q "prefill rank 1 sent nothing for 2 s" "$dir/killed.txt" || { cat "$dir/killed.txt"; fail "no error naming the dead prefill rank"; }
+kill -0 "$server" 2> /dev/null || { cat "$dir/serve.log"; fail "the job ended with a dead prefill rank under --enable-recovery"; }
+serve_text "$port" "${prompts[0]}" > "$dir/after.txt"
+[ "$(cat "$dir/after.txt")" = "$(head -c "$(wc -c < "$dir/after.txt")" "$dir/one.txt")" ] ||
+  { cat "$dir/after.txt"; fail "after a prefill rank died the text differs"; }
+target=$(rank_pid "$server" 0)
+kill -TERM "$target"
+for _ in $(seq 1 300); do kill -0 "$server" 2> /dev/null || break; sleep 0.1; done
+kill -0 "$server" 2> /dev/null && fail "the job still runs 30 s after SIGTERM with a dead prefill rank"
+wait "$server"
+server=""
+grep -q "a prefill rank stopped answering; ending the job" "$dir/serve.log" || { cat "$dir/serve.log"; fail "no message on ending the job"; }
+
+# Without it: the job ends (OpenMPI 4 has no ULFM), said at startup; the client does not hang.
 start_server "${mpi[@]}" -np 2 "$kiln" "${serve[@]}" --disaggregate 1:1
+grep -q "a prefill rank that dies ends the job (mpirun --enable-recovery" "$dir/serve.log" ||
+  { cat "$dir/serve.log"; fail "no line saying a dead prefill rank ends the job"; }
 prefill=$(rank_pid "$server" 1)
 kill -STOP "$prefill"  # so the request is surely on it when it dies
 curl -s --max-time 60 "http://127.0.0.1:$port/v1/completions" -d '{"prompt": "In the beginning", "max_tokens": 64}' \
@@ -79,4 +108,4 @@ check_bad "needs 3 ranks" "${mpi[@]}" -np 2 "$kiln" "${serve[@]}" --disaggregate
 check_bad "one decode rank" "${mpi[@]}" -np 3 "$kiln" "${serve[@]}" --disaggregate 1:2
 check_bad "must be P:D" "${mpi[@]}" -np 2 "$kiln" "${serve[@]}" --disaggregate 1-1
 check_bad "without --tp" "${mpi[@]}" -np 2 "$kiln" "${serve[@]}" --disaggregate 1:1 --tp 2
-echo "ok: --disaggregate 1:1 serves as one process, a silent prefill rank fails its request and is given up on, a dead one ends the job, bad specs"
+echo "ok: --disaggregate 1:1 serves as one process, a silent or (--enable-recovery) dead prefill rank fails its request and is given up on, a dead one ends the job otherwise, bad specs"

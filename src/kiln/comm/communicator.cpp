@@ -7,6 +7,8 @@
 #include <chrono>
 #include <climits>
 #include <cstdio>
+#include <cstdlib>
+#include <cstring>
 #include <functional>
 #include <map>
 #include <mutex>
@@ -184,6 +186,11 @@ double all_reduce_scalar(Communicator& c, double x, MPI_Op op, const char* what)
   if (MPI_Allreduce(&x, &out, 1, MPI_DOUBLE, op, c.handle()) != MPI_SUCCESS)
     abort_job(fmt::format("MPI_Allreduce of {} failed", what));
   return out;
+}
+
+bool job_survives_rank_failure() {
+  const char* v = std::getenv("OMPI_MCA_orte_enable_recovery");
+  return v != nullptr && (std::strcmp(v, "1") == 0 || std::strcmp(v, "true") == 0);
 }
 
 void finalize() {

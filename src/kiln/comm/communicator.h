@@ -40,6 +40,11 @@ bool is_initialized();
 // Ends the whole job with a message (MPI_Abort): the path for a rank that cannot go on,
 // so the other ranks never hang waiting for it.
 [[noreturn]] void abort_job(const std::string& message, int code = 1);
+// Whether the launcher keeps the job running when one of its processes dies: OpenMPI's mpirun
+// with --enable-recovery (or --mca orte_enable_recovery 1), which it passes to every rank as
+// OMPI_MCA_orte_enable_recovery. Without it a dead rank ends the whole job (OpenMPI 4 has no
+// ULFM), so a service that can live without a rank says so at startup.
+bool job_survives_rank_failure();
 
 // The virtual node size for a communicator of p ranks on one machine: the largest divisor L
 // of p with 1 < L <= sqrt(p) (p = 4: 2; p = 9: 3; p = 16: 4), 0 when there is none (p < 4
