@@ -65,14 +65,15 @@ class Server {
 
 // The one loader of `serve` and `generate`: a model directory the way `kiln train` writes it
 // (config.json, model.safetensors in fp32, bf16 or f16, tokenizer.json), one `kiln quantize`
-// writes (its Linears on the quantized backends), or a llama.cpp `.gguf` file (its weights
-// dequantized to fp32, its tokenizer from the file); plus the chat template (the default when
-// there is none).
+// writes (its Linears on the quantized backends), or a llama.cpp `.gguf` file (its Q8_0 / Q4_0
+// matrices on the quantized backends with the file's values, quant/gguf_weights.h; F32 / F16
+// ones in fp32; its tokenizer from the file); plus the chat template (the default when there
+// is none).
 struct ServedModel {
   std::unique_ptr<Transformer> model;
   tok::Tokenizer tokenizer;
   ChatTemplate chat;
-  quant::QuantizedState quantized;  // a kiln-quantized model's weights (sliced under --tp); empty otherwise
+  quant::QuantizedState quantized;  // a kiln-quantized model's or a GGUF's quantized weights (sliced under --tp); empty otherwise
 };
 Expected<ServedModel> load_served_model(const std::string& path);
 

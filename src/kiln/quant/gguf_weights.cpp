@@ -1,0 +1,78 @@
+// GGUF Q8_0 / Q4_0 blocks as kiln QTensors, value for value (gguf_weights.h).
+#include "kiln/quant/gguf_weights.h"
+
+#include <cstring>
+
+#include "kiln/core/dtype.h"
+
+namespace kiln::quant {
+namespace {
+
+constexpr int64_t kBlock = 32;
+
+// The (rows, cols) matrix of one GGUF tensor of type Q8_0 or Q4_0, row r of the result taken
+// from GGUF row row_of(r).
+template <class RowOf>
+QTensor from_blocks(const gguf::TensorInfo& t, int64_t rows, int64_t cols, RowOf row_of) {
+  const bool q8 = t.type == gguf::TensorType::kQ8_0;
+  QTensor q;
+  q.scheme.format = QFormat::kInt;
+  q.scheme.bits = q8 ? 8 : 4;
+  q.scheme.symmetric = true;
+  q.scheme.group = kBlock;
+  q.rows = rows;
+  q.cols = cols;
+  const int64_t groups = cols / kBlock, block_bytes = q8 ? 34 : 18;
+  q.codes.resize(static_cast<size_t>(rows * cols));
+  q.scales.resize(static_cast<size_t>(rows * groups));
+  q.zeros.assign(q.scales.size(), q8 ? 128.0f : 8.0f);
+  for (int64_t r = 0; r < rows; ++r) {
+    const auto* src = reinterpret_cast<const uint8_t*>(t.data.data()) + row_of(r) * groups * block_bytes;
+    for (int64_t g = 0; g < groups; ++g) {
+      const uint8_t* b = src + g * block_bytes;
+      uint16_t d = 0;
+      std::memcpy(&d, b, sizeof(d));
+      q.scales[static_cast<size_t>(r * groups + g)] = f16_to_f32(d);
+      uint8_t* out = q.codes.data() + r * cols + g * kBlock;
+      for (int64_t j = 0; j < kBlock; ++j) {
+        if (q8) {
+          out[j] = static_cast<uint8_t>(static_cast<int>(static_cast<int8_t>(b[2 + j])) + 128);
+        } else {  // byte j: element j in the low nibble, element j + 16 in the high one
+          const uint8_t byte = b[2 + (j % 16)];
+          out[j] = j < 16 ? (byte & 0x0F) : (byte >> 4);
+        }
+      }
+    }
+  }
+  return q;
+}
+
+}  // namespace
+
+QuantizedState gguf_quantized_state(const gguf::File& f, Transformer& model) {
+  QuantizedState st;
+  st.method = Method::kRtn;  // the grid is llama.cpp's round-to-nearest one
+  st.scheme.bits = 4;
+  st.scheme.symmetric = true;
+  st.scheme.group = kBlock;
+  const ModelConfig& c = model.config();
+  for (Linear* l : model.linears()) {
+    const std::string gname = gguf::llama_tensor_name(l->name);
+    const gguf::TensorInfo* t = gname.empty() || gguf::moe_expert_slice(l->name).ok() ? nullptr : f.tensor(gname);
+    if (t == nullptr || (t->type != gguf::TensorType::kQ8_0 && t->type != gguf::TensorType::kQ4_0)) continue;
+    if (l->in % kBlock != 0 || t->numel() != l->in * l->out) continue;  // the loader checked; be safe
+    const bool is_q = l->name.ends_with("q_proj.weight"), is_k = l->name.ends_with("k_proj.weight");
+    const int64_t D = c.head_dim();
+    // hf row a·D/2 + i of a head is gguf row 2i + a (gguf.h permute_rope_rows_*)
+    auto row_of = [&](int64_t r) {
+      if (!is_q && !is_k) return r;
+      const int64_t head = r / D, within = r % D, a = within / (D / 2), i = within % (D / 2);
+      return head * D + 2 * i + a;
+    };
+    if (t->type == gguf::TensorType::kQ8_0) st.scheme.bits = 8;
+    st.weights[l->name] = from_blocks(*t, l->out, l->in, row_of);
+  }
+  return st;
+}
+
+}  // namespace kiln::quant
