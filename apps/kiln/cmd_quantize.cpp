@@ -15,6 +15,7 @@
 #include "kiln/core/thread_pool.h"
 #include "kiln/model/weights.h"
 #include "kiln/quant/qmodel.h"
+#include "kiln/serve/server.h"
 #include "kiln/train/trainer.h"
 
 namespace kiln::app {
@@ -102,8 +103,58 @@ void run_quantize(const QuantizeArgs& a) {
 struct DecodeArgs {
   std::string preset = "w2-s";
   std::vector<std::string> schemes = {"f32", "bf16", "w8a16", "w4a16", "w8a8"};
+  std::vector<std::string> gguf;  // instead: these files, as served (quantized kept) and decoded to fp32
   int64_t tokens = 32, prompt = 16, reps = 3;
 };
+
+// Best-of-reps decode tokens/s of m at batch 1 after a prompt of a.prompt tokens (greedy).
+double decode_tokens_per_s(Transformer& m, const DecodeArgs& a) {
+  const int64_t V = m.config().vocab_size;
+  std::vector<int32_t> prompt(static_cast<size_t>(a.prompt));
+  for (size_t i = 0; i < prompt.size(); ++i) prompt[i] = static_cast<int32_t>((i * 7919 + 13) % V);
+  double best = 1e30;
+  for (int64_t rep = 0; rep < a.reps; ++rep) {
+    KVCache cache = m.make_kv_cache(a.prompt + a.tokens + 1);
+    auto lg = m.forward_cached(prompt.data(), a.prompt, cache);
+    if (!lg.ok()) fail("bench quant-decode", lg.status());
+    int32_t next = 1;
+    const auto t0 = std::chrono::steady_clock::now();
+    for (int64_t t = 0; t < a.tokens; ++t) {
+      auto r = m.forward_cached(&next, 1, cache);
+      if (!r.ok()) fail("bench quant-decode", r.status());
+      next = static_cast<int32_t>(std::max_element(*r, *r + V) - *r);
+    }
+    best = std::min(best, std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+  }
+  return static_cast<double>(a.tokens) / best;
+}
+
+void print_decode_row(const std::string& name, double tps, int64_t bytes, double base_tps) {
+  fmt::print("{:<8} {:>10.2f} {:>12.2f} {:>14.1f} {:>12.1f} {:>10}\n", name, tps, 1e3 / tps, bytes / 1048576.0,
+             tps * static_cast<double>(bytes) / 1e9, base_tps > 0 ? fmt::format("{:.2f}x", tps / base_tps) : "-");
+  std::fflush(stdout);
+}
+
+// --gguf: each file as `kiln serve` loads it (Q8_0 / Q4_0 kept quantized), then the same model
+// with its backends removed (the file decoded to fp32, as kiln loaded GGUF files before).
+void run_decode_gguf(const DecodeArgs& a) {
+  fmt::print("GGUF decode: prompt {} tokens, then {} decoded tokens, batch 1, {} threads; best of {} runs\n",
+             a.prompt, a.tokens, num_threads(), a.reps);
+  fmt::print("{:<8} {:>10} {:>12} {:>14} {:>12} {:>10}\n", "weights", "tok/s", "ms/token", "MiB/token", "eff. GB/s",
+             "vs fp32");
+  for (const std::string& path : a.gguf) {
+    auto served = load_served_model(path);
+    if (!served.ok()) fail("bench quant-decode", served.status());
+    Transformer& m = *served->model;
+    fmt::print("# {}: {}; {} matrices kept quantized\n", path, m.config().describe(), served->quantized.weights.size());
+    const int64_t kept_bytes = quant::weight_bytes_per_token(m);
+    const double kept = decode_tokens_per_s(m, a);
+    for (Linear* l : m.linears()) l->backend.reset();
+    const double fp32 = decode_tokens_per_s(m, a);
+    print_decode_row("fp32", fp32, quant::weight_bytes_per_token(m), 0);
+    print_decode_row("kept", kept, kept_bytes, fp32);
+  }
+}
 
 // Installs the named configuration on every Linear (head included); f32 removes backends.
 void install(Transformer& m, const std::string& name) {
@@ -134,6 +185,7 @@ void install(Transformer& m, const std::string& name) {
 }
 
 void run_decode(const DecodeArgs& a) {
+  if (!a.gguf.empty()) return run_decode_gguf(a);
   auto cfg = preset(a.preset);
   if (!cfg.ok()) fail("bench quant-decode", cfg.status());
   for (const auto& s : a.schemes)
@@ -146,31 +198,12 @@ void run_decode(const DecodeArgs& a) {
              cfg->describe(), a.prompt, a.tokens, num_threads(), a.reps);
   fmt::print("{:<8} {:>10} {:>12} {:>14} {:>12} {:>10}\n", "weights", "tok/s", "ms/token", "MiB/token", "eff. GB/s",
              "vs f32");
-  std::vector<int32_t> prompt(static_cast<size_t>(a.prompt));
-  for (size_t i = 0; i < prompt.size(); ++i) prompt[i] = static_cast<int32_t>((i * 7919 + 13) % cfg->vocab_size);
   double f32_tps = 0;
   for (const std::string& name : a.schemes) {
     install(m, name);
-    const int64_t bytes = quant::weight_bytes_per_token(m);
-    double best = 1e30;
-    for (int64_t rep = 0; rep < a.reps; ++rep) {
-      KVCache cache = m.make_kv_cache(a.prompt + a.tokens + 1);
-      auto lg = m.forward_cached(prompt.data(), a.prompt, cache);
-      if (!lg.ok()) fail("bench quant-decode", lg.status());
-      int32_t next = 1;
-      const auto t0 = std::chrono::steady_clock::now();
-      for (int64_t t = 0; t < a.tokens; ++t) {
-        auto r = m.forward_cached(&next, 1, cache);
-        if (!r.ok()) fail("bench quant-decode", r.status());
-        next = static_cast<int32_t>(std::max_element(*r, *r + cfg->vocab_size) - *r);
-      }
-      best = std::min(best, std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
-    }
-    const double tps = static_cast<double>(a.tokens) / best;
+    const double tps = decode_tokens_per_s(m, a);
     if (name == "f32") f32_tps = tps;
-    fmt::print("{:<8} {:>10.2f} {:>12.2f} {:>14.1f} {:>12.1f} {:>10}\n", name, tps, 1e3 / tps, bytes / 1048576.0,
-               tps * static_cast<double>(bytes) / 1e9, f32_tps > 0 ? fmt::format("{:.2f}x", tps / f32_tps) : "-");
-    std::fflush(stdout);
+    print_decode_row(name, tps, quant::weight_bytes_per_token(m), f32_tps);
   }
   install(m, "f32");
 }
@@ -207,6 +240,8 @@ void register_quantize(CLI::App& app) {
   CLI::App* b = bench->add_subcommand("quant-decode", "Decode tokens/s with fp32, bf16, W8A16, W4A16, W8A8 weights");
   b->add_option("--preset", d->preset, "Model shape (random weights): w2-s | w2-l | llama-tiny");
   b->add_option("--schemes", d->schemes, "f32,bf16,w8a16,w4a16,w8a8,fp8")->delimiter(',');
+  b->add_option("--gguf", d->gguf, "GGUF files instead of a preset: each as served (Q8_0/Q4_0 kept) vs decoded to fp32")
+      ->check(CLI::ExistingFile);
   b->add_option("--tokens", d->tokens, "Decoded tokens per run")->check(CLI::Range(1, 4096));
   b->add_option("--prompt", d->prompt, "Prompt tokens (prefilled first)")->check(CLI::Range(1, 4096));
   b->add_option("--reps", d->reps, "Runs per scheme (the best is reported)")->check(CLI::Range(1, 100));
