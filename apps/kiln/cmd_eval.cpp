@@ -48,7 +48,7 @@ Status write_npy(const std::string& path, const float* data, int64_t rows, int64
 }
 
 void run_eval(const EvalArgs& a) {
-  auto model = quant::load_any_model(a.model);  // fp32/f16/bf16 or a kiln-quantized model
+  auto model = quant::load_any_model(a.model);  // fp32/f16/bf16, kiln-quantized or a .gguf file
   if (!model.ok()) fail(model.status());
   Transformer& m = **model;
   if (!a.data.empty()) {  // validation perplexity over sequential windows of DIR/val.bin
@@ -86,7 +86,7 @@ void run_eval(const EvalArgs& a) {
 void register_eval(CLI::App& app) {
   auto a = std::make_shared<EvalArgs>();
   CLI::App* e = app.add_subcommand("eval", "Run a saved model on token ids: loss, logits (.npy)");
-  e->add_option("--model", a->model, "Model directory (config.json, model.safetensors)")->required();
+  e->add_option("--model", a->model, "Model directory (config.json, model.safetensors) or a .gguf file")->required();
   e->add_option("--tokens", a->tokens, "Token ids, e.g. 1,2,3")->delimiter(',');
   e->add_option("--data", a->data, "Prepared corpus dir: validation perplexity over DIR/val.bin");
   e->add_option("--seq", a->seq, "--data: tokens per window")->check(CLI::Range(2, 1 << 20));

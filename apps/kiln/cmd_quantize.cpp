@@ -57,9 +57,10 @@ void run_quantize(const QuantizeArgs& a) {
   o.calib = a.calib;
   o.report = a.report;
   o.quantize_head = a.quantize_head;
-  auto model = load_model(a.model);
+  auto model = quant::load_any_model(a.model);  // a model directory (any kind) or a .gguf file
   if (!model.ok()) fail("quantize", model.status());
   Transformer& m = **model;
+  for (Linear* l : m.linears()) l->backend.reset();  // its masters hold the values: quantize those
   fmt::print("model: {}\n", m.config().describe());
   const fs::path data_dir(a.data);
   auto train = read_shard((data_dir / "train.bin").string());
@@ -213,7 +214,7 @@ void run_decode(const DecodeArgs& a) {
 void register_quantize(CLI::App& app) {
   auto a = std::make_shared<QuantizeArgs>();
   CLI::App* q = app.add_subcommand("quantize", "Quantize a saved model (RTN, GPTQ, AWQ, SmoothQuant W8A8, fp8 W8A8)");
-  q->add_option("--model", a->model, "Model directory (config.json, model.safetensors)")->required();
+  q->add_option("--model", a->model, "Model directory (config.json, model.safetensors) or a .gguf file")->required();
   q->add_option("--out", a->out, "Where to write the quantized model (omit to only evaluate)");
   q->add_option("--method", a->method, "rtn | gptq | awq | smoothquant | fp8")
       ->check(CLI::IsMember({"rtn", "gptq", "awq", "smoothquant", "fp8"}));

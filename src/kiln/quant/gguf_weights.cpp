@@ -3,6 +3,8 @@
 
 #include <cstring>
 
+#include <fmt/format.h>
+
 #include "kiln/core/dtype.h"
 
 namespace kiln::quant {
@@ -73,6 +75,16 @@ QuantizedState gguf_quantized_state(const gguf::File& f, Transformer& model) {
     st.weights[l->name] = from_blocks(*t, l->out, l->in, row_of);
   }
   return st;
+}
+
+Expected<gguf::LoadedModel> load_gguf_model(const std::string& path, QuantizedState* state) {
+  KILN_ASSIGN_OR_RETURN(const gguf::File f, gguf::read(path));
+  auto loaded = gguf::llama_from_gguf(f);
+  if (!loaded.ok()) return Status(loaded.status().code(), fmt::format("{}: {}", path, loaded.status().message()));
+  QuantizedState st = gguf_quantized_state(f, *loaded->model);
+  install_backends(*loaded->model, st);
+  if (state) *state = std::move(st);
+  return loaded;
 }
 
 }  // namespace kiln::quant

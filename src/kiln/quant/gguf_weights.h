@@ -16,4 +16,9 @@ namespace kiln::quant {
 // stacked tensors, F32/F16 tensors and a tied head stay fp32 (not in the state).
 QuantizedState gguf_quantized_state(const gguf::File& f, Transformer& model);
 
+// A llama.cpp GGUF file as a kiln model: gguf::llama_from_gguf's, with the Q8_0 / Q4_0 matrices
+// on the quantized backends (install_backends); `state`, when given, receives their weights.
+// Errors name the file.
+Expected<gguf::LoadedModel> load_gguf_model(const std::string& path, QuantizedState* state = nullptr);
+
 }  // namespace kiln::quant

@@ -1,6 +1,8 @@
 // Whole-model quantization drivers and the quantized safetensors format.
 #include "kiln/quant/qmodel.h"
 
+#include "kiln/quant/gguf_weights.h"
+
 #include <cmath>
 #include <cstring>
 #include <filesystem>
@@ -323,6 +325,10 @@ struct ParamSource {
 }  // namespace
 
 Expected<std::unique_ptr<Transformer>> load_any_model(const std::string& dir, QuantizedState* state) {
+  if (dir.ends_with(".gguf")) {
+    KILN_ASSIGN_OR_RETURN(gguf::LoadedModel g, load_gguf_model(dir, state));
+    return std::move(g.model);
+  }
   const fs::path st_path = fs::path(dir) / "model.safetensors";
   // Plain (or unreadable) files go to load_model, whose errors name the file and the tensor.
   auto opened = SafetensorsFile::open(st_path.string());

@@ -51,8 +51,9 @@ Expected<QuantizedState> quantize_model(Transformer& model, const TokenShard* ca
 void install_backends(Transformer& model, const QuantizedState& state);
 
 Status save_quantized_model(const std::string& dir, Transformer& model, const QuantizedState& state);
-// Loads an fp32/f16/bf16 model (load_model) or a quantized one (backends installed); `state`,
-// when given, receives the quantized weights (empty for a plain model).
+// Loads an fp32/f16/bf16 model directory (load_model), a quantized one (backends installed) or a
+// llama.cpp `.gguf` file (gguf_weights.h: Q8_0 / Q4_0 on the quantized backends); `state`, when
+// given, receives the quantized weights (empty for a plain model). The loader of every command.
 Expected<std::unique_ptr<Transformer>> load_any_model(const std::string& dir, QuantizedState* state = nullptr);
 
 // Tensor parallelism (model/transformer.h TensorShard): the quantized weights of the slices a

@@ -579,19 +579,14 @@ void Server::drain(std::chrono::milliseconds grace) {
 Expected<ServedModel> load_served_model(const std::string& path) {
   ServedModel m;
   if (path.ends_with(".gguf")) {
-    KILN_ASSIGN_OR_RETURN(const gguf::File f, gguf::read(path));
-    auto loaded = gguf::llama_from_gguf(f);
-    if (!loaded.ok()) return Status(loaded.status().code(), fmt::format("{}: {}", path, loaded.status().message()));
-    gguf::LoadedModel g = std::move(*loaded);
+    KILN_ASSIGN_OR_RETURN(gguf::LoadedModel g, quant::load_gguf_model(path, &m.quantized));
     if (g.tokenizer_json.empty())
       return failed_precondition("{} has no tokenizer kiln can run ({}); convert it to a model directory with a "
                                  "tokenizer.json (kiln convert) instead", path, g.tokenizer_note);
     auto tk = tok::Tokenizer::parse_hf_json(g.tokenizer_json);
     if (!tk.ok()) return Status(tk.status().code(), fmt::format("{}: its tokenizer: {}", path, tk.status().message()));
-    m.model = std::move(g.model);
+    m.model = std::move(g.model);  // Q8_0 / Q4_0 run as stored
     m.tokenizer = std::move(*tk);
-    m.quantized = quant::gguf_quantized_state(f, *m.model);  // Q8_0 / Q4_0 run as stored
-    quant::install_backends(*m.model, m.quantized);
     return m;  // the default chat template
   }
   KILN_ASSIGN_OR_RETURN(m.model, quant::load_any_model(path, &m.quantized));
