@@ -29,6 +29,11 @@ graph::GraphPass graph_fusion_pass() {
   });
 }
 
+void apply_graph_mode(const std::string& mode, bool& capture, graph::GraphPass& pass) {
+  capture = mode != "eager";
+  if (mode == "fused") pass = graph_fusion_pass();
+}
+
 namespace {
 // The commands that take --profile.
 bool profiles(const std::vector<std::string>& words, size_t at) {

@@ -15,7 +15,6 @@
 #include "kiln/core/thread_pool.h"
 #include "kiln/model/weights.h"
 #include "kiln/quant/qmodel.h"
-#include "kiln/serve/server.h"
 #include "kiln/train/trainer.h"
 
 namespace kiln::app {
@@ -136,7 +135,7 @@ void print_decode_row(const std::string& name, double tps, int64_t bytes, double
   std::fflush(stdout);
 }
 
-// --gguf: each file as `kiln serve` loads it (Q8_0 / Q4_0 kept quantized), then the same model
+// --gguf: each file as every command loads it (Q8_0 / Q4_0 kept quantized), then the same model
 // with its backends removed (the file decoded to fp32, as kiln loaded GGUF files before).
 void run_decode_gguf(const DecodeArgs& a) {
   fmt::print("GGUF decode: prompt {} tokens, then {} decoded tokens, batch 1, {} threads; best of {} runs\n",
@@ -144,10 +143,11 @@ void run_decode_gguf(const DecodeArgs& a) {
   fmt::print("{:<8} {:>10} {:>12} {:>14} {:>12} {:>10}\n", "weights", "tok/s", "ms/token", "MiB/token", "eff. GB/s",
              "vs fp32");
   for (const std::string& path : a.gguf) {
-    auto served = load_served_model(path);
-    if (!served.ok()) fail("bench quant-decode", served.status());
-    Transformer& m = *served->model;
-    fmt::print("# {}: {}; {} matrices kept quantized\n", path, m.config().describe(), served->quantized.weights.size());
+    quant::QuantizedState kept_weights;
+    auto model = quant::load_any_model(path, &kept_weights);
+    if (!model.ok()) fail("bench quant-decode", model.status());
+    Transformer& m = **model;
+    fmt::print("# {}: {}; {} matrices kept quantized\n", path, m.config().describe(), kept_weights.weights.size());
     const int64_t kept_bytes = quant::weight_bytes_per_token(m);
     const double kept = decode_tokens_per_s(m, a);
     for (Linear* l : m.linears()) l->backend.reset();

@@ -93,8 +93,7 @@ void run_serve(ServeArgs a) {
   a.engine.kv_cache_mem_bytes = *bytes;
   a.engine.enable_prefix_caching = !a.no_prefix_caching;
   a.engine.packed_weights = !a.no_packed_weights;
-  a.engine.graph_capture = a.graph != "eager";
-  if (a.graph == "fused") a.engine.graph_pass = graph_fusion_pass();
+  apply_graph_mode(a.graph, a.engine.graph_capture, a.engine.graph_pass);
   a.engine.scheduler.batching = *parse_batching_mode(a.batching);
   a.server.request_timeout = millis(a.request_timeout_s);
   a.server.keep_alive_timeout = millis(a.keep_alive_timeout_s);

@@ -53,8 +53,7 @@ struct GenArgs {
 std::unique_ptr<Engine> generation_engine(std::unique_ptr<Transformer> model, std::unique_ptr<Transformer> draft,
                                           const GenArgs& a) {
   EngineConfig ec;
-  ec.graph_capture = a.graph != "eager";
-  if (a.graph == "fused") ec.graph_pass = graph_fusion_pass();
+  apply_graph_mode(a.graph, ec.graph_capture, ec.graph_pass);
   ec.num_speculative = a.num_speculative;
   ec.speculative_max_batch = 0;
   const int64_t ctx = std::max(model->config().max_seq_len, draft ? draft->config().max_seq_len : 0);
@@ -251,10 +250,7 @@ void register_train(CLI::App& app) {
   t->add_option("--graph", "eager (default) | capture: each step (data, forwards, backwards, optimizer) replays a "
                            "captured graph | fused: and its elementwise chains run as JIT-compiled kernels")
       ->check(CLI::IsMember({"eager", "capture", "fused"}))
-      ->each([ta](const std::string& s) {
-        ta->train.graph_capture = s != "eager";
-        if (s == "fused") ta->train.graph_pass = graph_fusion_pass();
-      });
+      ->each([ta](const std::string& s) { apply_graph_mode(s, ta->train.graph_capture, ta->train.graph_pass); });
   t->add_flag("--split-epilogues", ta->train.split_epilogues,
               "Each GEMM's bias and residual as kernels of their own (PyTorch eager's shape; --graph fused fuses them)");
   t->add_flag("--resume", ta->resume, "Continue from OUT/checkpoint.bin (same options give the same losses)");

@@ -54,6 +54,9 @@ void register_profile(CLI::App& app);  // `profile` and `roofline` (cmd_profile.
 // place, then print_profile_summary. Other command lines pass through unchanged.
 // --graph fused: perf/graph_fusion.h's pass, printing each graph's fused chains (cmd_profile.cpp).
 graph::GraphPass graph_fusion_pass();
+// --graph eager|capture|fused of train, generate and serve: capture the steps unless eager, and
+// run graph_fusion_pass() on each graph when fused.
+void apply_graph_mode(const std::string& mode, bool& capture, graph::GraphPass& pass);
 
 struct ProfileCommand {
   bool active = false;

@@ -7,8 +7,6 @@
 #include <chrono>
 #include <climits>
 #include <cstdio>
-#include <cstdlib>
-#include <cstring>
 #include <functional>
 #include <map>
 #include <mutex>
@@ -189,8 +187,8 @@ double all_reduce_scalar(Communicator& c, double x, MPI_Op op, const char* what)
 }
 
 bool job_survives_rank_failure() {
-  const char* v = std::getenv("OMPI_MCA_orte_enable_recovery");
-  return v != nullptr && (std::strcmp(v, "1") == 0 || std::strcmp(v, "true") == 0);
+  const std::optional<std::string_view> v = env_value("OMPI_MCA_orte_enable_recovery");
+  return v && (*v == "1" || *v == "true");
 }
 
 void finalize() {

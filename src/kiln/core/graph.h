@@ -146,7 +146,7 @@ struct GraphStats {
   int64_t captures = 0;    // graphs captured (a new shape, e.g. batch size)
   int64_t recaptures = 0;  // captured again because a guard failed
   int64_t replays = 0;     // steps replayed
-  int64_t eager_steps = 0;  // steps run eagerly (their graph has breaks)
+  int64_t eager_steps = 0;  // steps run eagerly (their graph has breaks that are not eager regions)
   std::string last_recapture;       // the guard that failed last, e.g. "threads 2 -> 1"
   std::vector<std::string> breaks;  // every distinct break reason seen
   // Of the graph planned last: nodes and parallel levels, and internal activation bytes kept
@@ -163,8 +163,8 @@ using GraphPass = std::function<int64_t(Graph&)>;
 
 // One step captured once and replayed while its guards hold: what every caller of Capture,
 // plan() and replay() shares. The first run captures (the step runs eagerly while it is
-// recorded); a changed key recaptures, counted and named; a graph with breaks is not kept (its
-// breaks go to the stats and the step keeps running eagerly).
+// recorded); a changed key recaptures, counted and named; a graph with breaks that are not
+// eager regions is not kept (its breaks go to the stats and the step keeps running eagerly).
 class StepGraph {
  public:
   struct Step {

@@ -210,10 +210,7 @@ void dequantize_q4_0(const uint8_t* in, int64_t n, float* y) {
     uint16_t dh;
     std::memcpy(&dh, in, 2);
     const float d = f16_to_f32(dh);
-    for (int64_t j = 0; j < kQK / 2; ++j) {
-      y[j] = d * static_cast<float>((in[2 + j] & 0x0f) - 8);
-      y[j + kQK / 2] = d * static_cast<float>((in[2 + j] >> 4) - 8);
-    }
+    for (int64_t j = 0; j < kQK; ++j) y[j] = d * static_cast<float>(q4_0_code(in + 2, j) - 8);
   }
 }
 
@@ -506,21 +503,13 @@ Expected<std::pair<int64_t, int64_t>> moe_expert_slice(std::string_view hf) {
 }
 
 void permute_rope_rows_to_gguf(const float* hf, float* out, int64_t heads, int64_t head_dim, int64_t cols) {
-  const int64_t half = head_dim / 2;
-  for (int64_t h = 0; h < heads; ++h)
-    for (int64_t i = 0; i < half; ++i)
-      for (int64_t a = 0; a < 2; ++a)
-        std::memcpy(out + (h * head_dim + 2 * i + a) * cols, hf + (h * head_dim + a * half + i) * cols,
-                    static_cast<size_t>(cols) * 4);
+  for (int64_t r = 0; r < heads * head_dim; ++r)
+    std::memcpy(out + gguf_rope_row(r, head_dim) * cols, hf + r * cols, static_cast<size_t>(cols) * 4);
 }
 
 void permute_rope_rows_from_gguf(const float* gg, float* out, int64_t heads, int64_t head_dim, int64_t cols) {
-  const int64_t half = head_dim / 2;
-  for (int64_t h = 0; h < heads; ++h)
-    for (int64_t i = 0; i < half; ++i)
-      for (int64_t a = 0; a < 2; ++a)
-        std::memcpy(out + (h * head_dim + a * half + i) * cols, gg + (h * head_dim + 2 * i + a) * cols,
-                    static_cast<size_t>(cols) * 4);
+  for (int64_t r = 0; r < heads * head_dim; ++r)
+    std::memcpy(out + r * cols, gg + gguf_rope_row(r, head_dim) * cols, static_cast<size_t>(cols) * 4);
 }
 
 namespace {

@@ -62,6 +62,8 @@ int64_t block_bytes(TensorType t);
 // Q4_0: d = (the value of largest magnitude)/−8, q = min(15, trunc(x/d + 8.5))). n % 32 == 0.
 void quantize_q8_0(const float* x, int64_t n, uint8_t* out);
 void dequantize_q8_0(const uint8_t* in, int64_t n, float* y);
+// The unsigned code (0..15) of element j of a Q4_0 block's 16 quant bytes q.
+inline uint8_t q4_0_code(const uint8_t* q, int64_t j) { return j < 16 ? (q[j] & 0x0F) : (q[j - 16] >> 4); }
 void quantize_q4_0(const float* x, int64_t n, uint8_t* out);
 void dequantize_q4_0(const uint8_t* in, int64_t n, float* y);
 // x (n,) -> the bytes of one tensor of type t (n a multiple of block_elems(t)).
@@ -112,6 +114,11 @@ Expected<std::pair<int64_t, int64_t>> moe_expert_slice(std::string_view hf_name)
 // rotates adjacent pairs (2i, 2i+1), so its convert script permutes the rows of each head:
 // gguf row 2i + a = hf row a·D/2 + i (a ∈ {0, 1}). w: (heads·D, cols), row-major.
 void permute_rope_rows_to_gguf(const float* hf, float* out, int64_t heads, int64_t head_dim, int64_t cols);
+// The GGUF row that holds HF row r of such a matrix (the map both permutations apply).
+inline int64_t gguf_rope_row(int64_t r, int64_t head_dim) {
+  const int64_t half = head_dim / 2, within = r % head_dim;
+  return r - within + 2 * (within % half) + within / half;
+}
 void permute_rope_rows_from_gguf(const float* gg, float* out, int64_t heads, int64_t head_dim, int64_t cols);
 
 // Builds the GGUF of a Llama-family model: 2-D weights as `type` (quantized types fall back to

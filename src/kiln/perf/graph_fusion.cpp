@@ -55,12 +55,12 @@ FusionReport fuse_elementwise(graph::Graph& g, fusion::KernelCache& cache) {
     // Grow the run: same length, each node reading something the run wrote.
     std::vector<Elementwise> run = {e};
     std::map<const void*, int> written = {{e.write, 0}};
-    int64_t cols = e.bias_cols > 0 ? e.bias_cols : e.n;  // the run's grid: (n / cols, cols)
+    int64_t bias_cols = e.bias_cols;  // the run's biases' width (0: none yet); one grid per run
     for (size_t i = first + 1; i < g.nodes().size(); ++i) {
       Elementwise next;
       if (!as_elementwise(g.nodes()[i], next) || next.n != e.n) break;
-      if (next.bias_cols > 0 && cols != e.n && next.bias_cols != cols) break;  // two biases, two grids
-      if (next.bias_cols > 0) cols = next.bias_cols;
+      if (next.bias_cols > 0 && bias_cols > 0 && next.bias_cols != bias_cols) break;  // two grids
+      if (next.bias_cols > 0) bias_cols = next.bias_cols;
       bool reads_run = false;
       for (const void* r : next.reads) reads_run |= written.count(r) > 0;
       if (!reads_run) break;
@@ -69,6 +69,7 @@ FusionReport fuse_elementwise(graph::Graph& g, fusion::KernelCache& cache) {
     }
     if (run.size() < 2) continue;
     const size_t count = run.size(), after = first + count;
+    const int64_t cols = bias_cols > 0 ? bias_cols : e.n;  // the grid: (n / cols, cols)
     const int64_t bytes = e.n * static_cast<int64_t>(sizeof(float));
     // The chain: external arrays become inputs, each node an op; a written array is an output
     // when the graph keeps it or a later node touches it.

@@ -37,12 +37,8 @@ QTensor from_blocks(const gguf::TensorInfo& t, int64_t rows, int64_t cols, RowOf
       q.scales[static_cast<size_t>(r * groups + g)] = f16_to_f32(d);
       uint8_t* out = q.codes.data() + r * cols + g * kBlock;
       for (int64_t j = 0; j < kBlock; ++j) {
-        if (q8) {
-          out[j] = static_cast<uint8_t>(static_cast<int>(static_cast<int8_t>(b[2 + j])) + 128);
-        } else {  // byte j: element j in the low nibble, element j + 16 in the high one
-          const uint8_t byte = b[2 + (j % 16)];
-          out[j] = j < 16 ? (byte & 0x0F) : (byte >> 4);
-        }
+        out[j] = q8 ? static_cast<uint8_t>(static_cast<int>(static_cast<int8_t>(b[2 + j])) + 128)
+                    : gguf::q4_0_code(b + 2, j);
       }
     }
   }
@@ -54,25 +50,16 @@ QTensor from_blocks(const gguf::TensorInfo& t, int64_t rows, int64_t cols, RowOf
 QuantizedState gguf_quantized_state(const gguf::File& f, Transformer& model) {
   QuantizedState st;
   st.method = Method::kRtn;  // the grid is llama.cpp's round-to-nearest one
-  st.scheme.bits = 4;
-  st.scheme.symmetric = true;
-  st.scheme.group = kBlock;
-  const ModelConfig& c = model.config();
+  const int64_t D = model.config().head_dim();
   for (Linear* l : model.linears()) {
     const std::string gname = gguf::llama_tensor_name(l->name);
     const gguf::TensorInfo* t = gname.empty() || gguf::moe_expert_slice(l->name).ok() ? nullptr : f.tensor(gname);
     if (t == nullptr || (t->type != gguf::TensorType::kQ8_0 && t->type != gguf::TensorType::kQ4_0)) continue;
     if (l->in % kBlock != 0 || t->numel() != l->in * l->out) continue;  // the loader checked; be safe
-    const bool is_q = l->name.ends_with("q_proj.weight"), is_k = l->name.ends_with("k_proj.weight");
-    const int64_t D = c.head_dim();
-    // hf row a·D/2 + i of a head is gguf row 2i + a (gguf.h permute_rope_rows_*)
-    auto row_of = [&](int64_t r) {
-      if (!is_q && !is_k) return r;
-      const int64_t head = r / D, within = r % D, a = within / (D / 2), i = within % (D / 2);
-      return head * D + 2 * i + a;
-    };
-    if (t->type == gguf::TensorType::kQ8_0) st.scheme.bits = 8;
-    st.weights[l->name] = from_blocks(*t, l->out, l->in, row_of);
+    const bool rope_rows = l->name.ends_with("q_proj.weight") || l->name.ends_with("k_proj.weight");
+    QTensor& q = st.weights[l->name] =
+        from_blocks(*t, l->out, l->in, [&](int64_t r) { return rope_rows ? gguf::gguf_rope_row(r, D) : r; });
+    if (st.weights.size() == 1) st.scheme = q.scheme;  // a file may mix Q8_0 and Q4_0: each tensor has its own
   }
   return st;
 }

@@ -188,9 +188,11 @@ void Trainer::step_body(float loss_scale) {
   }
   // Low-precision copies (and any other backend's state) follow the master: host work the graph
   // does not record.
-  const std::vector<Linear*> linears = model_.linears();
-  if (std::any_of(linears.begin(), linears.end(), [](const Linear* l) { return l->backend != nullptr; }))
-    graph::graph_break("Linear backends re-sync their weights after the optimizer step");
+  if (graph::recording()) {
+    const std::vector<Linear*> linears = model_.linears();
+    if (std::any_of(linears.begin(), linears.end(), [](const Linear* l) { return l->backend != nullptr; }))
+      graph::graph_break("Linear backends re-sync their weights after the optimizer step");
+  }
   if (state_.applied) {
     plan_->after_optimizer_step();
     sync_backends(model_);
