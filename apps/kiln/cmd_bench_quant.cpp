@@ -1,6 +1,7 @@
 // `kiln bench quant`: decode-shaped GEMV (rows = 1 by default) of every linear shape of the W2
 // presets (w2-s, w2-l; BENCH.md) in f32, bf16, W8A16 (int8 g128), W4A16 (int4 g128), W8A8
-// (per-token int8 activations, quantization timed too) and fp8 E4M3 (per-channel): time, weight
+// (per-token int8 activations, quantization timed too), fp8 E4M3 (per-channel) and Q8_0 / Q4_0
+// (block kernels: groups of 32, int8 activations per block, timed too): time, weight
 // bytes / time as effective bandwidth, the speed ratio vs f32, and the per-token matmul total.
 // Each shape cycles through enough weight copies (>= --min-mib) that weights come from DRAM.
 #include <fmt/format.h>
@@ -16,6 +17,7 @@
 #include "kiln/core/cpu_features.h"
 #include "kiln/core/dtype.h"
 #include "kiln/core/thread_pool.h"
+#include "kiln/kernels/block_quant_gemm.h"
 #include "kiln/kernels/gemm.h"
 #include "kiln/kernels/quant_gemm.h"
 #include "kiln/model/config.h"
@@ -30,8 +32,8 @@ struct QuantBenchOptions {
   int64_t min_mib = 128;
 };
 
-enum class Fmt { kF32, kBF16, kW8A16, kW4A16, kW8A8, kFp8, kCount };
-constexpr const char* kFmtNames[] = {"f32", "bf16", "W8A16", "W4A16", "W8A8", "fp8"};
+enum class Fmt { kF32, kBF16, kW8A16, kW4A16, kW8A8, kFp8, kQ8_0, kQ4_0, kCount };
+constexpr const char* kFmtNames[] = {"f32", "bf16", "W8A16", "W4A16", "W8A8", "fp8", "Q8_0", "Q4_0"};
 static_assert(std::size(kFmtNames) == static_cast<size_t>(Fmt::kCount));
 constexpr int64_t kGroup = 128;
 
@@ -52,6 +54,7 @@ struct Weight {
   std::vector<float> scales;
   std::vector<int32_t> sums;
   QuantWeight qw;
+  PackedBlockWeight block;  // Q8_0 / Q4_0: the block kernels' layout
   int64_t weight_bytes = 0;  // what one GEMV must read
 };
 
@@ -81,8 +84,11 @@ Weight make_weight(Fmt f, int64_t out, int64_t in, uint64_t seed) {
       break;
     }
     default: {
-      const QuantFormat qf = f == Fmt::kW4A16 ? QuantFormat::kInt4 : f == Fmt::kFp8 ? QuantFormat::kFp8E4M3 : QuantFormat::kInt8;
-      const int64_t group = (f == Fmt::kW8A8 || f == Fmt::kFp8) ? in : kGroup;
+      const QuantFormat qf = (f == Fmt::kW4A16 || f == Fmt::kQ4_0) ? QuantFormat::kInt4
+                             : f == Fmt::kFp8                       ? QuantFormat::kFp8E4M3
+                                                                    : QuantFormat::kInt8;
+      const bool block = f == Fmt::kQ8_0 || f == Fmt::kQ4_0;
+      const int64_t group = (f == Fmt::kW8A8 || f == Fmt::kFp8) ? in : block ? kQuantBlock : kGroup;
       w.bytes.resize(static_cast<size_t>(out * quant_row_bytes(qf, in)));
       for (size_t i = 0; i < w.bytes.size(); i += 8) {
         const uint64_t r = splitmix(s);
@@ -97,6 +103,12 @@ Weight make_weight(Fmt f, int64_t out, int64_t in, uint64_t seed) {
         w8a8_row_sums(w.qw, w.sums.data());
       }
       w.weight_bytes = quant_weight_bytes(w.qw);
+      if (block) {
+        KILN_CHECK(pack_block_quant(w.qw, &w.block).ok());
+        w.weight_bytes = w.block.w.bytes();
+        w.bytes = {};  // only the packed copy is read
+        w.scales = {};
+      }
       return w;
     }
   }
@@ -128,6 +140,12 @@ Timing time_format(Fmt f, const Shape2& sh, int64_t rows, const QuantBenchOption
       p.b_dtype = f == Fmt::kBF16 ? DType::kBF16 : DType::kF32;
       p.c = y.data(); p.ldc = sh.out;
       cpu::gemm(p);
+    } else if (f == Fmt::kQ8_0 || f == Fmt::kQ4_0) {
+      BlockQuantGemmParams p;
+      p.w = &w.block.w; p.n = rows;
+      p.x = x.data(); p.ldx = sh.in;
+      p.y = y.data(); p.ldy = sh.out;
+      cpu::block_quant_gemm(p);
     } else if (f == Fmt::kW8A8) {
       cpu::quantize_rows_int8(x.data(), rows, sh.in, sh.in, xq.data(), sh.in, xs.data());
       W8A8Params p;
@@ -153,10 +171,11 @@ Timing time_format(Fmt f, const Shape2& sh, int64_t rows, const QuantBenchOption
 
 int run_quant_bench(const QuantBenchOptions& o) {
   fmt::print("kiln bench quant: decode GEMV y = x·Wᵀ per linear shape; threads {}, SIMD {}; quant path: {}; "
-             "W8A8: {}\n",
-             num_threads(), simd_target_name(active_simd_target()), cpu::quant_gemm_path_name(), cpu::w8a8_path_name());
+             "W8A8: {}; Q8_0/Q4_0: {}\n",
+             num_threads(), simd_target_name(active_simd_target()), cpu::quant_gemm_path_name(), cpu::w8a8_path_name(),
+             cpu::block_quant_path_name());
   fmt::print("W8A16/W4A16: group {} scales; W8A8: per-channel weight, per-token activation scales (quantization "
-             "timed); fp8: E4M3, per-channel scales. Median of {} after warm-up (min-max); GB/s = weight bytes / "
+             "timed); Q8_0/Q4_0: groups of 32, activations int8 per block of 32 (timed); fp8: E4M3, per-channel scales. Median of {} after warm-up (min-max); GB/s = weight bytes / "
              "time.\n",
              kGroup, o.reps);
   for (const std::string& name : o.presets) {

@@ -102,12 +102,29 @@ void run_quantize(const QuantizeArgs& a) {
 // ---- decode speed ------------------------------------------------------------------------------
 struct DecodeArgs {
   std::string preset = "w2-s";
-  std::vector<std::string> schemes = {"f32", "bf16", "w8a16", "w4a16", "w8a8"};
+  std::vector<std::string> schemes = {"f32", "bf16", "w8a16", "w4a16", "w8a8", "q8_0", "q4_0"};
   std::vector<std::string> gguf;  // instead: these files, as served (quantized kept) and decoded to fp32
   int64_t tokens = 32, prompt = 16, reps = 3;
+  int64_t prefill = 128;  // --gguf: the prompt of the prefill timing (llama-bench's pp128)
 };
 
 // Best-of-reps decode tokens/s of m at batch 1 after a prompt of a.prompt tokens (greedy).
+// Prompt tokens per second of one forward over a.prefill tokens (llama-bench's pp), best of reps.
+double prefill_tokens_per_s(Transformer& m, const DecodeArgs& a) {
+  const int64_t V = m.config().vocab_size;
+  std::vector<int32_t> prompt(static_cast<size_t>(a.prefill));
+  for (size_t i = 0; i < prompt.size(); ++i) prompt[i] = static_cast<int32_t>((i * 7919 + 13) % V);
+  double best = 1e30;
+  for (int64_t rep = 0; rep < a.reps; ++rep) {
+    KVCache cache = m.make_kv_cache(a.prefill + 1);
+    const auto t0 = std::chrono::steady_clock::now();
+    auto lg = m.forward_cached(prompt.data(), a.prefill, cache);
+    if (!lg.ok()) fail("bench quant-decode", lg.status());
+    best = std::min(best, std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+  }
+  return static_cast<double>(a.prefill) / best;
+}
+
 double decode_tokens_per_s(Transformer& m, const DecodeArgs& a) {
   const int64_t V = m.config().vocab_size;
   std::vector<int32_t> prompt(static_cast<size_t>(a.prompt));
@@ -129,31 +146,42 @@ double decode_tokens_per_s(Transformer& m, const DecodeArgs& a) {
   return static_cast<double>(a.tokens) / best;
 }
 
-void print_decode_row(const std::string& name, double tps, int64_t bytes, double base_tps) {
-  fmt::print("{:<8} {:>10.2f} {:>12.2f} {:>14.1f} {:>12.1f} {:>10}\n", name, tps, 1e3 / tps, bytes / 1048576.0,
+void print_decode_row(const std::string& name, double tps, int64_t bytes, double base_tps, double pp = 0) {
+  fmt::print("{:<8} {:>10.2f} {:>12.2f} {:>14.1f} {:>12.1f} {:>10}", name, tps, 1e3 / tps, bytes / 1048576.0,
              tps * static_cast<double>(bytes) / 1e9, base_tps > 0 ? fmt::format("{:.2f}x", tps / base_tps) : "-");
+  if (pp > 0) fmt::print(" {:>12.1f}", pp);
+  fmt::print("\n");
   std::fflush(stdout);
 }
 
 // --gguf: each file as every command loads it (Q8_0 / Q4_0 kept quantized), then the same model
 // with its backends removed (the file decoded to fp32, as kiln loaded GGUF files before).
 void run_decode_gguf(const DecodeArgs& a) {
-  fmt::print("GGUF decode: prompt {} tokens, then {} decoded tokens, batch 1, {} threads; best of {} runs\n",
-             a.prompt, a.tokens, num_threads(), a.reps);
-  fmt::print("{:<8} {:>10} {:>12} {:>14} {:>12} {:>10}\n", "weights", "tok/s", "ms/token", "MiB/token", "eff. GB/s",
-             "vs fp32");
+  fmt::print("GGUF decode: prompt {} tokens, then {} decoded tokens, batch 1, {} threads; prefill: one forward over "
+             "{} tokens; best of {} runs\n",
+             a.prompt, a.tokens, num_threads(), a.prefill, a.reps);
+  fmt::print("{:<8} {:>10} {:>12} {:>14} {:>12} {:>10} {:>12}\n", "weights", "tok/s", "ms/token", "MiB/token",
+             "eff. GB/s", "vs fp32", "pp tok/s");
   for (const std::string& path : a.gguf) {
     quant::QuantizedState kept_weights;
     auto model = quant::load_any_model(path, &kept_weights);
     if (!model.ok()) fail("bench quant-decode", model.status());
     Transformer& m = **model;
     fmt::print("# {}: {}; {} matrices kept quantized\n", path, m.config().describe(), kept_weights.weights.size());
-    const int64_t kept_bytes = quant::weight_bytes_per_token(m);
-    const double kept = decode_tokens_per_s(m, a);
+    const int64_t a8_bytes = quant::weight_bytes_per_token(m);
+    const double a8 = decode_tokens_per_s(m, a), a8_pp = prefill_tokens_per_s(m, a);
+    for (Linear* l : m.linears()) {  // the same codes on the weight-only kernels (f32 activations)
+      auto it = kept_weights.weights.find(l->name);
+      if (it != kept_weights.weights.end())
+        l->backend = std::make_shared<quant::QuantizedLinear>(it->second, quant::ActQuant::kNone);
+    }
+    const int64_t a16_bytes = quant::weight_bytes_per_token(m);
+    const double a16 = decode_tokens_per_s(m, a), a16_pp = prefill_tokens_per_s(m, a);
     for (Linear* l : m.linears()) l->backend.reset();
-    const double fp32 = decode_tokens_per_s(m, a);
-    print_decode_row("fp32", fp32, quant::weight_bytes_per_token(m), 0);
-    print_decode_row("kept", kept, kept_bytes, fp32);
+    const double fp32 = decode_tokens_per_s(m, a), fp32_pp = prefill_tokens_per_s(m, a);
+    print_decode_row("fp32", fp32, quant::weight_bytes_per_token(m), 0, fp32_pp);
+    print_decode_row("kept-a16", a16, a16_bytes, fp32, a16_pp);
+    print_decode_row("kept-a8", a8, a8_bytes, fp32, a8_pp);
   }
 }
 
@@ -175,6 +203,11 @@ void install(Transformer& m, const std::string& name) {
   } else if (name == "w4a16") {
     s.bits = 4;
     s.group = 128;
+  } else if (name == "q8_0" || name == "q4_0") {  // llama.cpp's recipe: the block kernels
+    s.bits = name == "q8_0" ? 8 : 4;
+    s.symmetric = true;
+    s.group = kQuantBlock;
+    act = quant::ActQuant::kInt8Block;
   } else if (name == "fp8") {
     s.format = quant::QFormat::kFp8E4M3;
     s.bits = 8;
@@ -190,8 +223,9 @@ void run_decode(const DecodeArgs& a) {
   auto cfg = preset(a.preset);
   if (!cfg.ok()) fail("bench quant-decode", cfg.status());
   for (const auto& s : a.schemes)
-    if (s != "f32" && s != "bf16" && s != "w8a16" && s != "w4a16" && s != "w8a8" && s != "fp8")
-      fail("bench quant-decode", invalid_argument("scheme '{}' (f32, bf16, w8a16, w4a16, w8a8, fp8)", s));
+    if (s != "f32" && s != "bf16" && s != "w8a16" && s != "w4a16" && s != "w8a8" && s != "fp8" && s != "q8_0" &&
+        s != "q4_0")
+      fail("bench quant-decode", invalid_argument("scheme '{}' (f32, bf16, w8a16, w4a16, w8a8, fp8, q8_0, q4_0)", s));
   auto model = Transformer::create(*cfg, 1);
   if (!model.ok()) fail("bench quant-decode", model.status());
   Transformer& m = **model;
@@ -240,11 +274,12 @@ void register_quantize(CLI::App& app) {
   CLI::App* bench = app.get_subcommand("bench");
   CLI::App* b = bench->add_subcommand("quant-decode", "Decode tokens/s with fp32, bf16, W8A16, W4A16, W8A8 weights");
   b->add_option("--preset", d->preset, "Model shape (random weights): w2-s | w2-l | llama-tiny");
-  b->add_option("--schemes", d->schemes, "f32,bf16,w8a16,w4a16,w8a8,fp8")->delimiter(',');
-  b->add_option("--gguf", d->gguf, "GGUF files instead of a preset: each as served (Q8_0/Q4_0 kept) vs decoded to fp32")
+  b->add_option("--schemes", d->schemes, "f32,bf16,w8a16,w4a16,w8a8,fp8,q8_0,q4_0 (q8_0/q4_0: groups of 32, int8 activations per block)")->delimiter(',');
+  b->add_option("--gguf", d->gguf, "GGUF files instead of a preset: each as served (Q8_0/Q4_0 kept, int8 activations per block), on the weight-only kernels, and decoded to fp32")
       ->check(CLI::ExistingFile);
   b->add_option("--tokens", d->tokens, "Decoded tokens per run")->check(CLI::Range(1, 4096));
   b->add_option("--prompt", d->prompt, "Prompt tokens (prefilled first)")->check(CLI::Range(1, 4096));
+  b->add_option("--prefill", d->prefill, "--gguf: prompt tokens of the prefill timing (llama-bench pp)")->check(CLI::Range(1, 4096));
   b->add_option("--reps", d->reps, "Runs per scheme (the best is reported)")->check(CLI::Range(1, 100));
   b->callback([d] { run_decode(*d); });
 }

@@ -1,4 +1,4 @@
-// Quantized GEMM cases for the kernel harness: cpu::quant_gemm (int8, int4, fp8 E4M3/E5M2;
+// Quantized GEMM cases for the kernel harness: cpu::quant_gemm (int8, int4, fp8 E4M3/E5M2, f16;
 // group-wise, per-channel, per-tensor; symmetric and zero-point), cpu::w8a8_gemm (VNNI and the
 // 16-bit fallback) and cpu::quantize_rows_int8 against their references, over odd shapes, both
 // the decode tile (n < 16) and the dequantized-panel path (n >= 16), group sizes the SIMD
@@ -123,7 +123,8 @@ KernelCase make_quantize_case(int64_t n, int64_t in, int64_t pad, uint64_t seed)
 KILN_KERNEL_CASES(quant_gemm) {
   std::vector<KernelCase> cases;
   uint64_t seed = 100;
-  const QuantFormat formats[] = {QuantFormat::kInt8, QuantFormat::kInt4, QuantFormat::kFp8E4M3, QuantFormat::kFp8E5M2};
+  const QuantFormat formats[] = {QuantFormat::kInt8, QuantFormat::kInt4, QuantFormat::kFp8E4M3, QuantFormat::kFp8E5M2,
+                                 QuantFormat::kF16};
   const int64_t ns[] = {1, 2, 3, 7, 16, 33};
   const int64_t ins[] = {32, 64, 96, 128, 384};
   const int64_t outs[] = {1, 5, 17, 33};

@@ -32,6 +32,8 @@ inline OwnedQuantWeight random_quant_weight(Rng& rng, QuantFormat f, int64_t out
     if (f == QuantFormat::kFp8E4M3 && (b & 0x7f) == 0x7f) b ^= 0x01;  // not NaN
     if (f == QuantFormat::kFp8E5M2 && (b & 0x7c) == 0x7c) b ^= 0x04;  // not inf/NaN
   }
+  if (f == QuantFormat::kF16)  // halves of magnitude < 2 (exponent ≤ 15): no inf/NaN, no huge sums
+    for (size_t i = 1; i < o.data.size(); i += 2) o.data[i] &= 0xbf;
   const int64_t ng = per_tensor ? 1 : in / group;
   o.scales.resize(static_cast<size_t>(per_tensor ? 1 : out * ng));
   for (float& s : o.scales) s = rng.uniform(0.01f, 0.1f);

@@ -7,6 +7,7 @@
 #include <cmath>
 #include <vector>
 
+#include "kiln/core/dtype.h"
 #include "kiln/core/fp8.h"
 #include "kiln/kernels/gemm.h"
 #include "kiln/kernels/quant_gemm.h"
@@ -56,6 +57,7 @@ std::vector<float> naive_dequantize(const QuantWeight& w) {
         }
         case QuantFormat::kFp8E4M3: q = f8e4m3_to_f32(w.data[j * w.in + k]); break;
         case QuantFormat::kFp8E5M2: q = f8e5m2_to_f32(w.data[j * w.in + k]); break;
+        case QuantFormat::kF16: q = f16_to_f32(static_cast<uint16_t>(w.data[2 * (j * w.in + k)] | w.data[2 * (j * w.in + k) + 1] << 8)); break;
         default: ADD_FAILURE();
       }
       out[j * w.in + k] = s * (q - z);
@@ -65,7 +67,8 @@ std::vector<float> naive_dequantize(const QuantWeight& w) {
 
 TEST(QuantGemmRef, MatchesDequantizeThenF32Gemm) {
   Rng rng(7);
-  for (QuantFormat f : {QuantFormat::kInt8, QuantFormat::kInt4, QuantFormat::kFp8E4M3, QuantFormat::kFp8E5M2}) {
+  for (QuantFormat f : {QuantFormat::kInt8, QuantFormat::kInt4, QuantFormat::kFp8E4M3, QuantFormat::kFp8E5M2,
+                        QuantFormat::kF16}) {
     const bool is_int = f == QuantFormat::kInt8 || f == QuantFormat::kInt4;
     const int64_t n = 3, out = 5, in = 64;
     OwnedQuantWeight o = random_quant_weight(rng, f, out, in, 16, is_int);

@@ -15,6 +15,7 @@
 
 #include "kiln/model/gguf.h"
 #include "kiln/model/weights.h"
+#include "kiln/quant/gguf_weights.h"
 #include "kiln/quant/qlinear.h"
 #include "kiln/serve/server.h"
 #include "tests/serve/serve_test_util.h"
@@ -79,6 +80,28 @@ TEST(ServedModel, LoadsQuantizedDirectoriesAndGgufFiles) {
 // bitwise the loader's fp32 decode (q/k rows un-permuted alike), and the prompt's logits agree
 // with the fp32-decoded model's to summation order (nmse ≤ 1e-10: the same products, the
 // quantized kernels' order).
+// y = round_per_block(x) · Wᵀ + b (+ residual) in f32 with the model's own (fp32) weights.
+class BlockRoundedInputs : public LinearBackend {
+ public:
+  void forward(const Linear& l, float* y, const float* x, int64_t n, const float* residual) const override {
+    const int64_t nb = l.in / kQuantBlock;
+    std::vector<int8_t> q(static_cast<size_t>(n * l.in));
+    std::vector<float> da(static_cast<size_t>(n * nb));
+    std::vector<int32_t> sums(da.size());
+    ref::quantize_blocks_int8(x, n, l.in, l.in, q.data(), l.in, da.data(), sums.data());
+    for (int64_t i = 0; i < n; ++i)
+      for (int64_t j = 0; j < l.out; ++j) {
+        double acc = 0;
+        for (int64_t k = 0; k < l.in; ++k)
+          acc += static_cast<double>(l.w[j * l.in + k]) * (da[i * nb + k / kQuantBlock] * q[i * l.in + k]);
+        float v = static_cast<float>(acc);
+        if (l.b) v += l.b[j];
+        if (residual) v += residual[i * l.out + j];
+        y[i * l.out + j] = v;
+      }
+  }
+};
+
 TEST(ServedModel, GgufQ8AndQ4MatricesRunQuantized) {
   const fs::path dir = fs::temp_directory_path() / fmt::format("kiln_gguf_quant_test_{}", ::getpid());
   fs::create_directories(dir);
@@ -114,17 +137,73 @@ TEST(ServedModel, GgufQ8AndQ4MatricesRunQuantized) {
       ++quantized;
     }
     EXPECT_EQ(quantized, 7 * cfg.n_layers + 1) << "q, k, v, o, gate, up, down per layer, and the head";
-    KVCache a = served->model->make_kv_cache(cfg.max_seq_len), b = fp32->make_kv_cache(cfg.max_seq_len);
-    const float* la = served->model->forward_cached(prompt.data(), T, a).value();
-    const std::vector<float> got(la, la + T * V);
-    const float* lb = fp32->forward_cached(prompt.data(), T, b).value();
-    double num = 0, den = 0;
-    for (int64_t i = 0; i < T * V; ++i) {
-      num += (got[i] - lb[i]) * (got[i] - lb[i]);
-      den += lb[i] * lb[i];
-    }
-    EXPECT_LE(num / den, 1e-10) << (q8 ? "Q8_0" : "Q4_0");
+    // Served: int8 activations per block of 32 (the block kernels, as llama.cpp runs these
+    // types); the weight-only kernels (f32 activations) on request. Both against the fp32 model.
+    auto weight_only = quant::load_gguf_model(path, nullptr, quant::ActQuant::kNone);
+    ASSERT_TRUE(weight_only.ok()) << weight_only.status().message();
+    const auto* first = dynamic_cast<const quant::QuantizedLinear*>(served->model->linears()[0]->backend.get());
+    ASSERT_NE(first, nullptr);
+    EXPECT_EQ(first->act(), quant::ActQuant::kInt8Block);
+    auto logits_nmse = [&](Transformer& m, Transformer& want) {
+      KVCache a = m.make_kv_cache(cfg.max_seq_len), b = want.make_kv_cache(cfg.max_seq_len);
+      const float* la = m.forward_cached(prompt.data(), T, a).value();
+      const std::vector<float> got(la, la + T * V);
+      const float* lb = want.forward_cached(prompt.data(), T, b).value();
+      double num = 0, den = 0;
+      for (int64_t i = 0; i < T * V; ++i) {
+        num += (got[i] - lb[i]) * (got[i] - lb[i]);
+        den += lb[i] * lb[i];
+      }
+      return num / den;
+    };
+    EXPECT_LE(logits_nmse(*weight_only->model, *fp32), 1e-10) << (q8 ? "Q8_0" : "Q4_0") << " weight-only";
+    // The oracle for int8 activations: the fp32 model with each Linear's input rounded per block
+    // of 32 (ref::quantize_blocks_int8, then back to f32) before an f32 product. Left: the order
+    // of f32 sums (blocks in f32 vs the oracle's one dot), nmse ~ in·u² per matmul.
+    auto fp32_a8 = gguf::load_llama(path).value().model;
+    for (Linear* l : fp32_a8->linears()) l->backend = std::make_shared<BlockRoundedInputs>();
+    const double a8 = logits_nmse(*served->model, *fp32_a8);
+    EXPECT_LE(a8, 1e-9) << (q8 ? "Q8_0" : "Q4_0") << " int8 activations";
+    // And the rounding is real: the served logits are not the f32-activation ones.
+    EXPECT_GT(a8, 0.0) << "the block kernels ran: the activations were rounded";
   }
+  fs::remove_all(dir);
+}
+
+TEST(ServedModel, GgufF16MatricesStayHalves) {
+  const fs::path dir = fs::temp_directory_path() / fmt::format("kiln_gguf_f16_test_{}", ::getpid());
+  fs::create_directories(dir);
+  tok::TrainOptions to;
+  to.vocab_size = 300;
+  const tok::Tokenizer tk = tok::Tokenizer::train(kCorpus, to).value();
+  ModelConfig cfg = test::tiny_config(ModelFamily::kLlama, tk.vocab_size(), 128);
+  cfg.tied_embeddings = false;
+  auto model = test::tiny_model(cfg);
+  const std::string path = (dir / "f16.gguf").string();
+  ASSERT_TRUE(gguf::write(path, gguf::llama_to_gguf(*model, tk.to_hf_json(), gguf::TensorType::kF16, "tiny").value()).ok());
+  auto served = load_served_model(path);
+  ASSERT_TRUE(served.ok()) << served.status().message();
+  auto fp32 = gguf::load_llama(path).value().model;  // the same halves widened to fp32
+  for (Linear* l : served->model->linears())
+    EXPECT_NE(dynamic_cast<const quant::HalfLinear*>(l->backend.get()), nullptr) << l->name << " is not kept in f16";
+  EXPECT_EQ(quant::weight_bytes_per_token(*served->model), quant::weight_bytes_per_token(*fp32) -
+                                                              [&] {
+                                                                int64_t b = 0;
+                                                                for (Linear* l : fp32->linears()) b += 2 * l->in * l->out;
+                                                                return b;
+                                                              }());
+  const std::vector<int32_t> prompt = tk.encode("In the beginning God created");
+  const int64_t T = static_cast<int64_t>(prompt.size()), V = cfg.vocab_size;
+  KVCache a = served->model->make_kv_cache(cfg.max_seq_len), b = fp32->make_kv_cache(cfg.max_seq_len);
+  const float* la = served->model->forward_cached(prompt.data(), T, a).value();
+  const std::vector<float> got(la, la + T * V);
+  const float* lb = fp32->forward_cached(prompt.data(), T, b).value();
+  double num = 0, den = 0;
+  for (int64_t i = 0; i < T * V; ++i) {
+    num += (got[i] - lb[i]) * (got[i] - lb[i]);
+    den += lb[i] * lb[i];
+  }
+  EXPECT_LE(num / den, 1e-10) << "the same values, f32 sums in another order";
   fs::remove_all(dir);
 }
 

@@ -4,6 +4,9 @@
 
 #include <iterator>
 
+#include <cstring>
+
+#include "kiln/core/dtype.h"
 #include "kiln/core/fp8.h"
 
 namespace kiln {
@@ -19,6 +22,7 @@ constexpr QuantFormatInfo kQuantFormats[] = {
     {QuantFormat::kInt4, "int4", 4},
     {QuantFormat::kFp8E4M3, "fp8_e4m3", 8},
     {QuantFormat::kFp8E5M2, "fp8_e5m2", 8},
+    {QuantFormat::kF16, "f16", 16},
 };
 static_assert(std::size(kQuantFormats) == static_cast<size_t>(QuantFormat::kCount));
 consteval bool quant_formats_in_order() {
@@ -36,7 +40,7 @@ std::string_view quant_format_name(QuantFormat f) {
 }
 
 int64_t quant_row_bytes(QuantFormat f, int64_t in) {
-  return f == QuantFormat::kInt4 ? (in + 1) / 2 : in;
+  return f == QuantFormat::kInt4 ? (in + 1) / 2 : f == QuantFormat::kF16 ? 2 * in : in;
 }
 
 int64_t quant_weight_bytes(const QuantWeight& w) {
@@ -64,6 +68,11 @@ float quant_weight_element(const QuantWeight& w, int64_t j, int64_t k) {
     }
     case QuantFormat::kFp8E4M3: return scale * Fp8E4M3::decode(w.data[j * w.in + k]);
     case QuantFormat::kFp8E5M2: return scale * Fp8E5M2::decode(w.data[j * w.in + k]);
+    case QuantFormat::kF16: {
+      uint16_t h;
+      std::memcpy(&h, w.data + 2 * (j * w.in + k), sizeof(h));
+      return scale * f16_to_f32(h);
+    }
     case QuantFormat::kCount: break;
   }
   KILN_CHECK_MSG(false, "bad QuantFormat {}", static_cast<int>(w.format));
@@ -87,8 +96,9 @@ Status check_quant_weight(const QuantWeight& w, std::string_view op) {
   if (w.format == QuantFormat::kInt4 && (w.in % 2 != 0 || (!w.per_tensor_scale && w.group % 2 != 0)))
     return invalid_argument("[{}] weight ({}, {}) int4: in and the group size ({}) must be even (two codes per byte)",
                             op, w.out, w.in, w.group);
-  if ((w.format == QuantFormat::kFp8E4M3 || w.format == QuantFormat::kFp8E5M2) && w.zeros)
-    return invalid_argument("[{}] weight ({}, {}) {}: fp8 weights are symmetric (zeros must be null)", op, w.out,
+  if ((w.format == QuantFormat::kFp8E4M3 || w.format == QuantFormat::kFp8E5M2 || w.format == QuantFormat::kF16) &&
+      w.zeros)
+    return invalid_argument("[{}] weight ({}, {}) {}: fp8 and f16 weights are symmetric (zeros must be null)", op, w.out,
                             w.in, fmt_name);
   return {};
 }

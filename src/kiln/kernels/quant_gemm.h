@@ -20,6 +20,7 @@ enum class QuantFormat {
   kInt4,      // two elements per byte, q in [-8, 7] (two's complement nibbles)
   kFp8E4M3,   // one OCP E4M3 byte per element (kiln/core/fp8.h); q is the decoded fp8 value
   kFp8E5M2,   // one OCP E5M2 byte per element
+  kF16,       // one IEEE half per element (2 bytes, little-endian); q is its value — GGUF's F16
   kCount
 };
 std::string_view quant_format_name(QuantFormat f);
@@ -31,6 +32,7 @@ std::string_view quant_format_name(QuantFormat f);
 //
 // Layouts (all row-major, no padding between rows):
 //  * data, kInt8 / kFp8*: out·in bytes; the byte of (j, k) is data[j·in + k].
+//  * data, kF16: out·in halves (2·out·in bytes); the half of (j, k) is at byte 2·(j·in + k).
 //  * data, kInt4: out·(in/2) bytes, packed along the input dimension: byte data[j·(in/2) + k/2]
 //    holds element k = 2m in its LOW nibble (bits 0-3) and k = 2m+1 in its HIGH nibble
 //    (bits 4-7); each nibble is a two's-complement value in [-8, 7]. (in must be even.)
@@ -39,7 +41,7 @@ std::string_view quant_format_name(QuantFormat f);
 //  * scales: (out, in / group) f32, row-major: scale(j, g) = scales[j·(in/group) + g]; or a
 //    single value for the whole tensor when per_tensor_scale (then group is ignored).
 //  * zeros: same layout as scales (never per-tensor), in units of q (may be fractional), or
-//    null for symmetric quantization (zero = 0). Integer formats only; fp8 is symmetric.
+//    null for symmetric quantization (zero = 0). Integer formats only; fp8 and f16 are symmetric.
 // group divides in (in % group != 0 is an error); group == in means per-output-channel scales.
 struct QuantWeight {
   QuantFormat format = QuantFormat::kInt8;

@@ -64,12 +64,23 @@ QuantizedState gguf_quantized_state(const gguf::File& f, Transformer& model) {
   return st;
 }
 
-Expected<gguf::LoadedModel> load_gguf_model(const std::string& path, QuantizedState* state) {
+Expected<gguf::LoadedModel> load_gguf_model(const std::string& path, QuantizedState* state, ActQuant act) {
   KILN_ASSIGN_OR_RETURN(const gguf::File f, gguf::read(path));
   auto loaded = gguf::llama_from_gguf(f);
   if (!loaded.ok()) return Status(loaded.status().code(), fmt::format("{}: {}", path, loaded.status().message()));
   QuantizedState st = gguf_quantized_state(f, *loaded->model);
+  st.act = act;
   install_backends(*loaded->model, st);
+  // F16 matrices stay halves (2 bytes per weight streamed, not 4); the fp32 master holds the
+  // same values, so the half copy is exact. A tied head reads the embedding: left fp32.
+  const bool tied = loaded->model->config().tied_embeddings;
+  for (Linear* l : loaded->model->linears()) {
+    if (l->backend || (tied && l == loaded->model->linears().back())) continue;
+    const std::string gname = gguf::llama_tensor_name(l->name);
+    const gguf::TensorInfo* t = gname.empty() || gguf::moe_expert_slice(l->name).ok() ? nullptr : f.tensor(gname);
+    if (t && t->type == gguf::TensorType::kF16 && t->numel() == l->in * l->out)
+      l->backend = std::make_shared<HalfLinear>(*l);
+  }
   if (state) *state = std::move(st);
   return loaded;
 }

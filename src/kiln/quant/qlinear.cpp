@@ -4,6 +4,8 @@
 #include <algorithm>
 #include <cstring>
 
+#include <fmt/format.h>
+
 #include "kiln/core/dtype.h"
 #include "kiln/core/thread_pool.h"
 #include "kiln/kernels/gemm.h"
@@ -14,6 +16,7 @@ namespace {
 // The kernel entry points (one place, so a backend swap is one edit).
 void run_weight_only(const QuantGemmParams& p) { cpu::quant_gemm(p); }
 void run_w8a8(const W8A8Params& p) { cpu::w8a8_gemm(p); }
+void run_block(const BlockQuantGemmParams& p) { cpu::block_quant_gemm(p); }
 void run_quantize_rows(const float* x, int64_t n, int64_t in, int8_t* q, float* scales) {
   cpu::quantize_rows_int8(x, n, in, in, q, in, scales);
 }
@@ -24,6 +27,7 @@ std::string_view act_quant_name(ActQuant a) {
     case ActQuant::kNone: return "none";
     case ActQuant::kInt8: return "int8-per-token";
     case ActQuant::kFp8: return "fp8e4m3-per-token";
+    case ActQuant::kInt8Block: return "int8-per-block32";
   }
   return "?";
 }
@@ -85,16 +89,42 @@ std::unique_ptr<KernelWeight> to_kernel_weight(const QTensor& t) {
 
 QuantizedLinear::QuantizedLinear(QTensor t, ActQuant act) : q_(std::move(t)), act_(act) {
   kw_ = to_kernel_weight(q_);
+  if (act_ == ActQuant::kInt8Block) {
+    bw_ = std::make_unique<PackedBlockWeight>();
+    const Status s = pack_block_quant(kw_->w, bw_.get());
+    KILN_CHECK_MSG(s.ok(), "int8-per-block32 activations need a symmetric int8 / int4 weight with groups of 32, got {}: {}",
+                   q_.scheme.describe(), s.message());
+    kw_.reset();  // the packed copy is the one the forward streams
+    return;
+  }
   if (act_ == ActQuant::kInt8)
     KILN_CHECK_MSG(!kw_->row_sums.empty(), "W8A8 needs a symmetric per-channel int8 weight, got {}", q_.scheme.describe());
 }
 
 int64_t QuantizedLinear::weight_bytes() const {
+  if (bw_) return bw_->w.bytes();
   return quant_weight_bytes(kw_->w) + static_cast<int64_t>(kw_->row_sums.size() * sizeof(int32_t));
+}
+
+std::string QuantizedLinear::kernel_name() const {
+  if (bw_) return fmt::format("block {} x int8/32: {}", block_quant_format_name(bw_->w.format), cpu::block_quant_path_name());
+  if (act_ == ActQuant::kInt8) return "w8a8: " + cpu::w8a8_path_name();
+  return "weight-only: " + cpu::quant_gemm_path_name();
 }
 
 void QuantizedLinear::forward(const Linear& l, float* y, const float* x, int64_t n, const float* residual) const {
   const int64_t in = q_.cols, out = q_.rows;
+  if (bw_) {
+    BlockQuantGemmParams p;
+    p.w = &bw_->w;
+    p.n = n;
+    p.x = x; p.ldx = in;
+    p.y = y; p.ldy = out;
+    p.bias = l.b;
+    p.residual = residual; p.ldr = out;
+    run_block(p);
+    return;
+  }
   if (act_ == ActQuant::kInt8) {
     qa_.resize(static_cast<size_t>(n * in));
     a_scale_.resize(static_cast<size_t>(n));
@@ -124,6 +154,25 @@ void QuantizedLinear::forward(const Linear& l, float* y, const float* x, int64_t
   p.y = y; p.ldy = out;
   p.bias = l.b;
   p.residual = residual; p.ldr = out;
+  run_weight_only(p);
+}
+
+HalfLinear::HalfLinear(const Linear& l) { sync(l); }
+
+void HalfLinear::sync(const Linear& l) {
+  h_.resize(static_cast<size_t>(l.out * l.in));
+  for (size_t i = 0; i < h_.size(); ++i) h_[i] = f32_to_f16(l.w[i]);
+  w_ = QuantWeight{QuantFormat::kF16, l.out, l.in, l.in, reinterpret_cast<const uint8_t*>(h_.data()), &one_, nullptr, true};
+}
+
+void HalfLinear::forward(const Linear& l, float* y, const float* x, int64_t n, const float* residual) const {
+  QuantGemmParams p;
+  p.w = &w_;
+  p.n = n;
+  p.x = x; p.ldx = l.in;
+  p.y = y; p.ldy = l.out;
+  p.bias = l.b;
+  p.residual = residual; p.ldr = l.out;
   run_weight_only(p);
 }
 

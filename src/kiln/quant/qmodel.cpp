@@ -93,7 +93,8 @@ Expected<QuantizedState> shard_quantized_state(const QuantizedState& full, std::
     t.cols = e.shape[1];
     const bool per_tensor = q.scheme.group == QuantScheme::kPerTensor;
     const bool cut = split.kind == ParamSplit::Kind::kColumns && split.count < q.cols;  // (tp 1 keeps them all)
-    if (cut && full.act != ActQuant::kNone)
+    // Per-block int8 activations slice exactly: the group check below keeps whole blocks.
+    if (cut && (full.act == ActQuant::kInt8 || full.act == ActQuant::kFp8))
       return invalid_argument("{}: int8 activations ({}) do not split over tensor-parallel ranks: the per-token scale "
                               "spans the whole input row, which the split cuts", e.name, method_name(full.method));
     if (cut && q.scheme.group > 0 && (split.begin % q.scheme.group != 0 || split.count % q.scheme.group != 0))
@@ -362,7 +363,14 @@ Expected<std::unique_ptr<Transformer>> load_any_model(const std::string& dir, Qu
   if (act == "none") st.act = ActQuant::kNone;
   else if (act == act_quant_name(ActQuant::kInt8)) st.act = ActQuant::kInt8;
   else if (act == act_quant_name(ActQuant::kFp8)) st.act = ActQuant::kFp8;
+  else if (act == act_quant_name(ActQuant::kInt8Block)) st.act = ActQuant::kInt8Block;
   else return unimplemented("{}: activation quantization '{}'", st_path.string(), act);
+  if (st.act == ActQuant::kInt8Block &&
+      !(st.scheme.format == QFormat::kInt && st.scheme.symmetric && st.scheme.group == kQuantBlock &&
+        (st.scheme.bits <= 4 || st.scheme.bits == 8)))
+    return data_loss("{}: activation quantization '{}' needs symmetric int8 or int4 weights with groups of {}, the "
+                     "metadata says {}-bit {} group {}", st_path.string(), act, kQuantBlock, st.scheme.bits,
+                     st.scheme.symmetric ? "symmetric" : "asymmetric", st.scheme.group);
 
   // Every tensor's name, dtype and shape against the header before the model is allocated.
   const std::vector<ParamEntry> entries = Transformer::param_entries_for(c);
@@ -466,7 +474,8 @@ int64_t weight_bytes_per_token(Transformer& model) {
   int64_t bytes = model.config().d_model * 4;  // the embedding row
   for (Linear* l : model.linears()) {
     if (auto* q = dynamic_cast<QuantizedLinear*>(l->backend.get())) bytes += q->weight_bytes();
-    else if (dynamic_cast<Bf16Linear*>(l->backend.get())) bytes += 2 * l->in * l->out;
+    else if (dynamic_cast<Bf16Linear*>(l->backend.get()) || dynamic_cast<HalfLinear*>(l->backend.get()))
+      bytes += 2 * l->in * l->out;
     else bytes += 4 * l->in * l->out;
   }
   return bytes;

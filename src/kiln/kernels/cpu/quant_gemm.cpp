@@ -4,8 +4,10 @@
 #include <algorithm>
 #include <atomic>
 #include <cmath>
+#include <cstring>
 #include <vector>
 
+#include "kiln/core/dtype.h"
 #include "kiln/core/fp8.h"
 #include "kiln/core/thread_pool.h"
 #include "kiln/core/trace.h"
@@ -39,6 +41,10 @@ struct V1 {
       const uint8_t b = row[k / 2];
       const int nib = (k % 2 == 0) ? (b & 0x0f) : (b >> 4);
       return static_cast<float>(nib >= 8 ? nib - 16 : nib);
+    } else if constexpr (F == QuantFormat::kF16) {
+      uint16_t h;
+      std::memcpy(&h, row + 2 * k, sizeof(h));
+      return f16_to_f32(h);
     } else if constexpr (F == QuantFormat::kFp8E4M3) {
       return Fp8E4M3::decode(row[k]);
     } else {

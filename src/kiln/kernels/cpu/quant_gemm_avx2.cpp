@@ -43,6 +43,8 @@ struct V256 {
       __m128i v = _mm_unpacklo_epi8(lo, hi);
       v = _mm_sub_epi8(_mm_xor_si128(v, _mm_set1_epi8(8)), _mm_set1_epi8(8));
       return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(v));
+    } else if constexpr (F == QuantFormat::kF16) {
+      return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(row + 2 * k)));
     } else {
       const __m128i b = _mm_cvtepu8_epi16(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(row + k)));
       __m128i h;

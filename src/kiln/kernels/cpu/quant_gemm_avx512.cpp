@@ -46,6 +46,8 @@ struct V512 {
       __m128i v = _mm_unpacklo_epi8(lo, hi);
       v = _mm_sub_epi8(_mm_xor_si128(v, _mm_set1_epi8(8)), _mm_set1_epi8(8));
       return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(v));
+    } else if constexpr (F == QuantFormat::kF16) {
+      return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(row + 2 * k)));
     } else {
       const __m256i b = _mm256_cvtepu8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(row + k)));
       __m256i h;

@@ -61,8 +61,9 @@ void wo_tile(const QuantGemmParams& p, const float* xsums, int64_t i0, int rows,
       // Stream the next tile's rows into L2 while this one computes: one line per row per line
       // consumed. Rows are short (a few KiB), too short for the hardware prefetcher to lock on;
       // without this, 2-thread int8 GEMV from DRAM ran at ~14 GB/s (Zen 5, w2-s shapes).
-      const int64_t off = F == QuantFormat::kInt4 ? k / 2 : k;
-      if ((off & 63) < (F == QuantFormat::kInt4 ? kStep / 2 : kStep)) {
+      constexpr int64_t kStepBytes = F == QuantFormat::kInt4 ? kStep / 2 : F == QuantFormat::kF16 ? 2 * kStep : kStep;
+      const int64_t off = F == QuantFormat::kInt4 ? k / 2 : F == QuantFormat::kF16 ? 2 * k : k;
+      if ((off & 63) < kStepBytes) {
 #pragma GCC unroll 8
         for (int c = 0; c < C; ++c) __builtin_prefetch(wr[c] + next + (off & ~int64_t{63}), 0, 2);
       }
@@ -181,6 +182,7 @@ void wo_rows(const QuantGemmParams& p, const float* xsums, int64_t j0, int64_t j
     case QuantFormat::kInt4: return wo_rows_fmt<V, QuantFormat::kInt4, C, RMax, CGemv>(p, xsums, j0, j1);
     case QuantFormat::kFp8E4M3: return wo_rows_fmt<V, QuantFormat::kFp8E4M3, C, RMax, CGemv>(p, xsums, j0, j1);
     case QuantFormat::kFp8E5M2: return wo_rows_fmt<V, QuantFormat::kFp8E5M2, C, RMax, CGemv>(p, xsums, j0, j1);
+    case QuantFormat::kF16: return wo_rows_fmt<V, QuantFormat::kF16, C, RMax, CGemv>(p, xsums, j0, j1);
     case QuantFormat::kCount: break;
   }
 }
@@ -209,6 +211,7 @@ void dequant_rows(const QuantWeight& w, int64_t j0, int64_t j1, float* dst) {
     case QuantFormat::kInt4: return dequant_rows_fmt<V, QuantFormat::kInt4>(w, j0, j1, dst);
     case QuantFormat::kFp8E4M3: return dequant_rows_fmt<V, QuantFormat::kFp8E4M3>(w, j0, j1, dst);
     case QuantFormat::kFp8E5M2: return dequant_rows_fmt<V, QuantFormat::kFp8E5M2>(w, j0, j1, dst);
+    case QuantFormat::kF16: return dequant_rows_fmt<V, QuantFormat::kF16>(w, j0, j1, dst);
     case QuantFormat::kCount: break;
   }
 }

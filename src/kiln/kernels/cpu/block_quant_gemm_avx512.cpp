@@ -1,0 +1,204 @@
+// AVX-512 block-quantized GEMM kernels (block_quant_gemm.h): an R-row × C-tile register tile
+// (16 channels per zmm) that streams each tile's blocks once, one zmm of weight codes per
+// 4-input quad (int4: two quads per load, split with one AND and one shift), activation quads
+// broadcast as 32-bit words, and per block one int32 → f32 conversion and one FMA with the
+// f32 product dw · da. The dot is vpdpbusd (AVX512-VNNI) or, without VNNI, vpmaddubsw +
+// vpmaddwd; per-block int8 activation quantization.
+#include <immintrin.h>
+
+#include <algorithm>
+#include <cstring>
+
+#include "kiln/core/cpu_features.h"
+#include "kiln/kernels/cpu/block_quant_gemm_kernels.h"
+
+// GCC 12's AVX-512 reductions start from _mm512_undefined_*(), which -Wextra reports as
+// uninitialized once inlined (a false positive; the values are fully overwritten).
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#pragma GCC diagnostic ignored "-Wuninitialized"
+
+namespace kiln::cpu {
+namespace {
+
+int32_t load_quad(const int8_t* p) {
+  int32_t v;
+  std::memcpy(&v, p, sizeof(v));
+  return v;
+}
+
+// dot += Σ over each lane's 4 bytes of w (u8) · a (s8). Without VNNI: Q4's codes are at most
+// 15, so vpmaddubsw's 16-bit pair sums (≤ 2·15·127) cannot saturate; Q8's unsigned codes
+// (≤ 255) could, so its codes are made signed again and their sign moved onto a (|q| ≤ 128,
+// |a| ≤ 127: pair sums ≤ 32512).
+template <BlockQuantFormat F, bool kVnni>
+inline __m512i dot4(__m512i dot, __m512i w, __m512i a) {
+  if constexpr (kVnni) {
+    return _mm512_dpbusd_epi32(dot, w, a);
+  } else {
+    const __m512i ones = _mm512_set1_epi16(1);
+    if constexpr (F == BlockQuantFormat::kQ4) {
+      return _mm512_add_epi32(dot, _mm512_madd_epi16(_mm512_maddubs_epi16(w, a), ones));
+    } else {
+      const __m512i q = _mm512_xor_si512(w, _mm512_set1_epi8(static_cast<char>(0x80)));
+      const __mmask64 neg = _mm512_movepi8_mask(q);
+      const __m512i as = _mm512_mask_sub_epi8(a, neg, _mm512_setzero_si512(), a);
+      return _mm512_add_epi32(dot, _mm512_madd_epi16(_mm512_maddubs_epi16(_mm512_abs_epi8(q), as), ones));
+    }
+  }
+}
+
+template <BlockQuantFormat F, int R, int C, bool kVnni>
+void tile(const BlockQuantGemmParams& p, const BlockQuantActs& a, int64_t i0, int64_t t0) {
+  const BlockQuantWeight& w = *p.w;
+  const int64_t nb = w.blocks(), bb = w.block_bytes(), cb = w.code_bytes();
+  // The offset o of the unsigned codes comes back out through the block sums (Σ (q + o)·a =
+  // Σ q·a + o·Σ a), except in the signed Q8 fallback, which needs no correction.
+  constexpr bool kOffset = kVnni || F == BlockQuantFormat::kQ4;
+  const int32_t offset = w.offset();
+  const uint8_t* wt[C];
+#pragma GCC unroll 4
+  for (int c = 0; c < C; ++c) wt[c] = w.data + (t0 + c) * w.tile_bytes();
+  __m512 acc[R][C];
+#pragma GCC unroll 4
+  for (int r = 0; r < R; ++r)
+#pragma GCC unroll 4
+    for (int c = 0; c < C; ++c) acc[r][c] = _mm512_setzero_ps();
+  const __m512i low4 = _mm512_set1_epi8(0x0f);
+  for (int64_t b = 0; b < nb; ++b) {
+    __m512i dot[R][C];
+    const int8_t* qa[R];
+#pragma GCC unroll 4
+    for (int r = 0; r < R; ++r) {
+      qa[r] = a.q + (i0 + r) * a.ldq + b * kQuantBlock;
+      const __m512i init = _mm512_set1_epi32(kOffset ? -offset * a.sums[(i0 + r) * nb + b] : 0);
+#pragma GCC unroll 4
+      for (int c = 0; c < C; ++c) dot[r][c] = init;
+    }
+#pragma GCC unroll 4
+    for (int h = 0; h < 4; ++h) {  // quads 2h and 2h + 1
+      __m512i wlo[C], whi[C];
+#pragma GCC unroll 4
+      for (int c = 0; c < C; ++c) {
+        const uint8_t* rec = wt[c] + b * bb;
+        if constexpr (F == BlockQuantFormat::kQ8) {
+          wlo[c] = _mm512_loadu_si512(rec + (2 * h) * 64);
+          whi[c] = _mm512_loadu_si512(rec + (2 * h + 1) * 64);
+        } else {
+          const __m512i v = _mm512_loadu_si512(rec + h * 64);
+          wlo[c] = _mm512_and_si512(v, low4);
+          whi[c] = _mm512_and_si512(_mm512_srli_epi16(v, 4), low4);
+        }
+      }
+#pragma GCC unroll 4
+      for (int r = 0; r < R; ++r) {
+        const __m512i a0 = _mm512_set1_epi32(load_quad(qa[r] + 8 * h));
+        const __m512i a1 = _mm512_set1_epi32(load_quad(qa[r] + 8 * h + 4));
+#pragma GCC unroll 4
+        for (int c = 0; c < C; ++c) {
+          dot[r][c] = dot4<F, kVnni>(dot[r][c], wlo[c], a0);
+          dot[r][c] = dot4<F, kVnni>(dot[r][c], whi[c], a1);
+        }
+      }
+    }
+    __m512 dw[C];
+#pragma GCC unroll 4
+    for (int c = 0; c < C; ++c)
+      dw[c] = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(wt[c] + b * bb + cb)));
+#pragma GCC unroll 4
+    for (int r = 0; r < R; ++r) {
+      const __m512 da = _mm512_set1_ps(a.scales[(i0 + r) * nb + b]);
+#pragma GCC unroll 4
+      for (int c = 0; c < C; ++c)
+        acc[r][c] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot[r][c]), _mm512_mul_ps(dw[c], da), acc[r][c]);
+    }
+  }
+#pragma GCC unroll 4
+  for (int c = 0; c < C; ++c) {
+    const int64_t j0 = (t0 + c) * kQuantTile;
+    const int64_t cols = std::min<int64_t>(kQuantTile, w.out - j0);
+    const __mmask16 m = static_cast<__mmask16>(cols >= 16 ? 0xffff : (1u << cols) - 1);
+    for (int r = 0; r < R; ++r) {
+      const int64_t i = i0 + r;
+      __m512 v = acc[r][c];
+      if (p.bias) v = _mm512_add_ps(v, _mm512_maskz_loadu_ps(m, p.bias + j0));
+      if (p.residual) v = _mm512_add_ps(v, _mm512_maskz_loadu_ps(m, p.residual + i * p.ldr + j0));
+      _mm512_mask_storeu_ps(p.y + i * p.ldy + j0, m, v);
+    }
+  }
+}
+
+// Rows in blocks of 4 (the weights of the tiles stay in L1/L2 across row blocks), two tiles at
+// a time; remainders take the smaller instantiations.
+template <BlockQuantFormat F, bool kVnni>
+void tiles_impl(const BlockQuantGemmParams& p, const BlockQuantActs& a, int64_t t0, int64_t t1) {
+  for (int64_t t = t0; t < t1; t += 2) {
+    const bool two = t + 1 < t1;
+    for (int64_t i0 = 0; i0 < p.n; i0 += 4) {
+      const int64_t rows = std::min<int64_t>(4, p.n - i0);
+#define KILN_BQ_ROWS(C)                                              \
+  switch (rows) {                                                    \
+    case 1: tile<F, 1, C, kVnni>(p, a, i0, t); break;                \
+    case 2: tile<F, 2, C, kVnni>(p, a, i0, t); break;                \
+    case 3: tile<F, 3, C, kVnni>(p, a, i0, t); break;                \
+    default: tile<F, 4, C, kVnni>(p, a, i0, t); break;               \
+  }
+      if (two) {
+        KILN_BQ_ROWS(2)
+      } else {
+        KILN_BQ_ROWS(1)
+      }
+#undef KILN_BQ_ROWS
+    }
+  }
+}
+
+void tiles(const BlockQuantGemmParams& p, const BlockQuantActs& a, int64_t t0, int64_t t1, bool vnni) {
+  const bool q8 = p.w->format == BlockQuantFormat::kQ8;
+  if (vnni) {
+    if (q8) tiles_impl<BlockQuantFormat::kQ8, true>(p, a, t0, t1);
+    else tiles_impl<BlockQuantFormat::kQ4, true>(p, a, t0, t1);
+  } else {
+    if (q8) tiles_impl<BlockQuantFormat::kQ8, false>(p, a, t0, t1);
+    else tiles_impl<BlockQuantFormat::kQ4, false>(p, a, t0, t1);
+  }
+}
+
+// ---- per-block int8 quantization ---------------------------------------------------------------
+void quantize(const float* x, int64_t n, int64_t in, int64_t ldx, int8_t* q, int64_t ldq, float* scales,
+              int32_t* sums) {
+  const int64_t nb = in / kQuantBlock;
+  const __m512 abs_mask = _mm512_castsi512_ps(_mm512_set1_epi32(0x7fffffff));
+  for (int64_t i = 0; i < n; ++i) {
+    for (int64_t b = 0; b < nb; ++b) {
+      const float* xb = x + i * ldx + b * kQuantBlock;
+      const __m512 x0 = _mm512_loadu_ps(xb), x1 = _mm512_loadu_ps(xb + 16);
+      const float amax = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_and_ps(x0, abs_mask), _mm512_and_ps(x1, abs_mask)));
+      const float inv = amax > 0.0f ? 127.0f / amax : 0.0f;
+      const __m512 vinv = _mm512_set1_ps(inv);
+      // cvtps rounds to nearest even (the default MXCSR mode), as nearbyint in the reference;
+      // |x · inv| ≤ 127, so the narrowing below never clips.
+      const __m512i v0 = _mm512_cvtps_epi32(_mm512_mul_ps(x0, vinv));
+      const __m512i v1 = _mm512_cvtps_epi32(_mm512_mul_ps(x1, vinv));
+      int8_t* qb = q + i * ldq + b * kQuantBlock;
+      _mm_storeu_si128(reinterpret_cast<__m128i*>(qb), _mm512_cvtepi32_epi8(v0));
+      _mm_storeu_si128(reinterpret_cast<__m128i*>(qb + 16), _mm512_cvtepi32_epi8(v1));
+      scales[i * nb + b] = amax / 127.0f;
+      sums[i * nb + b] = _mm512_reduce_add_epi32(_mm512_add_epi32(v0, v1));
+    }
+  }
+}
+
+const char* name(bool vnni) {
+  return vnni ? "avx512_vnni vpdpbusd, 4 rows x 2 tiles of 16 channels (u8 codes, offset through block sums)"
+              : "avx512bw vpmaddubsw + vpmaddwd, 4 rows x 2 tiles of 16 channels";
+}
+bool has_vnni() { return cpu_features().avx512_vnni; }
+
+}  // namespace
+
+const BlockQuantTargetKernels& block_quant_kernels_avx512() {
+  static const BlockQuantTargetKernels k{&tiles, &quantize, &name, &has_vnni};
+  return k;
+}
+
+}  // namespace kiln::cpu
