@@ -13,6 +13,7 @@
 
 #include "apps/kiln/commands.h"
 #include "kiln/core/thread_pool.h"
+#include "kiln/model/packed_linear.h"
 #include "kiln/model/weights.h"
 #include "kiln/quant/qmodel.h"
 #include "kiln/train/trainer.h"
@@ -167,6 +168,7 @@ void run_decode_gguf(const DecodeArgs& a) {
     auto model = quant::load_any_model(path, &kept_weights);
     if (!model.ok()) fail("bench quant-decode", model.status());
     Transformer& m = **model;
+    install_packed_weights(m);  // the fp32 matrices packed once, as the serving engine runs them
     fmt::print("# {}: {}; {} matrices kept quantized\n", path, m.config().describe(), kept_weights.weights.size());
     const int64_t a8_bytes = quant::weight_bytes_per_token(m);
     const double a8 = decode_tokens_per_s(m, a), a8_pp = prefill_tokens_per_s(m, a);
@@ -178,6 +180,7 @@ void run_decode_gguf(const DecodeArgs& a) {
     const int64_t a16_bytes = quant::weight_bytes_per_token(m);
     const double a16 = decode_tokens_per_s(m, a), a16_pp = prefill_tokens_per_s(m, a);
     for (Linear* l : m.linears()) l->backend.reset();
+    install_packed_weights(m);
     const double fp32 = decode_tokens_per_s(m, a), fp32_pp = prefill_tokens_per_s(m, a);
     print_decode_row("fp32", fp32, quant::weight_bytes_per_token(m), 0, fp32_pp);
     print_decode_row("kept-a16", a16, a16_bytes, fp32, a16_pp);

@@ -71,8 +71,8 @@ const BlockQuantTargetKernels& target_kernels() {
 std::atomic<bool> g_vnni_allowed{true};
 bool use_vnni(const BlockQuantTargetKernels& k) { return g_vnni_allowed && k.has_vnni(); }
 
-// Tiles per thread task: two 16-channel tiles share each activation broadcast.
-constexpr int64_t kTilesPerUnit = 2;
+// Tiles per thread task: the decode kernel takes four 16-channel tiles per pass.
+constexpr int64_t kTilesPerUnit = 4;
 
 struct ActBuffers {
   std::vector<int8_t> q;
