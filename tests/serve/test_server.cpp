@@ -80,6 +80,22 @@ TEST(ServedModel, LoadsQuantizedDirectoriesAndGgufFiles) {
 // bitwise the loader's fp32 decode (q/k rows un-permuted alike), and the prompt's logits agree
 // with the fp32-decoded model's to summation order (nmse ≤ 1e-10: the same products, the
 // quantized kernels' order).
+// Normalized squared distance of m's prompt logits from want's.
+double prompt_logits_nmse(Transformer& m, Transformer& want, const std::vector<int32_t>& prompt) {
+  const int64_t T = static_cast<int64_t>(prompt.size()), V = want.config().vocab_size;
+  const int64_t ctx = want.config().max_seq_len;
+  KVCache a = m.make_kv_cache(ctx), b = want.make_kv_cache(ctx);
+  const float* la = m.forward_cached(prompt.data(), T, a).value();
+  const std::vector<float> got(la, la + T * V);
+  const float* lb = want.forward_cached(prompt.data(), T, b).value();
+  double num = 0, den = 0;
+  for (int64_t i = 0; i < T * V; ++i) {
+    num += (got[i] - lb[i]) * (got[i] - lb[i]);
+    den += lb[i] * lb[i];
+  }
+  return num / den;
+}
+
 // y = round_per_block(x) · Wᵀ + b (+ residual) in f32 with the model's own (fp32) weights.
 class BlockRoundedInputs : public LinearBackend {
  public:
@@ -116,7 +132,6 @@ TEST(ServedModel, GgufQ8AndQ4MatricesRunQuantized) {
   cfg.tied_embeddings = false;
   auto model = test::tiny_model(cfg);
   const std::vector<int32_t> prompt = tk.encode("In the beginning God created");
-  const int64_t T = static_cast<int64_t>(prompt.size()), V = cfg.vocab_size;
   for (gguf::TensorType type : {gguf::TensorType::kQ8_0, gguf::TensorType::kQ4_0}) {
     const bool q8 = type == gguf::TensorType::kQ8_0;
     const std::string path = (dir / (q8 ? "q8.gguf" : "q4.gguf")).string();
@@ -144,18 +159,7 @@ TEST(ServedModel, GgufQ8AndQ4MatricesRunQuantized) {
     const auto* first = dynamic_cast<const quant::QuantizedLinear*>(served->model->linears()[0]->backend.get());
     ASSERT_NE(first, nullptr);
     EXPECT_EQ(first->act(), quant::ActQuant::kInt8Block);
-    auto logits_nmse = [&](Transformer& m, Transformer& want) {
-      KVCache a = m.make_kv_cache(cfg.max_seq_len), b = want.make_kv_cache(cfg.max_seq_len);
-      const float* la = m.forward_cached(prompt.data(), T, a).value();
-      const std::vector<float> got(la, la + T * V);
-      const float* lb = want.forward_cached(prompt.data(), T, b).value();
-      double num = 0, den = 0;
-      for (int64_t i = 0; i < T * V; ++i) {
-        num += (got[i] - lb[i]) * (got[i] - lb[i]);
-        den += lb[i] * lb[i];
-      }
-      return num / den;
-    };
+    auto logits_nmse = [&](Transformer& m, Transformer& want) { return prompt_logits_nmse(m, want, prompt); };
     EXPECT_LE(logits_nmse(*weight_only->model, *fp32), 1e-10) << (q8 ? "Q8_0" : "Q4_0") << " weight-only";
     // The oracle for int8 activations: the fp32 model with each Linear's input rounded per block
     // of 32 (ref::quantize_blocks_int8, then back to f32) before an f32 product. Left: the order
@@ -193,17 +197,7 @@ TEST(ServedModel, GgufF16MatricesStayHalves) {
                                                                 return b;
                                                               }());
   const std::vector<int32_t> prompt = tk.encode("In the beginning God created");
-  const int64_t T = static_cast<int64_t>(prompt.size()), V = cfg.vocab_size;
-  KVCache a = served->model->make_kv_cache(cfg.max_seq_len), b = fp32->make_kv_cache(cfg.max_seq_len);
-  const float* la = served->model->forward_cached(prompt.data(), T, a).value();
-  const std::vector<float> got(la, la + T * V);
-  const float* lb = fp32->forward_cached(prompt.data(), T, b).value();
-  double num = 0, den = 0;
-  for (int64_t i = 0; i < T * V; ++i) {
-    num += (got[i] - lb[i]) * (got[i] - lb[i]);
-    den += lb[i] * lb[i];
-  }
-  EXPECT_LE(num / den, 1e-10) << "the same values, f32 sums in another order";
+  EXPECT_LE(prompt_logits_nmse(*served->model, *fp32, prompt), 1e-10) << "the same values, f32 sums in another order";
   fs::remove_all(dir);
 }
 

@@ -9,15 +9,10 @@
 #include <cstring>
 
 #include "kiln/kernels/cpu/block_quant_gemm_kernels.h"
+#include "kiln/kernels/cpu/vec.h"
 
 namespace kiln::cpu {
 namespace {
-
-int32_t load_quad(const int8_t* p) {
-  int32_t v;
-  std::memcpy(&v, p, sizeof(v));
-  return v;
-}
 
 template <BlockQuantFormat F>
 inline __m256i dot4(__m256i dot, __m256i w, __m256i a) {
@@ -30,12 +25,6 @@ inline __m256i dot4(__m256i dot, __m256i w, __m256i a) {
   }
 }
 
-float hmax8(__m256 v) {
-  __m128 m = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-  m = _mm_max_ps(m, _mm_movehl_ps(m, m));
-  m = _mm_max_ss(m, _mm_movehdup_ps(m));
-  return _mm_cvtss_f32(m);
-}
 int32_t hsum8(__m256i v) {
   __m128i s = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
   s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0x4e));
@@ -133,7 +122,7 @@ void quantize(const float* x, int64_t n, int64_t in, int64_t ldx, int8_t* q, int
         xv[s] = _mm256_loadu_ps(xb + 8 * s);
         m = _mm256_max_ps(m, _mm256_and_ps(xv[s], abs_mask));
       }
-      const float amax = hmax8(m);
+      const float amax = avx2::reduce_max(avx2::Vec{m});
       const float inv = amax > 0.0f ? 127.0f / amax : 0.0f;
       const __m256 vinv = _mm256_set1_ps(inv);
       __m256i v[4];

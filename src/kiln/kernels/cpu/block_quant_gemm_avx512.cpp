@@ -20,12 +20,6 @@
 namespace kiln::cpu {
 namespace {
 
-int32_t load_quad(const int8_t* p) {
-  int32_t v;
-  std::memcpy(&v, p, sizeof(v));
-  return v;
-}
-
 // dot += Σ over each lane's 4 bytes of w (u8) · a (s8). Without VNNI: Q4's codes are at most
 // 15, so vpmaddubsw's 16-bit pair sums (≤ 2·15·127) cannot saturate; Q8's unsigned codes
 // (≤ 255) could, so its codes are made signed again and their sign moved onto a (|q| ≤ 128,

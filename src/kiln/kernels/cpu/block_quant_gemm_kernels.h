@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstdint>
+#include <cstring>
 
 #include "kiln/kernels/block_quant_gemm.h"
 
@@ -21,6 +22,13 @@ struct BlockQuantTargetKernels {
   // Whether this CPU runs the target's VNNI form.
   bool (*has_vnni)();
 };
+
+// Four activation codes as one 32-bit word (the broadcast operand of a quad's dot).
+inline int32_t load_quad(const int8_t* p) {
+  int32_t v;
+  std::memcpy(&v, p, sizeof(v));
+  return v;
+}
 
 const BlockQuantTargetKernels& block_quant_kernels_avx2();
 const BlockQuantTargetKernels& block_quant_kernels_avx512();
