@@ -1,5 +1,5 @@
 // The fast block-quantized GEMM (block_quant_gemm.h): activations quantized per block once per
-// call (rows spread over threads), then threads take pairs of 16-channel tiles; the scalar
+// call (rows spread over threads), then threads take runs of four 16-channel tiles; the scalar
 // target's table. The SIMD kernels are in block_quant_gemm_avx2.cpp / _avx512.cpp.
 #include <atomic>
 #include <vector>
