@@ -178,7 +178,9 @@ struct Context {
 };
 
 void print_row(Context& ctx, const Row& r) {
-  const double peak = (r.dtype == "bf16" ? ctx.peak_bf16 : ctx.peak_f32)[r.threads];
+  // bf16 rows against the peak of the products their kernel issues (f32 FMA when widened).
+  const bool dot = cpu::bf16_gemm_kernel() == cpu::Bf16Kernel::kDot;
+  const double peak = (r.dtype == "bf16" && dot ? ctx.peak_bf16 : ctx.peak_f32)[r.threads];
   const Summary& k = r.gflops[0];
   const double pct = peak > 0 ? 100.0 * k.median / peak : 0.0;
   const double flops = gemm_flops(r.shape.m, r.shape.n, r.shape.k);
@@ -277,48 +279,6 @@ void bench_shape(Context& ctx, const GemmShape& s, int threads, const std::strin
   ctx.rows.push_back(r);
 }
 
-// Coordinate search over (KC, MC, NC) on a 2048^3 problem at the largest thread count.
-void tune(Context& ctx, int threads, bool bf16) {
-  const cpu::GemmPath path = bf16 ? cpu::GemmPath::kBF16 : cpu::GemmPath::kF32;
-  const GemmShape s{2048, 2048, 2048, false, bf16 ? DType::kBF16 : DType::kF32};
-  Rng rng(7);
-  Buffer a(s.m * s.k, s.dtype, rng), b(s.k * s.n, s.dtype, rng), c(s.m * s.n, DType::kF32, rng);
-  set_num_threads(threads);
-  const std::vector<Impl> impls = {make_impls(s)[0]};
-  auto measure = [&](cpu::GemmBlocking blk) {
-    cpu::set_gemm_blocking(path, blk);
-    const double gf = time_impls(impls, a.data(), {b.data()}, c.f32(), gemm_flops(s.m, s.n, s.k),
-                                 3, threads)[0].median;
-    if (!ctx.opt.json)
-      fmt::print("  tune {:<4} mc={:<4} kc={:<4} nc={:<5} {:7.1f} GFLOP/s\n", bf16 ? "bf16" : "f32",
-                 blk.mc, blk.kc, blk.nc, gf);
-    return gf;
-  };
-  cpu::GemmBlocking best = cpu::default_gemm_blocking(path);
-  double best_gf = measure(best);
-  const std::vector<int> kcs = bf16 ? std::vector<int>{256, 384, 512, 768, 1024}
-                                    : std::vector<int>{128, 192, 256, 384, 512};
-  const std::vector<int> mcs = {84, 112, 168, 224, 336};
-  const std::vector<int> ncs = {1024, 2048, 3072, 4096};
-  for (int pass = 0; pass < 3; ++pass) {
-    const std::vector<int>& cands = pass == 0 ? kcs : pass == 1 ? mcs : ncs;
-    for (int v : cands) {
-      cpu::GemmBlocking blk = best;
-      (pass == 0 ? blk.kc : pass == 1 ? blk.mc : blk.nc) = v;
-      if (blk.mc == best.mc && blk.kc == best.kc && blk.nc == best.nc) continue;
-      const double gf = measure(blk);
-      if (gf > best_gf * 1.01) {
-        best_gf = gf;
-        best = blk;
-      }
-    }
-  }
-  cpu::set_gemm_blocking(path, best);
-  if (!ctx.opt.json)
-    fmt::print("  tune {:<4} chose mc={} kc={} nc={} ({:.1f} GFLOP/s)\n", bf16 ? "bf16" : "f32",
-               best.mc, best.kc, best.nc, best_gf);
-}
-
 }  // namespace
 
 int run_gemm_bench(const GemmBenchOptions& opt) {
@@ -352,7 +312,12 @@ int run_gemm_bench(const GemmBenchOptions& opt) {
     fmt::print("openblas   : core {} (OPENBLAS_CORETYPE/L2_SIZE unset)\n", openblas_core_name());
     fmt::print("kiln paths : f32 {}; bf16 {}; m<=8 {}\n", cpu::gemm_path_name(cpu::GemmPath::kF32),
                cpu::gemm_path_name(cpu::GemmPath::kBF16), cpu::gemm_small_m_name());
-    fmt::print("tune file  : {}\n", cpu::gemm_tune_file());
+    fmt::print("bf16 kernel: {}\n", cpu::bf16_gemm_choice());
+    const cpu::GemmBlocking bf = cpu::gemm_blocking(cpu::GemmPath::kF32), bb = cpu::gemm_blocking(cpu::GemmPath::kBF16);
+    const cpu::GemmBlocking mf = cpu::default_gemm_blocking(cpu::GemmPath::kF32), mb = cpu::default_gemm_blocking(cpu::GemmPath::kBF16);
+    fmt::print("blocking   : f32 mc={} kc={} nc={}, bf16 mc={} kc={} nc={} from the {} (cache model: f32 {}/{}/{}, bf16 {}/{}/{})\n",
+               bf.mc, bf.kc, bf.nc, bb.mc, bb.kc, bb.nc, cpu::gemm_blocking_source(), mf.mc, mf.kc, mf.nc, mb.mc, mb.kc, mb.nc);
+    fmt::print("tune file  : {} (entry {})\n", cpu::gemm_tune_file(), cpu::tune_cpu_key());
     fmt::print("mode /pk   : decode rows with kiln on the weight packed once (pack_weight_as + gemm_prepacked, as\n"
                "             PackedLinear runs them); the peers read the same plain (n, k) weights\n");
     fmt::print("cold DRAM  : a cold decode row's B GB/s as % of the DRAM ceiling below (taken at the start), as %\n"
@@ -367,8 +332,13 @@ int run_gemm_bench(const GemmBenchOptions& opt) {
   {
     const int64_t dram_bytes = std::max<int64_t>(int64_t{256} << 20, 8 * l3);  // >= 8x L3
     for (int t : threads_list) {
-      ctx.peak_f32[t] = perf::measure_fma_peak_gflops(DType::kF32, t);
-      ctx.peak_bf16[t] = perf::measure_fma_peak_gflops(DType::kBF16, t);
+      const perf::FmaPeak pf = perf::measure_fma_peak(DType::kF32, t), pb = perf::measure_fma_peak(DType::kBF16, t);
+      ctx.peak_f32[t] = pf.gflops();
+      ctx.peak_bf16[t] = pb.gflops();
+      if (!opt.json)
+        fmt::print("FMA peak {}T : f32 loop {:.1f}, micro-kernel in L1 {:.1f} GFLOP/s ({:.1f}% of the loop); bf16 loop {:.1f}, "
+                   "micro-kernel {:.1f} ({:.1f}%)\n", t, pf.loop_gflops, pf.kernel_gflops, 100 * pf.kernel_share(),
+                   pb.loop_gflops, pb.kernel_gflops, 100 * pb.kernel_share());
       ctx.dram[t] = perf::measure_dram_read_gbps(t, dram_bytes);
       if (!ctx.dram_probe) ctx.dram_probe = std::make_unique<perf::DramReadProbe>(dram_bytes);
       if (opt.json) {
@@ -385,8 +355,17 @@ int run_gemm_bench(const GemmBenchOptions& opt) {
   }
 
   if (opt.tune) {
-    for (DType dt : dtypes) tune(ctx, max_threads, dt == DType::kBF16);
-    const Status st = cpu::save_gemm_tuning();
+    // The first-use autotune's search, on a larger problem with one more repetition.
+    set_num_threads(max_threads);
+    cpu::AutotuneOptions ao;
+    ao.size = 2048;
+    ao.reps = 3;
+    if (!opt.json) ao.log = [](const std::string& line) { fmt::print("{}\n", line); };
+    const cpu::AutotuneResult tr = cpu::autotune_gemm(ao);
+    if (!opt.json)
+      fmt::print("  tune chose f32 mc={} kc={} nc={} ({:.1f} GFLOP/s), bf16 mc={} kc={} nc={} in {:.1f} s\n", tr.f32.mc,
+                 tr.f32.kc, tr.f32.nc, tr.f32_gflops, tr.bf16.mc, tr.bf16.kc, tr.bf16.nc, tr.seconds);
+    const Status st = cpu::save_gemm_tuning("bench --tune");
     if (!st.ok()) {
       fmt::print(stderr, "kiln bench gemm: {}\n", st.to_string());
       return 1;

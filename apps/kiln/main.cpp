@@ -17,6 +17,7 @@
 #include "kiln/core/cpu_features.h"
 #include "kiln/core/env.h"
 #include "kiln/core/thread_pool.h"
+#include "kiln/kernels/cpu/gemm_cpu.h"
 
 namespace {
 
@@ -63,6 +64,9 @@ int main(int argc, char** argv) {
       ->check(CLI::Range(1, static_cast<int>(kiln::kMaxThreads)));
   app.add_option("--simd", simd, "Force a lower SIMD target (also KILN_SIMD)")
       ->check(CLI::IsMember({"scalar", "avx2", "avx512"}));
+  bool no_autotune = false;
+  app.add_flag("--no-autotune", no_autotune,
+               "Never time GEMM blockings at first use on a new CPU (also KILN_AUTOTUNE=0): the cache model's");
   // Runs after every flag of every subcommand parsed and passed its checks, before any subcommand.
   app.parse_complete_callback([&] {
     if (kiln::Status st = kiln::validate_environment(); !st.ok()) {
@@ -77,6 +81,9 @@ int main(int argc, char** argv) {
       const int ranks = std::max(1, std::atoi(local));
       kiln::set_num_threads(std::max(1, static_cast<int>(std::thread::hardware_concurrency()) / ranks));
     }
+    // First-use autotune (kernels/cpu/gemm_cpu.h): on unless switched off; the value was validated above.
+    const auto autotune_env = kiln::env_choice("KILN_AUTOTUNE", kiln::kAutotuneChoices);
+    kiln::cpu::set_first_use_autotune(!no_autotune && !(autotune_env.ok() && *autotune_env && **autotune_env == "0"));
     if (!simd.empty()) {
       for (const auto& info : kiln::kSimdTargets) {
         if (info.name == simd && !kiln::set_simd_target(info.target)) {

@@ -311,6 +311,8 @@ TEST(CliEnvironment, BadValuesAreRefused) {
       {{"info"}, "KILN_PIN_THREADS", {"KILN_PIN_THREADS=sometimes"}},
       {{"info"}, "KILN_TUNE_FILE", {"KILN_TUNE_FILE=/"}},
       {{"info"}, "KILN_COMM_CALIBRATION", {"KILN_COMM_CALIBRATION=/"}},
+      {{"info"}, "KILN_AUTOTUNE", {"KILN_AUTOTUNE=yes"}},
+      {{"info"}, "KILN_BF16_GEMM", {"KILN_BF16_GEMM=fast"}},
       // Checked before the subcommand runs, whatever it is.
       {{"train", "--steps", "1"}, "KILN_NUM_THREADS", {"KILN_NUM_THREADS=many"}},
   };

@@ -85,23 +85,34 @@ KernelCase make_case(const GemmCase& g, uint64_t seed) {
             p.act = g.act;
             p.residual = g.residual ? res.data() : nullptr;
             p.ldr = g.residual ? ldr : 0;
-            std::vector<float> c_ref = c0, c_fast = c0;
+            std::vector<float> c_ref = c0;
             p.c = c_ref.data();
             EXPECT_TRUE(check_gemm(p).ok()) << check_gemm(p).to_string();
             ref::gemm(p);
-            p.c = c_fast.data();
             const cpu::GemmBlocking saved_f32 = cpu::gemm_blocking(cpu::GemmPath::kF32);
             const cpu::GemmBlocking saved_bf16 = cpu::gemm_blocking(cpu::GemmPath::kBF16);
             if (g.blocking.mc > 0) {
               cpu::set_gemm_blocking(cpu::GemmPath::kF32, g.blocking);
               cpu::set_gemm_blocking(cpu::GemmPath::kBF16, g.blocking);
             }
-            cpu::gemm(p);
+            const bool low = g.a_dtype == DType::kBF16 || g.b_dtype == DType::kBF16;
+            // bf16: both products the packed path can pick (vdpbf16ps and widened to f32).
+            const cpu::Bf16Kernel picked = cpu::bf16_gemm_kernel();
+            std::vector<Compare> out;
+            for (cpu::Bf16Kernel kernel : {cpu::Bf16Kernel::kDot, cpu::Bf16Kernel::kWiden}) {
+              if (!low && kernel == cpu::Bf16Kernel::kWiden) break;
+              cpu::set_bf16_gemm_kernel(kernel);
+              std::vector<float> c = c0;
+              p.c = c.data();
+              cpu::gemm(p);
+              for (Compare& cmp : compare_strided(kernel == cpu::Bf16Kernel::kDot ? "C" : "C widened", c_ref, c, g.m,
+                                                  g.n, ldc, low ? 3e-5 : 1e-10))
+                out.push_back(std::move(cmp));
+            }
+            cpu::set_bf16_gemm_kernel(picked);
             cpu::set_gemm_blocking(cpu::GemmPath::kF32, saved_f32);
             cpu::set_gemm_blocking(cpu::GemmPath::kBF16, saved_bf16);
-
-            const bool low = g.a_dtype == DType::kBF16 || g.b_dtype == DType::kBF16;
-            return compare_strided("C", c_ref, c_fast, g.m, g.n, ldc, low ? 3e-5 : 1e-10);
+            return out;
           }};
 }
 

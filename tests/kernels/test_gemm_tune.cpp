@@ -1,5 +1,7 @@
-// The GEMM tuning cache (`kiln bench gemm --tune` writes it, every later run reads it once):
-// a valid file sets the blocking, a corrupt one is ignored with a warning, never a crash.
+// The GEMM tuning cache (the first-use autotune and `kiln bench gemm --tune` write it, every later
+// run reads it once): this CPU's entry sets the blocking, other CPUs' entries are kept and not
+// used, a corrupt file is ignored with a warning, never a crash; the cache model's constraints;
+// the bf16 kernel choice; the autotune's search.
 // Each case runs in a fresh child process (threadsafe death-test style re-executes the binary),
 // because the file is read once per process.
 #include <gtest/gtest.h>
@@ -8,7 +10,11 @@
 #include <filesystem>
 #include <fstream>
 
+#include <nlohmann/json.hpp>
+
+#include "kiln/core/cpu_features.h"
 #include "kiln/kernels/cpu/gemm_cpu.h"
+#include "kiln/kernels/gemm.h"
 
 namespace kiln {
 namespace {
@@ -26,17 +32,38 @@ std::string write_tune_file(const char* name, const std::string& text) {
   std::exit(b.mc == want.mc && b.kc == want.kc && b.nc == want.nc ? 0 : 1);
 }
 
+// This CPU's entry in a version-2 file, around `entry` (a JSON object's members).
+std::string this_cpu_file(const std::string& entry) {
+  nlohmann::json j;
+  j["version"] = 2;
+  j["cpus"]["some other CPU | L1d 32 KiB 8-way, L2 1024 KiB 8-way, L3 32768 KiB"] = {{"f32", {{"mc", 8}, {"kc", 16}, {"nc", 32}}}};
+  j["cpus"][cpu::tune_cpu_key()] = nlohmann::json::parse("{" + entry + "}");
+  return j.dump();
+}
+
 TEST(GemmTune, ValidFileSetsTheBlocking) {
   GTEST_FLAG_SET(death_test_style, "threadsafe");
-  const std::string path =
-      write_tune_file("kiln_tune_valid.json", R"({"version": 1, "f32": {"mc": 112, "kc": 256, "nc": 512}})");
+  const std::string path = write_tune_file("kiln_tune_valid.json", this_cpu_file(R"("f32": {"mc": 112, "kc": 256, "nc": 512})"));
   EXPECT_EXIT(check_blocking_in_child(path, {112, 256, 512}), ::testing::ExitedWithCode(0), "");
+  // A version-1 file counts when it names this CPU's brand, not otherwise.
+  const std::string v1 = nlohmann::json{{"version", 1}, {"cpu", cpu_features().brand}, {"f32", {{"mc", 96}, {"kc", 128}, {"nc", 640}}}}.dump();
+  EXPECT_EXIT(check_blocking_in_child(write_tune_file("kiln_tune_v1.json", v1), {96, 128, 640}), ::testing::ExitedWithCode(0), "");
+  const std::string v1_other = R"({"version": 1, "cpu": "another CPU", "f32": {"mc": 96, "kc": 128, "nc": 640}})";
+  EXPECT_EXIT(check_blocking_in_child(write_tune_file("kiln_tune_v1o.json", v1_other), cpu::default_gemm_blocking(cpu::GemmPath::kF32)),
+              ::testing::ExitedWithCode(0), "");
+}
+
+TEST(GemmTune, OtherCpusEntriesAreNotUsed) {
+  GTEST_FLAG_SET(death_test_style, "threadsafe");
+  const std::string text = R"({"version": 2, "cpus": {"some other CPU": {"f32": {"mc": 112, "kc": 256, "nc": 512}}}})";
+  EXPECT_EXIT(check_blocking_in_child(write_tune_file("kiln_tune_other.json", text), cpu::default_gemm_blocking(cpu::GemmPath::kF32)),
+              ::testing::ExitedWithCode(0), "");
 }
 
 TEST(GemmTune, CorruptFileFallsBackToDefaultsWithAWarning) {
   GTEST_FLAG_SET(death_test_style, "threadsafe");
   const cpu::GemmBlocking defaults = cpu::default_gemm_blocking(cpu::GemmPath::kF32);
-  for (const char* text : {"{not json", R"({"f32": {"mc": "big"}})", R"({"f32": 7})"}) {
+  for (const std::string& text : {std::string("{not json"), this_cpu_file(R"("f32": {"mc": "big"})"), this_cpu_file(R"("f32": 7)")}) {
     const std::string path = write_tune_file("kiln_tune_corrupt.json", text);
     EXPECT_EXIT(check_blocking_in_child(path, defaults), ::testing::ExitedWithCode(0),
                 "ignoring unreadable GEMM tuning file")
@@ -62,10 +89,142 @@ TEST(GemmTune, SavedFileIsReadBackByTheNextProcess) {
   std::filesystem::remove_all(dir);
 }
 
+TEST(GemmTune, SavingKeepsOtherCpusEntries) {
+  GTEST_FLAG_SET(death_test_style, "threadsafe");
+  // Each child re-runs the body up to its own statement: the file is written in the saving child.
+  const std::string path = (std::filesystem::temp_directory_path() / "kiln_tune_keep.json").string();
+  EXPECT_EXIT(
+      {
+        write_tune_file("kiln_tune_keep.json", R"({"version": 2, "cpus": {"another CPU": {"f32": {"mc": 8, "kc": 16, "nc": 32}}}})");
+        setenv("KILN_TUNE_FILE", path.c_str(), 1);
+        cpu::set_gemm_blocking(cpu::GemmPath::kF32, {98, 336, 1024});
+        std::exit(cpu::save_gemm_tuning("test").ok() ? 0 : 1);
+      },
+      ::testing::ExitedWithCode(0), "");
+  std::ifstream in(path);
+  const nlohmann::json j = nlohmann::json::parse(in);
+  EXPECT_EQ(j.at("cpus").at("another CPU").at("f32").at("kc"), 16);
+  const auto& mine = j.at("cpus").at(cpu::tune_cpu_key());
+  EXPECT_EQ(mine.at("f32").at("mc"), 98);
+  EXPECT_EQ(mine.at("source"), "test");
+  EXPECT_TRUE(mine.at("bf16_kernel") == "dot" || mine.at("bf16_kernel") == "widen");
+  EXPECT_EXIT(check_blocking_in_child(path, {98, 336, 1024}), ::testing::ExitedWithCode(0), "");
+}
+
+// The cache model's constraints (gemm_cpu.h), on the caches of several CPU families: the A
+// strip fits all but one way of L1, the M block and a group of B micro-panels fit all but one
+// way of L2, the K x NC panel an eighth of L3 (where the bounds allow), and the multiples hold.
+TEST(GemmCacheModel, BlockingMeetsItsCacheConstraints) {
+  const cpu::CacheGeometry machines[] = {
+      {32 << 10, 1 << 20, 32 << 20, 8, 8},      // Zen 4
+      {48 << 10, 1 << 20, 32 << 20, 12, 16},    // Zen 5
+      {48 << 10, 2 << 20, 260 << 20, 12, 16},   // Sapphire / Emerald Rapids VM
+      {32 << 10, 256 << 10, 8 << 20, 8, 4},     // an older, small-L2 core
+  };
+  for (const cpu::CacheGeometry& c : machines) {
+    for (auto [mr, nr, ks] : {std::tuple{14, 32, 1}, std::tuple{14, 32, 2}, std::tuple{6, 16, 1}}) {
+      const cpu::GemmBlocking b = cpu::blocking_from_caches(c, mr, nr, ks);
+      const int64_t steps = b.kc / ks;
+      SCOPED_TRACE(::testing::Message() << "L1 " << c.l1d_bytes << " L2 " << c.l2_bytes << " mr " << mr << " ks " << ks);
+      EXPECT_EQ(b.kc % ks, 0);
+      EXPECT_EQ(steps % 16, 0);
+      EXPECT_LE(int64_t{mr} * steps * 4, c.l1d_bytes * (c.l1d_ways - 1) / c.l1d_ways);
+      EXPECT_GT(int64_t{mr} * (steps + 16) * 4, c.l1d_bytes * (c.l1d_ways - 1) / c.l1d_ways);  // the largest such
+      EXPECT_EQ(b.mc % mr, 0);
+      EXPECT_GE(b.mc, 2 * mr);
+      if (b.mc > 2 * mr) EXPECT_LE((b.mc + cpu::kStripGroup * nr) * steps * 4, c.l2_bytes * (c.l2_ways - 1) / c.l2_ways);
+      EXPECT_EQ(b.nc % 256, 0);
+      EXPECT_GE(b.nc, 1024);
+      EXPECT_LE(b.nc, 4096);
+      if (b.nc > 1024) EXPECT_LE(steps * b.nc * 4, c.l3_bytes / 8);
+    }
+  }
+  // Larger caches never give smaller blocks.
+  const cpu::GemmBlocking small = cpu::blocking_from_caches(machines[0], 14, 32, 1);
+  const cpu::GemmBlocking large = cpu::blocking_from_caches(machines[2], 14, 32, 1);
+  EXPECT_GE(large.kc, small.kc);
+  EXPECT_GE(large.nc, small.nc);
+}
+
+// The bf16 product choice: KILN_BF16_GEMM forces it (children: it is decided once per process),
+// and both kernels give the reference's numbers.
+TEST(GemmBf16Kernel, EnvironmentForcesTheChoice) {
+  GTEST_FLAG_SET(death_test_style, "threadsafe");
+  EXPECT_EXIT(
+      {
+        setenv("KILN_BF16_GEMM", "widen", 1);
+        std::exit(cpu::bf16_gemm_kernel() == cpu::Bf16Kernel::kWiden ? 0 : 1);
+      },
+      ::testing::ExitedWithCode(0), "");
+  if (cpu_features().avx512_bf16 && active_simd_target() == SimdTarget::kAvx512) {
+    EXPECT_EXIT(
+        {
+          setenv("KILN_BF16_GEMM", "dot", 1);
+          std::exit(cpu::bf16_gemm_kernel() == cpu::Bf16Kernel::kDot ? 0 : 1);
+        },
+        ::testing::ExitedWithCode(0), "");
+  }
+  EXPECT_FALSE(cpu::bf16_gemm_choice().empty());
+}
+
+// The first-use autotune's search, shortened: it sets blockings within the clamps and the GEMM
+// still matches the reference under them.
+TEST(GemmAutotune, SearchSetsUsableBlockings) {
+  const cpu::GemmBlocking saved_f32 = cpu::gemm_blocking(cpu::GemmPath::kF32);
+  const cpu::GemmBlocking saved_bf16 = cpu::gemm_blocking(cpu::GemmPath::kBF16);
+  cpu::AutotuneOptions opt;
+  opt.size = 192;
+  opt.reps = 1;
+  int lines = 0;
+  opt.log = [&](const std::string&) { ++lines; };
+  const cpu::AutotuneResult r = cpu::autotune_gemm(opt);
+  EXPECT_GT(lines, 5);
+  EXPECT_GT(r.f32_gflops, 0.0);
+  const cpu::GemmBlocking now = cpu::gemm_blocking(cpu::GemmPath::kF32);
+  EXPECT_EQ(now.mc, r.f32.mc);
+  EXPECT_EQ(now.kc, r.f32.kc);
+  EXPECT_EQ(now.nc, r.f32.nc);
+  EXPECT_GE(now.mc, 8);
+  EXPECT_GE(now.kc, 16);
+  const int64_t m = 77, n = 90, k = 333;
+  std::vector<float> a(m * k), b(k * n), c(m * n), c_ref(m * n);
+  for (size_t i = 0; i < a.size(); ++i) a[i] = static_cast<float>(static_cast<int>(i % 17) - 8) / 8;
+  for (size_t i = 0; i < b.size(); ++i) b[i] = static_cast<float>(static_cast<int>(i % 13) - 6) / 8;
+  GemmParams p;
+  p.m = m, p.n = n, p.k = k, p.a = a.data(), p.b = b.data(), p.lda = k, p.ldb = n, p.ldc = n;
+  p.c = c.data();
+  cpu::gemm(p);
+  p.c = c_ref.data();
+  ref::gemm(p);
+  for (size_t i = 0; i < c.size(); ++i) ASSERT_NEAR(c[i], c_ref[i], 1e-4) << i;  // small integers / 64: near exact
+  cpu::set_gemm_blocking(cpu::GemmPath::kF32, saved_f32);
+  cpu::set_gemm_blocking(cpu::GemmPath::kBF16, saved_bf16);
+}
+
 TEST(GemmTune, AbsentFileMeansDefaults) {
   GTEST_FLAG_SET(death_test_style, "threadsafe");
   EXPECT_EXIT(check_blocking_in_child("/nonexistent/kiln_tune.json", cpu::default_gemm_blocking(cpu::GemmPath::kF32)),
               ::testing::ExitedWithCode(0), "");
+}
+
+// The first-use trigger: armed and without an entry for this CPU, a large GEMM runs the search
+// once and saves it; small GEMMs, an unarmed library and several MPI ranks never do.
+TEST(GemmAutotune, FirstLargeGemmTunesOnceAndSaves) {
+  GTEST_FLAG_SET(death_test_style, "threadsafe");
+  const std::string path = (std::filesystem::temp_directory_path() / "kiln_tune_first_use.json").string();
+  auto run = [&](bool arm, int64_t size, const char* ranks) {
+    std::filesystem::remove(path);
+    setenv("KILN_TUNE_FILE", path.c_str(), 1);
+    if (ranks) setenv("OMPI_COMM_WORLD_SIZE", ranks, 1);
+    cpu::set_first_use_autotune(arm);
+    cpu::maybe_autotune_first_use(size, size, size);
+    std::exit(std::filesystem::exists(path) && cpu::gemm_blocking_source() == "tune file (autotune)" ? 0 : 1);
+  };
+  EXPECT_EXIT(run(true, 512, nullptr), ::testing::ExitedWithCode(0), "GEMM tuned in");
+  EXPECT_EXIT(run(true, 256, nullptr), ::testing::ExitedWithCode(1), "");
+  EXPECT_EXIT(run(false, 512, nullptr), ::testing::ExitedWithCode(1), "");
+  EXPECT_EXIT(run(true, 512, "2"), ::testing::ExitedWithCode(1), "");
+  std::filesystem::remove(path);
 }
 
 }  // namespace

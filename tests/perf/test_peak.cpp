@@ -2,7 +2,10 @@
 // only that a SIMD CPU reports a positive peak and that absent instructions report 0).
 #include <gtest/gtest.h>
 
+#include <algorithm>
+
 #include "kiln/core/cpu_features.h"
+#include "kiln/kernels/cpu/gemm_cpu.h"
 #include "kiln/perf/peak.h"
 
 namespace kiln::perf {
@@ -23,6 +26,26 @@ TEST(PerfPeak, FmaPeakIsPositiveWhereSimdExists) {
     EXPECT_EQ(bf, 0.0);
   }
   EXPECT_EQ(measure_fma_peak_gflops(DType::kI8, 1, 0.002), 0.0);  // no loop for int8 yet
+}
+
+// Both halves of the probe run, and the peak quoted is the larger (so a GEMM cannot be quoted
+// above 100%); the self-check ratio is kernel / loop. No timing thresholds: only structure.
+TEST(PerfPeak, LoopAndMicroKernelAreBothMeasured) {
+  for (DType dt : {DType::kF32, DType::kBF16}) {
+    const FmaPeak p = measure_fma_peak(dt, 1, 0.004);
+    if (p.loop_gflops == 0.0) {
+      EXPECT_EQ(p.kernel_gflops, 0.0);
+      continue;
+    }
+    EXPECT_GT(p.kernel_gflops, 0.0);
+    EXPECT_LT(p.kernel_gflops, 1e5);
+    EXPECT_EQ(p.gflops(), std::max(p.loop_gflops, p.kernel_gflops));
+    EXPECT_DOUBLE_EQ(p.kernel_share(), p.kernel_gflops / p.loop_gflops);
+  }
+  // The micro-kernel's FLOP count: 2 MR NR k per run, so twice the runs is twice the FLOPs.
+  const double one = cpu::run_micro_kernel_in_l1(cpu::GemmPath::kF32, 3);
+  EXPECT_GT(one, 0.0);
+  EXPECT_DOUBLE_EQ(cpu::run_micro_kernel_in_l1(cpu::GemmPath::kF32, 6), 2 * one);
 }
 
 TEST(PerfPeak, CachedPeakIsMeasuredOnce) {

@@ -97,8 +97,9 @@ CpuFeatures probe() {
       if (type == 2) continue;  // instruction cache
       const int bytes = static_cast<int>(((r[1] >> 22) + 1) * (((r[1] >> 12) & 0x3ff) + 1) *
                                          ((r[1] & 0xfff) + 1) * (r[2] + 1));
-      if (level == 1) f.l1d_bytes = bytes;
-      if (level == 2) f.l2_bytes = bytes;
+      const int ways = static_cast<int>((r[1] >> 22) + 1);
+      if (level == 1) f.l1d_bytes = bytes, f.l1d_ways = ways;
+      if (level == 2) f.l2_bytes = bytes, f.l2_ways = ways;
       if (level == 3) f.l3_bytes = bytes;
     }
   }

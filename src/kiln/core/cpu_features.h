@@ -18,6 +18,7 @@ struct CpuFeatures {
   bool avx512_bf16 = false, avx512_vnni = false, avx512_fp16 = false, avx_vnni = false;
   bool amx_tile = false, amx_bf16 = false, amx_int8 = false;
   int l1d_bytes = 0, l2_bytes = 0, l3_bytes = 0;  // per core (L1, L2) and shared (L3)
+  int l1d_ways = 8, l2_ways = 8;                   // associativity (CPUID; 8 where it is not reported)
   int num_logical_cpus = 1;
 };
 

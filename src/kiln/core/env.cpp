@@ -31,6 +31,17 @@ Expected<std::optional<long long>> env_int(const char* name, long long lo, long 
   return std::optional<long long>{n};
 }
 
+Expected<std::optional<std::string_view>> env_choice(const char* name, std::span<const std::string_view> choices) {
+  const auto v = env_value(name);
+  if (!v) return std::optional<std::string_view>{};
+  std::string list;
+  for (std::string_view c : choices) {
+    if (*v == c) return std::optional<std::string_view>{c};
+    list += (list.empty() ? "" : ", ") + std::string(c);
+  }
+  return invalid_argument("{}='{}': expected one of {}", name, *v, list);
+}
+
 namespace {
 
 // A file variable may name a file that does not exist yet (it is created on save), not a directory.
@@ -50,6 +61,8 @@ Status validate_environment() {
   if (auto n = env_int("KILN_COMM_TIMEOUT", 1, kMaxCommTimeoutSeconds); !n.ok()) return n.status();
   if (auto s = simd_target_from_env(); !s.ok()) return s.status();
   if (auto p = pin_mode_from_env(); !p.ok()) return p.status();
+  if (auto c = env_choice("KILN_AUTOTUNE", kAutotuneChoices); !c.ok()) return c.status();
+  if (auto c = env_choice("KILN_BF16_GEMM", kBf16GemmChoices); !c.ok()) return c.status();
   for (const char* name : {"KILN_TUNE_FILE", "KILN_COMM_CALIBRATION"})
     if (Status st = check_file_var(name); !st.ok()) return st;
   return {};

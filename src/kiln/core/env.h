@@ -1,8 +1,9 @@
 // kiln's environment variables (KILN_NUM_THREADS, KILN_COMM_TIMEOUT, KILN_SIMD, KILN_PIN_THREADS, KILN_TUNE_FILE,
-// KILN_COMM_CALIBRATION), validated like flags: `kiln` calls validate_environment() before any
+// KILN_COMM_CALIBRATION, KILN_AUTOTUNE, KILN_BF16_GEMM), validated like flags: `kiln` calls validate_environment() before any
 // work, so a bad value is one clear error naming the variable, not a silent default.
 #pragma once
 
+#include <span>
 #include <optional>
 #include <string_view>
 
@@ -16,6 +17,16 @@ std::optional<std::string_view> env_value(const char* name);
 // The whole value as a decimal integer in [lo, hi]; nullopt when unset. InvalidArgument names the
 // variable and the value ("KILN_NUM_THREADS='abc': expected an integer in [1, 1024]").
 Expected<std::optional<long long>> env_int(const char* name, long long lo, long long hi);
+
+// The value when it is one of `choices`; nullopt when unset. InvalidArgument names the variable,
+// the value and the choices ("KILN_BF16_GEMM='fast': expected one of auto, dot, widen").
+Expected<std::optional<std::string_view>> env_choice(const char* name, std::span<const std::string_view> choices);
+
+// KILN_AUTOTUNE: 1 (default) lets `kiln` time the GEMM blocking once per CPU at first use; 0 never.
+inline constexpr std::string_view kAutotuneChoices[] = {"0", "1"};
+// KILN_BF16_GEMM: the bf16 GEMM's products, vdpbf16ps ("dot") or widened to f32 ("widen"); "auto"
+// (default) picks the faster on this CPU (kernels/cpu/gemm_cpu.h).
+inline constexpr std::string_view kBf16GemmChoices[] = {"auto", "dot", "widen"};
 
 // KILN_NUM_THREADS: worker threads, the same range as `--threads`.
 inline constexpr long long kMaxThreads = 1024;

@@ -134,6 +134,8 @@ ThreadPool::~ThreadPool() {
   for (auto& w : workers_) w.join();
 }
 
+bool in_pool_task() { return t_in_pool_task; }
+
 void ThreadPool::work(int thread) {
   t_in_pool_task = true;
   const int depth = trace::kernel_depth();

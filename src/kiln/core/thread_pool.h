@@ -92,6 +92,8 @@ std::string thread_placement();
 // warns), else the number of online CPUs.
 ThreadPool& thread_pool();
 int num_threads();
+// True on a thread running one of the pool's tasks (there a nested region runs serially).
+bool in_pool_task();
 // Resizes the global pool (call between parallel regions, e.g. from `--threads`).
 void set_num_threads(int n);
 

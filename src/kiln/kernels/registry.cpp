@@ -1,6 +1,8 @@
 // The list behind `kiln info`: one line per kernel family, asking each for its picked path.
 #include "kiln/kernels/registry.h"
 
+#include <fmt/format.h>
+
 #include "kiln/core/cpu_features.h"
 #include "kiln/kernels/cpu/gemm_cpu.h"
 #include "kiln/kernels/cpu/ops_paths.h"
@@ -12,7 +14,10 @@ std::vector<KernelPath> kernel_paths() {
   std::vector<KernelPath> out;
   out.push_back({"active SIMD target", std::string(simd_target_name(active_simd_target()))});
   out.push_back({"gemm f32", cpu::gemm_path_name(cpu::GemmPath::kF32)});
-  out.push_back({"gemm bf16", cpu::gemm_path_name(cpu::GemmPath::kBF16)});
+  out.push_back({"gemm bf16", cpu::gemm_path_name(cpu::GemmPath::kBF16) + " (" + cpu::bf16_gemm_choice() + ")"});
+  const cpu::GemmBlocking f = cpu::gemm_blocking(cpu::GemmPath::kF32), b = cpu::gemm_blocking(cpu::GemmPath::kBF16);
+  out.push_back({"gemm blocking", fmt::format("f32 mc={} kc={} nc={}, bf16 mc={} kc={} nc={} ({})", f.mc, f.kc, f.nc,
+                                              b.mc, b.kc, b.nc, cpu::gemm_blocking_source())});
   out.push_back({"gemm m<=8 (decode)", cpu::gemm_small_m_name()});
   out.push_back({"gemm w8/w4/fp8 a32", cpu::quant_gemm_path_name()});
   out.push_back({"gemm w8a8 int8", cpu::w8a8_path_name()});

@@ -18,6 +18,7 @@
 
 #include "kiln/core/cpu_features.h"
 #include "kiln/core/huge_pages.h"
+#include "kiln/kernels/cpu/gemm_cpu.h"
 
 namespace kiln::perf {
 namespace detail {
@@ -67,25 +68,47 @@ LoopFn fma_loop_for(DType dtype) {
   return nullptr;
 }
 
+// fn(count) -> FLOPs done, run on `threads` threads at once for about `seconds` (count
+// calibrated on one thread); GFLOP/s of the run.
+template <class F>
+double timed_window(F&& fn, int threads, int64_t count) {
+  std::vector<double> flops(static_cast<size_t>(threads));
+  const double t = run_on_threads(threads, [&](int th) { flops[static_cast<size_t>(th)] = fn(count); });
+  double total = 0;
+  for (double f : flops) total += f;
+  return total / std::max(t, 1e-9) * 1e-9;
+}
+
+template <class F>
+int64_t calibrate(F&& fn, int64_t count, double seconds) {
+  const double t = run_on_threads(1, [&](int) { fn(count); });
+  return std::max<int64_t>(count, static_cast<int64_t>(static_cast<double>(count) * seconds / std::max(t, 1e-7)));
+}
+
 }  // namespace
 
-double measure_fma_peak_gflops(DType dtype, int threads, double seconds) {
+FmaPeak measure_fma_peak(DType dtype, int threads, double seconds) {
   const LoopFn loop = fma_loop_for(dtype);
-  if (!loop || threads < 1) return 0.0;
-  // Calibrate on one thread, then size each run to ~`seconds`.
-  int64_t iters = 1 << 16;
-  const double t_cal = run_on_threads(1, [&](int) { loop(iters); });
-  iters = std::max<int64_t>(iters, static_cast<int64_t>(static_cast<double>(iters) * seconds /
-                                                        std::max(t_cal, 1e-6)));
-  double best = 0;
-  for (int rep = 0; rep < 3; ++rep) {
-    std::vector<double> flops(static_cast<size_t>(threads));
-    const double t = run_on_threads(threads, [&](int th) { flops[static_cast<size_t>(th)] = loop(iters); });
-    double total = 0;
-    for (double f : flops) total += f;
-    best = std::max(best, total / t * 1e-9);
+  if (!loop || threads < 1) return {};
+  const cpu::GemmPath path = dtype == DType::kBF16 ? cpu::GemmPath::kBF16 : cpu::GemmPath::kF32;
+  auto kernel = [path](int64_t reps) { return cpu::run_micro_kernel_in_l1(path, reps); };
+  constexpr int kWindows = 8;
+  const double window = seconds / (2 * kWindows);
+  // Warm-up on every thread (clock, licences, upper lanes), then size the windows.
+  const int64_t warm = calibrate(loop, 1 << 16, std::max(0.03, seconds / 4));
+  timed_window(loop, threads, warm);
+  const int64_t iters = calibrate(loop, 1 << 16, window);
+  const int64_t reps = calibrate(kernel, 1024, window);
+  FmaPeak p;
+  for (int w = 0; w < kWindows; ++w) {
+    p.loop_gflops = std::max(p.loop_gflops, timed_window(loop, threads, iters));
+    p.kernel_gflops = std::max(p.kernel_gflops, timed_window(kernel, threads, reps));
   }
-  return best;
+  return p;
+}
+
+double measure_fma_peak_gflops(DType dtype, int threads, double seconds) {
+  return measure_fma_peak(dtype, threads, seconds).gflops();
 }
 
 void DramReadProbe::Free::operator()(float* p) const {
@@ -207,8 +230,8 @@ double fma_peak_gflops(int threads, DType dtype) {
   std::lock_guard<std::mutex> lock(mu);
   const auto key = std::make_pair(static_cast<int>(dtype), threads);
   if (auto it = cache.find(key); it != cache.end()) return it->second;
-  // Three runs of ~15 ms: enough for the clock to ramp and the best of three to be stable.
-  const double v = measure_fma_peak_gflops(dtype, threads, 0.015);
+  // ~30 ms of warm-up, then eight ~5 ms windows of the loop and of the micro-kernel.
+  const double v = measure_fma_peak_gflops(dtype, threads, 0.08);
   cache.emplace(key, v);
   return v;
 }

@@ -11,10 +11,30 @@
 
 namespace kiln::perf {
 
-// GFLOP/s of `threads` threads each running an independent FMA loop (f32: vfmadd on the widest
-// vector the active SIMD target has; bf16: AVX512_BF16 vdpbf16ps, 2 FLOPs per product). Each of
-// three runs lasts about `seconds`; the best is returned. 0 when the CPU has no such instruction
-// (bf16 without AVX512_BF16, f32 on the scalar target) or the dtype is neither.
+// The FMA peak of `threads` threads, two ways:
+//  * loop: each thread runs an independent register-only loop (f32: vfmadd on the widest vector
+//    of the active SIMD target; bf16: AVX512_BF16 vdpbf16ps, 2 FLOPs per product) with enough
+//    independent accumulators for the longest FMA latency times FMA ports of current x86 cores
+//    (24 zmm for 4-5 cycles x 2 ports on AVX-512, 12 ymm on AVX2: all that fit beside the two
+//    operands without spilling), so both ports stay busy;
+//  * kernel (the self-check): the GEMM micro-kernel of the same dtype on one tile whose panels
+//    stay in L1 (cpu::run_micro_kernel_in_l1), the rate a GEMM's inner loop reaches.
+// The vector units and the clock are warmed first (~1/4 of `seconds`, at least 30 ms: AVX-512
+// frequency licences and the power-gated upper lanes of Intel cores change the rate in the first
+// milliseconds), then eight windows of each alternate over `seconds` and the best window of
+// each counts: a window that a VM's neighbour or an interrupt slowed is discarded.
+struct FmaPeak {
+  double loop_gflops = 0;
+  double kernel_gflops = 0;
+  // The peak quoted (MFU, % of peak): the larger, so no GEMM can run above 100% of it.
+  double gflops() const { return loop_gflops > kernel_gflops ? loop_gflops : kernel_gflops; }
+  // The self-check: kernel / loop (a loop that reads low shows up as > 1).
+  double kernel_share() const { return loop_gflops > 0 ? kernel_gflops / loop_gflops : 0.0; }
+};
+// Zeros when the CPU has no such instruction (bf16 without AVX512_BF16, f32 on the scalar
+// target) or the dtype is neither.
+FmaPeak measure_fma_peak(DType dtype, int threads, double seconds = 0.15);
+// measure_fma_peak(...).gflops().
 double measure_fma_peak_gflops(DType dtype, int threads, double seconds = 0.15);
 
 // GB/s read by `threads` threads streaming disjoint slices of a buffer of `bytes` (0: the larger
@@ -50,7 +70,7 @@ double measure_read_gbps(int threads, int64_t bytes_per_thread, double seconds =
 HierarchicalRoofline measure_hierarchical_roofline(int threads);
 
 // The FMA peak for `threads` threads, measured once per process per (dtype, threads) with a
-// short (~50 ms) run and cached; thread-safe. For MFU = achieved FLOP/s / this.
+// short (~100 ms) measure_fma_peak and cached; thread-safe. For MFU = achieved FLOP/s / this.
 double fma_peak_gflops(int threads, DType dtype = DType::kF32);
 
 namespace detail {

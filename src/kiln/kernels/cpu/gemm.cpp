@@ -1,7 +1,7 @@
 // Fast CPU GEMM driver: BLIS-style loops (NC panels of B -> KC blocks -> pack B -> MC blocks of A
 // packed per task -> NR x MR micro-tiles), threads over (M block, N chunk) tiles of the kiln pool
 // or, for small problems, one column chunk per thread, the small-M streaming path for decode-like
-// shapes, the scalar target, and the tuning cache. The single-thread pieces other drivers reuse
+// shapes and the scalar target (blocking and its tuning: gemm_tuning.cpp). The single-thread pieces other drivers reuse
 // (cpu::grouped_gemm) are declared in gemm_driver.h.
 #include <sys/stat.h>
 
@@ -11,20 +11,14 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
-#include <filesystem>
-#include <fstream>
 #include <memory>
-#include <mutex>
 
-#include <nlohmann/json.hpp>
 
 #include "kiln/core/cpu_features.h"
 #include "kiln/core/huge_pages.h"
 #include "kiln/core/thread_pool.h"
 #include "kiln/core/graph.h"
 #include "kiln/core/trace.h"
-#include "kiln/core/file_io.h"
-#include "kiln/core/json.h"
 #include "kiln/kernels/cpu/gemm_cpu.h"
 #include "kiln/kernels/cpu/gemm_driver.h"
 #include "kiln/kernels/cpu/gemm_simd.h"
@@ -63,6 +57,7 @@ GemmTargetKernels make_scalar_kernels() {
            &micro_kernel_f32<V1, 4, 8>};
   k.bf16 = k.f32;
   k.bf16.name = "scalar 4x8 micro-kernel, bf16 widened to f32 in packing";
+  k.bf16_f32 = k.bf16;
   k.small_m_name = "scalar small-M (m<=8) kernel, B unpacked";
   k.small_m = &small_m<V1>;
   k.small_m_packed = &small_m_packed<V1, PackedF32Ops<V1>, 8>;
@@ -101,51 +96,6 @@ ScratchBuffer& b_pack_buffer() { thread_local ScratchBuffer b; return b; }
 ScratchBuffer& small_a_buffer() { thread_local ScratchBuffer b; return b; }
 ScratchBuffer& small_acc_buffer() { thread_local ScratchBuffer b; return b; }
 ScratchBuffer& small_a16_buffer() { thread_local ScratchBuffer b; return b; }
-
-// ---- blocking and the tuning cache ----------------------------------------------------------
-struct BlockingState {
-  std::mutex mu;
-  bool loaded = false;
-  GemmBlocking current[2];
-};
-BlockingState& blocking_state() {
-  static BlockingState s;
-  return s;
-}
-
-GemmBlocking clamp_blocking(GemmBlocking b, GemmBlocking fallback) {
-  if (b.mc < 1 || b.kc < 2 || b.nc < 1) return fallback;
-  b.mc = std::clamp(b.mc, 8, 8192);
-  b.kc = std::clamp(b.kc & ~1, 16, 8192);
-  b.nc = std::clamp(b.nc, 32, 1 << 16);
-  return b;
-}
-
-void load_tuning_locked(BlockingState& s) {
-  s.current[0] = default_gemm_blocking(GemmPath::kF32);
-  s.current[1] = default_gemm_blocking(GemmPath::kBF16);
-  s.loaded = true;
-  const std::string path = gemm_tune_file();
-  auto text = read_file(path, int64_t{1} << 20);
-  if (!text.ok()) return;  // absent: defaults, silently
-  try {
-    auto parsed = parse_json(*text, path);
-    if (!parsed.ok()) throw std::runtime_error(parsed.status().message());
-    const nlohmann::json& j = *parsed;
-    for (int i = 0; i < 2; ++i) {
-      const char* key = i == 0 ? "f32" : "bf16";
-      if (!j.contains(key)) continue;
-      const auto& e = j.at(key);
-      GemmBlocking b{e.at("mc").get<int>(), e.at("kc").get<int>(), e.at("nc").get<int>()};
-      s.current[i] = clamp_blocking(b, s.current[i]);
-    }
-  } catch (const std::exception& e) {
-    fmt::print(stderr, "kiln: warning: ignoring unreadable GEMM tuning file {} ({}); using defaults\n",
-               path, e.what());
-    s.current[0] = default_gemm_blocking(GemmPath::kF32);
-    s.current[1] = default_gemm_blocking(GemmPath::kBF16);
-  }
-}
 
 // ---- the packed path (PanelLayout: gemm_driver.h) ---------------------------------------------
 // The most 64-byte lines that `rows` rows of row_bytes, stride bytes apart, put in one set of a
@@ -421,62 +371,10 @@ const GemmTargetKernels& gemm_kernels_scalar() {
   return k;
 }
 
-// Defaults chosen for the machines kiln is measured on (AMD EPYC Zen-class, 2 cores, AVX-512
-// with BF16/VNNI; L1d 32-48 KiB, L2 1 MiB per core, L3 32 MiB shared):
-//  * f32 KC = 512: the C tile is read and written once per K block, so a long block saves C
-//    traffic; a 14 x 512 A strip (28 KiB) is reused from L1 across a group of 8 B micro-panels
-//    (8 x 64 KiB in L2, see run_block). MC = 336: a 336 x 512 block of packed A (672 KiB, 24
-//    strips) in the 1 MiB L2. NC = 2048: fewer re-packs of A than 1024 while the K x NC panel
-//    stays in L3. Measured against {168, 256, 3072} and {336, 384, 1024}, paired with OpenBLAS
-//    on f32 2048^3 and 4096^3 (1 thread): +2-4%.
-//  * bf16 pairs: KC = 512 k values in the same 32 KiB per B micro-panel; MC 168; NC 3072 (the
-//    tuned value on this VM is {84, 1024, 3072}).
-// `kiln bench gemm --tune` measures alternatives on the machine at hand.
-GemmBlocking default_gemm_blocking(GemmPath path) {
-  return path == GemmPath::kBF16 ? GemmBlocking{168, 512, 3072} : GemmBlocking{336, 512, 2048};
-}
-
-GemmBlocking gemm_blocking(GemmPath path) {
-  BlockingState& s = blocking_state();
-  std::lock_guard<std::mutex> lock(s.mu);
-  if (!s.loaded) load_tuning_locked(s);
-  return s.current[path == GemmPath::kBF16 ? 1 : 0];
-}
-
-void set_gemm_blocking(GemmPath path, GemmBlocking b) {
-  BlockingState& s = blocking_state();
-  std::lock_guard<std::mutex> lock(s.mu);
-  if (!s.loaded) load_tuning_locked(s);
-  const int i = path == GemmPath::kBF16 ? 1 : 0;
-  s.current[i] = clamp_blocking(b, s.current[i]);
-}
-
-std::string gemm_tune_file() {
-  if (const char* f = std::getenv("KILN_TUNE_FILE"); f && *f) return f;
-  if (const char* x = std::getenv("XDG_CACHE_HOME"); x && *x) return std::string(x) + "/kiln/gemm_tune.json";
-  if (const char* h = std::getenv("HOME"); h && *h) return std::string(h) + "/.cache/kiln/gemm_tune.json";
-  return ".kiln_gemm_tune.json";
-}
-
-Status save_gemm_tuning() {
-  const std::string path = gemm_tune_file();
-  nlohmann::json j;
-  j["version"] = 1;
-  j["cpu"] = cpu_features().brand;
-  for (GemmPath gp : {GemmPath::kF32, GemmPath::kBF16}) {
-    const GemmBlocking b = gemm_blocking(gp);
-    j[gp == GemmPath::kF32 ? "f32" : "bf16"] = {{"mc", b.mc}, {"kc", b.kc}, {"nc", b.nc}};
-  }
-  std::error_code ec;
-  const std::filesystem::path dir = std::filesystem::path(path).parent_path();
-  if (!dir.empty()) std::filesystem::create_directories(dir, ec);
-  if (ec) return not_found("[gemm tune] cannot create directory {}: {}", dir.string(), ec.message());
-  return write_file_atomic(path, {j.dump(2), "\n"});
-}
-
 std::string gemm_path_name(GemmPath path) {
   const GemmTargetKernels& k = gemm_target_kernels();
-  return path == GemmPath::kBF16 ? k.bf16.name : k.f32.name;
+  if (path == GemmPath::kF32) return k.f32.name;
+  return bf16_gemm_kernel() == Bf16Kernel::kWiden ? k.bf16_f32.name : k.bf16.name;
 }
 std::string gemm_small_m_name() { return gemm_target_kernels().small_m_name; }
 
@@ -491,8 +389,10 @@ void gemm(const GemmParams& p) {
   if (p.m == 0 || p.n == 0) return;
   const GemmTargetKernels& kernels = gemm_target_kernels();
   if (p.m <= kGemmSmallM) return gemm_small_m(p, kernels);
+  maybe_autotune_first_use(p.m, p.n, p.k);
   const bool bf16 = p.a_dtype == DType::kBF16 || p.b_dtype == DType::kBF16;
-  const PackedPath& path = bf16 ? kernels.bf16 : kernels.f32;
+  const PackedPath& path =
+      !bf16 ? kernels.f32 : bf16_gemm_kernel() == Bf16Kernel::kWiden ? kernels.bf16_f32 : kernels.bf16;
   gemm_packed(p, path, gemm_blocking(path.k_per_step == 2 ? GemmPath::kBF16 : GemmPath::kF32));
 }
 

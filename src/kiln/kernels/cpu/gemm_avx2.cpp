@@ -72,6 +72,7 @@ GemmTargetKernels make_kernels() {
            &micro_kernel_f32<V256, 6, 2>};
   k.bf16 = k.f32;
   k.bf16.name = "avx2 6x16 micro-kernel, bf16 widened to f32 in packing";
+  k.bf16_f32 = k.bf16;
   k.small_m_name = "avx2 small-M (m<=8) streaming kernel, B unpacked";
   k.small_m = &small_m<V256>;
   k.small_m_packed = &small_m_packed<V256, PackedF32Ops<V256>, 2>;

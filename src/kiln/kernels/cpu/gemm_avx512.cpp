@@ -394,14 +394,15 @@ GemmTargetKernels make_kernels() {
   GemmTargetKernels k;
   k.f32 = {"avx512 14x32 micro-kernel", 14, 32, 1, &pack_a_avx512_14<false>, &pack_b_f32<32>,
            &micro_kernel_f32<V512, 14, 2>, &micro_kernel_f32_direct<V512, 14, 2>, DType::kF32};
+  k.bf16_f32 = k.f32;
+  k.bf16_f32.kernel_direct_a = nullptr;  // bf16 A is widened while packing here
+  k.bf16_f32.name = "avx512 14x32 micro-kernel, bf16 widened to f32 in packing";
   if (cpu_features().avx512_bf16) {
     k.bf16 = {"avx512_bf16 dpbf16ps 14x32 micro-kernel (pairs-of-k packing)", 14, 32, 2,
               &pack_a_avx512_14<true>, &pack_b_pairs_avx512_32, &micro_kernel_bf16_14x32,
               &micro_kernel_bf16_14x32_direct, DType::kBF16};
   } else {
-    k.bf16 = k.f32;
-    k.bf16.kernel_direct_a = nullptr;  // bf16 A is widened while packing here
-    k.bf16.name = "avx512 14x32 micro-kernel, bf16 widened to f32 in packing";
+    k.bf16 = k.bf16_f32;
   }
   k.small_m_name = cpu_features().avx512_bf16
                        ? "avx512 small-M (m<=8) streaming kernel, B unpacked (bf16 B (n, k): vdpbf16ps)"

@@ -1,8 +1,11 @@
-// Knobs of the fast CPU GEMM that tools see: cache blocking (MC, KC, NC) per path, the tuning
-// cache file that `kiln bench gemm --tune` writes and later runs read, and path names for
-// `kiln info`. The kernels themselves are behind cpu::gemm (kiln/kernels/gemm.h).
+// Knobs of the fast CPU GEMM that tools see: cache blocking (MC, KC, NC) per path, derived from
+// the cache sizes (blocking_from_caches) and refined by a short timed search at first use
+// (autotune_gemm), cached per CPU in the tune file; which products the bf16 path uses; the
+// micro-kernel rate behind the FMA-peak self-check; and path names for `kiln info`. The kernels
+// themselves are behind cpu::gemm (kiln/kernels/gemm.h). Implemented in gemm_tuning.cpp.
 #pragma once
 
+#include <functional>
 #include <string>
 
 #include "kiln/core/status.h"
@@ -17,16 +20,88 @@ struct GemmBlocking {
 
 enum class GemmPath { kF32, kBF16 };
 
-// The blocking the packed path uses now: set_gemm_blocking(), else the tuning file (read once),
-// else the built-in defaults for this machine class.
+// The caches a blocking is derived from (CpuFeatures: CPUID leaf 4 / 0x8000001D).
+struct CacheGeometry {
+  int64_t l1d_bytes = 32 << 10, l2_bytes = 1 << 20, l3_bytes = 32 << 20;
+  int l1d_ways = 8, l2_ways = 8;
+};
+CacheGeometry this_cpu_caches();
+
+// The analytical model (after BLIS's "analytical modeling is enough"), for kiln's loop order:
+// per K block, a group of kStripGroup B micro-panels (NR x KC) sits in L2 while every MR x KC
+// A strip of the M block runs against all of them from L1. With e = 4 bytes per k step (an f32,
+// or a bf16 pair when k_per_step = 2):
+//  * KC: the A strip keeps all but one way of L1 (the streamed B lines and the C rows written
+//    by the epilogue take the last way): MR * steps * e <= (W1 - 1) / W1 * L1. Multiple of 16
+//    steps. Zen 4 (32 KiB, 8-way): 512 steps, the value measured best there for f32 and bf16.
+//  * MC: the M block's A strips and the group's B micro-panels share L2, one way left for C
+//    and the streams: (MC + G * NR) * steps * e <= (W2 - 1) / W2 * L2. Multiple of MR, at least
+//    2 MR. On Zen 4 this gives 182 where 336 (f32) and 84 (bf16) were measured best, 2-4% apart:
+//    the L2 term is where the model is weakest, which is what the first-use autotune refines.
+//  * NC: the K x NC panel of B takes an eighth of L3 (shared by the cores and, in a VM, with
+//    other tenants): KC * NC * e <= L3 / 8, in [1024, 4096], a multiple of 256.
+inline constexpr int kStripGroup = 8;
+GemmBlocking blocking_from_caches(const CacheGeometry& caches, int mr, int nr, int k_per_step);
+
+// The blocking the packed path uses now: set_gemm_blocking(), else this CPU's entry in the tune
+// file (read once), else default_gemm_blocking().
 GemmBlocking gemm_blocking(GemmPath path);
+// blocking_from_caches() for this CPU and the active target's micro-kernel of `path`.
 GemmBlocking default_gemm_blocking(GemmPath path);
 void set_gemm_blocking(GemmPath path, GemmBlocking b);  // mc, kc, nc are clamped to sane ranges
 
 // $KILN_TUNE_FILE, else $XDG_CACHE_HOME/kiln/gemm_tune.json, else ~/.cache/kiln/gemm_tune.json.
+// One entry per CPU (tune_cpu_key()): other CPUs' entries in a shared home are kept.
 std::string gemm_tune_file();
-// Writes the current blocking of both paths (and the CPU it was tuned on) to gemm_tune_file().
-Status save_gemm_tuning();
+// Brand string and cache sizes: VMs of different hosts often report the same brand.
+std::string tune_cpu_key();
+// Where this process's blocking came from: "tune file (autotune)", "tune file (bench --tune)",
+// "cache model", "set" (set_gemm_blocking).
+std::string gemm_blocking_source();
+// Writes the current blocking of both paths and the bf16 kernel choice into this CPU's entry of
+// gemm_tune_file(), keeping the other entries; `source` is recorded beside them.
+Status save_gemm_tuning(const std::string& source = "bench --tune");
+
+// ---- bf16 products: vdpbf16ps or widened to f32 ---------------------------------------------
+// Where VDPBF16PS issues on one port (Xeon Sapphire/Emerald Rapids without AMX: half the f32
+// FMA rate in FLOPs), bf16 inputs widened to f32 while packing and run through the f32
+// micro-kernel are about twice as fast as the dot products. cpu::gemm's packed path uses the
+// faster one: KILN_BF16_GEMM (dot | widen), else this CPU's tune-file entry, else a ~20 ms
+// timing of both micro-kernels in L1 at first use (dot is kept when it is >= 1.15x the f32
+// kernel's FLOP rate: widening costs twice the packed bytes). Pre-packed weights
+// (gemm_prepacked) keep their pairs either way: their decode is bandwidth-bound.
+enum class Bf16Kernel { kDot, kWiden };
+Bf16Kernel bf16_gemm_kernel();
+void set_bf16_gemm_kernel(Bf16Kernel k);  // tests and benchmarks: both paths in one process
+std::string bf16_gemm_choice();           // "widen: vdpbf16ps 86 GFLOP/s vs f32 FMA 160 (timed)"
+
+// FLOPs done by `reps` runs of the active target's micro-kernel of `path` (kBF16: the vdpbf16ps
+// kernel where the CPU has it, else the f32 one) on one MR x NR tile whose A strip and B
+// micro-panel fit in a quarter of L1: the compute-bound rate a GEMM's inner loop reaches. The
+// calling thread's own buffers. For the FMA-peak self-check (perf/peak.h).
+double run_micro_kernel_in_l1(GemmPath path, int64_t reps);
+
+// ---- first-use autotune ------------------------------------------------------------------------
+struct AutotuneOptions {
+  int64_t size = 1536;  // square problem timed per candidate
+  int reps = 2;         // best of
+  std::function<void(const std::string&)> log;  // one line per candidate, when set
+};
+struct AutotuneResult {
+  GemmBlocking f32, bf16;
+  double f32_gflops = 0, bf16_gflops = 0;
+  double seconds = 0;
+};
+// Coordinate search (KC, then MC, then NC) around default_gemm_blocking() on the current
+// thread count, bf16 too when its kernel is the dot product; sets the winners (a candidate must
+// beat the best by 1.5%) and leaves saving to the caller. About 2-3 s on 2-core VMs.
+AutotuneResult autotune_gemm(const AutotuneOptions& opt = {});
+// Off by default in the library; `kiln` turns it on unless --no-autotune or KILN_AUTOTUNE=0.
+// When on and this CPU has no tune-file entry, the first packed GEMM of >= 2 * 512^3 FLOPs
+// called outside the pool runs autotune_gemm() and saves the result (one line on stderr). Not
+// under mpirun with several ranks (they would time each other): there the model's blocking.
+void set_first_use_autotune(bool on);
+void maybe_autotune_first_use(int64_t m, int64_t n, int64_t k);
 
 // "avx512 14x32 micro-kernel", "avx512_bf16 dpbf16ps 14x32", ... for the active SIMD target.
 std::string gemm_path_name(GemmPath path);
