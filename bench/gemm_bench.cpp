@@ -309,7 +309,7 @@ int run_gemm_bench(const GemmBenchOptions& opt) {
   if (!opt.json) {
     fmt::print("kiln bench gemm  (W3; median of {} after warm-up, GFLOP/s, min-max)\n", opt.reps);
     fmt::print("cpu        : {}, L2 {} KiB, L3 {} MiB\n", f.brand, f.l2_bytes >> 10, f.l3_bytes >> 20);
-    fmt::print("openblas   : core {} (OPENBLAS_CORETYPE/L2_SIZE unset)\n", openblas_core_name());
+    fmt::print("openblas   : core {} ({})\n", openblas_core_name(), openblas_core_note());
     fmt::print("kiln paths : f32 {}; bf16 {}; m<=8 {}\n", cpu::gemm_path_name(cpu::GemmPath::kF32),
                cpu::gemm_path_name(cpu::GemmPath::kBF16), cpu::gemm_small_m_name());
     fmt::print("bf16 kernel: {}\n", cpu::bf16_gemm_choice());

@@ -6,6 +6,7 @@
 #include <dlfcn.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <dnnl.hpp>
@@ -13,6 +14,9 @@
 #include <iterator>
 #include <vector>
 
+#include <fmt/format.h>
+
+#include "kiln/core/cpu_features.h"
 #include "kiln/core/status.h"
 
 namespace kiln::bench {
@@ -121,10 +125,25 @@ std::string openblas_core_name() {
   return name ? name : "?";
 }
 
-void reexec_without_openblas_env() {
-  if (!std::getenv("OPENBLAS_CORETYPE") && !std::getenv("OPENBLAS_L2_SIZE")) return;
-  unsetenv("OPENBLAS_CORETYPE");
-  unsetenv("OPENBLAS_L2_SIZE");
+namespace {
+
+// The strongest OpenBLAS core this CPU can run, for when OpenBLAS does not recognise the CPU
+// and falls back to a generic one (Debian's 0.3.21 takes Emerald Rapids for "Prescott", 5x
+// slower than its Cooperlake kernels there). Null when the pick needs no correction.
+const char* better_openblas_core(const std::string& picked) {
+  static const char* const kGeneric[] = {"Prescott", "Core2", "Penryn", "Dunnington", "Nehalem", "Atom", "Katmai",
+                                         "Coppermine", "Northwood", "Banias", "Sandybridge"};
+  if (std::find(std::begin(kGeneric), std::end(kGeneric), picked) == std::end(kGeneric)) return nullptr;
+  const CpuFeatures& f = cpu_features();
+  if (f.avx512_bf16 && f.avx512bw && f.avx512vl) return "Cooperlake";
+  if (f.avx512f && f.avx512bw && f.avx512vl && f.avx512dq) return "SkylakeX";
+  if (f.avx2 && f.fma) return f.vendor == "AuthenticAMD" ? "Zen" : "Haswell";
+  return nullptr;
+}
+
+std::string g_core_note = "OPENBLAS_CORETYPE/L2_SIZE unset: OpenBLAS's own pick";
+
+void reexec() {
   std::ifstream in("/proc/self/cmdline", std::ios::binary);
   const std::string raw((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
   std::vector<std::string> args;
@@ -140,8 +159,32 @@ void reexec_without_openblas_env() {
   std::fflush(stdout);
   std::fflush(stderr);
   if (!args.empty()) execv("/proc/self/exe", argv.data());
-  std::fprintf(stderr, "kiln bench: warning: re-exec without OPENBLAS_CORETYPE failed; OpenBLAS "
+  std::fprintf(stderr, "kiln bench: warning: re-exec for OPENBLAS_CORETYPE failed; OpenBLAS "
                        "keeps the core it picked at load time\n");
+}
+
+}  // namespace
+
+std::string openblas_core_note() { return g_core_note; }
+
+void reexec_without_openblas_env() {
+  // Second pass, after kiln picked a core: keep it (the variable is kiln's, not the user's).
+  if (const char* picked = std::getenv("KILN_OPENBLAS_PICKED"); picked != nullptr) {
+    g_core_note = fmt::format("picked by kiln: OpenBLAS took this CPU for {}", picked);
+    unsetenv("KILN_OPENBLAS_PICKED");
+    return;
+  }
+  if (std::getenv("OPENBLAS_CORETYPE") || std::getenv("OPENBLAS_L2_SIZE")) {
+    unsetenv("OPENBLAS_CORETYPE");
+    unsetenv("OPENBLAS_L2_SIZE");
+    return reexec();
+  }
+  const std::string own = openblas_core_name();
+  if (const char* better = better_openblas_core(own)) {
+    setenv("OPENBLAS_CORETYPE", better, 1);
+    setenv("KILN_OPENBLAS_PICKED", own.c_str(), 1);
+    reexec();
+  }
 }
 
 }  // namespace kiln::bench

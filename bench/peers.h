@@ -33,8 +33,12 @@ void set_peer_threads(int n);
 std::string openblas_core_name();
 
 // OpenBLAS reads OPENBLAS_CORETYPE / OPENBLAS_L2_SIZE when it loads; when either is set, unset
-// both and re-exec this process (argv from /proc/self/cmdline). Returns only when neither was set
-// (or the exec failed, after a warning).
+// both and re-exec this process (argv from /proc/self/cmdline), so the peer runs at its own pick.
+// When that pick is a generic core (OpenBLAS did not recognise the CPU: "Prescott" on Emerald
+// Rapids), re-exec once more with OPENBLAS_CORETYPE set to the strongest core the CPU supports
+// (Cooperlake, SkylakeX, Haswell/Zen). Returns when no (further) re-exec is needed or it failed.
 void reexec_without_openblas_env();
+// How the core was chosen, for the benchmark's header.
+std::string openblas_core_note();
 
 }  // namespace kiln::bench

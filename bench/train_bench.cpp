@@ -143,14 +143,14 @@ int run_train_bench(const TrainBenchOptions& opt) {
   const double flops_per_token = cfg.train_flops_per_token(T);
   const double recompute = perf::recompute_flops_per_token(cfg, T, *mode);
   const double peak_f32 = perf::fma_peak_gflops(threads);
-  const double peak_bf16 = perf::fma_peak_gflops(threads, DType::kBF16);
+  const double peak_bf16 = perf::gemm_peak_gflops(threads, DType::kBF16);  // f32's when bf16 is widened
   double fp32_median = 0;
   for (const Run& r : runs) {
     const Summary st = summarize(r.total);
     if (r.precision == Precision::kF32) fp32_median = st.median;
     const double tokens_per_s = static_cast<double>(N) / st.median;
     const double gflops = tokens_per_s * flops_per_token / 1e9;
-    const double peak = r.precision == Precision::kBF16 && peak_bf16 > 0 ? peak_bf16 : peak_f32;
+    const double peak = r.precision == Precision::kBF16 ? peak_bf16 : peak_f32;
     const double mfu = peak > 0 ? gflops / peak : 0;
     const double hfu = peak > 0 ? tokens_per_s * (flops_per_token + recompute) / 1e9 / peak : 0;
     const double f = summarize(r.fwd).median, b = summarize(r.bwd).median, u = summarize(r.upd).median;

@@ -224,6 +224,13 @@ HierarchicalRoofline measure_hierarchical_roofline(int threads) {
   return r;
 }
 
+double gemm_peak_gflops(int threads, DType dtype) {
+  if (dtype == DType::kBF16 && cpu::bf16_gemm_kernel() == cpu::Bf16Kernel::kDot) {
+    if (const double p = fma_peak_gflops(threads, DType::kBF16); p > 0) return p;
+  }
+  return fma_peak_gflops(threads, DType::kF32);
+}
+
 double fma_peak_gflops(int threads, DType dtype) {
   static std::mutex mu;
   static std::map<std::pair<int, int>, double> cache;

@@ -72,6 +72,10 @@ HierarchicalRoofline measure_hierarchical_roofline(int threads);
 // The FMA peak for `threads` threads, measured once per process per (dtype, threads) with a
 // short (~100 ms) measure_fma_peak and cached; thread-safe. For MFU = achieved FLOP/s / this.
 double fma_peak_gflops(int threads, DType dtype = DType::kF32);
+// The peak of the products a GEMM of `dtype` inputs issues on this CPU: the bf16 dot-product
+// peak while cpu::gemm runs bf16 on vdpbf16ps, else (bf16 widened to f32, or any other dtype)
+// the f32 FMA peak. What MFU of a bf16 run is quoted against.
+double gemm_peak_gflops(int threads, DType dtype);
 
 namespace detail {
 // Per-target loops (peak_avx512.cpp, peak_avx2.cpp). Each returns the FLOPs (or bytes) done.

@@ -18,6 +18,7 @@
 #include "kiln/core/trace.h"
 #include "kiln/model/weights.h"
 #include "kiln/perf/memory_model.h"
+#include "kiln/kernels/cpu/gemm_cpu.h"
 #include "kiln/perf/peak.h"
 #include "kiln/perf/profiler.h"
 #include "kiln/perf/svg.h"
@@ -184,14 +185,15 @@ Expected<parallel::DataParallelOptions> resolve_parallel(const TrainRunOptions& 
 // The FMA peak MFU is quoted against: threads × the one-core peak, since a register-only loop
 // scales linearly over cores, and one core is less often disturbed by other processes than both
 // (no MFU above 100%). bf16 runs on the bf16 dot-product peak (when the CPU has one); fp16 and
-// fp8 are emulated in f32.
+// fp8 are emulated in f32; bf16 widened to f32 (CPUs with a slow vdpbf16ps) runs on the f32 peak.
 struct MachinePeak {
   double gflops = 0;
   bool bf16 = false;  // the bf16 dot-product peak, else the f32 FMA peak
 };
 MachinePeak machine_peak(Precision p) {
-  const double bf16_peak = p == Precision::kBF16 ? perf::fma_peak_gflops(1, DType::kBF16) : 0.0;
-  return {(bf16_peak > 0 ? bf16_peak : perf::fma_peak_gflops(1)) * num_threads(), bf16_peak > 0};
+  const bool dot = p == Precision::kBF16 && cpu::bf16_gemm_kernel() == cpu::Bf16Kernel::kDot &&
+                   perf::fma_peak_gflops(1, DType::kBF16) > 0;
+  return {perf::gemm_peak_gflops(1, dot ? DType::kBF16 : DType::kF32) * num_threads(), dot};
 }
 
 // What the run is, before it starts: precision and peak, the model, the data, the unigram baseline.

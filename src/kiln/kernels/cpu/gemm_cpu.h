@@ -77,14 +77,14 @@ std::string bf16_gemm_choice();           // "widen: vdpbf16ps 86 GFLOP/s vs f32
 
 // FLOPs done by `reps` runs of the active target's micro-kernel of `path` (kBF16: the vdpbf16ps
 // kernel where the CPU has it, else the f32 one) on one MR x NR tile whose A strip and B
-// micro-panel fit in a quarter of L1: the compute-bound rate a GEMM's inner loop reaches. The
+// micro-panel fit in 3/4 of L1: the compute-bound rate a GEMM's inner loop reaches. The
 // calling thread's own buffers. For the FMA-peak self-check (perf/peak.h).
 double run_micro_kernel_in_l1(GemmPath path, int64_t reps);
 
 // ---- first-use autotune ------------------------------------------------------------------------
 struct AutotuneOptions {
   int64_t size = 1536;  // square problem timed per candidate
-  int reps = 2;         // best of
+  int reps = 3;         // best of
   std::function<void(const std::string&)> log;  // one line per candidate, when set
 };
 struct AutotuneResult {
@@ -94,7 +94,8 @@ struct AutotuneResult {
 };
 // Coordinate search (KC, then MC, then NC) around default_gemm_blocking() on the current
 // thread count, bf16 too when its kernel is the dot product; sets the winners (a candidate must
-// beat the best by 1.5%) and leaves saving to the caller. About 2-3 s on 2-core VMs.
+// beat the best by 4%, above the VMs' run-to-run noise) and leaves saving to the caller. About
+// 1-3 s on 2-core VMs. Disarms the first-use trigger.
 AutotuneResult autotune_gemm(const AutotuneOptions& opt = {});
 // Off by default in the library; `kiln` turns it on unless --no-autotune or KILN_AUTOTUNE=0.
 // When on and this CPU has no tune-file entry, the first packed GEMM of >= 2 * 512^3 FLOPs
