@@ -6,8 +6,10 @@
 #
 #   bench/compare_pytorch.sh [--presets "w1a w1b"] [--threads "1 2"] [--rounds 2] [--steps 5]
 #                            [--lock FILE]     (each timed run under `flock FILE`)
-# Env: KILN (default build/kiln), PYTHON (default /usr/bin/python3: Debian's python3-torch, or
-# any python whose torch is newer). The peer runs with OPENBLAS_CORETYPE and OPENBLAS_L2_SIZE
+# Env: KILN (default build/kiln), PYTHON (default .venv-torch/bin/python: PyPI's torch 2.x with
+# MKL, the peer BENCH.md names; set it up once with
+#   python3 -m venv .venv-torch && .venv-torch/bin/pip install torch numpy
+# without that venv, /usr/bin/python3 and Debian's older python3-torch, said in the header). The peer runs with OPENBLAS_CORETYPE and OPENBLAS_L2_SIZE
 # unset (the machine presets pin OpenBLAS to its AVX2 kernel), OMP_NUM_THREADS =
 # OPENBLAS_NUM_THREADS = N, and OMP_WAIT_POLICY=PASSIVE: Debian's torch runs its elementwise ops
 # on OpenMP threads and its GEMMs on OpenBLAS's own pthreads; with libgomp's default spinning
@@ -24,12 +26,15 @@ while [[ $# -gt 0 ]]; do
     --rounds) rounds="$2"; shift 2 ;;
     --steps) steps="$2"; shift 2 ;;
     --lock) lock="$2"; shift 2 ;;
-    -h|--help) sed -n '2,15p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,17p' "$0"; exit 0 ;;
     *) echo "compare_pytorch.sh: unknown argument $1" >&2; exit 2 ;;
   esac
 done
 KILN="${KILN:-build/kiln}"
-PYTHON="${PYTHON:-/usr/bin/python3}"
+if [[ -z "${PYTHON:-}" ]]; then
+  PYTHON=.venv-torch/bin/python
+  [[ -x "$PYTHON" ]] || { PYTHON=/usr/bin/python3; echo "compare_pytorch.sh: no .venv-torch (see --help): the peer is $PYTHON's torch"; }
+fi
 [[ -x "$KILN" ]] || { echo "compare_pytorch.sh: $KILN not built (cmake --build build --target kiln)" >&2; exit 2; }
 "$PYTHON" -c "import torch" 2>/dev/null || { echo "compare_pytorch.sh: $PYTHON cannot import torch" >&2; exit 2; }
 locked() { if [[ -n "$lock" ]]; then flock "$lock" "$@"; else "$@"; fi; }

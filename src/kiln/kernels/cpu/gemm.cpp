@@ -1,18 +1,13 @@
 // Fast CPU GEMM driver: BLIS-style loops (NC panels of B -> KC blocks -> pack B -> MC blocks of A
 // packed per task -> NR x MR micro-tiles), threads over (M block, N chunk) tiles of the kiln pool
 // or, for small problems, one column chunk per thread, the small-M streaming path for decode-like
-// shapes and the scalar target (blocking and its tuning: gemm_tuning.cpp). The single-thread pieces other drivers reuse
-// (cpu::grouped_gemm) are declared in gemm_driver.h.
-#include <sys/stat.h>
-
+// shapes and the scalar target (blocking and its tuning: gemm_tuning.cpp). The single-thread
+// pieces other drivers reuse (cpu::grouped_gemm) are declared in gemm_driver.h.
 #include <algorithm>
-#include <cerrno>
 #include <cmath>
-#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <memory>
-
 
 #include "kiln/core/cpu_features.h"
 #include "kiln/core/huge_pages.h"
@@ -170,7 +165,7 @@ void run_block(const GemmParams& p, const PackedPath& path, const PanelLayout& l
     // kStripGroup times while the B panels of the group stay in L2 for every A strip of the
     // block. The plain BLIS order (one B micro-panel against every A strip) was 1.5-2% slower
     // at f32 2048^3 and 4096^3 on 1 thread on the EPYC VM, where neither micro-panel fits L1.
-    constexpr int64_t kStripGroup = 8;
+    // kStripGroup: gemm_cpu.h (the cache model sizes MC with it).
     for (int64_t nb = ns0; nb < ns1; nb += kStripGroup)
       for (int64_t ms = ms0; ms < ms1; ++ms)
         for (int64_t ns = nb; ns < std::min(ns1, nb + kStripGroup); ++ns) tile(ms, ns);
