@@ -66,7 +66,7 @@ int main(int argc, char** argv) {
       ->check(CLI::IsMember({"scalar", "avx2", "avx512"}));
   bool no_autotune = false;
   app.add_flag("--no-autotune", no_autotune,
-               "Never time GEMM blockings at first use on a new CPU (also KILN_AUTOTUNE=0): the cache model's");
+               "Never time GEMM blockings at first use on a new CPU (also KILN_AUTOTUNE=0): the cache model's blocking, or the tune file's");
   // Runs after every flag of every subcommand parsed and passed its checks, before any subcommand.
   app.parse_complete_callback([&] {
     if (kiln::Status st = kiln::validate_environment(); !st.ok()) {
