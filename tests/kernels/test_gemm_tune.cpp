@@ -215,7 +215,7 @@ TEST(GemmAutotune, FirstLargeGemmTunesOnceAndSaves) {
   auto run = [&](bool arm, int64_t size, const char* ranks) {
     std::filesystem::remove(path);
     setenv("KILN_TUNE_FILE", path.c_str(), 1);
-    if (ranks) setenv("OMPI_COMM_WORLD_SIZE", ranks, 1);
+    if (ranks) setenv("OMPI_COMM_WORLD_LOCAL_SIZE", ranks, 1);
     cpu::set_first_use_autotune(arm);
     cpu::maybe_autotune_first_use(size, size, size);
     std::exit(std::filesystem::exists(path) && cpu::gemm_blocking_source() == "tune file (autotune)" ? 0 : 1);

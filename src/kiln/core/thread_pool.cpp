@@ -44,12 +44,13 @@ void pin_to(int cpu) {
   sched_setaffinity(0, sizeof one, &one);  // advisory: on failure the thread stays unpinned
 }
 
+}  // namespace
+
 int mpi_local_ranks() {
   for (const char* name : {"OMPI_COMM_WORLD_LOCAL_SIZE", "MPI_LOCALNRANKS"})
     if (const char* v = std::getenv(name); v && *v) return std::atoi(v);
   return 1;
 }
-}  // namespace
 
 Expected<std::string> pin_mode_from_env() {
   const auto v = env_value("KILN_PIN_THREADS");

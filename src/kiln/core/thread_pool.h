@@ -80,6 +80,8 @@ class ThreadPool {
 // (OMPI_COMM_WORLD_LOCAL_SIZE / MPI_LOCALNRANKS > 1: unbound ranks would all pin to the same
 // CPUs; bound ranks have a one-CPU mask anyway); "on" pins whenever 1 < threads <= CPUs.
 bool should_pin_threads(int threads, int mask_cpus, const char* mode, int mpi_local_ranks);
+// Ranks of this job on this machine (OMPI_COMM_WORLD_LOCAL_SIZE / MPI_LOCALNRANKS), 1 outside mpirun.
+int mpi_local_ranks();
 // KILN_PIN_THREADS as one of "auto" (also when unset), "on", "off" ("1" and "0" mean on and off);
 // InvalidArgument for anything else (the library then warns and uses "auto").
 Expected<std::string> pin_mode_from_env();

@@ -56,7 +56,7 @@ std::string gemm_tune_file();
 // Brand string and cache sizes: VMs of different hosts often report the same brand.
 std::string tune_cpu_key();
 // Where this process's blocking came from: "tune file (autotune)", "tune file (bench --tune)",
-// "cache model", "set" (set_gemm_blocking).
+// "autotune (this run)" or "cache model" (set_gemm_blocking does not change it).
 std::string gemm_blocking_source();
 // Writes the current blocking of both paths and the bf16 kernel choice into this CPU's entry of
 // gemm_tune_file(), keeping the other entries; `source` is recorded beside them.

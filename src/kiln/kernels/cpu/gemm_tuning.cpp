@@ -6,7 +6,6 @@
 #include <chrono>
 #include <cmath>
 #include <cstdlib>
-#include <cstring>
 #include <filesystem>
 #include <memory>
 #include <mutex>
@@ -17,9 +16,11 @@
 #include <nlohmann/json.hpp>
 
 #include "kiln/core/cpu_features.h"
+#include "kiln/core/dtype.h"
 #include "kiln/core/env.h"
 #include "kiln/core/file_io.h"
 #include "kiln/core/json.h"
+#include "kiln/core/rng.h"
 #include "kiln/core/thread_pool.h"
 #include "kiln/kernels/cpu/gemm_cpu.h"
 #include "kiln/kernels/cpu/gemm_driver.h"
@@ -196,14 +197,6 @@ std::atomic<int> g_first_use{0};  // 0 off, 1 armed, 2 taken
 // blocking's best-of-3 moved by 3-5% between neighbouring runs, and a smaller threshold chose noise.
 constexpr double kMinGain = 0.04;
 
-bool several_mpi_ranks() {
-  for (const char* v : {"OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_SIZE", "MPI_LOCALNRANKS"}) {
-    const char* s = std::getenv(v);
-    if (s != nullptr && std::atoi(s) > 1) return true;
-  }
-  return false;
-}
-
 }  // namespace
 
 CacheGeometry this_cpu_caches() {
@@ -328,27 +321,13 @@ AutotuneResult autotune_gemm(const AutotuneOptions& opt) {
   auto tune_path = [&](GemmPath gp, double* gflops_out) {
     const bool bf16 = gp == GemmPath::kBF16;
     const int64_t n = std::max<int64_t>(64, opt.size);
-    const size_t esize = bf16 ? 2 : 4;
-    std::vector<uint8_t> a(static_cast<size_t>(n * n) * esize), b(a.size());
-    std::vector<float> c(static_cast<size_t>(n * n));
-    // Small values of both signs (f32 bits or bf16 halves of them): no denormals, no overflow.
-    for (size_t i = 0; i < a.size() / esize; ++i) {
-      const float v = static_cast<float>(static_cast<int>(i * 7919 % 255) - 127) * (1.0f / 1024);
-      uint32_t bits;
-      std::memcpy(&bits, &v, 4);
-      if (bf16) {
-        const uint16_t h = static_cast<uint16_t>(bits >> 16);
-        std::memcpy(&a[i * 2], &h, 2);
-        std::memcpy(&b[i * 2], &h, 2);
-      } else {
-        std::memcpy(&a[i * 4], &bits, 4);
-        std::memcpy(&b[i * 4], &bits, 4);
-      }
-    }
-    GemmParams p;
+    std::vector<float> a(static_cast<size_t>(n * n)), c(a.size());
+    Rng(1).fill_uniform(a);
+    std::vector<uint16_t> a16(bf16 ? a.size() : 0);
+    for (size_t i = 0; i < a16.size(); ++i) a16[i] = f32_to_bf16(a[i]);
+    GemmParams p;  // B = A: the values do not matter, only their dtype and layout
     p.m = p.n = p.k = n;
-    p.a = a.data();
-    p.b = b.data();
+    p.a = p.b = bf16 ? static_cast<const void*>(a16.data()) : a.data();
     p.c = c.data();
     p.lda = p.ldb = p.ldc = n;
     p.a_dtype = p.b_dtype = bf16 ? DType::kBF16 : DType::kF32;
@@ -419,7 +398,7 @@ void maybe_autotune_first_use(int64_t m, int64_t n, int64_t k) {
     std::unique_lock<std::mutex> lock;
     if (loaded_state(lock).has_entry) return;
   }
-  if (several_mpi_ranks()) return;  // the ranks would time each other: the cache model stays
+  if (mpi_local_ranks() > 1) return;  // ranks on this machine would time each other: the cache model stays
   fmt::print(stderr,
              "kiln: first GEMM on this CPU: timing cache blockings once (a few seconds; --no-autotune or "
              "KILN_AUTOTUNE=0 skips)\n");
