@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <vector>
 
 #include "kiln/core/cpu_features.h"
 #include "kiln/kernels/cpu/gemm_cpu.h"
@@ -54,6 +55,23 @@ TEST(PerfPeak, CachedPeakIsMeasuredOnce) {
   if (active_simd_target() != SimdTarget::kScalar) {
     EXPECT_GT(a, 0.0);
   }
+}
+
+TEST(PerfPeak, AStalledMultiThreadProbeIsMeasuredAgain) {
+  // One thread reads 100: two cores below 150 are suspect and measured again, at most twice.
+  int calls = 0;
+  auto again = [&](std::vector<double> reads) {
+    calls = 0;
+    return [&calls, reads] { return reads[static_cast<size_t>(calls++)]; };
+  };
+  EXPECT_EQ(detail::peak_despite_stalls(190, 100, 2, again({0})), 190);  // healthy: no retry
+  EXPECT_EQ(calls, 0);
+  EXPECT_EQ(detail::peak_despite_stalls(90, 100, 2, again({195, 0})), 195);  // stalled once
+  EXPECT_EQ(calls, 1);
+  EXPECT_EQ(detail::peak_despite_stalls(90, 100, 2, again({110, 120})), 120);  // SMT-like: stays low
+  EXPECT_EQ(calls, 2);
+  EXPECT_EQ(detail::peak_despite_stalls(90, 100, 1, again({0})), 90);  // one core: 75 is enough
+  EXPECT_EQ(calls, 0);
 }
 
 TEST(PerfPeak, DramReadBandwidthIsPositive) {

@@ -26,6 +26,11 @@ namespace {
 std::atomic<float> g_sink{0.0f};
 }  // namespace
 void sink_value(float v) { g_sink.store(v, std::memory_order_relaxed); }
+double peak_despite_stalls(double first, double one_thread, int cores, const std::function<double()>& again) {
+  double best = first;
+  for (int retry = 0; retry < 2 && best < 0.75 * cores * one_thread; ++retry) best = std::max(best, again());
+  return best;
+}
 }  // namespace detail
 
 namespace {
@@ -232,13 +237,20 @@ double gemm_peak_gflops(int threads, DType dtype) {
 }
 
 double fma_peak_gflops(int threads, DType dtype) {
+  const double one = threads > 1 ? fma_peak_gflops(1, dtype) : 0.0;  // before the lock: it takes it
   static std::mutex mu;
   static std::map<std::pair<int, int>, double> cache;
   std::lock_guard<std::mutex> lock(mu);
   const auto key = std::make_pair(static_cast<int>(dtype), threads);
   if (auto it = cache.find(key); it != cache.end()) return it->second;
   // ~30 ms of warm-up, then eight ~5 ms windows of the loop and of the micro-kernel.
-  const double v = measure_fma_peak_gflops(dtype, threads, 0.08);
+  double v = measure_fma_peak_gflops(dtype, threads, 0.08);
+  // A VM whose vCPU stalls for the whole probe reads one thread's rate or less (seen once: 186
+  // GFLOP/s at 2 threads against 1-thread peaks of 224, so an MFU of 137%). SMT siblings sharing
+  // one core's FMA ports really stay below, and pay ~0.2 s once.
+  if (threads > 1)
+    v = detail::peak_despite_stalls(v, one, std::min<int>(threads, std::max(1u, std::thread::hardware_concurrency())),
+                                    [&] { return measure_fma_peak_gflops(dtype, threads, 0.08); });
   cache.emplace(key, v);
   return v;
 }

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 
 #include "kiln/core/dtype.h"
@@ -89,6 +90,10 @@ double cache_read_loop_avx512(const float* p, int64_t n);
 double cache_read_loop_avx2(const float* p, int64_t n);
 // Keeps a loop's result alive so it is not optimized away.
 void sink_value(float v);
+// fma_peak_gflops' guard against a stalled vCPU: `first`, or the best of up to two calls of
+// `again` while the best stays below 0.75 x cores x `one_thread` (cores = N threads, at most
+// the CPUs).
+double peak_despite_stalls(double first, double one_thread, int cores, const std::function<double()>& again);
 }  // namespace detail
 
 }  // namespace kiln::perf

@@ -101,7 +101,8 @@ AutotuneResult autotune_gemm(const AutotuneOptions& opt = {});
 // When on and this CPU has no tune-file entry, the first packed GEMM of >= 2 * 512^3 FLOPs
 // called outside the pool runs autotune_gemm() and saves the result (one line on stderr). Not
 // under mpirun with several ranks (they would time each other): there the model's blocking.
-void set_first_use_autotune(bool on);
+// `search` is what the search times (tests pass a small problem; the trigger stays 512^3).
+void set_first_use_autotune(bool on, const AutotuneOptions& search = {});
 void maybe_autotune_first_use(int64_t m, int64_t n, int64_t k);
 
 // "avx512 14x32 micro-kernel", "avx512_bf16 dpbf16ps 14x32", ... for the active SIMD target.

@@ -192,6 +192,10 @@ void decide_bf16_locked(Bf16State& b) {
 
 // ---- first use ----------------------------------------------------------------------------------
 std::atomic<int> g_first_use{0};  // 0 off, 1 armed, 2 taken
+AutotuneOptions& first_use_search() {  // set before arming, read once by the taker
+  static AutotuneOptions opt;
+  return opt;
+}
 
 // A candidate replaces the best only when it is this much faster: on the shared VMs the same
 // blocking's best-of-3 moved by 3-5% between neighbouring runs, and a smaller threshold chose noise.
@@ -387,7 +391,10 @@ AutotuneResult autotune_gemm(const AutotuneOptions& opt) {
   return result;
 }
 
-void set_first_use_autotune(bool on) { g_first_use.store(on ? 1 : 0); }
+void set_first_use_autotune(bool on, const AutotuneOptions& search) {
+  first_use_search() = search;
+  g_first_use.store(on ? 1 : 0);
+}
 
 void maybe_autotune_first_use(int64_t m, int64_t n, int64_t k) {
   if (g_first_use.load(std::memory_order_relaxed) != 1) return;
@@ -402,7 +409,7 @@ void maybe_autotune_first_use(int64_t m, int64_t n, int64_t k) {
   fmt::print(stderr,
              "kiln: first GEMM on this CPU: timing cache blockings once (a few seconds; --no-autotune or "
              "KILN_AUTOTUNE=0 skips)\n");
-  const AutotuneResult r = autotune_gemm();
+  const AutotuneResult r = autotune_gemm(first_use_search());
   const Status st = save_gemm_tuning("autotune");
   fmt::print(stderr, "kiln: GEMM tuned in {:.1f} s at {} thread(s): f32 mc={} kc={} nc={} ({:.0f} GFLOP/s)", r.seconds,
              num_threads(), r.f32.mc, r.f32.kc, r.f32.nc, r.f32_gflops);
