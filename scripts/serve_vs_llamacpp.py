@@ -9,7 +9,9 @@ kiln's static) beside continuous batching. Prints one JSON line per run, a markd
 the ratios (kiln / llama.cpp, continuous / classic).
 
 llama-server is not a dependency: build it once from llama.cpp's source (e.g. the copy vendored in
-PyPI's llama-cpp-python sdist) with -DGGML_NATIVE=ON, and pass its path.
+PyPI's llama-cpp-python sdist) with -DGGML_NATIVE=ON, and pass its path. Without --llama-server only
+kiln runs (the batching comparison at rate inf); --repeat R runs every row R times, interleaved
+(round by round), and the tables give each ratio as the median over rounds with its min-max.
 
 Run:  /usr/bin/python3 scripts/serve_vs_llamacpp.py --llama-server PATH \
           --model runs/w2-s --gguf /tmp/w2s-f32.gguf [--parallel 8] [--rates 1,2,inf]
@@ -55,9 +57,10 @@ def ratio(a, b):
 
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("--llama-server", required=True)
+    ap.add_argument("--llama-server", default="", help="llama-server binary (none: kiln rows only)")
     ap.add_argument("--model", required=True, help="kiln model directory")
-    ap.add_argument("--gguf", required=True, help="the same model as GGUF (kiln convert)")
+    ap.add_argument("--gguf", default="", help="the same model as GGUF (kiln convert); with --llama-server")
+    ap.add_argument("--repeat", type=int, default=1, help="rounds of every row (ratios: median over rounds)")
     ap.add_argument("--parallel", type=int, default=8, help="sequences at once: kiln --max-running, llama -np")
     ap.add_argument("--ctx", type=int, default=1024, help="context per sequence (chat mix: 3072)")
     ap.add_argument("--rates", default="1,2,inf")
@@ -74,6 +77,10 @@ def main():
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--out", default="")
     a = ap.parse_args()
+    if a.llama_server and not a.gguf:
+        raise SystemExit("--llama-server needs --gguf (the same model as GGUF)")
+    if a.repeat < 1:
+        raise SystemExit("--repeat must be >= 1")
     kiln_cmd = [KILN, "--threads", str(a.threads), "serve", "--model", a.model, "--served-model-name", "m",
                 "--max-running", str(a.parallel), "--kv-cache-mem", a.kv_cache_mem]
     llama_cmd = [a.llama_server, "-m", a.gguf, "-a", "m", "-np", str(a.parallel), "-c", str(a.ctx * a.parallel),
@@ -90,51 +97,70 @@ def main():
         for rate, num in zip(rates, nums):
             bench = ["--num", str(num), "--rate", rate, "--ignore-eos", "--temperature", "0", "--seed", "6",
                      "--slo-ttft", a.slo_ttft, "--slo-tpot", a.slo_tpot] + load
-            servers = [("kiln", "continuous", kiln_cmd), ("llama.cpp", "continuous", llama_cmd)]
+            servers = [("kiln", "continuous", kiln_cmd)]
+            if a.llama_server:
+                servers.append(("llama.cpp", "continuous", llama_cmd))
             if rate == "inf":
                 servers += [("kiln", m, kiln_cmd + ["--batching", m]) for m in modes]
-            for name, batching, cmd in servers:
-                r = run(cmd, bench)
-                r.update({"server": name, "batching": batching, "model": model, "rate": rate, "mix": mix or "-"})
-                print(json.dumps(r), flush=True)
-                rows.append(r)
+            for round_ in range(a.repeat):
+                for name, batching, cmd in servers:
+                    r = run(cmd, bench)
+                    r.update({"server": name, "batching": batching, "model": model, "rate": rate, "mix": mix or "-",
+                              "round": round_})
+                    print(json.dumps(r), flush=True)
+                    rows.append(r)
     if a.out:
         with open(a.out, "a") as f:
             for r in rows:
                 f.write(json.dumps(r) + "\n")
     print(f"\nmodel {model}, {a.parallel} sequences at once, {a.threads} threads; "
           f"goodput SLO: TTFT <= {a.slo_ttft} ms, TPOT <= {a.slo_tpot} ms (0: none)\n")
-    print("| mix | rate | server | batching | done/failed | out tok/s | goodput req/s | TTFT p50 / p99 ms | "
+    print("| mix | rate | round | server | batching | done/failed | out tok/s | goodput req/s | TTFT p50 / p99 ms | "
           "TPOT p50 / p99 ms | output len mean / p50 / p99 |")
-    print("|---|---|---|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|---|---|---|")
     for r in rows:
         o = r["output_tokens_per_request"]
-        print(f"| {r['mix']} | {r['rate']} | {r['server']} | {r['batching']} | {r['completed']}/{r['failed']} | "
+        print(f"| {r['mix']} | {r['rate']} | {r['round']} | {r['server']} | {r['batching']} | {r['completed']}/{r['failed']} | "
               f"{r['output_throughput']:.1f} | {r['goodput']:.3f} | {r['ttft_ms']['p50']:.0f} / {r['ttft_ms']['p99']:.0f} | "
               f"{r['tpot_ms']['p50']:.1f} / {r['tpot_ms']['p99']:.1f} | {o['mean']:.0f} / {o['p50']:.0f} / {o['p99']:.0f} |")
-    print("\n| mix | rate | kiln / llama.cpp out tok/s | p99 TTFT llama / kiln | p99 TPOT llama / kiln | "
-          "goodput kiln / llama.cpp |")
-    print("|---|---|---|---|---|---|")
 
-    def find(mix, rate, server, batching):
-        return next((r for r in rows if (r["mix"], r["rate"], r["server"], r["batching"]) ==
-                     (mix, rate, server, batching)), None)
+    def find(mix, rate, server, batching, round_):
+        return next((r for r in rows if (r["mix"], r["rate"], r["server"], r["batching"], r["round"]) ==
+                     (mix, rate, server, batching, round_)), None)
 
-    for mix in dict.fromkeys(r["mix"] for r in rows):
-        for rate in rates:
-            k, l = find(mix, rate, "kiln", "continuous"), find(mix, rate, "llama.cpp", "continuous")
-            print(f"| {mix} | {rate} | {ratio(k['output_throughput'], l['output_throughput'])} | "
-                  f"{ratio(l['ttft_ms']['p99'], k['ttft_ms']['p99'])} | {ratio(l['tpot_ms']['p99'], k['tpot_ms']['p99'])} | "
-                  f"{ratio(k['goodput'], l['goodput'])} |")
+    def over_rounds(f):  # f(round) -> (a, b) per round; "median (min-max)" of a / b
+        rs = sorted(x / y for x, y in (f(i) for i in range(a.repeat)) if y)
+        if not rs:
+            return "-"
+        mid = rs[len(rs) // 2] if len(rs) % 2 else (rs[len(rs) // 2 - 1] + rs[len(rs) // 2]) / 2
+        return f"{mid:.2f}x" + (f" ({rs[0]:.2f}-{rs[-1]:.2f})" if len(rs) > 1 else "")
+
+    mixes = list(dict.fromkeys(r["mix"] for r in rows))
+    if a.llama_server:
+        print("\n| mix | rate | kiln / llama.cpp out tok/s | p99 TTFT llama / kiln | p99 TPOT llama / kiln | "
+              "goodput kiln / llama.cpp |")
+        print("|---|---|---|---|---|---|")
+        for mix in mixes:
+            for rate in rates:
+                def kl(i, key, mix=mix, rate=rate):  # (kiln's, llama.cpp's) value in round i
+                    return (find(mix, rate, "kiln", "continuous", i)[key],
+                            find(mix, rate, "llama.cpp", "continuous", i)[key])
+
+                def p99(i, key):
+                    k, l = kl(i, key)
+                    return l["p99"], k["p99"]
+                print(f"| {mix} | {rate} | {over_rounds(lambda i: kl(i, 'output_throughput'))} | "
+                      f"{over_rounds(lambda i: p99(i, 'ttft_ms'))} | {over_rounds(lambda i: p99(i, 'tpot_ms'))} | "
+                      f"{over_rounds(lambda i: kl(i, 'goodput'))} |")
     if modes and "inf" in rates:
         print("\n| mix | kiln continuous / X at rate inf | out tok/s | goodput |")
         print("|---|---|---|---|")
-        for mix in dict.fromkeys(r["mix"] for r in rows):
-            c = find(mix, "inf", "kiln", "continuous")
+        for mix in mixes:
             for m in modes:
-                x = find(mix, "inf", "kiln", m)
-                print(f"| {mix} | {m} | {ratio(c['output_throughput'], x['output_throughput'])} | "
-                      f"{ratio(c['goodput'], x['goodput'])} |")
+                def cx(i, key, m=m):
+                    return (find(mix, "inf", "kiln", "continuous", i)[key], find(mix, "inf", "kiln", m, i)[key])
+                print(f"| {mix} | {m} | {over_rounds(lambda i: cx(i, 'output_throughput'))} | "
+                      f"{over_rounds(lambda i: cx(i, 'goodput'))} |")
 
 
 if __name__ == "__main__":

@@ -171,6 +171,40 @@ TEST(Engine, PreemptionAndStaticBatchingKeepOutputs) {
   }
 }
 
+// Classic batching computes the padded rectangle (prompts padded to the longest, finished rows
+// kept decoding) and none of it reaches an output: the same greedy tokens as batch-1 decoding,
+// and exactly B × (longest prompt + longest output - 1) positions computed per batch.
+TEST(Engine, ClassicBatchingPaddingLeavesOutputsAlone) {
+  for (ModelFamily family : {ModelFamily::kLlama, ModelFamily::kGpt2}) {
+    const ModelConfig cfg = tiny_config(family);
+    auto ref_model = tiny_model(cfg);
+    Rng rng(21);
+    const std::vector<std::pair<int64_t, int64_t>> shape = {{9, 12}, {33, 3}, {17, 7}};
+    std::vector<std::vector<int32_t>> prompts, want;
+    int64_t own = 0, longest_prompt = 0, longest_output = 0;
+    for (auto [len, out] : shape) {
+      prompts.push_back(test::random_prompt(rng, len, cfg.vocab_size));
+      want.push_back(reference_generate(*ref_model, prompts.back(), out));
+      own += len + out - 1;
+      longest_prompt = std::max(longest_prompt, len);
+      longest_output = std::max(longest_output, out);
+    }
+    EngineConfig ec;
+    ec.scheduler.batching = BatchingMode::kClassic;
+    ec.scheduler.max_running = 3;
+    auto engine = make_engine(cfg, ec);
+    std::vector<std::shared_ptr<RequestStream>> streams;
+    for (size_t i = 0; i < prompts.size(); ++i)
+      streams.push_back(engine->add_request(prompts[i], greedy(shape[i].second)).value());
+    engine->run_until_idle();
+    for (size_t i = 0; i < prompts.size(); ++i) EXPECT_EQ(drain(*streams[i]).tokens[0], want[i]) << i;
+    const int64_t rectangle = 3 * (longest_prompt + longest_output - 1);
+    EXPECT_EQ(engine->metrics().prompt_tokens, rectangle);
+    EXPECT_EQ(engine->metrics().padding_tokens, rectangle - own);
+    EXPECT_EQ(engine->metrics().kv_blocks.num_used, 0);
+  }
+}
+
 // n = 3 samples share the prompt's blocks (the partial last block is copied on write); with
 // a seed, sample j draws like batch-1 sampling seeded seed + j; greedy samples all agree.
 TEST(Engine, ParallelSamplingSharesPromptAndFollowsSeeds) {

@@ -367,6 +367,8 @@ struct BatchTrace {
   int64_t mixed_steps = 0;                      // steps with a prefill chunk and a decode
   int64_t admitted_mid_batch = 0;               // requests admitted while another batch was unfinished
   int64_t num_preemptions = 0;
+  int64_t padding_tokens = 0;  // classic batching's padded rows
+  int64_t tokens_computed = 0;
 };
 
 BatchTrace trace_batches(BatchingMode mode, const std::vector<Request>& reqs, int64_t num_blocks) {
@@ -380,8 +382,15 @@ BatchTrace trace_batches(BatchingMode mode, const std::vector<Request>& reqs, in
   for (int64_t step = 0; sched->has_unfinished(); ++step) {
     KILN_CHECK(step < 10000);
     SchedulerOutput out = sched->schedule();
-    bool prefill = false, decode = false;
+    bool prefill = false, decode = false, padding = false;
     for (const ScheduledSeq& e : out.seqs) {
+      if (e.padding) {  // classic: prompt pads (prefill steps) or finished rows (decode steps)
+        EXPECT_EQ(e.request_id, -1);
+        EXPECT_EQ(e.num_samples, 0);
+        t.padding_tokens += e.num_new_tokens;
+        padding = true;
+        continue;
+      }
       const auto prompt_len = static_cast<int64_t>(reqs[static_cast<size_t>(e.request_id)].prompt.size());
       (e.num_computed_tokens < prompt_len ? prefill : decode) = true;
       if (!seen.insert(e.request_id).second) continue;
@@ -398,7 +407,8 @@ BatchTrace trace_batches(BatchingMode mode, const std::vector<Request>& reqs, in
       unfinished.insert(e.request_id);
     }
     t.mixed_steps += prefill && decode;
-    if (prefill) t.prefill_steps.back() += 1;
+    // A step that computed pads alone (no member decodes then) is part of the padded prefill.
+    if (prefill || (padding && !decode)) t.prefill_steps.back() += 1;
     std::vector<int32_t> sampled = exec.run(out);
     EXPECT_FALSE(::testing::Test::HasFailure());
     for (FinishedSeq& f : sched->update(out, sampled).finished) {
@@ -409,7 +419,9 @@ BatchTrace trace_batches(BatchingMode mode, const std::vector<Request>& reqs, in
     ++t.run.steps;
   }
   KILN_CHECK(sched->kv_stats().pool.num_used == 0);
+  KILN_CHECK(sched->num_padding_rows() == 0);
   t.num_preemptions = sched->num_preemptions();
+  t.tokens_computed = exec.tokens_computed();
   return t;
 }
 
@@ -449,6 +461,54 @@ TEST(Scheduler, ClassicBatchingRunsEachBatchToItsLongestMember) {
   EXPECT_LT(continuous.run.steps, kiln_static.run.steps);
   std::cout << "[ batching ] steps: continuous " << continuous.run.steps << ", static " << kiln_static.run.steps
             << ", classic " << classic.run.steps << "\n";
+}
+
+TEST(Scheduler, ClassicBatchingComputesThePaddedRectangle) {
+  // Each batch computes B rows × (its longest prompt + its longest output - 1) positions: the
+  // prompts padded to the longest, then B decode rows until the longest output is done (the
+  // first output token comes with the prefill, the last is never fed back). Static batching
+  // computes only the members' own tokens.
+  const std::vector<std::pair<int64_t, int64_t>> shape = {{30, 4}, {6, 25}, {20, 2}, {12, 9},
+                                                          {40, 3}, {8, 14}, {10, 6}};
+  std::vector<Request> reqs;
+  int64_t own = 0;
+  for (size_t i = 0; i < shape.size(); ++i) {
+    reqs.push_back(request(shape[i].first, shape[i].second, static_cast<int32_t>(i)));
+    own += shape[i].first + shape[i].second - 1;
+  }
+  const BatchTrace classic = trace_batches(BatchingMode::kClassic, reqs, 256);
+  ASSERT_EQ(classic.batches, (std::vector<std::vector<int64_t>>{{0, 1, 2}, {3, 4, 5}, {6}}));
+  int64_t rectangle = 0;
+  for (const auto& batch : classic.batches) {
+    int64_t longest_prompt = 0, longest_output = 0;
+    for (int64_t id : batch) {
+      longest_prompt = std::max(longest_prompt, shape[static_cast<size_t>(id)].first);
+      longest_output = std::max(longest_output, shape[static_cast<size_t>(id)].second);
+    }
+    rectangle += static_cast<int64_t>(batch.size()) * (longest_prompt + longest_output - 1);
+  }
+  EXPECT_EQ(classic.tokens_computed, rectangle);
+  EXPECT_EQ(classic.padding_tokens, rectangle - own);
+  const BatchTrace kiln_static = trace_batches(BatchingMode::kStatic, reqs, 256);
+  EXPECT_EQ(kiln_static.tokens_computed, own);
+  EXPECT_EQ(kiln_static.padding_tokens, 0);
+}
+
+// The pads' blocks count in the reservation: two 4-token prompts fit beside each other, a
+// 4-token and a 20-token prompt do not once the short one is padded.
+TEST(Scheduler, ClassicBatchingReservesThePads) {
+  // 10 blocks of 4. Each member needs blocks for prompt + 3 outputs - 1.
+  const auto run = [](int64_t second_prompt) {
+    return trace_batches(BatchingMode::kClassic, {request(4, 3, 0), request(second_prompt, 3, 1)}, 10);
+  };
+  // 4 + 2 -> 2 blocks each: 4 blocks, no pads.
+  EXPECT_EQ(run(4).batches, (std::vector<std::vector<int64_t>>{{0, 1}}));
+  // 2 + 6 member blocks + 4 pad blocks (16 pad tokens) = 12 > 10: one at a time. Without the
+  // pads (8 blocks) they would have shared a batch.
+  const BatchTrace apart = run(20);
+  EXPECT_EQ(apart.batches, (std::vector<std::vector<int64_t>>{{0}, {1}}));
+  EXPECT_EQ(apart.padding_tokens, 0);
+  EXPECT_EQ(apart.num_preemptions, 0);
 }
 
 TEST(Scheduler, ClassicBatchingReservesEachMembersWholeLength) {

@@ -459,8 +459,12 @@ bool Engine::step_locked_out() {
   // One serve event per step: the batch, and its new tokens split into prompt (prefill, also a
   // preempted sequence's recomputation) and generated (decode) positions.
   trace::Scope ts(trace::Category::kServe, "engine_step", [&](trace::Event& e) {
-    int64_t prefill = 0, decode = 0;
+    int64_t prefill = 0, decode = 0, padding = 0;
     for (const ScheduledSeq& q : out.seqs) {
+      if (q.padding) {  // classic batching's padded rows
+        padding += q.num_new_tokens;
+        continue;
+      }
       const int64_t prompt = requests_.at(sched_to_request_.at(q.request_id))->stream->prompt_len();
       const int64_t in_prompt = std::clamp<int64_t>(prompt - q.num_computed_tokens, 0, q.num_new_tokens);
       prefill += in_prompt;
@@ -469,6 +473,7 @@ bool Engine::step_locked_out() {
     e.add_arg("batch", static_cast<int64_t>(out.seqs.size()));
     e.add_arg("prefill_tokens", prefill);
     e.add_arg("decode_tokens", decode);
+    if (padding > 0) e.add_arg("padding_tokens", padding);
   });
   // A step that fails (the model returns an error, or something throws: out of memory, a
   // library error) fails the requests it scheduled with the reason; the others go on.
@@ -525,6 +530,7 @@ Status Engine::run_step(const SchedulerOutput& out) {
   // position while they prefill; the executor computes them for those sequences only.
   all_rows_.assign(out.seqs.size(), 0);
   for (size_t k = 0; k < out.seqs.size(); ++k) {
+    if (out.seqs[k].padding) continue;  // classic batching's padding: no request, no logits
     const RequestState& r = request_of(out.seqs[k]);
     if (r.params.prompt_logprobs && !r.prompt_lp_done && out.seqs[k].num_lookahead == 0) all_rows_[k] = 1;
   }
@@ -549,6 +555,7 @@ Status Engine::run_step(const SchedulerOutput& out) {
     std::vector<int32_t> history;
     for (int64_t k = k0; k < k1; ++k) {
       const ScheduledSeq& e = out.seqs[static_cast<size_t>(k)];
+      if (e.padding) continue;
       RequestState& r = request_of(e);
       const int64_t prompt_len = r.stream->prompt_len();
       if (all_rows_[static_cast<size_t>(k)]) {
@@ -716,6 +723,8 @@ Status Engine::run_step(const SchedulerOutput& out) {
   std::lock_guard lk(metrics_mu_);
   EngineMetrics& m = metrics_;
   m.prompt_tokens += out.num_batched_tokens;
+  for (const ScheduledSeq& e : out.seqs)
+    if (e.padding) m.padding_tokens += e.num_new_tokens;
   m.generation_tokens += static_cast<int64_t>(sampled_.size());
   m.spec.num_generated += spec.num_generated;
   m.spec.num_target_passes += spec.num_target_passes;
@@ -843,6 +852,9 @@ std::string Engine::metrics_text() const {
   put_metric(s, "kiln_requests_failed_total", "counter", "Requests ended by an engine error.", double(m.requests_failed));
   put_metric(s, "kiln_computed_tokens_total", "counter", "Tokens run through the model (prefill and decode).",
              double(m.prompt_tokens));
+  put_metric(s, "kiln_padding_tokens_total", "counter",
+             "Tokens computed as classic batching's padding (prompts padded to the batch's longest, finished rows).",
+             double(m.padding_tokens));
   put_metric(s, "kiln_generation_tokens_total", "counter", "Tokens generated (sampled).", double(m.generation_tokens));
   put_metric(s, "kiln_num_preemptions_total", "counter", "Sequences preempted (recompute).", double(m.num_preemptions));
   put_metric(s, "kiln_engine_steps_total", "counter", "Engine steps run.", double(m.num_steps));

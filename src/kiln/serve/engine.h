@@ -142,6 +142,7 @@ struct EngineMetrics {
   int64_t requests_added = 0, requests_finished = 0, requests_aborted = 0;
   int64_t requests_failed = 0;  // ended by an engine error (FinishReason::kError)
   int64_t prompt_tokens = 0;      // tokens computed by prefill (prefix hits excluded)
+  int64_t padding_tokens = 0;     // of those, classic batching's padded rows (results unread)
   int64_t generation_tokens = 0;  // tokens sampled
   int64_t num_preemptions = 0;
   int64_t num_steps = 0;

@@ -144,8 +144,9 @@ void Scheduler::preempt(Sequence& s, SchedulerOutput& out) {
 
 std::optional<int64_t> Scheduler::admit(Sequence& s, int64_t max_new, SchedulerOutput& out) {
   KILN_CHECK(s.num_computed == 0 && s.table.num_blocks() == 0);
-  const std::vector<BlockId> hit =
-      s.skip_prefix_cache ? std::vector<BlockId>{} : kv_.find_cached_prefix(s.tokens, s.block_hashes);
+  const std::vector<BlockId> hit = s.skip_prefix_cache || classic()
+                                       ? std::vector<BlockId>{}
+                                       : kv_.find_cached_prefix(s.tokens, s.block_hashes);
   const int64_t num_cached = static_cast<int64_t>(hit.size()) * kv_.config().block_size;
   const int64_t take = std::min(s.num_tokens() - num_cached, max_new);
   if (!kv_.allocate_slots(s.table, hit, take, out.block_copies)) return std::nullopt;
@@ -167,12 +168,17 @@ SchedulerOutput Scheduler::schedule() {
   out.finished_seq_ids.swap(finished_since_step_);
   awaiting_update_ = true;
 
-  if (config_.batching != BatchingMode::kContinuous && running_.empty()) admit_batch(out);
-  // Classic batching prefills the whole batch first: no member decodes while another has
-  // prompt left (the literature's batch runs one padded prefill, then decodes in lockstep).
+  if (config_.batching != BatchingMode::kContinuous && running_.empty()) {
+    admit_batch(out);
+    if (classic()) add_prompt_padding();
+  }
+  // Classic batching prefills the whole padded batch first: no member decodes while another
+  // has prompt (or pads) left (the literature's batch runs one padded prefill, then decodes in
+  // lockstep).
   const bool batch_prefilling =
-      config_.batching == BatchingMode::kClassic &&
-      std::any_of(running_.begin(), running_.end(), [](const Sequence* s) { return s->num_tokens() - s->num_computed > 1; });
+      classic() &&
+      (std::any_of(running_.begin(), running_.end(), [](const Sequence* s) { return s->num_tokens() - s->num_computed > 1; }) ||
+       std::any_of(padding_.begin(), padding_.end(), [](const auto& p) { return p->prompt_len == 0; }));
 
   int64_t budget = config_.max_batched_tokens;
   auto needs_one = [](const Sequence* s) { return !s->awaiting_remote && s->num_tokens() - s->num_computed == 1; };
@@ -220,6 +226,7 @@ SchedulerOutput Scheduler::schedule() {
     schedule_seq(s, take, lookahead, out);
     budget -= take + lookahead;
   }
+  if (classic()) schedule_padding(batch_prefilling, budget, out);
 
   // Continuous batching: admit FCFS while there is budget, room and memory; not in a step
   // that had to preempt (the memory is not there).
@@ -250,21 +257,94 @@ SchedulerOutput Scheduler::schedule() {
 void Scheduler::admit_batch(SchedulerOutput& out) {
   // Static: as many as max_running and the blocks of their cached prefixes allow; prefilled by
   // the running loop. Classic: also only while the blocks of every member's whole length
-  // (prompt + max_tokens - 1 tokens, times n) fit in the pool, so the batch never preempts;
-  // the head of the queue always goes (add_request saw one sequence of it fit).
-  int64_t reserved_blocks = 0;
+  // (prompt + max_tokens - 1 tokens, times n) and of the pads up to the longest prompt fit in
+  // the pool, so the batch never preempts; the head of the queue always goes (add_request saw
+  // one sequence of it fit, and alone it has no pads).
+  int64_t member_blocks = 0, longest = 0;
   while (!waiting_.empty() && num_running() < config_.max_running) {
     Sequence& s = *waiting_.front();
-    if (config_.batching == BatchingMode::kClassic) {
-      const int64_t blocks = (1 + s.forks_pending) * kv_.blocks_for(s.prompt_len + s.max_tokens - 1);
-      if (!running_.empty() && reserved_blocks + blocks > kv_.pool().num_blocks()) break;
-      reserved_blocks += blocks;
+    if (classic()) {
+      const int64_t blocks = member_blocks + (1 + s.forks_pending) * kv_.blocks_for(s.prompt_len + s.max_tokens - 1);
+      const int64_t longer = std::max(longest, s.prompt_len);
+      int64_t pad_blocks = kv_.blocks_for(longer - s.prompt_len);
+      for (const Sequence* m : running_) pad_blocks += kv_.blocks_for(longer - m->prompt_len);
+      if (!running_.empty() && blocks + pad_blocks > kv_.pool().num_blocks()) break;
+      member_blocks = blocks;
+      longest = longer;
     }
     if (!admit(s, 0, out)) break;
   }
 }
 
+void Scheduler::add_prompt_padding() {
+  KILN_CHECK(padding_.empty());
+  int64_t longest = 0;
+  for (const Sequence* m : running_) longest = std::max(longest, m->prompt_len);
+  for (const Sequence* m : running_) {
+    if (m->prompt_len == longest) continue;
+    // Pad tokens (id 0) in blocks of their own: the same rows of every GEMM as left padding,
+    // attention over the pads alone (a lower bound of a masked rectangle's cost).
+    auto pad = std::make_unique<Sequence>(next_id_++, -1, kv_.config().block_size);
+    pad->tokens.assign(static_cast<size_t>(longest - m->prompt_len), 0);
+    pad->status = SeqStatus::kRunning;
+    padding_.push_back(std::move(pad));
+  }
+}
+
+void Scheduler::schedule_padding(bool batch_prefilling, int64_t& budget, SchedulerOutput& out) {
+  for (const auto& p : padding_) {
+    if (budget <= 0) break;
+    const bool prefill = p->prompt_len == 0;  // pads (retired once computed), else a finished member
+    if (!prefill && batch_prefilling) continue;  // a finished member's row waits like the members
+    ScheduledSeq e;
+    e.seq_id = p->id;
+    e.request_id = -1;
+    e.padding = true;
+    if (prefill) {
+      const int64_t take = std::min({p->num_tokens() - p->num_computed, config_.prefill_chunk, budget});
+      KILN_CHECK_MSG(kv_.allocate_slots(p->table, {}, take, out.block_copies),
+                     "classic batching reserved the pads' blocks at admission");
+      e.num_computed_tokens = p->num_computed;
+      e.num_new_tokens = take;
+      p->num_computed += take;
+    } else {
+      // Recomputes its last position into its own slot: a decode row's work, no new block.
+      e.num_computed_tokens = p->num_computed - 1;
+      e.num_new_tokens = 1;
+    }
+    e.tokens = p->tokens;
+    e.block_ids = p->table.block_ids();
+    budget -= e.num_new_tokens;
+    out.num_batched_tokens += e.num_new_tokens;
+    out.seqs.push_back(e);
+  }
+}
+
+void Scheduler::retire_padding() {
+  // Pads whose prefill is done go at once; finished members' rows when the batch is over.
+  const bool batch_over = running_.empty();
+  std::erase_if(padding_, [&](std::unique_ptr<Sequence>& p) {
+    const bool done = batch_over || (p->prompt_len == 0 && p->num_computed == p->num_tokens());
+    if (done) kv_.free(p->table);
+    return done;
+  });
+}
+
 void Scheduler::finish(Sequence& s, FinishReason reason, UpdateResult* result) {
+  // Its row stays in the padded batch, recomputing its last position into its own slot: its
+  // blocks go with it, freed when the batch ends. (Not where that slot's block is shared with a
+  // sibling sample, which may be reading it: a sample of n > 1 that ended at its first token.)
+  const int64_t last = s.num_computed - 1;
+  if (classic() && result != nullptr && last >= 0 &&
+      kv_.pool().ref_count(s.table.block(last / s.table.block_size())) == 1) {
+    auto row = std::make_unique<Sequence>(next_id_++, -1, kv_.config().block_size);
+    row->tokens = s.tokens;
+    row->prompt_len = s.prompt_len;
+    row->num_computed = s.num_computed;
+    row->status = SeqStatus::kRunning;
+    std::swap(row->table, s.table);
+    padding_.push_back(std::move(row));
+  }
   kv_.free(s.table);
   s.status = SeqStatus::kFinished;
   s.finish = reason;
@@ -319,6 +399,7 @@ UpdateResult Scheduler::update(const SchedulerOutput& output, std::span<const in
     const int64_t count = e.num_lookahead > 0 ? counts[i] : e.num_samples;
     const std::span<const int32_t> toks = sampled.subspan(k, static_cast<size_t>(count));
     k += toks.size();
+    if (e.padding) continue;  // computed, never read
     auto it = seqs_.find(e.seq_id);
     KILN_CHECK_MSG(it != seqs_.end() && it->second->status == SeqStatus::kRunning,
                    "update() of sequence {} that is not running", e.seq_id);
@@ -338,7 +419,7 @@ UpdateResult Scheduler::update(const SchedulerOutput& output, std::span<const in
       append_token(s, toks[static_cast<size_t>(accepted)], result);
       continue;
     }
-    kv_.cache_full_blocks(s.table, s.tokens, s.block_hashes);  // their K/V now exists
+    if (!classic()) kv_.cache_full_blocks(s.table, s.tokens, s.block_hashes);  // their K/V now exists
     if (toks.empty()) continue;
     // Parallel sampling: the other n - 1 sequences share every block of the prompt.
     for (size_t j = 1; j < toks.size(); ++j) {
@@ -366,6 +447,7 @@ UpdateResult Scheduler::update(const SchedulerOutput& output, std::span<const in
   // Retire what finished.
   std::erase_if(running_, [](const Sequence* s) { return s->status == SeqStatus::kFinished; });
   for (const FinishedSeq& f : result.finished) seqs_.erase(f.seq_id);
+  retire_padding();
   return result;
 }
 
@@ -395,7 +477,8 @@ std::vector<int64_t> Scheduler::fail_step(const SchedulerOutput& output) {
                  step_ - 1);
   awaiting_update_ = false;
   std::vector<int64_t> ids;
-  for (const ScheduledSeq& e : output.seqs) ids.push_back(e.request_id);
+  for (const ScheduledSeq& e : output.seqs)
+    if (!e.padding) ids.push_back(e.request_id);
   std::sort(ids.begin(), ids.end());
   ids.erase(std::unique(ids.begin(), ids.end()), ids.end());
   for (const int64_t id : ids) abort_request(id);
@@ -411,6 +494,7 @@ bool Scheduler::abort_sequence(int64_t seq_id) {
   std::erase(running_, s);
   std::erase(waiting_, s);
   seqs_.erase(it);
+  retire_padding();
   return true;
 }
 
@@ -427,6 +511,7 @@ void Scheduler::abort_request(int64_t request_id) {
   std::erase_if(running_, gone);
   std::erase_if(waiting_, gone);
   for (int64_t id : ids) seqs_.erase(id);
+  retire_padding();
 }
 
 }  // namespace kiln

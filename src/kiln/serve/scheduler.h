@@ -24,10 +24,12 @@ namespace kiln {
 enum class BatchingMode {
   kContinuous,  // admit and retire requests before every step
   kStatic,      // admit a batch only when the previous one has completely finished
-  // Classic padded static batching (FasterTransformer, pre-Orca servers): as kStatic, and also
-  // each member's KV for prompt + max_tokens is guaranteed at admission (a batch never
-  // preempts), the whole batch is prefilled before any member decodes, then all decode in
-  // lockstep until the longest is done; a finished member frees its slot, nobody joins.
+  // Classic padded static batching (FasterTransformer, HF generate, pre-Orca servers): the batch
+  // is one (B, T) rectangle. As kStatic, and: each member's K/V for prompt + max_tokens is
+  // reserved at admission (a batch never preempts); every prompt is padded to the batch's
+  // longest, and the whole padded batch is prefilled before any member decodes; then all B rows
+  // decode in lockstep until the longest member is done: a finished member's row keeps being
+  // computed as padding, and nobody joins. No prefix cache (those servers had none).
   kClassic,
 };
 // "continuous" | "static" | "classic"
@@ -118,6 +120,10 @@ struct ScheduledSeq {
   // many tokens before num_computed_tokens (it recomputes them first).
   int64_t num_lookahead = 0;
   int64_t draft_lag = 0;
+  // Classic batching's padding (request_id -1, num_samples 0): compute whose result nobody
+  // reads — a prompt's pad tokens up to the batch's longest prompt, or a finished member's row
+  // recomputing its last position while the batch's longest member still decodes.
+  bool padding = false;
   // Valid until update(): the sequence's tokens and block table.
   std::span<const int32_t> tokens;
   std::span<const BlockId> block_ids;
@@ -187,6 +193,8 @@ class Scheduler {
   void prefill_locally(int64_t seq_id);
 
   bool has_unfinished() const { return !running_.empty() || !waiting_.empty(); }
+  // Classic batching's padding rows of the current batch (prompt pads, finished members).
+  int64_t num_padding_rows() const { return static_cast<int64_t>(padding_.size()); }
   int64_t num_running() const { return static_cast<int64_t>(running_.size()); }
   int64_t num_waiting() const { return static_cast<int64_t>(waiting_.size()); }
   int64_t num_steps() const { return step_; }
@@ -208,12 +216,22 @@ class Scheduler {
   void admit_batch(SchedulerOutput& out);
   void append_token(Sequence& s, int32_t token, UpdateResult& result);
   void finish(Sequence& s, FinishReason reason, UpdateResult* result);
+  // Classic batching's padding: a pad row for each member shorter than the batch's longest
+  // prompt; this step's pad prefill chunks and padding decodes; freeing what the step finished
+  // and, once no member runs, the whole batch's padding.
+  void add_prompt_padding();
+  void schedule_padding(bool batch_prefilling, int64_t& budget, SchedulerOutput& out);
+  void retire_padding();
 
+  bool classic() const { return config_.batching == BatchingMode::kClassic; }
   SchedulerConfig config_;
   KvCacheManager kv_;
   std::unordered_map<int64_t, std::unique_ptr<Sequence>> seqs_;  // unfinished sequences
   std::deque<Sequence*> waiting_;   // FCFS; preempted sequences go back to the front
   std::vector<Sequence*> running_;  // admission order: the back is the newest
+  // Classic batching: pad rows still prefilling (prompt_len = 0) and finished members' rows
+  // (prompt_len > 0), holding their blocks until the batch ends.
+  std::vector<std::unique_ptr<Sequence>> padding_;
   std::vector<int64_t> finished_since_step_;
   int64_t next_id_ = 0;
   int64_t step_ = 0;
