@@ -169,6 +169,7 @@ SchedulerOutput Scheduler::schedule() {
   awaiting_update_ = true;
 
   if (config_.batching != BatchingMode::kContinuous && running_.empty()) {
+    retire_padding();  // the last batch's rows, when it ended without an update (aborts)
     admit_batch(out);
     if (classic()) add_prompt_padding();
   }
@@ -277,7 +278,6 @@ void Scheduler::admit_batch(SchedulerOutput& out) {
 }
 
 void Scheduler::add_prompt_padding() {
-  KILN_CHECK(padding_.empty());
   int64_t longest = 0;
   for (const Sequence* m : running_) longest = std::max(longest, m->prompt_len);
   for (const Sequence* m : running_) {
