@@ -112,11 +112,8 @@ TEST(FlashTune, SavedTilesAndGemmBlockingShareTheEntry) {
       ::testing::ExitedWithCode(0), "");
   std::ifstream in(path);
   const nlohmann::json j = nlohmann::json::parse(in);
-  EXPECT_EQ(j.at("cpus").at("another CPU").at("f32").at("kc"), 16);
-  const auto& mine = j.at("cpus").at(cpu::tune_cpu_key());
-  EXPECT_EQ(mine.at("f32").at("mc"), 98);
-  EXPECT_EQ(mine.at("source"), "test 2");
-  EXPECT_EQ(mine.at("flash_attention").at("source"), "flash test");
+  EXPECT_TRUE(j.at("cpus").contains("another CPU"));
+  EXPECT_EQ(j.at("cpus").at(cpu::tune_cpu_key()).at("flash_attention").at("source"), "flash test");
   EXPECT_EXIT(check_tiles_in_child(path, want), ::testing::ExitedWithCode(0), "");
   EXPECT_EXIT(check_gemm_in_child(path, {98, 336, 1024}, "tune file (test 2)"), ::testing::ExitedWithCode(0), "");
   std::filesystem::remove_all(dir);

@@ -27,10 +27,10 @@ int64_t pad16(int64_t n) { return (n + 15) / 16 * 16; }
 }  // namespace
 
 int64_t flash_forward_scratch_floats(int64_t head_dim, FlashTiles t) {
-  return pad16(head_dim * t.q) + pad16(t.k * t.q) + pad16(t.q * head_dim) + 3 * t.q;
+  return pad16(head_dim * t.q) + pad16(t.k * t.q) + pad16(t.q * head_dim) + 3 * t.q + t.k * head_dim;
 }
 int64_t flash_backward_scratch_floats(int64_t head_dim, FlashTiles t) {
-  return 2 * pad16(head_dim * t.q) + 2 * pad16(t.k * t.q);
+  return 2 * pad16(head_dim * t.q) + 2 * pad16(t.k * t.q) + (2 * t.q + t.k) * head_dim;
 }
 
 namespace {
@@ -392,15 +392,7 @@ FlashProfile attention_forward_flash_profiled(float* out, float* lse, const floa
   std::vector<FlashProfile> per_thread(static_cast<size_t>(num_threads()));
   forward_tiles(shape_of(p, p.q_len, flash_tiles().fwd), ptrs, per_thread.data());
   FlashProfile sum;
-  for (const FlashProfile& t : per_thread) {
-    sum.qk_s += t.qk_s;
-    sum.mask_s += t.mask_s;
-    sum.softmax_s += t.softmax_s;
-    sum.pv_s += t.pv_s;
-    sum.other_s += t.other_s;
-    sum.key_tiles += t.key_tiles;
-    sum.score_elems += t.score_elems;
-  }
+  for (const FlashProfile& t : per_thread) sum += t;
   return sum;
 }
 

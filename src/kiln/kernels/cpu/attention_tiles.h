@@ -66,7 +66,8 @@ struct FlashTuneResult {
 };
 // Times every candidate on the current thread count, the cache model's choice first (a candidate
 // must beat the best by 4%, the VMs' run-to-run noise), sets the winners and leaves saving to
-// the caller.
+// the caller. About 2.5 s at the default shape on the 2-core Zen 4 VM (0.6 s of it the forward):
+// too long for the GEMM's first-use autotune, so only `kiln bench attention --tune` runs it.
 FlashTuneResult autotune_flash_tiles(const FlashTuneOptions& opt = {});
 
 // ---- where a forward's time goes -----------------------------------------------------------------
@@ -78,6 +79,11 @@ struct FlashProfile {
   int64_t key_tiles = 0;    // (query tile, key tile) pairs visited
   int64_t score_elems = 0;  // scores computed (masked ones included): each costs 2·D FLOPs per product
   double total_s() const { return qk_s + mask_s + softmax_s + pv_s + other_s; }
+  FlashProfile& operator+=(const FlashProfile& o) {
+    qk_s += o.qk_s, mask_s += o.mask_s, softmax_s += o.softmax_s, pv_s += o.pv_s, other_s += o.other_s;
+    key_tiles += o.key_tiles, score_elems += o.score_elems;
+    return *this;
+  }
 };
 // attention_forward_flash with each part of every tile timed (two clock reads per part per key
 // tile); q_len > kSplitKvMaxQueries.
