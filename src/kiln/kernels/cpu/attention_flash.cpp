@@ -30,7 +30,7 @@ int64_t flash_forward_scratch_floats(int64_t head_dim, FlashTiles t) {
   return pad16(head_dim * t.q) + pad16(t.k * t.q) + pad16(t.q * head_dim) + 3 * t.q;
 }
 int64_t flash_backward_scratch_floats(int64_t head_dim, FlashTiles t) {
-  return 2 * pad16(head_dim * t.q) + 2 * pad16(t.k * t.q) + (2 * t.q + t.k) * head_dim;
+  return 2 * pad16(head_dim * t.q) + 2 * pad16(t.k * t.q) + 2 * t.q * head_dim;
 }
 
 namespace {
