@@ -66,7 +66,7 @@ struct FlashTuneResult {
 };
 // Times every candidate on the current thread count, the cache model's choice first (a candidate
 // must beat the best by 4%, the VMs' run-to-run noise), sets the winners and leaves saving to
-// the caller. About 2.5 s at the default shape on the 2-core Zen 4 VM (0.6 s of it the forward):
+// the caller. 2.5-3 s at the default shape on the 2-core Zen 4 VM (~0.6 s of it the forward):
 // too long for the GEMM's first-use autotune, so only `kiln bench attention --tune` runs it.
 FlashTuneResult autotune_flash_tiles(const FlashTuneOptions& opt = {});
 
