@@ -133,7 +133,7 @@ std::string flash_tiles_name(FlashTiles t) { return fmt::format("{}x{}", t.q, t.
 // Bc is the largest candidate meeting the L1 bound (at least the smallest), Br the largest
 // meeting the L2 bound (the forward's at most 64). On the 2-core Zen 4 VM (32 KiB L1d, 1 MiB L2)
 // at head_dim 64 this gives 64 × 64 forward and 128 × 64 backward, what the sweep there chose
-// (forward: every candidate within 4% of 64 × 64 at T = 1024, 128-row tiles 5-10% slower;
+// (forward: every candidate within 4% of 64 × 64 at T = 1024, 128-row tiles 3-10% slower;
 // backward: 128 × 64 9% faster than 64 × 64): docs/results/attention-tiles-2026-12-06.md.
 FlashTileChoice flash_tiles_from_caches(const CacheGeometry& c, int64_t head_dim) {
   int64_t bc = kFlashTileK[0];

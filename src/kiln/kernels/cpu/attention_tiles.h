@@ -28,8 +28,8 @@ struct FlashTileChoice {
 };
 
 // The candidates, Br × Bc. Every one is a multiple of every target's lane count (16 / 8 / 1), so
-// full tiles need no masked loads; scratch is sized per call for the tiles in use (at head_dim
-// 64 from 32 KiB per thread at 32×64 to 194 KiB at 128×256).
+// full tiles need no masked loads; scratch is sized per call for the tiles in use (per thread at
+// head_dim 64: forward 24 KiB at 32×64 to 194 KiB at 128×256, backward 48 to 384 KiB).
 inline constexpr int64_t kFlashTileQ[] = {32, 64, 128};
 inline constexpr int64_t kFlashTileK[] = {64, 128, 256};
 bool is_flash_tile_candidate(FlashTiles t);
