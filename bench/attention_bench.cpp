@@ -15,6 +15,7 @@
 #include "kiln/core/rng.h"
 #include "kiln/core/thread_pool.h"
 #include "kiln/kernels/attention.h"
+#include "kiln/kernels/cpu/attention_tiles.h"
 #include "kiln/perf/peak.h"
 
 namespace kiln::bench {
@@ -70,23 +71,95 @@ std::string mib(int64_t bytes) {
   return bytes >= (int64_t{1} << 20) ? fmt::format("{:.1f} MiB", bytes / 1048576.0) : fmt::format("{:.0f} KiB", bytes / 1024.0);
 }
 
+AttentionParams training_params(int64_t T) {
+  AttentionParams p;
+  p.q_len = p.kv_len = T;
+  p.n_heads = p.n_kv_heads = kHeads;
+  p.head_dim = kHeadDim;
+  p.causal = true;
+  return check_attention(p).value();
+}
+
+std::string tiles_used() {
+  const cpu::FlashTileChoice t = cpu::flash_tiles();
+  return fmt::format("fwd {} bwd {}", cpu::flash_tiles_name(t.fwd), cpu::flash_tiles_name(t.bwd));
+}
+
+std::string tiles_json() {
+  const cpu::FlashTileChoice t = cpu::flash_tiles();
+  return fmt::format(R"(, "tiles_fwd": "{}", "tiles_bwd": "{}")", cpu::flash_tiles_name(t.fwd), cpu::flash_tiles_name(t.bwd));
+}
+
+// Where the flash forward's time goes: a profiled run per T (each part of every tile timed; the
+// fastest of opt.reps runs after a warm-up), with the roofline placement of the timed run
+// (fwd_ms): FLOPs of the visible scores (attention_forward_cost) over the compulsory bytes,
+// against the measured FMA peak and DRAM read rate of these threads. The two products' rates
+// count every score computed (the causal diagonal's masked half included) at 2·D FLOPs each.
+void run_forward_breakdown(const AttentionBenchOptions& opt, const std::vector<std::pair<int64_t, double>>& fwd_ms) {
+  const int threads = num_threads();
+  const double peak = perf::fma_peak_gflops(threads), dram = perf::measure_dram_read_gbps(threads);
+  const double peak_thread = peak / threads;
+  if (!opt.json) {
+    fmt::print("\nflash forward: where the time goes ({} tiles; thread-seconds of each part, {} threads) and its roofline "
+               "placement\n(FMA peak {:.0f} GFLOP/s, DRAM read {:.1f} GB/s on {} threads: ridge at {:.1f} FLOP/byte)\n",
+               cpu::flash_tiles_name(cpu::flash_tiles().fwd), threads, peak, dram, threads, dram > 0 ? peak / dram : 0.0);
+    fmt::print("{:>6} | {:>8} {:>9} {:>7} {:>10} | {:>6} {:>6} {:>8} {:>6} {:>6} | {:>9} {:>9} {:>7}\n", "T", "fwd ms",
+               "GFLOP/s", "% peak", "FLOP/byte", "Q·Kᵀ", "mask", "softmax", "P·V", "other", "Q·Kᵀ %pk", "P·V %pk",
+               "ns/exp");
+  }
+  for (const auto& [T, ms] : fwd_ms) {
+    const AttentionParams p = training_params(T);
+    Rng rng(static_cast<uint64_t>(T));
+    const int64_t n = T * kHeads * kHeadDim;
+    std::vector<float> q = random_floats(rng, n), k = random_floats(rng, n), v = random_floats(rng, n), o(n),
+                       lse(kHeads * T);
+    cpu::FlashProfile best;
+    cpu::attention_forward_flash_profiled(o.data(), lse.data(), q.data(), k.data(), v.data(), p);  // warm-up
+    for (int r = 0; r < opt.reps; ++r) {
+      const cpu::FlashProfile f = cpu::attention_forward_flash_profiled(o.data(), lse.data(), q.data(), k.data(), v.data(), p);
+      if (r == 0 || f.total_s() < best.total_s()) best = f;
+    }
+    const OpCost cost = attention_forward_cost(p);
+    const double gflops = cost.flops / (ms * 1e6);
+    const double product_flops = 2.0 * kHeadDim * static_cast<double>(best.score_elems);
+    const double qk_pk = 100.0 * product_flops / best.qk_s * 1e-9 / peak_thread;
+    const double pv_pk = 100.0 * product_flops / best.pv_s * 1e-9 / peak_thread;
+    const double ns_exp = best.softmax_s * 1e9 / static_cast<double>(best.score_elems);
+    const double tot = best.total_s();
+    const auto pct = [&](double x) { return 100.0 * x / tot; };
+    if (opt.json) {
+      fmt::print(R"({{"bench": "attention", "impl": "flash", "T": {}, "pass": "fwd-breakdown", "ms": {:.4f}, "gflops": {:.2f}, "peak_gflops": {:.2f}, "pct_peak": {:.2f}, "flop_per_byte": {:.2f}, "dram_gbps": {:.2f}, "qk_pct": {:.2f}, "mask_pct": {:.2f}, "softmax_pct": {:.2f}, "pv_pct": {:.2f}, "other_pct": {:.2f}, "qk_pct_peak": {:.2f}, "pv_pct_peak": {:.2f}, "ns_per_exp": {:.3f}, "threads": {}{}}})"
+                 "\n",
+                 T, ms, gflops, peak, 100.0 * gflops / peak, cost.intensity(), dram, pct(best.qk_s), pct(best.mask_s),
+                 pct(best.softmax_s), pct(best.pv_s), pct(best.other_s), qk_pk, pv_pk, ns_exp, threads, tiles_json());
+    } else {
+      fmt::print("{:>6} | {:>8.2f} {:>9.1f} {:>6.1f}% {:>10.0f} | {:>5.1f}% {:>5.1f}% {:>7.1f}% {:>5.1f}% {:>5.1f}% | {:>8.1f}% "
+                 "{:>8.1f}% {:>7.2f}\n",
+                 T, ms, gflops, 100.0 * gflops / peak, cost.intensity(), pct(best.qk_s), pct(best.mask_s),
+                 pct(best.softmax_s), pct(best.pv_s), pct(best.other_s), qk_pk, pv_pk, ns_exp);
+    }
+  }
+  if (!opt.json)
+    fmt::print("FLOP/byte far above the ridge: compute-bound, so % of the FMA peak is the measure; the parts are shares "
+               "of the profiled\nrun's thread-seconds; Q·Kᵀ and P·V %pk: each product's rate over all scores computed "
+               "(masked ones too) vs one thread's peak;\nns/exp: softmax time per score (max, exp, sum, rescale "
+               "factors).\n");
+}
+
 void run_training_shapes(const AttentionBenchOptions& opt) {
   const int threads = num_threads();
   if (!opt.json) {
-    fmt::print("attention forward / forward+backward: causal, batch 1, {} heads, head_dim {}, {} threads; median of {}\n",
-               kHeads, kHeadDim, threads, opt.reps);
+    fmt::print("attention forward / forward+backward: causal, batch 1, {} heads, head_dim {}, {} threads; median of {}\n"
+               "flash tiles (Br x Bc): {} ({})\n",
+               kHeads, kHeadDim, threads, opt.reps, tiles_used(), cpu::flash_tiles_source());
     fmt::print("{:>6} | {:>10} {:>10} | {:>10} {:>10} {:>7} | {:>11} {:>11} {:>8}\n", "T", "naive fwd", "flash fwd",
                "naive f+b", "flash f+b", "speedup", "naive extra", "flash extra", "ratio");
   }
   std::vector<int64_t> ts = opt.seq_lens;
   if (ts.empty()) ts = opt.quick ? std::vector<int64_t>{256, 512, 1024, 2048} : std::vector<int64_t>{256, 512, 1024, 2048, 4096, 8192};
+  std::vector<std::pair<int64_t, double>> flash_fwd_ms;
   for (int64_t T : ts) {
-    AttentionParams p;
-    p.q_len = p.kv_len = T;
-    p.n_heads = p.n_kv_heads = kHeads;
-    p.head_dim = kHeadDim;
-    p.causal = true;
-    p = check_attention(p).value();
+    const AttentionParams p = training_params(T);
     Rng rng(static_cast<uint64_t>(T));
     const int64_t n = T * kHeads * kHeadDim;
     std::vector<float> q = random_floats(rng, n), k = random_floats(rng, n), v = random_floats(rng, n),
@@ -96,7 +169,9 @@ void run_training_shapes(const AttentionBenchOptions& opt) {
     int64_t extra[2] = {-1, -1};
     for (int i = 0; i < 2; ++i) {
       const AttentionImpl impl = i == 0 ? AttentionImpl::kNaive : AttentionImpl::kFlash;
-      if (impl == AttentionImpl::kNaive && cpu::attention_backward_scratch_bytes(p, impl) > opt.naive_max_bytes) continue;
+      if (impl == AttentionImpl::kNaive &&
+          (!opt.naive || cpu::attention_backward_scratch_bytes(p, impl) > opt.naive_max_bytes))
+        continue;
       const std::string name(attention_impl_name(impl));
       auto forward = [&] {
         if (impl == AttentionImpl::kNaive) {
@@ -122,10 +197,12 @@ void run_training_shapes(const AttentionBenchOptions& opt) {
       extra[i] = extra_bytes(both);
       default_allocator().empty_cache();  // naive's T×T blocks must not linger
       if (opt.json) {
-        print_json({name, T, "fwd", fwd[i], fwd_extra}, threads);
-        print_json({name, T, "fwd+bwd", fb[i], extra[i]}, threads);
+        const std::string tiles = impl == AttentionImpl::kFlash ? tiles_json() : "";
+        print_json({name, T, "fwd", fwd[i], fwd_extra}, threads, tiles);
+        print_json({name, T, "fwd+bwd", fb[i], extra[i]}, threads, tiles);
       }
     }
+    flash_fwd_ms.emplace_back(T, fwd[1]);
     if (!opt.json) {
       const auto ms = [](double x) { return std::isnan(x) ? std::string("-") : fmt::format("{:.2f}", x); };
       fmt::print("{:>6} | {:>10} {:>10} | {:>10} {:>10} {:>7} | {:>11} {:>11} {:>8}\n", T, ms(fwd[0]), ms(fwd[1]),
@@ -133,6 +210,36 @@ void run_training_shapes(const AttentionBenchOptions& opt) {
                  mib(extra[1]), extra[0] > 0 ? fmt::format("{:.3f}%", 100.0 * extra[1] / extra[0]) : "-");
     }
   }
+  run_forward_breakdown(opt, flash_fwd_ms);
+}
+
+void run_tune(const AttentionBenchOptions& opt) {
+  cpu::FlashTuneOptions t;
+  t.seq_len = opt.tune_seq;
+  t.heads = kHeads;
+  t.reps = opt.reps;
+  if (!opt.json) {
+    fmt::print("sweeping the flash tiles at T = {} (causal, {} heads, head_dim {}, {} threads; best of {}):\n", t.seq_len,
+               kHeads, kHeadDim, num_threads(), t.reps);
+    t.log = [](const std::string& line) { fmt::print("{}\n", line); };
+  }
+  const cpu::FlashTuneResult r = cpu::autotune_flash_tiles(t);
+  const Status st = cpu::save_flash_tuning();
+  if (opt.json) {
+    fmt::print(R"({{"bench": "attention", "tune": true, "T": {}, "fwd_ms": {:.4f}, "bwd_ms": {:.4f}, "fwd_default_ms": {:.4f}, "bwd_default_ms": {:.4f}, "seconds": {:.2f}, "saved": {}{}}})"
+               "\n",
+               t.seq_len, r.fwd_ms, r.bwd_ms, r.fwd_default_ms, r.bwd_default_ms, r.seconds, st.ok(), tiles_json());
+    return;
+  }
+  fmt::print("chosen in {:.1f} s: fwd {} ({:.2f} ms; cache model's {}: {:.2f} ms), bwd {} ({:.2f} ms; cache model's {}: "
+             "{:.2f} ms)\n",
+             r.seconds, cpu::flash_tiles_name(r.best.fwd), r.fwd_ms, cpu::flash_tiles_name(cpu::default_flash_tiles().fwd),
+             r.fwd_default_ms, cpu::flash_tiles_name(r.best.bwd), r.bwd_ms,
+             cpu::flash_tiles_name(cpu::default_flash_tiles().bwd), r.bwd_default_ms);
+  if (st.ok())
+    fmt::print("saved to {}\n\n", cpu::gemm_tune_file());
+  else
+    fmt::print("not saved: {}\n\n", st.message());
 }
 
 // One decode table: 1 query, kHeads heads over kv_heads KV heads, split-KV on all threads vs
@@ -225,6 +332,7 @@ void run_decode(const AttentionBenchOptions& opt) {
 
 int run_attention_bench(const AttentionBenchOptions& opt) {
   if (!opt.json) fmt::print("kiln bench attention (W5)\n");
+  if (opt.tune) run_tune(opt);
   if (opt.part != "decode") run_training_shapes(opt);
   if (opt.part != "train") run_decode(opt);
   return 0;

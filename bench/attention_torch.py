@@ -7,7 +7,7 @@ head dim 64, forward and forward+backward time (median after warm-up):
   * torch-sdpa: torch.nn.functional.scaled_dot_product_attention(is_causal=True), PyTorch 2.x's
     fused CPU flash kernel, the speed peer (absent from Debian's torch 1.13: skipped there).
 With --kiln PATH the same run times kiln's flash attention per T first (`kiln bench attention
---part train --json`), alternating the two programs, and ends with a table and one
+--part train --no-naive --json`), alternating the two programs, and ends with a table and one
 `ratio: X` line per (T, pass): kiln flash speed over torch-sdpa's (time ratio sdpa / kiln).
 Prints JSON lines with kiln's keys.
 
@@ -49,7 +49,7 @@ def median_ms(fn, reps):
 
 def kiln_rows(kiln, threads, T, reps):
     out = subprocess.run([kiln, "--threads", str(threads), "bench", "attention", "--part", "train", "--seq", str(T),
-                          "--reps", str(reps), "--json"], check=True, capture_output=True, text=True).stdout
+                          "--reps", str(reps), "--json", "--no-naive"], check=True, capture_output=True, text=True).stdout
     return [json.loads(l) for l in out.splitlines() if l.startswith("{")]
 
 

@@ -1,5 +1,6 @@
 // `kiln bench attention` (W5): naive vs FlashAttention forward / forward+backward time and
-// extra memory, and split-KV decode latency; the code lives in bench/attention_bench.cpp.
+// extra memory, the flash tiles (--tune sweeps them), where the flash forward's time goes, and
+// split-KV decode latency; the code lives in bench/attention_bench.cpp.
 #include <cstdlib>
 #include <memory>
 
@@ -20,6 +21,10 @@ void register_bench_attention(CLI::App& app) {
   cmd->add_option("--context", opt->contexts, "Decode contexts, e.g. 4096,32768")->delimiter(',')->check(CLI::Range(1, 1 << 24));
   cmd->add_option("--part", opt->part, "Which tables: train (fwd, fwd+bwd), decode, or all")
       ->check(CLI::IsMember({"all", "train", "decode"}));
+  cmd->add_flag("!--no-naive", opt->naive, "Time flash only (the naive path is slow at T >= 4096)");
+  cmd->add_flag("--tune", opt->tune,
+                "Sweep the flash tiles (Br x Bc) first, forward and backward, and save the fastest in the tune file");
+  cmd->add_option("--tune-seq", opt->tune_seq, "T of the tile sweep")->check(CLI::Range(64, 1 << 16));
   cmd->callback([opt] {
     const int rc = bench::run_attention_bench(*opt);
     if (rc != 0) std::exit(rc);

@@ -1,6 +1,7 @@
 // Attention: both cpu implementations (naive GEMM path and FlashAttention) against the naive
 // scalar reference (MHA, GQA, MQA, causal or not, sliding window, decode-style q_len < kv_len,
 // fused-QKV row strides), forward and backward; the sweep of T × head_dim for flash;
+// every flash tile candidate over those shapes;
 // split-KV decode (any chunk count) and the exactness of its merge; packed variable-length
 // batches; the paged KV cache; and the reference backward against finite differences.
 // References are computed once per case and reused across SIMD targets and thread counts.
@@ -10,6 +11,7 @@
 #include <tuple>
 
 #include "kiln/kernels/attention.h"
+#include "kiln/kernels/cpu/attention_tiles.h"
 #include "tests/kernels/harness.h"
 
 namespace kiln::testing {
@@ -146,6 +148,29 @@ KILN_KERNEL_CASES(flash_attention) {
   std::vector<KernelCase> cases;
   for (const AttnShape& a : kFlashShapes) {
     cases.push_back({a.name(), [a] { return run_impl(a, AttentionImpl::kFlash); }});
+  }
+  return cases;
+}
+
+// Every FlashAttention tile candidate (attention_tiles.h) on the basic and the sweep's shapes,
+// the forward's and the backward's tiles different in each run so both passes meet all of them.
+KILN_KERNEL_CASES(flash_attention_tiles) {
+  std::vector<cpu::FlashTiles> cands;
+  for (int64_t tq : cpu::kFlashTileQ)
+    for (int64_t tk : cpu::kFlashTileK) cands.push_back({tq, tk});
+  std::vector<KernelCase> cases;
+  for (size_t i = 0; i < cands.size(); ++i) {
+    const cpu::FlashTileChoice tiles{cands[i], cands[cands.size() - 1 - i]};
+    const auto run_with = [tiles](const AttnShape& a) {
+      const cpu::FlashTileChoice saved = cpu::flash_tiles();
+      cpu::set_flash_tiles(tiles);
+      std::vector<Compare> cmp = run_impl(a, AttentionImpl::kFlash);
+      cpu::set_flash_tiles(saved);
+      return cmp;
+    };
+    const std::string name = fmt::format("fwd {} bwd {}", cpu::flash_tiles_name(tiles.fwd), cpu::flash_tiles_name(tiles.bwd));
+    for (const AttnShape& a : kBasicShapes) cases.push_back({fmt::format("{} {}", a.name(), name), [=] { return run_with(a); }});
+    for (const AttnShape& a : kFlashShapes) cases.push_back({fmt::format("{} {}", a.name(), name), [=] { return run_with(a); }});
   }
   return cases;
 }

@@ -25,7 +25,7 @@ ModelConfig small(ModelFamily f) {
 
 TEST(Checkpointing, GradientsBitwiseEqualAndBuffersShrink) {
   for (ModelFamily f : {ModelFamily::kGpt2, ModelFamily::kLlama}) {
-    const int64_t B = 2, T = 80;  // T > one flash tile: multi-tile attention recomputed
+    const int64_t B = 2, T = 80;  // T > one flash tile of the default 64 queries: multi-tile attention recomputed
     Rng rng(9);
     std::vector<int32_t> x(B * T), y(B * T);
     for (auto& v : x) v = static_cast<int32_t>(rng.below(37));

@@ -63,6 +63,7 @@ Status validate_environment() {
   if (auto p = pin_mode_from_env(); !p.ok()) return p.status();
   if (auto c = env_choice("KILN_AUTOTUNE", kAutotuneChoices); !c.ok()) return c.status();
   if (auto c = env_choice("KILN_BF16_GEMM", kBf16GemmChoices); !c.ok()) return c.status();
+  if (auto c = env_choice("KILN_FLASH_TILES", kFlashTilesChoices); !c.ok()) return c.status();
   for (const char* name : {"KILN_TUNE_FILE", "KILN_COMM_CALIBRATION"})
     if (Status st = check_file_var(name); !st.ok()) return st;
   return {};

@@ -1,5 +1,5 @@
 // kiln's environment variables (KILN_NUM_THREADS, KILN_COMM_TIMEOUT, KILN_SIMD, KILN_PIN_THREADS, KILN_TUNE_FILE,
-// KILN_COMM_CALIBRATION, KILN_AUTOTUNE, KILN_BF16_GEMM), validated like flags: `kiln` calls validate_environment() before any
+// KILN_COMM_CALIBRATION, KILN_AUTOTUNE, KILN_BF16_GEMM, KILN_FLASH_TILES), validated like flags: `kiln` calls validate_environment() before any
 // work, so a bad value is one clear error naming the variable, not a silent default.
 #pragma once
 
@@ -27,6 +27,11 @@ inline constexpr std::string_view kAutotuneChoices[] = {"0", "1"};
 // KILN_BF16_GEMM: the bf16 GEMM's products, vdpbf16ps ("dot") or widened to f32 ("widen"); "auto"
 // (default) picks the faster on this CPU (kernels/cpu/gemm_cpu.h).
 inline constexpr std::string_view kBf16GemmChoices[] = {"auto", "dot", "widen"};
+// KILN_FLASH_TILES: the CPU FlashAttention's queries x keys per tile for forward and backward;
+// "auto" (default): the tune file's, else the cache model's (kernels/cpu/attention_tiles.h,
+// which checks at compile time that these are exactly its candidates).
+inline constexpr std::string_view kFlashTilesChoices[] = {"auto",   "32x64",  "32x128",  "32x256",  "64x64",
+                                                          "64x128", "64x256", "128x64", "128x128", "128x256"};
 
 // KILN_NUM_THREADS: worker threads, the same range as `--threads`.
 inline constexpr long long kMaxThreads = 1024;

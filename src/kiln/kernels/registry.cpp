@@ -4,6 +4,7 @@
 #include <fmt/format.h>
 
 #include "kiln/core/cpu_features.h"
+#include "kiln/kernels/cpu/attention_tiles.h"
 #include "kiln/kernels/cpu/gemm_cpu.h"
 #include "kiln/kernels/cpu/ops_paths.h"
 #include "kiln/kernels/quant_gemm.h"
@@ -22,9 +23,11 @@ std::vector<KernelPath> kernel_paths() {
   out.push_back({"gemm w8/w4/fp8 a32", cpu::quant_gemm_path_name()});
   out.push_back({"gemm w8a8 int8", cpu::w8a8_path_name()});
   cpu::append_op_kernel_paths(out);  // norms, softmax, activations, rope, embedding, CE, adamw
-  out.push_back({"attention", std::string(simd_target_name(active_simd_target())) +
-                                  " flash tile 64x64 (fwd/bwd); split-KV decode (<=8 queries, key-group row "
-                                  "kernel); naive TxT scores (--attention naive)"});
+  const cpu::FlashTileChoice t = cpu::flash_tiles();
+  out.push_back({"attention", fmt::format("{} flash tiles fwd {} bwd {} ({}); split-KV decode (<=8 queries, key-group "
+                                          "row kernel); naive TxT scores (--attention naive)",
+                                          simd_target_name(active_simd_target()), cpu::flash_tiles_name(t.fwd),
+                                          cpu::flash_tiles_name(t.bwd), cpu::flash_tiles_source())});
   return out;
 }
 

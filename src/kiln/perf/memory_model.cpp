@@ -8,6 +8,7 @@
 #include <fmt/format.h>
 
 #include "kiln/core/allocator.h"
+#include "kiln/kernels/attention.h"
 #include "kiln/model/transformer.h"
 
 namespace kiln::perf {
@@ -40,7 +41,8 @@ int64_t MemoryPrediction::group_block_bytes(const std::string& group) const {
 }
 
 int64_t MemoryPrediction::activation_block_bytes() const {
-  return group_block_bytes("layer activations") + group_block_bytes("other activations") + group_block_bytes("scratch");
+  return group_block_bytes("layer activations") + group_block_bytes("other activations") + group_block_bytes("scratch") +
+         group_block_bytes("kernel scratch");
 }
 
 namespace {
@@ -158,6 +160,18 @@ MemoryPrediction predict_shard(const ModelConfig& c, int64_t B, int64_t T, Preci
   else add(sc, "backward: dqkv", cols("4·N·3C"), 1, 4 * N * 3 * H * D);
   add(sc, "backward: dk, dv", kv_f, 2, 4 * N * Hkv * D);
   add(sc, "backward: dff a, b, c", cols("4·N·F"), 3, 4 * N * F);
+  {
+    // The flash backward's tile scratch from the caching allocator (per thread, for this
+    // process's threads and tiles): not a model buffer, so a group of its own.
+    AttentionParams ap;
+    ap.batch = B;
+    ap.q_len = ap.kv_len = T;
+    ap.n_heads = H;
+    ap.n_kv_heads = Hkv;
+    ap.head_dim = D;
+    add("kernel scratch", "attention backward: flash tile scratch", "threads·tiles", 1,
+        cpu::attention_backward_scratch_bytes(ap, AttentionImpl::kFlash));
+  }
   if (prec != Precision::kF32) {
     // PrecisionContext's conversion buffers grow to the widest Linear this shard runs.
     const int64_t e = prec == Precision::kBF16 ? 2 : 4;

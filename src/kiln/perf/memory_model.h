@@ -17,7 +17,7 @@
 namespace kiln::perf {
 
 struct MemoryItem {
-  std::string group;    // "model states", "layer activations", "other activations", "scratch"
+  std::string group;    // "model states", "layer activations", "other activations", "scratch", "kernel scratch"
   std::string name;     // e.g. "gradients", "ff1 (gate)"
   std::string formula;  // symbolic, e.g. "4·P"
   int64_t count = 1;    // how many such buffers (layers that keep it)
@@ -38,7 +38,7 @@ struct MemoryPrediction {
   int64_t total_block_bytes() const;   // sum of blocks (compare: peak_bytes_in_use)
   int64_t group_bytes(const std::string& group) const;
   int64_t group_block_bytes(const std::string& group) const;
-  // The activation groups (layer activations, other activations, scratch), in blocks.
+  // The activation groups (layer activations, other activations, scratch, kernel scratch), in blocks.
   int64_t activation_block_bytes() const;
   // One layer's saved activations when every layer keeps its own (the none layout).
   int64_t layer_activation_bytes = 0;

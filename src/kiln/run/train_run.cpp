@@ -258,7 +258,7 @@ void memory_report(const TrainRunOptions& o, const ModelConfig& cfg, const Train
   for (CheckpointMode m : {CheckpointMode::kNone, CheckpointMode::kSelective, CheckpointMode::kFull}) {
     const perf::MemoryPrediction p = perf::predict_memory(cfg, t.batch, t.seq_len, t.precision, m);
     Bar b{fmt::format("predicted {}", checkpoint_mode_name(m)), {}};
-    for (const char* g : {"model states", "layer activations", "other activations", "scratch"})
+    for (const char* g : {"model states", "layer activations", "other activations", "scratch", "kernel scratch"})
       b.segments.push_back({g, mib(static_cast<double>(p.group_block_bytes(g))), ""});
     bars.push_back(std::move(b));
   }

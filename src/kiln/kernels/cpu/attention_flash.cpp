@@ -26,11 +26,11 @@ namespace {
 int64_t pad16(int64_t n) { return (n + 15) / 16 * 16; }
 }  // namespace
 
-int64_t flash_forward_scratch_floats(int64_t head_dim) {
-  return pad16(head_dim * kFlashBr) + pad16(kFlashBc * kFlashBr) + pad16(kFlashBr * head_dim) + 3 * kFlashBr;
+int64_t flash_forward_scratch_floats(int64_t head_dim, FlashTiles t) {
+  return pad16(head_dim * t.q) + pad16(t.k * t.q) + pad16(t.q * head_dim) + 3 * t.q;
 }
-int64_t flash_backward_scratch_floats(int64_t head_dim) {
-  return 2 * pad16(head_dim * kFlashBr) + 2 * pad16(kFlashBc * kFlashBr);
+int64_t flash_backward_scratch_floats(int64_t head_dim, FlashTiles t) {
+  return 2 * pad16(head_dim * t.q) + 2 * pad16(t.k * t.q) + 2 * t.q * head_dim;
 }
 
 namespace {
@@ -40,7 +40,8 @@ namespace {
 constexpr int64_t kMinSplitKeys = 256;
 
 
-FlashShape shape_of(const AttentionParams& p, int64_t lse_hs) {
+// tiles: the forward's or the backward's (flash_tiles()).
+FlashShape shape_of(const AttentionParams& p, int64_t lse_hs, FlashTiles tiles) {
   FlashShape sh;
   sh.n_heads = p.n_heads;
   sh.n_kv_heads = p.n_kv_heads;
@@ -53,6 +54,7 @@ FlashShape shape_of(const AttentionParams& p, int64_t lse_hs) {
   sh.v_rs = p.v_row_stride;
   sh.o_rs = p.o_row_stride;
   sh.lse_hs = lse_hs;
+  sh.tiles = tiles;
   return sh;
 }
 
@@ -116,23 +118,25 @@ TaskMap make_task_map(size_t num_seqs, CountFn&& count) {
 
 // ---- forward: query tiles ---------------------------------------------------------------------
 
-void forward_tiles(const FlashShape& sh, const std::vector<const FlashSeq*>& seqs) {
+// prof: nullptr, or one FlashProfile per pool thread (profiled runs).
+void forward_tiles(const FlashShape& sh, const std::vector<const FlashSeq*>& seqs, FlashProfile* prof = nullptr) {
   if (seqs.empty()) return;
   const auto tile = KILN_FLASH_DISPATCH(flash_forward_tile).pick();
+  const int64_t Br = sh.tiles.q;
   const TaskMap map =
-      make_task_map(seqs.size(), [&](size_t i) { return sh.n_heads * ceil_div(seqs[i]->q_len, kFlashBr); });
-  const ScratchBuffer scratch(map.total() > 1 ? num_threads() : 1, flash_forward_scratch_floats(sh.head_dim));
+      make_task_map(seqs.size(), [&](size_t i) { return sh.n_heads * ceil_div(seqs[i]->q_len, Br); });
+  const ScratchBuffer scratch(map.total() > 1 ? num_threads() : 1, flash_forward_scratch_floats(sh.head_dim, sh.tiles));
   thread_pool().run(map.total(), [&](int64_t task, int thread) {
     const auto [si, local] = map.locate(task);
     const FlashSeq& sq = *seqs[si];
-    const int64_t nqt = ceil_div(sq.q_len, kFlashBr);
+    const int64_t nqt = ceil_div(sq.q_len, Br);
     // Head-major, so the tasks running together (and back to back) reread one head's K/V from
     // L2/L3 instead of DRAM (at T = 8192 a head-interleaved order was 1.8× slower); within a
     // head the later query tiles, which see more keys when causal, go first.
     const int64_t h = local / nqt, qt = nqt - 1 - local % nqt;
-    const int64_t t0 = qt * kFlashBr, br = std::min(kFlashBr, sq.q_len - t0);
+    const int64_t t0 = qt * Br, br = std::min(Br, sq.q_len - t0);
     tile(sh, sq, h, t0, br, 0, sq.kv_len, sq.o + t0 * sh.o_rs + h * sh.head_dim, sh.o_rs,
-         sq.lse + h * sh.lse_hs + t0, scratch.slice(thread));
+         sq.lse + h * sh.lse_hs + t0, scratch.slice(thread), prof ? prof + thread : nullptr);
   });
 }
 
@@ -295,21 +299,21 @@ void forward_seqs(const FlashShape& sh, const std::vector<FlashSeq>& seqs, int64
 
 // ---- backward -------------------------------------------------------------------------------
 
-int64_t backward_chunks(int64_t kv_len, int64_t num_groups) {
+int64_t backward_chunks(int64_t kv_len, int64_t num_groups, int64_t Bc) {
   const int64_t threads = num_threads();
   if (threads == 1 || num_groups >= 2 * threads) return 1;
   // Causal key chunks differ in work; 4 per thread let the pool even them out.
-  return std::clamp<int64_t>(ceil_div(4 * threads, num_groups), 1, std::max<int64_t>(1, ceil_div(kv_len, kFlashBc)));
+  return std::clamp<int64_t>(ceil_div(4 * threads, num_groups), 1, std::max<int64_t>(1, ceil_div(kv_len, Bc)));
 }
 
 void backward_seqs(const FlashShape& sh, const std::vector<FlashSeq>& seqs) {
-  const int64_t Hkv = sh.n_kv_heads, rep = sh.n_heads / Hkv, D = sh.head_dim;
+  const int64_t Hkv = sh.n_kv_heads, rep = sh.n_heads / Hkv, D = sh.head_dim, Bc = sh.tiles.k;
   const int64_t groups = static_cast<int64_t>(seqs.size()) * Hkv;
   std::vector<int64_t> chunks(seqs.size());
   int64_t max_t = 0;
   std::vector<int64_t> part_begin(seqs.size() + 1, 0);  // dQ partials of chunks 1.. (floats)
   for (size_t i = 0; i < seqs.size(); ++i) {
-    chunks[i] = backward_chunks(seqs[i].kv_len, groups);
+    chunks[i] = backward_chunks(seqs[i].kv_len, groups, Bc);
     max_t = std::max(max_t, seqs[i].q_len);
     part_begin[i + 1] = part_begin[i] + Hkv * (chunks[i] - 1) * seqs[i].q_len * rep * D;
   }
@@ -317,13 +321,13 @@ void backward_seqs(const FlashShape& sh, const std::vector<FlashSeq>& seqs) {
   const auto keys = KILN_FLASH_DISPATCH(flash_backward_keys).pick();
   const ScratchBuffer parts(1, part_begin.back());
   const ScratchBuffer scratch(map.total() > 1 ? num_threads() : 1,
-                              pad16(flash_backward_scratch_floats(D)) + rep * max_t);
+                              pad16(flash_backward_scratch_floats(D, sh.tiles)) + rep * max_t);
   thread_pool().run(map.total(), [&](int64_t task, int thread) {
     const auto [si, local] = map.locate(task);
     const FlashSeq& sq = seqs[si];
     const int64_t nc = chunks[si], g = local / nc, c = local % nc, T = sq.q_len;
     float* tile_scratch = scratch.slice(thread);
-    float* dvec = tile_scratch + pad16(flash_backward_scratch_floats(D));  // (rep, T)
+    float* dvec = tile_scratch + pad16(flash_backward_scratch_floats(D, sh.tiles));  // (rep, T)
     for (int64_t hh = 0; hh < rep; ++hh) {
       const int64_t h = g * rep + hh;
       for (int64_t t = 0; t < T; ++t) {
@@ -345,9 +349,9 @@ void backward_seqs(const FlashShape& sh, const std::vector<FlashSeq>& seqs) {
       ldq = rep * D;
       std::memset(dq, 0, sizeof(float) * static_cast<size_t>(T * rep * D));
     }
-    const int64_t nkt = ceil_div(sq.kv_len, kFlashBc);
-    const int64_t kb = std::min(sq.kv_len, (c * nkt / nc) * kFlashBc);
-    const int64_t ke = std::min(sq.kv_len, ((c + 1) * nkt / nc) * kFlashBc);
+    const int64_t nkt = ceil_div(sq.kv_len, Bc);
+    const int64_t kb = std::min(sq.kv_len, (c * nkt / nc) * Bc);
+    const int64_t ke = std::min(sq.kv_len, ((c + 1) * nkt / nc) * Bc);
     keys(sh, sq, g, kb, ke, dq, ldq, dvec, tile_scratch);
   });
   if (part_begin.back() == 0) return;
@@ -376,7 +380,20 @@ void backward_seqs(const FlashShape& sh, const std::vector<FlashSeq>& seqs) {
 void attention_forward_flash(float* out, float* lse, const float* q, const float* k, const float* v,
                              const AttentionParams& p) {
   trace::Scope kiln_trace_(trace::Category::kKernel, "attention_forward", [&](trace::Event& e) { describe_attention(e, p, attention_forward_cost(p), "flash"); });
-  forward_seqs(shape_of(p, p.q_len), batch_seqs(p, out, lse, q, k, v), p.num_splits);
+  forward_seqs(shape_of(p, p.q_len, flash_tiles().fwd), batch_seqs(p, out, lse, q, k, v), p.num_splits);
+}
+
+FlashProfile attention_forward_flash_profiled(float* out, float* lse, const float* q, const float* k, const float* v,
+                                              const AttentionParams& p) {
+  KILN_CHECK(p.q_len > kSplitKvMaxQueries);  // the query-tile path only
+  const std::vector<FlashSeq> seqs = batch_seqs(p, out, lse, q, k, v);
+  std::vector<const FlashSeq*> ptrs;
+  for (const FlashSeq& s : seqs) ptrs.push_back(&s);
+  std::vector<FlashProfile> per_thread(static_cast<size_t>(num_threads()));
+  forward_tiles(shape_of(p, p.q_len, flash_tiles().fwd), ptrs, per_thread.data());
+  FlashProfile sum;
+  for (const FlashProfile& t : per_thread) sum += t;
+  return sum;
 }
 
 void attention_backward_flash(float* dq, float* dk, float* dv, const float* dout, const float* q, const float* k,
@@ -390,7 +407,7 @@ void attention_backward_flash(float* dq, float* dk, float* dv, const float* dout
     s.dk = dk + b * p.kv_len * p.k_row_stride;
     s.dv = dv + b * p.kv_len * p.v_row_stride;
   }
-  backward_seqs(shape_of(p, p.q_len), seqs);
+  backward_seqs(shape_of(p, p.q_len, flash_tiles().bwd), seqs);
 }
 
 void attention_forward_split_kv(float* out, float* lse, const float* q, const float* k, const float* v,
@@ -399,7 +416,7 @@ void attention_forward_split_kv(float* out, float* lse, const float* q, const fl
   const std::vector<FlashSeq> seqs = batch_seqs(p, out, lse, q, k, v);
   std::vector<const FlashSeq*> ptrs;
   for (const FlashSeq& s : seqs) ptrs.push_back(&s);
-  forward_split_kv(shape_of(p, p.q_len), ptrs, num_splits);
+  forward_split_kv(shape_of(p, p.q_len, flash_tiles().fwd), ptrs, num_splits);
 }
 
 int64_t split_kv_chunks(const AttentionParams& p) {
@@ -436,7 +453,8 @@ void attention_merge(float* out, float* lse, const float* parts, const float* pa
 void attention_forward_varlen(float* out, float* lse, const float* q, const float* k, const float* v,
                               const AttentionParams& p, const AttentionVarlen& varlen) {
   trace::Scope kiln_trace_(trace::Category::kKernel, "attention_forward", [&](trace::Event& e) { describe_attention(e, p, attention_forward_cost(p, varlen), "flash varlen"); });
-  forward_seqs(shape_of(p, varlen_total_q(varlen)), varlen_seqs(p, varlen, out, lse, q, k, v), p.num_splits);
+  forward_seqs(shape_of(p, varlen_total_q(varlen), flash_tiles().fwd), varlen_seqs(p, varlen, out, lse, q, k, v),
+               p.num_splits);
 }
 
 void attention_backward_varlen(float* dq, float* dk, float* dv, const float* dout, const float* q, const float* k,
@@ -452,7 +470,7 @@ void attention_backward_varlen(float* dq, float* dk, float* dv, const float* dou
     s.dk = dk + k0 * p.k_row_stride;
     s.dv = dv + k0 * p.v_row_stride;
   }
-  backward_seqs(shape_of(p, varlen_total_q(varlen)), seqs);
+  backward_seqs(shape_of(p, varlen_total_q(varlen), flash_tiles().bwd), seqs);
 }
 
 void attention_decode_paged(float* out, float* lse, const float* q, const PagedKv& kv, const AttentionParams& p) {
@@ -482,7 +500,7 @@ void attention_decode_paged(float* out, float* lse, const float* q, const PagedK
     KILN_CHECK(s.kv_len >= s.q_len || !p.causal);
     ptrs.push_back(&s);
   }
-  forward_split_kv(shape_of(p, p.q_len), ptrs, p.num_splits, &kv);  // runs cut at block edges
+  forward_split_kv(shape_of(p, p.q_len, flash_tiles().fwd), ptrs, p.num_splits, &kv);  // runs cut at block edges
 }
 
 int64_t attention_forward_scratch_bytes(const AttentionParams& p, AttentionImpl impl) {
@@ -496,7 +514,7 @@ int64_t attention_forward_scratch_bytes(const AttentionParams& p, AttentionImpl 
     const int64_t part = nc > 1 ? p.batch * nc * rows * (p.head_dim + 1) : 0;
     return 4 * (pad16(part) + threads * pad16(rows * (p.head_dim + 2)));
   }
-  return 4 * threads * pad16(flash_forward_scratch_floats(p.head_dim));
+  return 4 * threads * pad16(flash_forward_scratch_floats(p.head_dim, flash_tiles().fwd));
 }
 
 int64_t attention_backward_scratch_bytes(const AttentionParams& p, AttentionImpl impl) {
@@ -505,9 +523,10 @@ int64_t attention_backward_scratch_bytes(const AttentionParams& p, AttentionImpl
   if (impl == AttentionImpl::kNaive)
     return (p.batch * p.n_kv_heads > 1 ? threads : 1) * pad16(2 * p.q_len * p.kv_len) * 4;
   const int64_t rep = p.n_heads / p.n_kv_heads;
-  const int64_t nc = backward_chunks(p.kv_len, p.batch * p.n_kv_heads);
+  const FlashTiles tiles = flash_tiles().bwd;
+  const int64_t nc = backward_chunks(p.kv_len, p.batch * p.n_kv_heads, tiles.k);
   const int64_t part = p.batch * p.n_kv_heads * (nc - 1) * p.q_len * rep * p.head_dim;
-  return 4 * (pad16(part) + threads * pad16(flash_backward_scratch_floats(p.head_dim) + rep * p.q_len));
+  return 4 * (pad16(part) + threads * pad16(flash_backward_scratch_floats(p.head_dim, tiles) + rep * p.q_len));
 }
 
 }  // namespace kiln::cpu

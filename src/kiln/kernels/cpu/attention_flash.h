@@ -5,18 +5,13 @@
 
 #include <cstdint>
 
+#include "kiln/kernels/cpu/attention_tiles.h"
 #include "kiln/kernels/dispatch.h"
 
 namespace kiln::cpu {
 
-// Tile sizes. Queries per tile (kFlashBr) and keys per tile (kFlashBc): at head_dim 64 the Qᵀ,
-// Sᵀ and O tiles are 16 KiB each and a 64-row K or V tile 16 KiB, so a tile pair's working
-// set (~80 KiB) sits in the 1 MiB L2 per core of the 2-core Zen 5 dev machine while the rows
-// the micro-kernel streams stay in its 32 KiB L1. 64 is also a multiple of every target's
-// lane count (16 / 8 / 1), so full tiles need no masked loads. Not swept yet: a first guess
-// that already gives 3.4× over the naive path at T = 4096 (kiln bench attention).
-inline constexpr int64_t kFlashBr = 64;
-inline constexpr int64_t kFlashBc = 64;
+// Tile sizes (queries per tile Br, keys per tile Bc) are a run-time choice per call, forward
+// and backward each: see attention_tiles.h for the candidates, the cache model and the sweep.
 // Keys per block of the few-query (decode) row kernel: 64 scores on the stack; the block's
 // rows for all KV heads (192 KiB at 12 × 64) stay in L2 while each head reads its columns.
 inline constexpr int64_t kRowsBlock = 64;
@@ -29,6 +24,7 @@ struct FlashShape {
   float scale;
   int64_t q_rs, k_rs, v_rs, o_rs;  // row strides (elements)
   int64_t lse_hs;                  // lse elements between heads (T, or total_q when packed)
+  FlashTiles tiles;                // this call's tiles (forward or backward): Br = tiles.q, Bc = tiles.k
 };
 
 // One sequence: pointers to its row 0 (head 0). q_offset = kv_len - q_len places the queries
@@ -47,17 +43,19 @@ struct FlashSeq {
 };
 
 // Scratch floats one forward / backward tile call needs (padded to 64 B per buffer).
-int64_t flash_forward_scratch_floats(int64_t head_dim);
-int64_t flash_backward_scratch_floats(int64_t head_dim);
+int64_t flash_forward_scratch_floats(int64_t head_dim, FlashTiles tiles);
+int64_t flash_backward_scratch_floats(int64_t head_dim, FlashTiles tiles);
 
 }  // namespace kiln::cpu
 
 #define KILN_FLASH_DECLS                                                                          \
-  /* Rows [t0, t0+br) of head h over keys [kbeg, kend): normalized output rows to o (ldo apart) \
-     and their logsumexp to lse[0..br) (-inf and zero rows when no key is visible). */          \
+  /* Rows [t0, t0+br) of head h over keys [kbeg, kend), br <= sh.tiles.q: normalized output   \
+     rows to o (ldo apart) and their logsumexp to lse[0..br) (-inf and zero rows when no key   \
+     is visible). prof (nullptr but in profiled runs) gets the seconds of each part added. */   \
   void flash_forward_tile(const ::kiln::cpu::FlashShape& sh, const ::kiln::cpu::FlashSeq& sq,   \
                           int64_t h, int64_t t0, int64_t br, int64_t kbeg, int64_t kend,        \
-                          float* o, int64_t ldo, float* lse, float* scratch);                   \
+                          float* o, int64_t ldo, float* lse, float* scratch,                    \
+                          ::kiln::cpu::FlashProfile* prof);                                     \
   /* Keys [kbeg, kend) of KV head g: overwrites those rows of dk, dv with the sum over the     \
      group's heads and adds this key range's share to dq, which points at row 0, head g·rep  \
      (rows ldq apart, heads head_dim apart; zeroed by the caller). dvec (rep, q_len):         \

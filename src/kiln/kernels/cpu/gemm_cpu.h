@@ -8,6 +8,8 @@
 #include <functional>
 #include <string>
 
+#include <nlohmann/json.hpp>
+
 #include "kiln/core/status.h"
 
 namespace kiln::cpu {
@@ -61,6 +63,13 @@ std::string gemm_blocking_source();
 // Writes the current blocking of both paths and the bf16 kernel choice into this CPU's entry of
 // gemm_tune_file(), keeping the other entries; `source` is recorded beside them.
 Status save_gemm_tuning(const std::string& source = "bench --tune");
+// This CPU's entry of gemm_tune_file() (a version-1 file counts when it names this CPU's brand):
+// a JSON object, null when the file or the entry is absent, an error when the file is not JSON.
+// Other kernels' tunings (the FlashAttention tiles, attention_tiles.h) live in the same entry.
+Expected<nlohmann::json> read_tune_entry();
+// Sets each member of `fields` in this CPU's entry, keeping its other members and the other CPUs'
+// entries (a version-1 or unreadable file is replaced); creates the directories.
+Status merge_tune_entry(const nlohmann::json& fields);
 
 // ---- bf16 products: vdpbf16ps or widened to f32 ---------------------------------------------
 // Where VDPBF16PS issues on one port (Xeon Sapphire/Emerald Rapids without AMX: half the f32

@@ -63,21 +63,12 @@ void load_tuning_locked(TuneState& s) {
   s.current[0] = default_gemm_blocking(GemmPath::kF32);
   s.current[1] = default_gemm_blocking(GemmPath::kBF16);
   s.loaded = true;
-  const std::string path = gemm_tune_file();
-  auto text = read_file(path, int64_t{1} << 20);
-  if (!text.ok()) return;  // absent: the cache model, silently
+  const Expected<nlohmann::json> entry = read_tune_entry();
+  if (entry.ok() && entry->is_null()) return;  // absent: the cache model, silently
   try {
-    auto parsed = parse_json(*text, path);
-    if (!parsed.ok()) throw std::runtime_error(parsed.status().message());
-    const nlohmann::json& j = *parsed;
-    const std::string key = tune_cpu_key();
-    const nlohmann::json* e = nullptr;
-    if (j.contains("cpus")) {
-      if (j.at("cpus").contains(key)) e = &j.at("cpus").at(key);
-    } else if (j.value("cpu", std::string()) == cpu_features().brand) {
-      e = &j;  // a version-1 file (one blocking, the CPU's brand beside it)
-    }
-    if (e == nullptr) return;
+    if (!entry.ok()) throw std::runtime_error(entry.status().message());
+    const nlohmann::json* e = &*entry;
+    if (e->is_object() && !e->contains("f32")) return;  // only other kernels' tunings: the cache model
     for (int i = 0; i < 2; ++i) {
       if (!e->contains(path_key(i))) continue;
       const auto& b = e->at(path_key(i));
@@ -93,7 +84,7 @@ void load_tuning_locked(TuneState& s) {
     s.has_entry = true;
   } catch (const std::exception& ex) {
     fmt::print(stderr, "kiln: warning: ignoring unreadable GEMM tuning file {} ({}); using the cache model\n",
-               path, ex.what());
+               gemm_tune_file(), ex.what());
     s.current[0] = default_gemm_blocking(GemmPath::kF32);
     s.current[1] = default_gemm_blocking(GemmPath::kBF16);
     s.file_bf16.reset();
@@ -259,7 +250,24 @@ std::string tune_cpu_key() {
                      c.l1d_bytes >> 10, c.l1d_ways, c.l2_bytes >> 10, c.l2_ways, c.l3_bytes >> 10);
 }
 
-Status save_gemm_tuning(const std::string& source) {
+Expected<nlohmann::json> read_tune_entry() {
+  const std::string path = gemm_tune_file();
+  auto text = read_file(path, int64_t{1} << 20);
+  if (!text.ok()) return nlohmann::json();  // absent
+  auto parsed = parse_json(*text, path);
+  if (!parsed.ok()) return parsed.status();
+  const nlohmann::json& j = *parsed;
+  if (!j.is_object()) return invalid_argument("{}: not a JSON object", path);
+  const auto cpus = j.find("cpus");
+  if (cpus != j.end()) {
+    const std::string key = tune_cpu_key();
+    return cpus->is_object() && cpus->contains(key) ? cpus->at(key) : nlohmann::json();
+  }
+  const auto cpu = j.find("cpu");  // a version-1 file (one blocking, the CPU's brand beside it)
+  return cpu != j.end() && *cpu == cpu_features().brand ? j : nlohmann::json();
+}
+
+Status merge_tune_entry(const nlohmann::json& fields) {
   const std::string path = gemm_tune_file();
   nlohmann::json j = nlohmann::json::object();
   if (auto text = read_file(path, int64_t{1} << 20); text.ok()) {
@@ -267,6 +275,18 @@ Status save_gemm_tuning(const std::string& source) {
     if (parsed.ok() && parsed->is_object() && parsed->contains("cpus") && parsed->at("cpus").is_object())
       j = *parsed;  // other CPUs' entries are kept; a version-1 or unreadable file is replaced
   }
+  nlohmann::json& e = j["cpus"][tune_cpu_key()];
+  if (!e.is_object()) e = nlohmann::json::object();
+  for (const auto& [name, value] : fields.items()) e[name] = value;
+  j["version"] = 2;
+  std::error_code ec;
+  const std::filesystem::path dir = std::filesystem::path(path).parent_path();
+  if (!dir.empty()) std::filesystem::create_directories(dir, ec);
+  if (ec) return not_found("[tune file] cannot create directory {}: {}", dir.string(), ec.message());
+  return write_file_atomic(path, {j.dump(2), "\n"});
+}
+
+Status save_gemm_tuning(const std::string& source) {
   nlohmann::json e;
   e["cpu"] = cpu_features().brand;
   e["source"] = source;
@@ -275,13 +295,7 @@ Status save_gemm_tuning(const std::string& source) {
     e[gp == GemmPath::kF32 ? "f32" : "bf16"] = {{"mc", b.mc}, {"kc", b.kc}, {"nc", b.nc}};
   }
   e["bf16_kernel"] = bf16_gemm_kernel() == Bf16Kernel::kDot ? "dot" : "widen";
-  j["version"] = 2;
-  j["cpus"][tune_cpu_key()] = e;
-  std::error_code ec;
-  const std::filesystem::path dir = std::filesystem::path(path).parent_path();
-  if (!dir.empty()) std::filesystem::create_directories(dir, ec);
-  if (ec) return not_found("[gemm tune] cannot create directory {}: {}", dir.string(), ec.message());
-  Status st = write_file_atomic(path, {j.dump(2), "\n"});
+  Status st = merge_tune_entry(e);
   if (st.ok()) {
     std::unique_lock<std::mutex> lock;
     TuneState& s = loaded_state(lock);
