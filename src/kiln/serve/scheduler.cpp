@@ -179,7 +179,7 @@ SchedulerOutput Scheduler::schedule() {
   const bool batch_prefilling =
       classic() &&
       (std::any_of(running_.begin(), running_.end(), [](const Sequence* s) { return s->num_tokens() - s->num_computed > 1; }) ||
-       std::any_of(padding_.begin(), padding_.end(), [](const auto& p) { return p->prompt_len == 0; }));
+       std::any_of(padding_.begin(), padding_.end(), [](const auto& p) { return is_prompt_pad(*p); }));
 
   int64_t budget = config_.max_batched_tokens;
   auto needs_one = [](const Sequence* s) { return !s->awaiting_remote && s->num_tokens() - s->num_computed == 1; };
@@ -277,6 +277,12 @@ void Scheduler::admit_batch(SchedulerOutput& out) {
   }
 }
 
+Sequence& Scheduler::add_padding_row() {
+  auto row = std::make_unique<Sequence>(next_id_++, -1, kv_.config().block_size);
+  row->status = SeqStatus::kRunning;
+  return *padding_.emplace_back(std::move(row));
+}
+
 void Scheduler::add_prompt_padding() {
   int64_t longest = 0;
   for (const Sequence* m : running_) longest = std::max(longest, m->prompt_len);
@@ -284,17 +290,14 @@ void Scheduler::add_prompt_padding() {
     if (m->prompt_len == longest) continue;
     // Pad tokens (id 0) in blocks of their own: the same rows of every GEMM as left padding,
     // attention over the pads alone (a lower bound of a masked rectangle's cost).
-    auto pad = std::make_unique<Sequence>(next_id_++, -1, kv_.config().block_size);
-    pad->tokens.assign(static_cast<size_t>(longest - m->prompt_len), 0);
-    pad->status = SeqStatus::kRunning;
-    padding_.push_back(std::move(pad));
+    add_padding_row().tokens.assign(static_cast<size_t>(longest - m->prompt_len), 0);
   }
 }
 
 void Scheduler::schedule_padding(bool batch_prefilling, int64_t& budget, SchedulerOutput& out) {
   for (const auto& p : padding_) {
     if (budget <= 0) break;
-    const bool prefill = p->prompt_len == 0;  // pads (retired once computed), else a finished member
+    const bool prefill = is_prompt_pad(*p);  // retired once computed; else a finished member's row
     if (!prefill && batch_prefilling) continue;  // a finished member's row waits like the members
     ScheduledSeq e;
     e.seq_id = p->id;
@@ -324,7 +327,7 @@ void Scheduler::retire_padding() {
   // Pads whose prefill is done go at once; finished members' rows when the batch is over.
   const bool batch_over = running_.empty();
   std::erase_if(padding_, [&](std::unique_ptr<Sequence>& p) {
-    const bool done = batch_over || (p->prompt_len == 0 && p->num_computed == p->num_tokens());
+    const bool done = batch_over || (is_prompt_pad(*p) && p->num_computed == p->num_tokens());
     if (done) kv_.free(p->table);
     return done;
   });
@@ -337,13 +340,11 @@ void Scheduler::finish(Sequence& s, FinishReason reason, UpdateResult* result) {
   const int64_t last = s.num_computed - 1;
   if (classic() && result != nullptr && last >= 0 &&
       kv_.pool().ref_count(s.table.block(last / s.table.block_size())) == 1) {
-    auto row = std::make_unique<Sequence>(next_id_++, -1, kv_.config().block_size);
-    row->tokens = s.tokens;
-    row->prompt_len = s.prompt_len;
-    row->num_computed = s.num_computed;
-    row->status = SeqStatus::kRunning;
-    std::swap(row->table, s.table);
-    padding_.push_back(std::move(row));
+    Sequence& row = add_padding_row();
+    row.tokens = s.tokens;
+    row.prompt_len = s.prompt_len;
+    row.num_computed = s.num_computed;
+    std::swap(row.table, s.table);
   }
   kv_.free(s.table);
   s.status = SeqStatus::kFinished;

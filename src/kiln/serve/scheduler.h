@@ -219,7 +219,10 @@ class Scheduler {
   // Classic batching's padding: a pad row for each member shorter than the batch's longest
   // prompt; this step's pad prefill chunks and padding decodes; freeing what the step finished
   // and, once no member runs, the whole batch's padding.
+  Sequence& add_padding_row();  // running, no request; its tokens and blocks are the caller's
   void add_prompt_padding();
+  // A prompt's pad row (prompt_len 0, all of it prefill) rather than a finished member's row.
+  static bool is_prompt_pad(const Sequence& s) { return s.prompt_len == 0; }
   void schedule_padding(bool batch_prefilling, int64_t& budget, SchedulerOutput& out);
   void retire_padding();
 
