@@ -60,6 +60,9 @@ def main():
     ap.add_argument("--llama-server", default="", help="llama-server binary (none: kiln rows only)")
     ap.add_argument("--model", required=True, help="kiln model directory")
     ap.add_argument("--gguf", default="", help="the same model as GGUF (kiln convert); with --llama-server")
+    ap.add_argument("--kiln-gguf", action="store_true",
+                    help="kiln serves the --gguf file too (its weights as stored there, its tokenizer read from it), "
+                         "not --model's directory")
     ap.add_argument("--repeat", type=int, default=1, help="rounds of every row (ratios: median over rounds)")
     ap.add_argument("--parallel", type=int, default=8, help="sequences at once: kiln --max-running, llama -np")
     ap.add_argument("--ctx", type=int, default=1024, help="context per sequence (chat mix: 3072)")
@@ -79,9 +82,11 @@ def main():
     a = ap.parse_args()
     if a.llama_server and not a.gguf:
         raise SystemExit("--llama-server needs --gguf (the same model as GGUF)")
+    if a.kiln_gguf and not a.gguf:
+        raise SystemExit("--kiln-gguf needs --gguf")
     if a.repeat < 1:
         raise SystemExit("--repeat must be >= 1")
-    kiln_cmd = [KILN, "--threads", str(a.threads), "serve", "--model", a.model, "--served-model-name", "m",
+    kiln_cmd = [KILN, "--threads", str(a.threads), "serve", "--model", a.gguf if a.kiln_gguf else a.model, "--served-model-name", "m",
                 "--max-running", str(a.parallel), "--kv-cache-mem", a.kv_cache_mem]
     llama_cmd = [a.llama_server, "-m", a.gguf, "-a", "m", "-np", str(a.parallel), "-c", str(a.ctx * a.parallel),
                  "-t", str(a.threads), "-tb", str(a.threads), "--host", "127.0.0.1", "--no-webui", "-lv", "0"]
