@@ -294,8 +294,12 @@ KILN_KERNEL_CASES(attention_varlen) {
 // the same keys stored contiguously.
 KILN_KERNEL_CASES(attention_paged) {
   std::vector<KernelCase> cases;
+  // Block tables shuffled (no two blocks adjacent in the pool), or mostly in pool order with
+  // a gap every few blocks (a prompt's blocks handed out together: the kernel scans adjacent
+  // blocks as one run, across its 64-key runs and the gaps).
+  for (const bool in_order : {false, true})
   for (int64_t splits : {1, 4, 0}) {
-    cases.push_back({fmt::format("splits={}", splits), [splits] {
+    cases.push_back({fmt::format("splits={} table={}", splits, in_order ? "in-order" : "shuffled"), [splits, in_order] {
                        const int64_t H = 6, Hkv = 2, D = 64, T = 2, bs = 16, max_blocks = 20;
                        const std::vector<int32_t> lens = {2, 300, 47};
                        const int64_t n = static_cast<int64_t>(lens.size()), num_blocks = n * max_blocks;
@@ -305,8 +309,12 @@ KILN_KERNEL_CASES(attention_paged) {
                                           q = random_vector(rng, n * T * H * D);
                        std::vector<int32_t> table(num_blocks);
                        std::iota(table.begin(), table.end(), 0);
-                       for (int64_t i = num_blocks - 1; i > 0; --i)
-                         std::swap(table[i], table[rng.below(static_cast<uint64_t>(i + 1))]);
+                       if (in_order) {
+                         for (int64_t i = 5; i + 1 < num_blocks; i += 7) std::swap(table[i], table[i + 1]);
+                       } else {
+                         for (int64_t i = num_blocks - 1; i > 0; --i)
+                           std::swap(table[i], table[rng.below(static_cast<uint64_t>(i + 1))]);
+                       }
                        AttentionParams p;
                        p.q_len = T; p.kv_len = T; p.n_heads = H; p.n_kv_heads = Hkv; p.head_dim = D;
                        p.num_splits = splits;

@@ -158,7 +158,8 @@ void scan_keys(const FlashShape& sh, const FlashSeq& sq, const PagedKv* paged, s
   const auto update = KILN_FLASH_DISPATCH(attention_rows_update).pick();
   const int64_t D = sh.head_dim, rep = sh.n_heads / sh.n_kv_heads, nq = sq.q_len, q_pos0 = sq.kv_len - sq.q_len;
   const int32_t* table = paged ? paged->block_table + static_cast<int64_t>(seq_index) * paged->max_blocks_per_seq : nullptr;
-  // The run of keys starting at j (at most kRowsBlock, never across a paged block): rows, count.
+  // The run of keys starting at j (at most kRowsBlock, never across a gap between paged blocks):
+  // rows, count.
   struct Run {
     const float* k;
     const float* v;
@@ -169,8 +170,12 @@ void scan_keys(const FlashShape& sh, const FlashSeq& sq, const PagedKv* paged, s
     if (j >= c1) return r;
     r.n = std::min(c1 - j, kRowsBlock);
     if (paged) {
+      // To the end of this block, and on through the blocks that follow it in the pool (a
+      // prompt's blocks are handed out together, so most of a context is such runs).
       const int64_t bs = paged->block_size, row = j % bs;
-      r.n = std::min(r.n, bs - row);
+      int64_t b = j / bs, n = bs - row;
+      while (n < r.n && table[b + 1] == table[b] + 1) n += bs, ++b;
+      r.n = std::min(r.n, n);
       const int64_t r0 = table[j / bs] * bs + row;
       r.k = paged->k_pool + r0 * sh.k_rs;
       r.v = paged->v_pool + r0 * sh.v_rs;
