@@ -550,7 +550,8 @@ TEST(CudaAttention, FlashBackwardMatchesTheReference) {
     const int64_t qn = c.batch * c.q_len * p.q_row_stride, kn = c.batch * c.kv_len * p.k_row_stride;
     const auto q = random_floats(rng, qn), k = random_floats(rng, kn), v = random_floats(rng, kn);
     const auto dout = random_floats(rng, qn);
-    std::vector<float> out(static_cast<size_t>(qn)), lse(static_cast<size_t>(c.batch * c.heads * c.q_len));
+    std::vector<float> out(static_cast<size_t>(qn)),
+        lse(static_cast<size_t>(c.batch * c.heads * c.q_len));
     ref::attention_forward(out.data(), lse.data(), q.data(), k.data(), v.data(), p);
     std::vector<float> dq(static_cast<size_t>(qn)), dk(static_cast<size_t>(kn)),
         dv(static_cast<size_t>(kn));
@@ -629,7 +630,8 @@ TEST(CudaAttention, PagedDecodeMatchesTheReference) {
       const PagedKv kv{dk.data<float>(), dv.data<float>(), dtable.data<int32_t>(),
                        dlens.data<int32_t>(), bs, c.max_blocks, n};
       const int64_t ws = attention_decode_paged_workspace_floats(p, kv);
-      const Tensor dws = device_floats(std::vector<float>(static_cast<size_t>(std::max<int64_t>(ws, 1))));
+      const Tensor dws =
+          device_floats(std::vector<float>(static_cast<size_t>(std::max<int64_t>(ws, 1))));
       const Tensor dout = device_floats(std::vector<float>(ro.size())),
                    dlse = device_floats(std::vector<float>(rl.size()));
       const std::string what = fmt::format("H={}/{} D={} T={} bs={} splits={} window={}", H, Hkv,

@@ -9,8 +9,8 @@
 
 namespace kiln::cuda {
 namespace {
-constexpr int kMaxPerLane = kAttnMaxHeadDim / 32;           // elements d = lane + 32·u per lane
-constexpr int kKeysPerWarp = kAttnKeyTile / kAttnWarps;     // keys whose dK/dV a warp accumulates
+constexpr int kMaxPerLane = kAttnMaxHeadDim / 32;        // elements d = lane + 32·u per lane
+constexpr int kKeysPerWarp = kAttnKeyTile / kAttnWarps;  // keys whose dK/dV a warp accumulates
 static_assert(kAttnKeyTile % kAttnWarps == 0 && kAttnKeyTile == 32);
 }  // namespace
 
@@ -33,13 +33,13 @@ __global__ void __launch_bounds__(32 * kAttnWarps)
                                    const float* lse, AttentionArgs p) {
   extern __shared__ float smem[];
   const int64_t D = p.head_dim, T = p.q_len, S = p.kv_len;
-  const int64_t kv_row = D + 1;                   // padded shared row
-  float* ks = smem;                               // (kAttnKeyTile, D + 1)
-  float* vs = ks + kAttnKeyTile * kv_row;         // (kAttnKeyTile, D + 1)
-  float* qs = vs + kAttnKeyTile * kv_row;         // (kAttnWarps, D)
-  float* dos = qs + kAttnWarps * D;               // (kAttnWarps, D)
-  float* ps = dos + kAttnWarps * D;               // (kAttnWarps, kAttnKeyTile): P
-  float* dss = ps + kAttnWarps * kAttnKeyTile;    // (kAttnWarps, kAttnKeyTile): dS
+  const int64_t kv_row = D + 1;                 // padded shared row
+  float* ks = smem;                             // (kAttnKeyTile, D + 1)
+  float* vs = ks + kAttnKeyTile * kv_row;       // (kAttnKeyTile, D + 1)
+  float* qs = vs + kAttnKeyTile * kv_row;       // (kAttnWarps, D)
+  float* dos = qs + kAttnWarps * D;             // (kAttnWarps, D)
+  float* ps = dos + kAttnWarps * D;             // (kAttnWarps, kAttnKeyTile): P
+  float* dss = ps + kAttnWarps * kAttnKeyTile;  // (kAttnWarps, kAttnKeyTile): dS
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int64_t b = blockIdx.z, g = blockIdx.y, rep = p.n_heads / p.n_kv_heads;
   const int64_t j0 = static_cast<int64_t>(blockIdx.x) * kAttnKeyTile;
@@ -159,10 +159,10 @@ __global__ void __launch_bounds__(32 * kAttnWarps)
   extern __shared__ float smem[];
   const int64_t D = p.head_dim, T = p.q_len, S = p.kv_len;
   const int64_t kv_row = D + 1;
-  float* ks = smem;                         // (kAttnKeyTile, D + 1)
-  float* vs = ks + kAttnKeyTile * kv_row;   // (kAttnKeyTile, D + 1)
-  float* qs = vs + kAttnKeyTile * kv_row;   // (kAttnWarps, D)
-  float* dos = qs + kAttnWarps * D;         // (kAttnWarps, D)
+  float* ks = smem;                        // (kAttnKeyTile, D + 1)
+  float* vs = ks + kAttnKeyTile * kv_row;  // (kAttnKeyTile, D + 1)
+  float* qs = vs + kAttnKeyTile * kv_row;  // (kAttnWarps, D)
+  float* dos = qs + kAttnWarps * D;        // (kAttnWarps, D)
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int64_t b = blockIdx.z, h = blockIdx.y, g = h / (p.n_heads / p.n_kv_heads);
   const int64_t t0 = static_cast<int64_t>(blockIdx.x) * kAttnWarps;

@@ -2,8 +2,9 @@
 // contract (attention.h: PagedKv's block table and block size, GQA, causal and window per
 // sequence, fp32). Decode has few query rows and long key runs, so the keys of each (sequence,
 // KV head) are cut into chunks processed by separate blocks (launch.h's decode_split), each
-// writing a partial (max, sum, unnormalised output) per query row; a combine kernel merges the
-// chunks exactly: out = Σ_c e^(m_c - M)·o_c / Σ_c e^(m_c - M)·l_c, lse = M + log Σ_c e^(m_c - M)·l_c.
+// writing a partial (max m_c, sum l_c, unnormalised output o_c) per query row; a combine kernel
+// merges the chunks exactly: with M = max_c m_c and L = Σ_c e^(m_c - M)·l_c,
+// out = Σ_c e^(m_c - M)·o_c / L and lse = M + log L.
 #include "kiln/kernels/cuda/common.cuh"
 
 namespace kiln::cuda {
@@ -41,8 +42,8 @@ __global__ void __launch_bounds__(32 * kAttnWarps)
 
   // The sequence's keys (never past its table), this chunk's part of them, each row's visible
   // part and the block's union (queries 0 .. nq - 1 of the sequence; lo and hi grow with t).
-  const int64_t S = min(static_cast<int64_t>(max(a.seq_lens[seq], 0)),
-                        a.max_blocks_per_seq * a.block_size);
+  const int64_t S =
+      min(static_cast<int64_t>(max(a.seq_lens[seq], 0)), a.max_blocks_per_seq * a.block_size);
   const int64_t c0 = chunk * a.chunk_keys, c1 = min(c0 + a.chunk_keys, S);
   int64_t lo = 0, hi = -1;
   if (row_valid) {
@@ -163,7 +164,8 @@ __global__ void __launch_bounds__(32 * kAttnWarps)
     return;
   }
   float sum = 0.0f;
-  for (int64_t c = lane; c < nc; c += 32) sum += part_l[c * rows + r] * expf(part_m[c * rows + r] - mx);
+  for (int64_t c = lane; c < nc; c += 32)
+    sum += part_l[c * rows + r] * expf(part_m[c * rows + r] - mx);
   sum = warp_sum(sum);
   const float inv = 1.0f / sum;
   for (int64_t d = lane; d < D; d += 32) {
@@ -178,8 +180,8 @@ __global__ void __launch_bounds__(32 * kAttnWarps)
 cudaError_t launch_attention_decode_paged(float* out, float* lse, const float* q,
                                           const PagedDecodeArgs& a, float* workspace) {
   const AttentionArgs& p = a.attn;
-  const LaunchConfig c = attention_decode_launch(p.batch, p.n_heads, p.n_kv_heads, p.q_len,
-                                                 p.head_dim, a.num_splits);
+  const LaunchConfig c =
+      attention_decode_launch(p.batch, p.n_heads, p.n_kv_heads, p.q_len, p.head_dim, a.num_splits);
   constexpr int64_t kDefaultSmemLimit = 48 * 1024;  // above it a kernel must opt in
   if (c.smem_bytes > kDefaultSmemLimit) {
     const cudaError_t err = cudaFuncSetAttribute(attention_decode_split_kernel,

@@ -7,7 +7,7 @@
 
 namespace kiln::cuda {
 
-// ---- norms ---------------------------------------------------------------------------------------
+// ---- norms --------------------------------------------------------------------------------------
 // dinp of LayerNorm, one block per row: with g = dy·w and xhat = (x - mean)·rstd,
 // dx = rstd·(g - mean(g) - xhat·mean(g·xhat)). Each thread sums both terms over its columns in
 // one pass, two block reductions give the means, a second pass writes dx.
@@ -56,8 +56,8 @@ __global__ void rmsnorm_backward_kernel(float* dinp, const float* dout, const fl
 // y = 0 row of threads adds them in order: deterministic. mean null is RMSNorm (xhat = x·rstd);
 // dbias null skips the bias.
 __global__ void norm_weight_backward_kernel(float* dweight, float* dbias, const float* dout,
-                                            const float* inp, const float* mean,
-                                            const float* rstd, int64_t rows, int64_t cols) {
+                                            const float* inp, const float* mean, const float* rstd,
+                                            int64_t rows, int64_t cols) {
   __shared__ float dw_part[kColRows][kColTile];
   __shared__ float db_part[kColRows][kColTile];
   const int64_t c = static_cast<int64_t>(blockIdx.x) * kColTile + threadIdx.x;
@@ -84,7 +84,7 @@ __global__ void norm_weight_backward_kernel(float* dweight, float* dbias, const 
   }
 }
 
-// ---- softmax, cross-entropy ----------------------------------------------------------------------
+// ---- softmax, cross-entropy ---------------------------------------------------------------------
 // dx = y ⊙ (dy - <dy, y>), one block per row. dinp may alias dout: thread j reads dy[j] (both
 // passes) before it writes dx[j], and no other thread touches column j.
 __global__ void softmax_backward_kernel(float* dinp, const float* dout, const float* out,
@@ -169,7 +169,7 @@ __global__ void cross_entropy_backward_kernel(float* dlogits, const float* logit
   }
 }
 
-// ---- embedding -----------------------------------------------------------------------------------
+// ---- embedding ----------------------------------------------------------------------------------
 // dweight[ids[row]] += dout[row], one block per token, threads along the columns, with fp32
 // atomicAdd. Why atomics rather than a sort by id and an ordered sum per id: the adds are
 // fire-and-forget reductions performed at L2 (RED.ADD.F32: no value comes back to the thread),
@@ -188,7 +188,7 @@ __global__ void embedding_backward_kernel(float* dweight, const float* dout, con
   for (int64_t j = threadIdx.x; j < cols; j += blockDim.x) atomicAdd(dw + j, dy[j]);
 }
 
-// ---- RoPE, activations ---------------------------------------------------------------------------
+// ---- RoPE, activations --------------------------------------------------------------------------
 // The inverse rotation of each pair (rope.h: sin negated), one thread per pair.
 __global__ void rope_backward_kernel(float* dinp, const float* dout, const float* cos,
                                      const float* sin, int64_t num_pairs, int64_t seq_len,
@@ -236,8 +236,7 @@ cudaError_t launch_layernorm_backward(float* dinp, float* dweight, float* dbias,
                                       const float* inp, const float* weight, const float* mean,
                                       const float* rstd, int64_t rows, int64_t cols) {
   const LaunchConfig c = row_launch(rows, cols);
-  layernorm_backward_kernel<<<grid_of(c), block_of(c)>>>(dinp, dout, inp, weight, mean, rstd,
-                                                         cols);
+  layernorm_backward_kernel<<<grid_of(c), block_of(c)>>>(dinp, dout, inp, weight, mean, rstd, cols);
   const cudaError_t err = cudaGetLastError();
   if (err != cudaSuccess) return err;
   const LaunchConfig w = column_launch(cols);
