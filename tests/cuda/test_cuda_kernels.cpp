@@ -557,15 +557,17 @@ TEST(CudaAttention, FlashBackwardMatchesTheReference) {
         dv(static_cast<size_t>(kn));
     ref::attention_backward(dq.data(), dk.data(), dv.data(), dout.data(), q.data(), k.data(),
                             v.data(), out.data(), lse.data(), p);
-    const Tensor dq_ = device_floats(q), dk_ = device_floats(k), dv_ = device_floats(v);
-    const Tensor ddout = device_floats(dout), dout_ = device_floats(out), dlse = device_floats(lse);
+    // Device copies: inputs *_d, gradients g*.
+    const Tensor q_d = device_floats(q), k_d = device_floats(k), v_d = device_floats(v);
+    const Tensor dout_d = device_floats(dout), out_d = device_floats(out),
+                 lse_d = device_floats(lse);
     const Tensor gq = device_floats(std::vector<float>(dq.size())),
                  gk = device_floats(std::vector<float>(dk.size())),
                  gv = device_floats(std::vector<float>(dv.size()));
     const Status st = attention_backward(gq.data<float>(), gk.data<float>(), gv.data<float>(),
-                                         ddout.data<float>(), dq_.data<float>(), dk_.data<float>(),
-                                         dv_.data<float>(), dout_.data<float>(),
-                                         dlse.data<float>(), p);
+                                         dout_d.data<float>(), q_d.data<float>(), k_d.data<float>(),
+                                         v_d.data<float>(), out_d.data<float>(),
+                                         lse_d.data<float>(), p);
     const std::string what =
         fmt::format("B={} T={} S={} H={}/{} D={} causal={} window={} pad={}", c.batch, c.q_len,
                     c.kv_len, c.heads, c.kv_heads, c.head_dim, c.causal, c.window, c.pad);
