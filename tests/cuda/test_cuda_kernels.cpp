@@ -523,8 +523,8 @@ TEST(CudaAttention, FlashForwardMatchesTheReference) {
 
 // The backward from the reference forward's out and lse, against ref::attention_backward, over
 // the forward's cases plus padded row strides (q, k, v read out of a wider fused buffer) and a
-// non-causal case with more queries than keys. Gradient buffers start at zero on both sides, so
-// the padding columns (which neither writes) compare equal.
+// non-causal case with more queries than keys. With padded rows the gradient buffers start at
+// zero on both sides, so the padding columns (which neither writes) compare equal.
 TEST(CudaAttention, FlashBackwardMatchesTheReference) {
   struct Case {
     int64_t batch, q_len, kv_len, heads, kv_heads, head_dim;
@@ -557,13 +557,15 @@ TEST(CudaAttention, FlashBackwardMatchesTheReference) {
         dv(static_cast<size_t>(kn));
     ref::attention_backward(dq.data(), dk.data(), dv.data(), dout.data(), q.data(), k.data(),
                             v.data(), out.data(), lse.data(), p);
-    // Device copies: inputs *_d, gradients g*.
+    // Device copies: inputs *_d, gradients g*. Unpadded gradients start at 7, so a row the
+    // kernels leave unwritten (the contract overwrites every one) shows.
     const Tensor q_d = device_floats(q), k_d = device_floats(k), v_d = device_floats(v);
     const Tensor dout_d = device_floats(dout), out_d = device_floats(out),
                  lse_d = device_floats(lse);
-    const Tensor gq = device_floats(std::vector<float>(dq.size())),
-                 gk = device_floats(std::vector<float>(dk.size())),
-                 gv = device_floats(std::vector<float>(dv.size()));
+    const float init = c.pad == 0 ? 7.0f : 0.0f;
+    const Tensor gq = device_floats(std::vector<float>(dq.size(), init)),
+                 gk = device_floats(std::vector<float>(dk.size(), init)),
+                 gv = device_floats(std::vector<float>(dv.size(), init));
     const Status st = attention_backward(gq.data<float>(), gk.data<float>(), gv.data<float>(),
                                          dout_d.data<float>(), q_d.data<float>(), k_d.data<float>(),
                                          v_d.data<float>(), out_d.data<float>(),
@@ -634,8 +636,8 @@ TEST(CudaAttention, PagedDecodeMatchesTheReference) {
       const int64_t ws = attention_decode_paged_workspace_floats(p, kv);
       const Tensor dws =
           device_floats(std::vector<float>(static_cast<size_t>(std::max<int64_t>(ws, 1))));
-      const Tensor dout = device_floats(std::vector<float>(ro.size())),
-                   dlse = device_floats(std::vector<float>(rl.size()));
+      const Tensor dout = device_floats(std::vector<float>(ro.size(), 7.0f)),  // all overwritten
+          dlse = device_floats(std::vector<float>(rl.size(), 7.0f));
       const std::string what = fmt::format("H={}/{} D={} T={} bs={} splits={} window={}", H, Hkv,
                                            D, T, bs, splits, c.window);
       if (ws > 0) {  // a missing workspace is a named error, not a fault
