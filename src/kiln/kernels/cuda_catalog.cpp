@@ -47,25 +47,25 @@ std::vector<KernelLaunch> kernel_launches(const ProblemShape& s) {
 
   // Backward passes.
   out.push_back(
-      launch("kiln::cuda::layernorm_backward_kernel", "norm", "dinp, one block per row", rows));
+      launch("kiln::cuda::layernorm_backward_kernel", "norm", "backward dinp, one block per row", rows));
   out.push_back(
-      launch("kiln::cuda::rmsnorm_backward_kernel", "norm", "dinp, one block per row", rows));
+      launch("kiln::cuda::rmsnorm_backward_kernel", "norm", "backward dinp, one block per row", rows));
   out.push_back(launch("kiln::cuda::norm_weight_backward_kernel", "norm",
-                       "dweight/dbias, 32 columns x 8 row strides per block, no atomics",
+                       "backward dweight/dbias, 32 columns x 8 row strides per block, no atomics",
                        column_launch(s.cols)));
   out.push_back(
-      launch("kiln::cuda::softmax_backward_kernel", "softmax", "one block per row", rows));
+      launch("kiln::cuda::softmax_backward_kernel", "softmax", "backward, one block per row", rows));
   out.push_back(launch("kiln::cuda::cross_entropy_backward_kernel", "cross_entropy",
-                       "one block per row, one-pass online max/sum", rows));
+                       "backward, one block per row, one-pass online max/sum", rows));
   out.push_back(launch("kiln::cuda::embedding_backward_kernel", "embedding",
-                       "one block per token, fp32 atomicAdd", rows));
-  out.push_back(launch("kiln::cuda::gelu_backward_kernel", "activation", "elementwise",
+                       "backward, one block per token, fp32 atomicAdd", rows));
+  out.push_back(launch("kiln::cuda::gelu_backward_kernel", "activation", "backward, elementwise",
                        elementwise_launch(n)));
-  out.push_back(launch("kiln::cuda::silu_backward_kernel", "activation", "elementwise",
+  out.push_back(launch("kiln::cuda::silu_backward_kernel", "activation", "backward, elementwise",
                        elementwise_launch(n)));
-  out.push_back(launch("kiln::cuda::swiglu_backward_kernel", "activation", "elementwise",
+  out.push_back(launch("kiln::cuda::swiglu_backward_kernel", "activation", "backward, elementwise",
                        elementwise_launch(n)));
-  out.push_back(launch("kiln::cuda::rope_backward_kernel", "rope", "one thread per pair",
+  out.push_back(launch("kiln::cuda::rope_backward_kernel", "rope", "backward, one thread per pair",
                        elementwise_launch(pairs)));
   out.push_back(launch("kiln::cuda::attention_backward_dkdv_kernel", "attention",
                        "flash backward dK/dV, 32 keys per block, GQA heads summed in the block",
