@@ -7,6 +7,7 @@
 
 #include <cmath>
 #include <cstdio>
+#include <numeric>
 #include <string>
 #include <vector>
 
@@ -17,6 +18,7 @@
 #include "kiln/kernels/cross_entropy.h"
 #include "kiln/kernels/cuda/kernels.h"
 #include "kiln/kernels/embedding.h"
+#include "kiln/kernels/norm.h"
 #include "kiln/kernels/rope.h"
 #include "kiln/kernels/softmax.h"
 
@@ -309,6 +311,178 @@ TEST(CudaRows, ActivationsAndAdamW) {
   }
 }
 
+// ---- backward passes of the row-wise and elementwise kernels ------------------------------------
+// Inputs as tests/kernels/cases_norm.cpp: x with a nonzero mean, weights near 1, and nonzero
+// starting parameter gradients (they must accumulate). At cols = 1 the exact dinp is 0 and the
+// fp32 result rounding noise (see cases_norm.cpp), so dinp is compared from cols > 1.
+TEST(CudaRows, LayerNormAndRmsNormBackward) {
+  for (int64_t rows : kRows) {
+    for (int64_t cols : kCols) {
+      Rng rng(static_cast<uint64_t>(rows * 104729 + cols));
+      auto x = random_floats(rng, rows * cols, -2.0f, 2.0f);
+      for (float& v : x) v += 3.0f;
+      const auto w = random_floats(rng, cols, 0.5f, 1.5f), bias = random_floats(rng, cols);
+      const auto dy = random_floats(rng, rows * cols);
+      const auto dw0 = random_floats(rng, cols), db0 = random_floats(rng, cols);
+      std::vector<float> y(x.size()), mean(rows), rstd(rows), dx(x.size());
+      std::vector<float> dw = dw0, db = db0;
+      ref::layernorm_forward(y.data(), mean.data(), rstd.data(), x.data(), w.data(), bias.data(),
+                             rows, cols);
+      ref::layernorm_backward(dx.data(), dw.data(), db.data(), dy.data(), x.data(), w.data(),
+                              mean.data(), rstd.data(), rows, cols);
+      const Tensor dx_d = device_floats(x), dw_d = device_floats(w), ddy = device_floats(dy);
+      const Tensor dmean = device_floats(mean), drstd = device_floats(rstd);
+      const Tensor ddx = device_floats(std::vector<float>(x.size())), ddw = device_floats(dw0),
+                   ddb = device_floats(db0);
+      ASSERT_TRUE(layernorm_backward(ddx.data<float>(), ddw.data<float>(), ddb.data<float>(),
+                                     ddy.data<float>(), dx_d.data<float>(), dw_d.data<float>(),
+                                     dmean.data<float>(), drstd.data<float>(), rows, cols)
+                      .ok());
+      const std::string what = fmt::format("rows={} cols={}", rows, cols);
+      if (cols > 1) {
+        EXPECT_LE(nmse(dx, host_floats(ddx)), kF32Nmse) << "layernorm dinp " << what;
+      }
+      EXPECT_LE(nmse(dw, host_floats(ddw)), kF32Nmse) << "layernorm dweight " << what;
+      EXPECT_LE(nmse(db, host_floats(ddb)), kF32Nmse) << "layernorm dbias " << what;
+
+      ref::rmsnorm_forward(y.data(), rstd.data(), x.data(), w.data(), rows, cols);
+      dw = dw0;
+      ref::rmsnorm_backward(dx.data(), dw.data(), dy.data(), x.data(), w.data(), rstd.data(), rows,
+                            cols);
+      const Tensor drstd2 = device_floats(rstd), ddw2 = device_floats(dw0);
+      ASSERT_TRUE(rmsnorm_backward(ddx.data<float>(), ddw2.data<float>(), ddy.data<float>(),
+                                   dx_d.data<float>(), dw_d.data<float>(), drstd2.data<float>(),
+                                   rows, cols)
+                      .ok());
+      if (cols > 1) {
+        EXPECT_LE(nmse(dx, host_floats(ddx)), kF32Nmse) << "rmsnorm dinp " << what;
+      }
+      EXPECT_LE(nmse(dw, host_floats(ddw2)), kF32Nmse) << "rmsnorm dweight " << what;
+    }
+  }
+}
+
+TEST(CudaRows, SoftmaxBackward) {
+  for (int64_t rows : kRows) {
+    for (int64_t cols : kCols) {
+      Rng rng(static_cast<uint64_t>(rows * 613 + cols));
+      const auto x = random_floats(rng, rows * cols, -5.0f, 5.0f);
+      const auto dy = random_floats(rng, rows * cols);
+      std::vector<float> y(x.size()), dx(x.size());
+      ref::softmax_forward(y.data(), x.data(), rows, cols);
+      ref::softmax_backward(dx.data(), dy.data(), y.data(), rows, cols);
+      const Tensor dyd = device_floats(y), ddy = device_floats(dy),
+                   ddx = device_floats(std::vector<float>(x.size()));
+      ASSERT_TRUE(
+          softmax_backward(ddx.data<float>(), ddy.data<float>(), dyd.data<float>(), rows, cols)
+              .ok());
+      const std::string what = fmt::format("rows={} cols={}", rows, cols);
+      EXPECT_LE(nmse(dx, host_floats(ddx)), kF32Nmse) << what;
+      // In place: dinp aliasing dout.
+      ASSERT_TRUE(
+          softmax_backward(ddy.data<float>(), ddy.data<float>(), dyd.data<float>(), rows, cols)
+              .ok());
+      EXPECT_LE(nmse(dx, host_floats(ddy)), kF32Nmse) << "in place " << what;
+    }
+  }
+}
+
+TEST(CudaRows, CrossEntropyBackwardWithIgnoredTargets) {
+  for (int64_t rows : kRows) {
+    for (int64_t vocab : {int64_t{1}, int64_t{31}, int64_t{1000}, int64_t{50257}}) {
+      Rng rng(static_cast<uint64_t>(rows * 29 + vocab));
+      const auto logits = random_floats(rng, rows * vocab, -8.0f, 8.0f);
+      const auto dlosses = random_floats(rng, rows, 0.1f, 1.0f);
+      std::vector<int32_t> targets(static_cast<size_t>(rows));
+      for (int64_t r = 0; r < rows; ++r)
+        targets[r] = r % 5 == 3 ? kIgnoreTarget : static_cast<int32_t>(rng.next_u64() % vocab);
+      std::vector<float> dlogits(logits.size());
+      ref::cross_entropy_backward(dlogits.data(), logits.data(), targets.data(), dlosses.data(),
+                                  rows, vocab);
+      const Tensor dl = device_floats(logits), dt = device_ints(targets),
+                   ddl = device_floats(dlosses);
+      const Tensor dgrad = device_floats(std::vector<float>(logits.size(), 7.0f));
+      ASSERT_TRUE(cross_entropy_backward(dgrad.data<float>(), dl.data<float>(), dt.data<int32_t>(),
+                                         ddl.data<float>(), rows, vocab)
+                      .ok());
+      const std::string what = fmt::format("rows={} vocab={}", rows, vocab);
+      EXPECT_LE(nmse(dlogits, host_floats(dgrad)), kF32Nmse) << what;
+      // In place: dlogits aliasing logits (cross_entropy.h allows it).
+      ASSERT_TRUE(cross_entropy_backward(dl.data<float>(), dl.data<float>(), dt.data<int32_t>(),
+                                         ddl.data<float>(), rows, vocab)
+                      .ok());
+      EXPECT_LE(nmse(dlogits, host_floats(dl)), kF32Nmse) << "in place " << what;
+    }
+  }
+}
+
+// Few distinct ids, so most rows of dweight take several tokens (the atomics contend); the
+// order of those additions is free, so the comparison is by nmse, not bits.
+TEST(CudaRows, EmbeddingBackward) {
+  for (int64_t tokens : {int64_t{1}, int64_t{7}, int64_t{33}, int64_t{1000}}) {
+    for (int64_t cols : kCols) {
+      const int64_t vocab = 5;
+      Rng rng(static_cast<uint64_t>(tokens * 11 + cols));
+      const auto dout = random_floats(rng, tokens * cols);
+      const auto dw0 = random_floats(rng, vocab * cols);
+      std::vector<int32_t> ids(static_cast<size_t>(tokens));
+      for (auto& id : ids) id = static_cast<int32_t>(rng.next_u64() % vocab);
+      std::vector<float> dw = dw0;
+      ref::embedding_backward(dw.data(), dout.data(), ids.data(), tokens, vocab, cols);
+      const Tensor ddout = device_floats(dout), di = device_ints(ids), ddw = device_floats(dw0);
+      ASSERT_TRUE(embedding_backward(ddw.data<float>(), ddout.data<float>(), di.data<int32_t>(),
+                                     tokens, vocab, cols)
+                      .ok());
+      EXPECT_LE(nmse(dw, host_floats(ddw)), kF32Nmse) << "tokens=" << tokens << " cols=" << cols;
+    }
+  }
+}
+
+TEST(CudaRows, RopeBackward) {
+  for (int64_t head_dim : {int64_t{2}, int64_t{64}, int64_t{128}}) {
+    for (int64_t pos_offset : {int64_t{0}, int64_t{5}}) {
+      const int64_t batch = 2, seq = 7, heads = 3;
+      const RopeTable table = make_rope_table(head_dim, 64).value();
+      Rng rng(static_cast<uint64_t>(head_dim * 3 + pos_offset));
+      const auto dy = random_floats(rng, batch * seq * heads * head_dim);
+      std::vector<float> dx(dy.size());
+      ref::rope_backward(dx.data(), dy.data(), table, batch, seq, heads, head_dim, pos_offset);
+      const Tensor ddy = device_floats(dy), dcos = device_floats(table.cos),
+                   dsin = device_floats(table.sin);
+      ASSERT_TRUE(rope_backward(ddy.data<float>(), ddy.data<float>(), dcos.data<float>(),
+                                dsin.data<float>(), table.max_positions, batch, seq, heads,
+                                head_dim, pos_offset)
+                      .ok());  // in place
+      EXPECT_LE(nmse(dx, host_floats(ddy)), kF32Nmse)
+          << "head_dim=" << head_dim << " pos_offset=" << pos_offset;
+    }
+  }
+}
+
+TEST(CudaRows, ActivationsBackward) {
+  for (int64_t n : {int64_t{1}, int64_t{31}, int64_t{1000}, int64_t{1} << 20}) {
+    Rng rng(static_cast<uint64_t>(n + 17));
+    const auto x = random_floats(rng, n, -6.0f, 6.0f), up = random_floats(rng, n),
+               dy = random_floats(rng, n);
+    const Tensor dx = device_floats(x), dup = device_floats(up), ddy = device_floats(dy),
+                 dgrad = device_floats(std::vector<float>(n)),
+                 dgrad2 = device_floats(std::vector<float>(n));
+    std::vector<float> grad(static_cast<size_t>(n)), grad2(static_cast<size_t>(n));
+    ref::gelu_backward(grad.data(), dy.data(), x.data(), n);
+    ASSERT_TRUE(gelu_backward(dgrad.data<float>(), ddy.data<float>(), dx.data<float>(), n).ok());
+    EXPECT_LE(nmse(grad, host_floats(dgrad)), kF32Nmse) << "gelu n=" << n;
+    ref::silu_backward(grad.data(), dy.data(), x.data(), n);
+    ASSERT_TRUE(silu_backward(dgrad.data<float>(), ddy.data<float>(), dx.data<float>(), n).ok());
+    EXPECT_LE(nmse(grad, host_floats(dgrad)), kF32Nmse) << "silu n=" << n;
+    ref::swiglu_backward(grad.data(), grad2.data(), dy.data(), x.data(), up.data(), n);
+    ASSERT_TRUE(swiglu_backward(dgrad.data<float>(), dgrad2.data<float>(), ddy.data<float>(),
+                                dx.data<float>(), dup.data<float>(), n)
+                    .ok());
+    EXPECT_LE(nmse(grad, host_floats(dgrad)), kF32Nmse) << "swiglu dgate n=" << n;
+    EXPECT_LE(nmse(grad2, host_floats(dgrad2)), kF32Nmse) << "swiglu dup n=" << n;
+  }
+}
+
 // ---- FlashAttention forward
 // ------------------------------------------------------------------------
 TEST(CudaAttention, FlashForwardMatchesTheReference) {
@@ -344,6 +518,141 @@ TEST(CudaAttention, FlashForwardMatchesTheReference) {
     ASSERT_TRUE(st.ok()) << what << ": " << st.to_string();
     EXPECT_LE(nmse(out, host_floats(dout)), kF32Nmse) << "out " << what;
     EXPECT_LE(nmse(lse, host_floats(dlse)), kF32Nmse) << "lse " << what;
+  }
+}
+
+// The backward from the reference forward's out and lse, against ref::attention_backward, over
+// the forward's cases plus padded row strides (q, k, v read out of a wider fused buffer) and a
+// non-causal case with more queries than keys. With padded rows the gradient buffers start at
+// zero on both sides, so the padding columns (which neither writes) compare equal.
+TEST(CudaAttention, FlashBackwardMatchesTheReference) {
+  struct Case {
+    int64_t batch, q_len, kv_len, heads, kv_heads, head_dim;
+    bool causal;
+    int64_t window;
+    int64_t pad;  // extra floats per row of q, k, v and out
+  };
+  const Case cases[] = {
+      {2, 7, 7, 4, 2, 64, true, 0, 0},    {1, 33, 40, 2, 1, 40, false, 0, 0},
+      {1, 1, 100, 8, 8, 128, true, 0, 0}, {2, 65, 65, 4, 1, 32, true, 16, 0},
+      {1, 17, 17, 2, 2, 256, true, 0, 0}, {1, 100, 257, 6, 3, 96, true, 0, 0},
+      {1, 9, 9, 1, 1, 1, false, 3, 0},    {2, 40, 40, 4, 2, 64, true, 0, 8},
+      {1, 50, 20, 3, 1, 33, false, 0, 5},
+  };
+  for (const Case& c : cases) {
+    AttentionParams p;
+    p.batch = c.batch, p.q_len = c.q_len, p.kv_len = c.kv_len, p.n_heads = c.heads;
+    p.n_kv_heads = c.kv_heads, p.head_dim = c.head_dim, p.causal = c.causal, p.window = c.window;
+    p.q_row_stride = p.o_row_stride = c.heads * c.head_dim + c.pad;
+    p.k_row_stride = p.v_row_stride = c.kv_heads * c.head_dim + c.pad;
+    p = check_attention(p).value();
+    Rng rng(static_cast<uint64_t>(c.q_len * 7 + c.kv_len * 3 + c.head_dim + c.pad));
+    const int64_t qn = c.batch * c.q_len * p.q_row_stride, kn = c.batch * c.kv_len * p.k_row_stride;
+    const auto q = random_floats(rng, qn), k = random_floats(rng, kn), v = random_floats(rng, kn);
+    const auto dout = random_floats(rng, qn);
+    std::vector<float> out(static_cast<size_t>(qn)),
+        lse(static_cast<size_t>(c.batch * c.heads * c.q_len));
+    ref::attention_forward(out.data(), lse.data(), q.data(), k.data(), v.data(), p);
+    std::vector<float> dq(static_cast<size_t>(qn)), dk(static_cast<size_t>(kn)),
+        dv(static_cast<size_t>(kn));
+    ref::attention_backward(dq.data(), dk.data(), dv.data(), dout.data(), q.data(), k.data(),
+                            v.data(), out.data(), lse.data(), p);
+    // Device copies: inputs *_d, gradients g*. Unpadded gradients start at 7, so a row the
+    // kernels leave unwritten (the contract overwrites every one) shows.
+    const Tensor q_d = device_floats(q), k_d = device_floats(k), v_d = device_floats(v);
+    const Tensor dout_d = device_floats(dout), out_d = device_floats(out),
+                 lse_d = device_floats(lse);
+    const float init = c.pad == 0 ? 7.0f : 0.0f;
+    const Tensor gq = device_floats(std::vector<float>(dq.size(), init)),
+                 gk = device_floats(std::vector<float>(dk.size(), init)),
+                 gv = device_floats(std::vector<float>(dv.size(), init));
+    const Status st = attention_backward(gq.data<float>(), gk.data<float>(), gv.data<float>(),
+                                         dout_d.data<float>(), q_d.data<float>(), k_d.data<float>(),
+                                         v_d.data<float>(), out_d.data<float>(),
+                                         lse_d.data<float>(), p);
+    const std::string what =
+        fmt::format("B={} T={} S={} H={}/{} D={} causal={} window={} pad={}", c.batch, c.q_len,
+                    c.kv_len, c.heads, c.kv_heads, c.head_dim, c.causal, c.window, c.pad);
+    ASSERT_TRUE(st.ok()) << what << ": " << st.to_string();
+    EXPECT_LE(nmse(dq, host_floats(gq)), kF32Nmse) << "dq " << what;
+    EXPECT_LE(nmse(dk, host_floats(gk)), kF32Nmse) << "dk " << what;
+    EXPECT_LE(nmse(dv, host_floats(gv)), kF32Nmse) << "dv " << what;
+  }
+}
+
+// Decode against the paged cache (blocks in shuffled order, as tests/kernels/cases_attention.cpp's
+// attention_paged) equals ref::attention_forward over the same keys stored contiguously: one
+// chunk, a few, and the automatic count; GQA and MHA; a sliding window; a sequence shorter than
+// q_len is not allowed when causal, so the shortest holds exactly q_len keys.
+TEST(CudaAttention, PagedDecodeMatchesTheReference) {
+  struct Case {
+    int64_t heads, kv_heads, head_dim, q_len, block_size, max_blocks;
+    std::vector<int32_t> lens;
+    int64_t window;
+  };
+  const std::vector<Case> cases = {
+      {6, 2, 64, 2, 16, 20, {2, 300, 47}, 0},
+      {8, 8, 128, 1, 32, 10, {1, 17, 320, 64}, 0},
+      {32, 8, 96, 1, 16, 33, {513, 5}, 0},
+      {4, 1, 40, 3, 8, 12, {90, 3, 33}, 20},
+      {2, 2, 256, 1, 16, 4, {64, 1}, 0},
+  };
+  for (const Case& c : cases) {
+    for (int64_t splits : {1, 4, 0}) {
+      const int64_t n = static_cast<int64_t>(c.lens.size()), num_blocks = n * c.max_blocks;
+      const int64_t H = c.heads, Hkv = c.kv_heads, D = c.head_dim, T = c.q_len, bs = c.block_size;
+      Rng rng(static_cast<uint64_t>(H * 100 + D + splits));
+      const auto kpool = random_floats(rng, num_blocks * bs * Hkv * D),
+                 vpool = random_floats(rng, num_blocks * bs * Hkv * D),
+                 q = random_floats(rng, n * T * H * D);
+      std::vector<int32_t> table(static_cast<size_t>(num_blocks));
+      std::iota(table.begin(), table.end(), 0);
+      for (int64_t i = num_blocks - 1; i > 0; --i)
+        std::swap(table[i], table[rng.below(static_cast<uint64_t>(i + 1))]);
+      AttentionParams p;
+      p.q_len = T, p.kv_len = T, p.n_heads = H, p.n_kv_heads = Hkv, p.head_dim = D;
+      p.window = c.window, p.num_splits = splits;
+      p = check_attention(p).value();
+
+      std::vector<float> ro(static_cast<size_t>(n * T * H * D)), rl(static_cast<size_t>(n * H * T));
+      for (int64_t i = 0; i < n; ++i) {
+        const int64_t len = c.lens[i];
+        std::vector<float> kc(static_cast<size_t>(len * Hkv * D)), vc(kc.size());
+        for (int64_t j = 0; j < len; ++j) {
+          const int64_t row = table[i * c.max_blocks + j / bs] * bs + j % bs;
+          std::copy_n(kpool.data() + row * Hkv * D, Hkv * D, kc.data() + j * Hkv * D);
+          std::copy_n(vpool.data() + row * Hkv * D, Hkv * D, vc.data() + j * Hkv * D);
+        }
+        AttentionParams pi = p;
+        pi.kv_len = len;
+        ref::attention_forward(ro.data() + i * T * H * D, rl.data() + i * H * T,
+                               q.data() + i * T * H * D, kc.data(), vc.data(), pi);
+      }
+
+      const Tensor dk = device_floats(kpool), dv = device_floats(vpool), dq = device_floats(q);
+      const Tensor dtable = device_ints(table), dlens = device_ints(c.lens);
+      const PagedKv kv{dk.data<float>(), dv.data<float>(), dtable.data<int32_t>(),
+                       dlens.data<int32_t>(), bs, c.max_blocks, n};
+      const int64_t ws = attention_decode_paged_workspace_floats(p, kv);
+      const Tensor dws =
+          device_floats(std::vector<float>(static_cast<size_t>(std::max<int64_t>(ws, 1))));
+      const Tensor dout = device_floats(std::vector<float>(ro.size(), 7.0f)),  // all overwritten
+          dlse = device_floats(std::vector<float>(rl.size(), 7.0f));
+      const std::string what = fmt::format("H={}/{} D={} T={} bs={} splits={} window={}", H, Hkv,
+                                           D, T, bs, splits, c.window);
+      if (ws > 0) {  // a missing workspace is a named error, not a fault
+        const Status missing = attention_decode_paged(dout.data<float>(), dlse.data<float>(),
+                                                      dq.data<float>(), kv, p, nullptr, 0);
+        EXPECT_EQ(missing.code(), StatusCode::kInvalidArgument) << what;
+      } else {
+        EXPECT_EQ(splits, 1) << what << ": only one chunk needs no workspace";
+      }
+      const Status st = attention_decode_paged(dout.data<float>(), dlse.data<float>(),
+                                               dq.data<float>(), kv, p, dws.data<float>(), ws);
+      ASSERT_TRUE(st.ok()) << what << ": " << st.to_string();
+      EXPECT_LE(nmse(ro, host_floats(dout)), kF32Nmse) << "out " << what;
+      EXPECT_LE(nmse(rl, host_floats(dlse)), kF32Nmse) << "lse " << what;
+    }
   }
 }
 

@@ -48,6 +48,54 @@ TEST(CudaCatalog, LaunchesCoverTheProblem) {
   EXPECT_EQ(attention_launch(2, 6, 33, 64).smem_bytes, 4 * (2 * 32 * 65 + 8 * 64));
 }
 
+// The split-KV decode's chunking (launch.h's decode_split) is host logic: chunks are whole cache
+// blocks, none lies entirely past the longest sequence, and the automatic count aims at
+// kDecodeTargetBlocks blocks.
+TEST(CudaCatalog, DecodeSplitFollowsCacheBlocks) {
+  // Asked for 8 chunks of 20 blocks of 16: 3 blocks per chunk, so 7 chunks cover the 20.
+  DecodeSplit d = decode_split(8, 3, 6, 2, 2, 16, 20);
+  EXPECT_EQ(d.num_splits, 7);
+  EXPECT_EQ(d.chunk_keys, 3 * 16);
+  // Never more chunks than blocks, never fewer than one.
+  d = decode_split(100, 1, 8, 8, 1, 16, 5);
+  EXPECT_EQ(d.num_splits, 5);
+  EXPECT_EQ(d.chunk_keys, 16);
+  d = decode_split(1, 1, 8, 8, 1, 16, 5);
+  EXPECT_EQ(d.num_splits, 1);
+  EXPECT_EQ(d.chunk_keys, 5 * 16);
+  EXPECT_EQ(decode_split(4, 1, 8, 8, 1, 16, 0).num_splits, 1);  // an empty table
+  // Automatic: 4 sequences x 8 KV heads x 1 row group (4 query heads each, one query) = 32
+  // blocks per chunk, so 8 chunks make the 256.
+  EXPECT_EQ(decode_row_groups(32, 8, 1), 1);
+  EXPECT_EQ(decode_row_groups(32, 8, 3), 2);  // 12 rows: two groups of 8 warps
+  d = decode_split(0, 4, 32, 8, 1, 16, 256);
+  EXPECT_EQ(d.num_splits, kDecodeTargetBlocks / 32);
+  EXPECT_EQ(d.num_splits * d.chunk_keys, 256 * 16);
+  const LaunchConfig c = attention_decode_launch(4, 32, 8, 1, 128, d.num_splits);
+  EXPECT_EQ(c.blocks(), kDecodeTargetBlocks);
+  EXPECT_EQ(c.smem_bytes, attention_smem_bytes(128));
+  // The workspace: per chunk and query row, D outputs plus max and sum; none for one chunk.
+  EXPECT_EQ(decode_workspace_floats(8, 4 * 32, 128), 8 * 4 * 32 * 130);
+  EXPECT_EQ(decode_workspace_floats(1, 4 * 32, 128), 0);
+  EXPECT_EQ(attention_decode_combine_launch(4 * 32).blocks(), 4 * 32 / kAttnWarps);
+}
+
+// The backward launches: dK/dV one block per 32 keys and KV head, dQ the forward's grid; the
+// norms' weight gradients one block per 32 columns.
+TEST(CudaCatalog, BackwardLaunches) {
+  const LaunchConfig kv = attention_backward_dkdv_launch(2, 3, 65, 64);
+  EXPECT_EQ(kv.blocks(), 3 * 3 * 2);
+  EXPECT_EQ(kv.threads, 32 * kAttnWarps);
+  EXPECT_EQ(kv.smem_bytes, 4 * (2 * 32 * 65 + 2 * 8 * 64 + 2 * 8 * 32));
+  const LaunchConfig dq = attention_backward_dq_launch(2, 6, 33, 64);
+  EXPECT_EQ(dq.blocks(), attention_launch(2, 6, 33, 64).blocks());
+  EXPECT_EQ(dq.smem_bytes, 4 * (2 * 32 * 65 + 2 * 8 * 64));
+  const LaunchConfig col = column_launch(1000);
+  EXPECT_EQ(col.blocks(), ceil_div(1000, 32));
+  EXPECT_EQ(col.threads, kColTile * kColRows);
+  EXPECT_EQ(column_launch(1).blocks(), 1);
+}
+
 TEST(CudaCatalog, PtxasLogNamesEveryKernel) {
   if (!built()) {
     EXPECT_TRUE(ptxas_log().empty());

@@ -12,14 +12,7 @@ constexpr int kMaxPerLane = kAttnMaxHeadDim / 32;  // output elements d = lane +
 // Keys [lo, hi] that query t may see (attention.h); hi < lo when none.
 __device__ __forceinline__ void key_range(const AttentionArgs& p, int64_t t, int64_t* lo,
                                           int64_t* hi) {
-  const int64_t pos = t + (p.kv_len - p.q_len);
-  *lo = 0;
-  *hi = p.kv_len - 1;
-  if (p.causal) *hi = min(*hi, pos);
-  if (p.window > 0) {
-    *lo = max(int64_t{0}, pos - p.window + 1);
-    if (!p.causal) *hi = min(*hi, pos + p.window - 1);
-  }
+  attention_key_range(t, p.q_len, p.kv_len, p.causal, p.window, lo, hi);
 }
 }  // namespace
 

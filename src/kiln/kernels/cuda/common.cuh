@@ -79,6 +79,46 @@ __device__ __forceinline__ void gemm_store(const GemmArgs& p, int64_t i, int64_t
   *c = v;
 }
 
+// Keys [lo, hi] that query row t of q_len may see among kv_len keys (attention.h: causal keys
+// s <= t + kv_len - q_len, a sliding window keeps s > pos - window, and s < pos + window when
+// not causal); hi < lo when none. lo and hi never decrease with t.
+__device__ __forceinline__ void attention_key_range(int64_t t, int64_t q_len, int64_t kv_len,
+                                                    bool causal, int64_t window, int64_t* lo,
+                                                    int64_t* hi) {
+  const int64_t pos = t + (kv_len - q_len);
+  *lo = 0;
+  *hi = kv_len - 1;
+  if (causal) *hi = min(*hi, pos);
+  if (window > 0) {
+    *lo = max(int64_t{0}, pos - window + 1);
+    if (!causal) *hi = min(*hi, pos + window - 1);
+  }
+}
+
+// One rotated pair (i, i + D/2) of RoPE (rope.h), pair index e over x (B, T, H, D); cos, sin
+// (positions, D/2). sign +1 rotates by the angle (forward), -1 by its negative (backward: the
+// inverse rotation, sin negated). out may alias inp: both elements are read before either is
+// written.
+__device__ __forceinline__ void rope_rotate_pair(float* out, const float* inp, const float* cos,
+                                                 const float* sin, int64_t e, int64_t seq_len,
+                                                 int64_t n_heads, int64_t head_dim,
+                                                 int64_t pos_offset, float sign) {
+  const int64_t half = head_dim / 2;
+  const int64_t i = e % half, head_row = e / half;  // head_row indexes (B, T, H)
+  const int64_t t = (head_row / n_heads) % seq_len;
+  const int64_t tab = (pos_offset + t) * half + i;
+  const int64_t off = head_row * head_dim + i;
+  const float x0 = inp[off], x1 = inp[off + half], c = cos[tab], s = sign * sin[tab];
+  out[off] = x0 * c - x1 * s;
+  out[off + half] = x1 * c + x0 * s;
+}
+
+// A grid-stride loop over [0, n): elementwise kernels launched with elementwise_launch (whose
+// grid is capped, so one thread may take several elements).
+#define KILN_GRID_STRIDE(i, n)                                                           \
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < (n); \
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x)
+
 inline dim3 grid_of(const LaunchConfig& c) {
   return dim3(static_cast<unsigned>(c.grid_x), static_cast<unsigned>(c.grid_y),
               static_cast<unsigned>(c.grid_z));

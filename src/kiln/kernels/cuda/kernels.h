@@ -4,7 +4,8 @@
 // exist (e.g. an f32 operand on the tensor-core rungs), InvalidArgument for arguments the kernel
 // cannot take, Internal for a failed launch; kernel-time faults surface at the next
 // cuda_runtime::synchronize(). Ids and targets are not checked on the host (they live on the
-// device): an out-of-range one yields a NaN row, never an out-of-bounds access.
+// device): an out-of-range one yields a NaN row (the embedding backward skips it), never an
+// out-of-bounds access.
 // Only built with the CUDA backend (KILN_CUDA); see launch.h for every launch configuration.
 #pragma once
 
@@ -57,5 +58,50 @@ Status cross_entropy_forward(float* losses, const float* logits, const int32_t* 
 // ref::attention_forward; head_dim <= kAttnMaxHeadDim. `p` is checked (check_attention).
 Status attention_forward(float* out, float* lse, const float* q, const float* k, const float* v,
                          const AttentionParams& p);
+
+// ---- backward passes: d-inputs overwritten, parameter gradients accumulated (+=) -------------
+// norm.h. dweight (and dbias) are summed over the rows in a fixed order (deterministic).
+Status layernorm_backward(float* dinp, float* dweight, float* dbias, const float* dout,
+                          const float* inp, const float* weight, const float* mean,
+                          const float* rstd, int64_t rows, int64_t cols);
+Status rmsnorm_backward(float* dinp, float* dweight, const float* dout, const float* inp,
+                        const float* weight, const float* rstd, int64_t rows, int64_t cols);
+// softmax.h (dinp may alias dout).
+Status softmax_backward(float* dinp, const float* dout, const float* out, int64_t rows,
+                        int64_t cols);
+// rope.h's inverse rotation, with the table's cos and sin on the device (dinp may alias dout).
+Status rope_backward(float* dinp, const float* dout, const float* cos, const float* sin,
+                     int64_t max_positions, int64_t batch, int64_t seq_len, int64_t n_heads,
+                     int64_t head_dim, int64_t pos_offset);
+// activation.h.
+Status gelu_backward(float* dinp, const float* dout, const float* inp, int64_t n);
+Status silu_backward(float* dinp, const float* dout, const float* inp, int64_t n);
+Status swiglu_backward(float* dgate, float* dup, const float* dout, const float* gate,
+                       const float* up, int64_t n);
+// embedding.h: dweight (V, C) += scatter of dout (N, C) by ids, with fp32 atomics: with repeated
+// ids the last bits may differ from run to run (rows_backward.cu says why); an id outside
+// [0, vocab_size) is skipped.
+Status embedding_backward(float* dweight, const float* dout, const int32_t* ids,
+                          int64_t num_tokens, int64_t vocab_size, int64_t cols);
+// cross_entropy.h: fused softmax + cross-entropy gradient; dlogits may alias logits.
+Status cross_entropy_backward(float* dlogits, const float* logits, const int32_t* targets,
+                              const float* dlosses, int64_t rows, int64_t vocab);
+// attention.h: FlashAttention backward, dq/dk/dv as ref::attention_backward from the forward's
+// out and lse; head_dim <= kAttnMaxHeadDim. Deterministic (no atomics).
+Status attention_backward(float* dq, float* dk, float* dv, const float* dout, const float* q,
+                          const float* k, const float* v, const float* out, const float* lse,
+                          const AttentionParams& p);
+
+// ---- decode over the paged KV cache ----------------------------------------------------------
+// cpu::attention_decode_paged (attention.h) on the device, split-KV: kv's pools, block table and
+// seq_lens are device pointers; p.q_len, heads, head_dim, causal, window, scale, strides and
+// num_splits are used (0: launch.h's decode_split). With more than one chunk, the chunks'
+// partial results go to `workspace`: attention_decode_paged_workspace_floats(p, kv) floats of
+// device memory (none, and workspace may be null, for one chunk). Block ids are not checked
+// (the pool's size is not in PagedKv): ids outside the pool read out of bounds.
+int64_t attention_decode_paged_workspace_floats(const AttentionParams& p, const PagedKv& kv);
+Status attention_decode_paged(float* out, float* lse, const float* q, const PagedKv& kv,
+                              const AttentionParams& p, float* workspace,
+                              int64_t workspace_floats);
 
 }  // namespace kiln::cuda

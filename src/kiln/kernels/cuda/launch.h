@@ -203,4 +203,115 @@ inline LaunchConfig attention_launch(int64_t batch, int64_t n_heads, int64_t q_l
   return c;
 }
 
+// ---- norm parameter gradients: a column reduction ------------------------------------------
+// dweight (and dbias) sum one term per row over every row. A block owns kColTile columns with
+// kColTile x kColRows threads: threadIdx.x runs along the columns (a warp reads one 128-byte run
+// of a row: coalesced), threadIdx.y over the rows with stride kColRows; the kColRows partial
+// sums of a column then meet in shared memory in a fixed order, so the result is the same bits
+// on every run (no atomics), like the CPU's. Few columns give few blocks (cols / 32): splitting
+// the rows over more blocks would need a scratch buffer or atomics.
+inline constexpr int kColTile = 32, kColRows = 8;
+inline LaunchConfig column_launch(int64_t cols) {
+  LaunchConfig c;
+  c.grid_x = std::max<int64_t>(ceil_div(cols, kColTile), 1);
+  c.block_x = kColTile, c.block_y = kColRows;
+  c.threads = c.block_x * c.block_y;
+  return c;
+}
+
+// ---- FlashAttention backward: two kernels, no atomics ---------------------------------------
+// dK/dV: a block owns kAttnKeyTile keys of one (batch, KV head), staged once in shared memory
+// (rows of head_dim + 1 floats, as the forward), and walks the query rows of every query head
+// that reads this KV head (GQA) in tiles of kAttnWarps rows: so each key's gradient is summed
+// by one block and written once. Per query tile it stages q and dO (kAttnWarps, D) and the
+// probabilities P and dS (kAttnWarps, kAttnKeyTile); each row's lse and delta = rowsum(dO ∘ O)
+// stay in its warp's registers (delta is recomputed per key tile rather than kept in a scratch
+// buffer: one extra read of O per tile, beside the q and dO reads the tile needs anyway).
+inline int64_t attention_backward_dkdv_smem_bytes(int64_t head_dim) {
+  return 4 * (2 * kAttnKeyTile * (head_dim + 1) + 2 * kAttnWarps * head_dim +
+              2 * kAttnWarps * kAttnKeyTile);
+}
+inline LaunchConfig attention_backward_dkdv_launch(int64_t batch, int64_t n_kv_heads,
+                                                   int64_t kv_len, int64_t head_dim) {
+  LaunchConfig c;
+  c.grid_x = ceil_div(std::max<int64_t>(kv_len, 1), kAttnKeyTile);
+  c.grid_y = n_kv_heads;
+  c.grid_z = batch;
+  c.block_x = c.threads = 32 * kAttnWarps;
+  c.smem_bytes = attention_backward_dkdv_smem_bytes(head_dim);
+  return c;
+}
+// dQ: the forward's layout (a warp per query row, kAttnWarps rows per block, 32-key K/V tiles
+// padded in shared memory) with q and dO of the block's rows beside them; P is recomputed from
+// the forward's logsumexp, so the two kernels share nothing but their inputs.
+inline int64_t attention_backward_dq_smem_bytes(int64_t head_dim) {
+  return 4 * (2 * kAttnKeyTile * (head_dim + 1) + 2 * kAttnWarps * head_dim);
+}
+inline LaunchConfig attention_backward_dq_launch(int64_t batch, int64_t n_heads, int64_t q_len,
+                                                 int64_t head_dim) {
+  LaunchConfig c = attention_launch(batch, n_heads, q_len, head_dim);
+  c.smem_bytes = attention_backward_dq_smem_bytes(head_dim);
+  return c;
+}
+
+// ---- split-KV decode over the paged KV cache (attention.h's PagedKv) ------------------------
+// A block is one (sequence, KV head, group of kAttnWarps query rows, key chunk): its warps are
+// the query rows (query heads of the GQA group x q_len) that read this KV head, so every K/V
+// tile it stages serves all of them. The sequences' lengths live on the device, so the chunks
+// are cut from the longest a sequence can be (max_blocks_per_seq · block_size), in whole cache
+// blocks (as the CPU's chunks follow block boundaries); a chunk past a sequence's end is empty.
+// Each chunk writes its unnormalised output, running max and sum to a workspace, and a combine
+// kernel (a warp per query row) merges the chunks exactly. One chunk skips the workspace.
+//
+// With num_splits 0, the chunk count makes the grid about kDecodeTargetBlocks blocks: two per
+// SM of a 132-SM H100, enough that every SM streams the cache at once (decode reads each K/V
+// byte once, so it is bandwidth-bound), while more chunks only add combine work. On paper.
+inline constexpr int64_t kDecodeTargetBlocks = 256;
+struct DecodeSplit {
+  int64_t num_splits = 1;
+  int64_t chunk_keys = 0;  // keys per chunk, a multiple of block_size
+};
+inline int64_t decode_row_groups(int64_t n_heads, int64_t n_kv_heads, int64_t q_len) {
+  return std::max<int64_t>(ceil_div((n_heads / n_kv_heads) * q_len, kAttnWarps), 1);
+}
+inline DecodeSplit decode_split(int64_t requested, int64_t num_seqs, int64_t n_heads,
+                                int64_t n_kv_heads, int64_t q_len, int64_t block_size,
+                                int64_t max_blocks_per_seq) {
+  DecodeSplit d;
+  if (max_blocks_per_seq <= 0 || block_size <= 0) return d;
+  int64_t want = requested;
+  if (want <= 0) {
+    const int64_t base =
+        std::max<int64_t>(num_seqs * n_kv_heads * decode_row_groups(n_heads, n_kv_heads, q_len), 1);
+    want = ceil_div(kDecodeTargetBlocks, base);
+  }
+  want = std::clamp<int64_t>(want, 1, max_blocks_per_seq);
+  const int64_t blocks_per_chunk = ceil_div(max_blocks_per_seq, want);
+  d.num_splits = ceil_div(max_blocks_per_seq, blocks_per_chunk);  // no chunk entirely past the end
+  d.chunk_keys = blocks_per_chunk * block_size;
+  return d;
+}
+// Floats of workspace a decode needs: per chunk and query row (num_seqs · n_heads · q_len), the
+// unnormalised output (head_dim), running max and sum; none for one chunk.
+inline int64_t decode_workspace_floats(int64_t num_splits, int64_t rows, int64_t head_dim) {
+  return num_splits > 1 ? num_splits * rows * (head_dim + 2) : 0;
+}
+inline LaunchConfig attention_decode_launch(int64_t num_seqs, int64_t n_heads, int64_t n_kv_heads,
+                                            int64_t q_len, int64_t head_dim, int64_t num_splits) {
+  LaunchConfig c;
+  c.grid_x = std::max<int64_t>(num_splits, 1);
+  c.grid_y = n_kv_heads * decode_row_groups(n_heads, n_kv_heads, q_len);
+  c.grid_z = std::max<int64_t>(num_seqs, 1);
+  c.block_x = c.threads = 32 * kAttnWarps;
+  c.smem_bytes = attention_smem_bytes(head_dim);
+  return c;
+}
+// The combine: a warp per query row, kAttnWarps rows per block.
+inline LaunchConfig attention_decode_combine_launch(int64_t rows) {
+  LaunchConfig c;
+  c.grid_x = ceil_div(std::max<int64_t>(rows, 1), kAttnWarps);
+  c.block_x = c.threads = 32 * kAttnWarps;
+  return c;
+}
+
 }  // namespace kiln::cuda

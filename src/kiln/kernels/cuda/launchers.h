@@ -74,4 +74,49 @@ struct AttentionArgs {
 cudaError_t launch_attention_forward(float* out, float* lse, const float* q, const float* k,
                                      const float* v, const AttentionArgs& p);
 
+
+// ---- backward passes (rows_backward.cu, attention_backward.cu) ------------------------------
+cudaError_t launch_layernorm_backward(float* dinp, float* dweight, float* dbias, const float* dout,
+                                      const float* inp, const float* weight, const float* mean,
+                                      const float* rstd, int64_t rows, int64_t cols);
+cudaError_t launch_rmsnorm_backward(float* dinp, float* dweight, const float* dout,
+                                    const float* inp, const float* weight, const float* rstd,
+                                    int64_t rows, int64_t cols);
+cudaError_t launch_softmax_backward(float* dinp, const float* dout, const float* out, int64_t rows,
+                                    int64_t cols);
+cudaError_t launch_cross_entropy_backward(float* dlogits, const float* logits,
+                                          const int32_t* targets, const float* dlosses,
+                                          int64_t rows, int64_t vocab);
+cudaError_t launch_embedding_backward(float* dweight, const float* dout, const int32_t* ids,
+                                      int64_t num_tokens, int64_t vocab_size, int64_t cols);
+cudaError_t launch_rope_backward(float* dinp, const float* dout, const float* cos, const float* sin,
+                                 int64_t batch, int64_t seq_len, int64_t n_heads, int64_t head_dim,
+                                 int64_t pos_offset);
+cudaError_t launch_activation_backward(Elementwise op, float* dinp, const float* dout,
+                                       const float* inp, int64_t n);
+cudaError_t launch_swiglu_backward(float* dgate, float* dup, const float* dout, const float* gate,
+                                   const float* up, int64_t n);
+// dq (q_row_stride), dk (k_row_stride), dv (v_row_stride) overwritten; dout and out rows of
+// o_row_stride; head_dim <= kAttnMaxHeadDim.
+cudaError_t launch_attention_backward(float* dq, float* dk, float* dv, const float* dout,
+                                      const float* q, const float* k, const float* v,
+                                      const float* out, const float* lse, const AttentionArgs& p);
+
+// ---- split-KV decode over the paged cache (attention_decode.cu) ------------------------------
+// attention.h's PagedKv with the split (launch.h's decode_split) resolved; attn.batch is
+// num_seqs, attn.kv_len unused (each sequence's length is seq_lens[i], on the device).
+struct PagedDecodeArgs {
+  AttentionArgs attn;
+  const float* k_pool = nullptr;
+  const float* v_pool = nullptr;
+  const int32_t* block_table = nullptr;  // (num_seqs, max_blocks_per_seq)
+  const int32_t* seq_lens = nullptr;     // (num_seqs,)
+  int64_t block_size = 0, max_blocks_per_seq = 0;
+  int64_t num_splits = 1, chunk_keys = 0;
+};
+// workspace: decode_workspace_floats(num_splits, num_seqs · n_heads · q_len, head_dim) floats
+// (unused, may be null, with one split).
+cudaError_t launch_attention_decode_paged(float* out, float* lse, const float* q,
+                                          const PagedDecodeArgs& a, float* workspace);
+
 }  // namespace kiln::cuda

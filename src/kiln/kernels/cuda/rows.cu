@@ -92,22 +92,9 @@ __global__ void embedding_forward_kernel(float* out, const int32_t* ids, const f
 __global__ void rope_forward_kernel(float* out, const float* inp, const float* cos,
                                     const float* sin, int64_t num_pairs, int64_t seq_len,
                                     int64_t n_heads, int64_t head_dim, int64_t pos_offset) {
-  const int64_t half = head_dim / 2;
-  for (int64_t e = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; e < num_pairs;
-       e += static_cast<int64_t>(gridDim.x) * blockDim.x) {
-    const int64_t i = e % half, head_row = e / half;  // head_row indexes (B, T, H)
-    const int64_t t = (head_row / n_heads) % seq_len;
-    const int64_t tab = (pos_offset + t) * half + i;
-    const int64_t off = head_row * head_dim + i;
-    const float x0 = inp[off], x1 = inp[off + half], c = cos[tab], s = sin[tab];
-    out[off] = x0 * c - x1 * s;
-    out[off + half] = x1 * c + x0 * s;
-  }
+  KILN_GRID_STRIDE(e, num_pairs)
+  rope_rotate_pair(out, inp, cos, sin, e, seq_len, n_heads, head_dim, pos_offset, 1.0f);
 }
-
-#define KILN_GRID_STRIDE(i, n)                                                           \
-  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < (n); \
-       i += static_cast<int64_t>(gridDim.x) * blockDim.x)
 
 __global__ void gelu_forward_kernel(float* out, const float* inp, int64_t n) {
   KILN_GRID_STRIDE(i, n) out[i] = activate(DeviceActivation::kGeluTanh, inp[i]);
@@ -133,7 +120,6 @@ __global__ void adamw_step_kernel(float* param, const float* grad, float* m, flo
     v[i] = vi;
   }
 }
-#undef KILN_GRID_STRIDE
 
 // ---- launchers (checked arguments: kernels_cuda.cpp) -------------------------------------------
 cudaError_t launch_layernorm_forward(float* out, float* mean, float* rstd, const float* inp,
