@@ -1,8 +1,11 @@
 // The data-parallel memory model (perf/memory_model.h) against values worked by hand: DDP's
 // model states are the single-process ones, ZeRO-3's shards and gathered units for a config
-// small enough to count, and the stages order as they shard more. The measured check is
+// small enough to count, the stages order as they shard more, and the peak is the largest
+// phase's buffers, not the sum of all. The measured check is
 // tests/parallel/test_memory_per_rank.cpp (under MPI).
 #include <gtest/gtest.h>
+
+#include <algorithm>
 
 #include "kiln/core/allocator.h"
 #include "kiln/perf/memory_model.h"
@@ -80,6 +83,50 @@ TEST(DataParallelMemory, StageThreeByHand) {
   d.reshard_after_forward = false;
   EXPECT_EQ(item_bytes(predict_memory(odd(), 8, 4, Precision::kF32, CheckpointMode::kNone, d), "gathered block units"),
             2 * 4 * 320);
+}
+
+// ZeRO-1 at P = 2: the flash backward's tile scratch is live only in the backward, the
+// all-gather buffer only in the optimizer step, the flash forward's scratch only in the forward;
+// everything else for the whole step. The peak is the whole-step part plus the largest of the
+// three, and the groups at the peak add up to it.
+TEST(DataParallelMemory, PeakIsTheLargestPhaseNotTheSum) {
+  const ModelConfig c = preset("llama-tiny").value();
+  DataParallelMemory d;
+  d.dp = 2;
+  d.zero = 1;
+  const MemoryPrediction p = predict_memory(c, 8, 64, Precision::kF32, CheckpointMode::kNone, d);
+  int64_t whole = 0, forward = 0, backward = 0, step = 0;
+  for (const MemoryItem& i : p.items) {
+    if (i.name.starts_with("attention forward")) {
+      EXPECT_EQ(i.live, phase_bit(StepPhase::kForward));
+      forward += i.total_blocks();
+    } else if (i.name.starts_with("attention backward")) {
+      EXPECT_EQ(i.live, phase_bit(StepPhase::kBackward));
+      backward += i.total_blocks();
+    } else if (i.name.starts_with("all-gather buffer after the optimizer")) {
+      EXPECT_EQ(i.live, phase_bit(StepPhase::kOptimizerStep));
+      step += i.total_blocks();
+    } else {
+      EXPECT_EQ(i.live, kWholeStep) << i.name;
+      whole += i.total_blocks();
+    }
+  }
+  ASSERT_GT(forward, 0);
+  ASSERT_GT(backward, 0);
+  ASSERT_GT(step, 0);
+  EXPECT_EQ(p.phase_block_bytes(StepPhase::kForward), whole + forward);
+  EXPECT_EQ(p.phase_block_bytes(StepPhase::kBackward), whole + backward);
+  EXPECT_EQ(p.phase_block_bytes(StepPhase::kOptimizerStep), whole + step);
+  EXPECT_EQ(p.total_block_bytes(), whole + std::max({forward, backward, step}));
+  int64_t groups = 0;
+  for (const char* g : {"model states", "data-parallel buffers", "layer activations", "other activations", "scratch",
+                        "kernel scratch"})
+    groups += p.group_block_bytes(g);
+  EXPECT_EQ(groups, p.total_block_bytes());
+  // One process: nothing lives in the optimizer step alone, so the peak is the backward's.
+  const MemoryPrediction one = predict_memory(c, 4, 64, Precision::kF32, CheckpointMode::kNone);
+  EXPECT_EQ(one.peak_phase(), StepPhase::kBackward);
+  EXPECT_EQ(one.total_block_bytes(), whole - (p.group_block_bytes("model states") - one.group_block_bytes("model states")) + backward);
 }
 
 TEST(DataParallelMemory, StagesShardMoreInOrder) {

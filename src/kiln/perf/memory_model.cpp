@@ -16,28 +16,50 @@ namespace {
 int64_t block(int64_t bytes) { return static_cast<int64_t>(CachingAllocator::round_size(static_cast<size_t>(std::max<int64_t>(bytes, 1)))); }
 }  // namespace
 
-int64_t MemoryPrediction::total_bytes() const {
-  int64_t s = 0;
-  for (const MemoryItem& i : items) s += i.total();
-  return s;
-}
-int64_t MemoryPrediction::total_block_bytes() const {
-  int64_t s = 0;
-  for (const MemoryItem& i : items) s += i.total_blocks();
-  return s;
-}
-int64_t MemoryPrediction::group_bytes(const std::string& group) const {
-  int64_t s = 0;
-  for (const MemoryItem& i : items)
-    if (i.group == group) s += i.total();
-  return s;
+const char* step_phase_name(StepPhase p) {
+  switch (p) {
+    case StepPhase::kForward: return "forward";
+    case StepPhase::kBackward: return "backward";
+    case StepPhase::kOptimizerStep: return "optimizer step";
+  }
+  return "?";
 }
 
-int64_t MemoryPrediction::group_block_bytes(const std::string& group) const {
+std::string phase_set_name(PhaseSet s) {
+  if (s == kWholeStep) return "whole step";
+  std::string r;
+  for (StepPhase p : kStepPhases)
+    if (s & phase_bit(p)) r += (r.empty() ? "" : "+") + std::string(step_phase_name(p));
+  return r;
+}
+
+namespace {
+// The items live in phase p, as requested (blocks false) or in blocks.
+int64_t live_sum(const MemoryPrediction& m, StepPhase p, bool blocks, const std::string* group = nullptr) {
   int64_t s = 0;
-  for (const MemoryItem& i : items)
-    if (i.group == group) s += i.total_blocks();
+  for (const MemoryItem& i : m.items)
+    if (i.live_in(p) && (group == nullptr || i.group == *group)) s += blocks ? i.total_blocks() : i.total();
   return s;
+}
+// The phase with the largest sum (the first such in step order).
+StepPhase peak_of(const MemoryPrediction& m, bool blocks) {
+  StepPhase best = kStepPhases[0];
+  for (StepPhase p : kStepPhases)
+    if (live_sum(m, p, blocks) > live_sum(m, best, blocks)) best = p;
+  return best;
+}
+}  // namespace
+
+int64_t MemoryPrediction::phase_bytes(StepPhase p) const { return live_sum(*this, p, false); }
+int64_t MemoryPrediction::phase_block_bytes(StepPhase p) const { return live_sum(*this, p, true); }
+StepPhase MemoryPrediction::peak_phase() const { return peak_of(*this, true); }
+int64_t MemoryPrediction::total_bytes() const { return phase_bytes(peak_of(*this, false)); }
+int64_t MemoryPrediction::total_block_bytes() const { return phase_block_bytes(peak_phase()); }
+int64_t MemoryPrediction::group_bytes(const std::string& group) const {
+  return live_sum(*this, peak_of(*this, false), false, &group);
+}
+int64_t MemoryPrediction::group_block_bytes(const std::string& group) const {
+  return live_sum(*this, peak_phase(), true, &group);
 }
 
 int64_t MemoryPrediction::activation_block_bytes() const {
@@ -51,6 +73,19 @@ namespace {
 int64_t local_num_params(const ModelConfig& c, const TensorParallelMemory& t) {
   const std::vector<ParamEntry> e = Transformer::param_entries_for(c, 0, t.tp, t.sequence_parallel && t.tp > 1);
   return e.empty() ? 0 : e.back().offset + e.back().shape.numel();
+}
+
+// The peak as the largest phase, in words and MiB, for the notes under the table.
+std::string phase_notes(const MemoryPrediction& r) {
+  std::string s =
+      "  phases: a buffer counts only in the phases it is live in (the last column). The model states and the\n"
+      "  buffers laid out once are live throughout; a kernel's scratch only inside its calls (the flash forward's\n"
+      "  in the forward, the backward's in the backward); a data-parallel plan's units in flight only in the passes\n"
+      "  that hold them (the optimizer step: ZeRO-1/2's all-gather buffer). The step's peak is the largest phase:\n  ";
+  for (StepPhase p : kStepPhases)
+    s += fmt::format("{} {:.2f} MiB, ", step_phase_name(p), static_cast<double>(r.phase_block_bytes(p)) / 1048576.0);
+  s += fmt::format("in blocks: the peak is the {}.\n", step_phase_name(r.peak_phase()));
+  return s;
 }
 
 // One rank's model states and activations for tp shard t (tp 1: the single-process model), as
@@ -80,8 +115,8 @@ MemoryPrediction predict_shard(const ModelConfig& c, int64_t B, int64_t T, Preci
   auto rows = [&](std::string f) { return sp ? f + "/tp" : f; };     // N / tp rows under SP
   const std::string kv_f = kv_split ? cols("4·N·Hkv·D") : "4·N·D (one KV head, replicated)";
   auto add = [&](const std::string& group, const std::string& name, const std::string& formula, int64_t count,
-                 int64_t bytes) {
-    if (count > 0 && bytes > 0) r.items.push_back({group, name, formula, count, bytes, block(bytes)});
+                 int64_t bytes, PhaseSet live = kWholeStep) {
+    if (count > 0 && bytes > 0) r.items.push_back({group, name, formula, count, bytes, block(bytes), live});
   };
   // ---- model states ----
   const std::string ms = "model states";
@@ -161,16 +196,25 @@ MemoryPrediction predict_shard(const ModelConfig& c, int64_t B, int64_t T, Preci
   add(sc, "backward: dk, dv", kv_f, 2, 4 * N * Hkv * D);
   add(sc, "backward: dff a, b, c", cols("4·N·F"), 3, 4 * N * F);
   {
-    // The flash backward's tile scratch from the caching allocator (per thread, for this
-    // process's threads and tiles): not a model buffer, so a group of its own.
+    // The flash kernels' tile scratch from the caching allocator (per thread, for this process's
+    // threads and tiles): not a model buffer, so a group of its own. Each attention call takes
+    // its scratch and returns it before the next call, so the forward's is live only in the
+    // forward and the backward's only in the backward: they never add to each other, nor to
+    // what only the optimizer step holds (ZeRO-1/2's all-gather buffer). Under checkpointing
+    // the backward re-runs forward calls too, one call at a time, so its transient is the larger
+    // of the two scratches: the backward's (it holds two tile blocks per query tile, and dQ
+    // partials, where the forward holds one).
     AttentionParams ap;
     ap.batch = B;
     ap.q_len = ap.kv_len = T;
     ap.n_heads = H;
     ap.n_kv_heads = Hkv;
     ap.head_dim = D;
-    add("kernel scratch", "attention backward: flash tile scratch", "threads·tiles", 1,
-        cpu::attention_backward_scratch_bytes(ap, AttentionImpl::kFlash));
+    const std::string ks = "kernel scratch";
+    add(ks, "attention forward: flash tile scratch", "threads·tiles", 1,
+        cpu::attention_forward_scratch_bytes(ap, AttentionImpl::kFlash), phase_bit(StepPhase::kForward));
+    add(ks, "attention backward: flash tile scratch", "threads·tiles", 1,
+        cpu::attention_backward_scratch_bytes(ap, AttentionImpl::kFlash), phase_bit(StepPhase::kBackward));
   }
   if (prec != Precision::kF32) {
     // PrecisionContext's conversion buffers grow to the widest Linear this shard runs.
@@ -181,6 +225,7 @@ MemoryPrediction predict_shard(const ModelConfig& c, int64_t B, int64_t T, Preci
     add(sc, "matmul input conversion: output gradients", fmt::format("{}·N·max(out)", e), 1, e * N * out);
   }
   r.bytes_per_param = P > 0 ? r.group_bytes(ms) / P : 0;
+  r.notes = phase_notes(r);
   return r;
 }
 }  // namespace
@@ -250,24 +295,29 @@ MemoryPrediction predict_memory(const ModelConfig& c, int64_t global_batch, int6
   else add(ms, fmt::format("AdamW m+v (sharded 1/{})", S), "4·Σ⌈n_u/S⌉ each", 2, 4 * shard);
   for (const MemoryItem& i : base.items)
     if (i.group == ms && i.name.starts_with("working weights")) r.items.push_back(i);
-  // ---- the plan's transient buffers at their peak ----
+  // ---- the plan's transient buffers, each in the phases it is live in ----
+  // (DataParallelPlan: ZeRO-3 gathers the root units at the forward's start and releases them
+  // after the optimizer step, block units from their forward to their backward; ZeRO-2/3's
+  // gradient buffers live in the backward (finish_gradients reaps them all); ZeRO-1/2's
+  // all-gather buffer only in after_optimizer_step. None of them is live before the step.)
   const std::string db = "data-parallel buffers";
-  std::vector<MemoryItem> backward, after;  // the two candidate peaks (besides the persistent part)
-  auto put = [&](std::vector<MemoryItem>& v, const std::string& name, const std::string& formula, int64_t count, int64_t bytes) {
-    if (count > 0 && bytes > 0) v.push_back({db, name, formula, count, bytes, block(bytes)});
+  const PhaseSet fwd = phase_bit(StepPhase::kForward), bwd = phase_bit(StepPhase::kBackward),
+                 step = phase_bit(StepPhase::kOptimizerStep);
+  auto put = [&](const std::string& name, const std::string& formula, int64_t count, int64_t bytes, PhaseSet live) {
+    if (count > 0 && bytes > 0) r.items.push_back({db, name, formula, count, bytes, block(bytes), live});
   };
   if (d.zero >= 1 && S > 1 && d.zero <= 2)  // after_optimizer_step's all-gather buffer
-    put(after, "all-gather buffer after the optimizer", "4·max_u S·⌈n_u/S⌉", 1, 4 * most_padded);
+    put("all-gather buffer after the optimizer", "4·max_u S·⌈n_u/S⌉", 1, 4 * most_padded, step);
   if (d.zero == 3) {
     // Root units stay gathered for the whole step; block units: the one being run and the
     // ones prefetched (reshard_after_forward off: every one, from its forward to its backward).
-    put(backward, "gathered head unit (padded)", "4·S·chunk", 1, 4 * head_padded);
-    put(backward, "gathered tail unit (padded)", "4·S·chunk", 1, 4 * tail_padded);
+    put("gathered head unit (padded)", "4·S·chunk", 1, 4 * head_padded, kWholeStep);
+    put("gathered tail unit (padded)", "4·S·chunk", 1, 4 * tail_padded, kWholeStep);
     const int64_t gathered = d.reshard_after_forward
                                  ? std::min<int64_t>(1 + d.prefetch, static_cast<int64_t>(num_block_units))
                                  : static_cast<int64_t>(num_block_units);
-    put(backward, d.reshard_after_forward ? "gathered block units in flight (1 + prefetch)" : "gathered block units (all, kept from forward)",
-        "4·S·chunk", gathered, 4 * block_padded);
+    put(d.reshard_after_forward ? "gathered block units in flight (1 + prefetch)" : "gathered block units (all, kept from forward)",
+        "4·S·chunk", gathered, 4 * block_padded, fwd | bwd);
   }
   if (d.zero >= 2) {
     // Backward: the head's gradient buffer lives through it. Besides it, DataParallelPlan keeps
@@ -280,17 +330,11 @@ MemoryPrediction predict_memory(const ModelConfig& c, int64_t global_batch, int6
       largest_padded = std::max(largest_padded, std::max<int64_t>(S * chunk[u], 1));
       largest_chunk = std::max(largest_chunk, std::max<int64_t>(chunk[u], 1));
     }
-    put(backward, "head unit gradient buffer (padded)", "4·S·chunk", 1, 4 * head_padded);
-    put(backward, "unit gradient buffers (padded): computing, reducing", "4·S·chunk", 1, 4 * largest_padded);
-    put(backward, "unit gradient buffers (padded): reducing, second", "4·S·chunk", 1, 4 * largest_padded);
-    put(backward, "reduce-scatter temporaries", "4·chunk", 2, 4 * largest_chunk);
+    put("head unit gradient buffer (padded)", "4·S·chunk", 1, 4 * head_padded, bwd);
+    put("unit gradient buffers (padded): computing, reducing", "4·S·chunk", 1, 4 * largest_padded, bwd);
+    put("unit gradient buffers (padded): reducing, second", "4·S·chunk", 1, 4 * largest_padded, bwd);
+    put("reduce-scatter temporaries", "4·chunk", 2, 4 * largest_chunk, bwd);
   }
-  auto sum = [](const std::vector<MemoryItem>& v) {
-    int64_t s = 0;
-    for (const MemoryItem& i : v) s += i.total_blocks();
-    return s;
-  };
-  for (const MemoryItem& i : sum(backward) >= sum(after) ? backward : after) r.items.push_back(i);
   // ---- TensorParallelPlan: one pack per replica-group size of the gradients left partial ----
   // (SP's norms and GPT-2 positions over the tp ranks, replicated KV heads over tp / n_kv_heads
   // ranks), copied in, all-reduced over the replicas and copied out in finish_gradients.
@@ -312,9 +356,11 @@ MemoryPrediction predict_memory(const ModelConfig& c, int64_t global_batch, int6
       "  per rank, all fp32: params 4Ψ, grads 4Ψ, AdamW moments 8Ψ, each divided by S where the stage shards\n"
       "  it ({}); a shard is Σ_u ⌈n_u/S⌉ = {} floats (Ψ/S = {:.0f}; padding: S·shard − Ψ = {}).\n"
       "  Plus the activations of the per-rank batch and the units in flight: ZeRO-1/2 all-gather the updated\n"
-      "  shards through one padded buffer (max_u S·⌈n_u/S⌉); ZeRO-2/3 hold the head's padded gradient through the\n"
-      "  backward and at most two other units' (each with its reduce temporary); ZeRO-3 also holds the root\n"
-      "  units (head, tail) and 1 + prefetch ({}) block units gathered (every block unit without reshard_after_forward).\n",
+      "  shards through one padded buffer (max_u S·⌈n_u/S⌉) in the optimizer step, when the backward's kernel\n"
+      "  scratch is gone; ZeRO-2/3 hold the head's padded gradient through the backward and at most two other\n"
+      "  units' (each with its reduce temporary); ZeRO-3 also holds the root units (head, tail) for the whole\n"
+      "  step and 1 + prefetch ({}) block units gathered in the forward and backward (every block unit without\n"
+      "  reshard_after_forward).\n",
       d.dp, global_batch / d.dp, global_batch, S, nu, d.fsdp_unit_blocks, stage[d.zero], shard,
       static_cast<double>(P) / static_cast<double>(S), S * shard - P, d.prefetch);
   if (t.tp > 1) {
@@ -334,7 +380,8 @@ MemoryPrediction predict_memory(const ModelConfig& c, int64_t global_batch, int6
                                  r.batch * T / t.tp, r.batch * T)
                    : "  no sequence parallelism: the norm and residual regions hold all N rows on every tp rank.\n";
   }
-  r.notes += fmt::format("  total per rank: {:.2f} MiB in allocator blocks (the allocator's peak_bytes_in_use)\n",
+  r.notes += phase_notes(r);
+  r.notes += fmt::format("  peak per rank: {:.2f} MiB in allocator blocks (the allocator's peak_bytes_in_use)\n",
                          static_cast<double>(r.total_block_bytes()) / 1048576.0);
   return r;
 }
@@ -366,16 +413,17 @@ std::string format_memory_prediction(const MemoryPrediction& p) {
   for (const MemoryItem& i : p.items) {
     if (i.group != group) {
       group = i.group;
-      s += fmt::format("  {} ({:.2f} MiB):\n", group, mib(p.group_bytes(group)));
+      s += fmt::format("  {} ({:.2f} MiB at the peak):\n", group, mib(p.group_bytes(group)));
     }
-    s += fmt::format("    {:<52} {:>20} × {:<3} = {:>9.2f} MiB\n", i.name, i.formula, i.count, mib(i.total()));
+    s += fmt::format("    {:<52} {:>20} × {:<3} = {:>9.2f} MiB  {}\n", i.name, i.formula, i.count, mib(i.total()),
+                     phase_set_name(i.live));
   }
   s += fmt::format("  model states: {:.2f} bytes/param ({:.2f} MiB); one layer's activations (none): {:.2f} MiB = {:.1f} bytes/token\n",
                    static_cast<double>(p.group_bytes("model states")) / static_cast<double>(p.num_params), mib(p.group_bytes("model states")), mib(p.layer_activation_bytes),
                    static_cast<double>(p.layer_activation_bytes) / static_cast<double>(p.batch * p.seq_len));
-  s += "  (× count: buffers of that size, e.g. one per layer)\n";
-  s += fmt::format("  total: {:.2f} MiB as requested, {:.2f} MiB in allocator blocks\n", mib(p.total_bytes()),
-                   mib(p.total_block_bytes()));
+  s += "  (× count: buffers of that size, e.g. one per layer; last column: the phases a buffer is live in)\n";
+  s += fmt::format("  peak (the {}): {:.2f} MiB as requested, {:.2f} MiB in allocator blocks\n",
+                   step_phase_name(p.peak_phase()), mib(p.total_bytes()), mib(p.total_block_bytes()));
   s += p.notes;
   return s;
 }

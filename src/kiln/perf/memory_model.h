@@ -3,7 +3,8 @@
 // rest), each with the formula it comes from, for a precision and a checkpointing mode, on one
 // process or one rank of a dp × tp layout. It mirrors the buffers Transformer, Trainer, the
 // precision backends and the parallel plans allocate, and rounds each to the caching
-// allocator's size classes, so it can be held against the allocator's peak.
+// allocator's size classes, so it can be held against the allocator's peak. A buffer is live in
+// some phases of the step (StepPhase); the peak is the largest phase's sum, not the sum of all.
 #pragma once
 
 #include <cstdint>
@@ -16,6 +17,24 @@
 
 namespace kiln::perf {
 
+// The phases of one training step, in order. The model states and the buffers laid out once
+// (activations, the shared backward scratch, precision conversion buffers) are live in all of
+// them; a transient buffer is made and freed inside some: a kernel's scratch inside its call
+// (the flash forward's in the forward, the flash backward's in the backward), a data-parallel
+// plan's units in flight in the passes that hold them, ZeRO-1/2's all-gather in the optimizer
+// step. Transient buffers of different phases are never live together, so the step's peak is
+// the largest phase's sum (MemoryPrediction::total_block_bytes), not the sum of every buffer.
+enum class StepPhase : uint8_t { kForward, kBackward, kOptimizerStep };
+inline constexpr StepPhase kStepPhases[] = {StepPhase::kForward, StepPhase::kBackward, StepPhase::kOptimizerStep};
+const char* step_phase_name(StepPhase p);  // "forward", "backward", "optimizer step"
+
+// A set of phases (bit i: StepPhase i), the ones a buffer is live in.
+using PhaseSet = uint8_t;
+constexpr PhaseSet phase_bit(StepPhase p) { return static_cast<PhaseSet>(1u << static_cast<unsigned>(p)); }
+inline constexpr PhaseSet kWholeStep = phase_bit(StepPhase::kForward) | phase_bit(StepPhase::kBackward) |
+                                       phase_bit(StepPhase::kOptimizerStep);
+std::string phase_set_name(PhaseSet s);  // "whole step", "backward", "forward+backward", ...
+
 struct MemoryItem {
   std::string group;    // "model states", "layer activations", "other activations", "scratch", "kernel scratch"
   std::string name;     // e.g. "gradients", "ff1 (gate)"
@@ -23,8 +42,10 @@ struct MemoryItem {
   int64_t count = 1;    // how many such buffers (layers that keep it)
   int64_t bytes = 0;    // one buffer, as requested
   int64_t block_bytes = 0;  // one buffer, rounded to the allocator's block size
+  PhaseSet live = kWholeStep;  // the phases it is live in
   int64_t total() const { return count * bytes; }
   int64_t total_blocks() const { return count * block_bytes; }
+  bool live_in(StepPhase p) const { return (live & phase_bit(p)) != 0; }
 };
 
 struct MemoryPrediction {
@@ -32,13 +53,21 @@ struct MemoryPrediction {
   int64_t batch = 0, seq_len = 0;
   Precision precision = Precision::kF32;
   CheckpointMode checkpoint = CheckpointMode::kNone;
-  std::vector<MemoryItem> items;
+  std::vector<MemoryItem> items;  // every phase's buffers (MemoryItem::live says which)
   int64_t bytes_per_param = 0;  // model states / P
-  int64_t total_bytes() const;         // sum as requested (compare: peak_bytes_requested)
-  int64_t total_block_bytes() const;   // sum of blocks (compare: peak_bytes_in_use)
+  // The items live in phase p, summed as requested and in allocator blocks.
+  int64_t phase_bytes(StepPhase p) const;
+  int64_t phase_block_bytes(StepPhase p) const;
+  // The phase whose live items take the most blocks (the first such, in step order).
+  StepPhase peak_phase() const;
+  int64_t total_bytes() const;         // the largest phase as requested (compare: peak_bytes_requested)
+  int64_t total_block_bytes() const;   // the largest phase in blocks (compare: peak_bytes_in_use)
+  // A group's items live at the peak (the peak phase by requested bytes, resp. by blocks), so
+  // the groups add up to total_bytes(), resp. total_block_bytes().
   int64_t group_bytes(const std::string& group) const;
   int64_t group_block_bytes(const std::string& group) const;
-  // The activation groups (layer activations, other activations, scratch, kernel scratch), in blocks.
+  // The activation groups (layer activations, other activations, scratch, kernel scratch) at
+  // the peak, in blocks.
   int64_t activation_block_bytes() const;
   // One layer's saved activations when every layer keeps its own (the none layout).
   int64_t layer_activation_bytes = 0;
@@ -70,13 +99,16 @@ struct TensorParallelMemory {
   bool sequence_parallel = false;
 };
 
+// One process's step: everything whole-step but the flash kernels' scratch (forward, backward),
+// so the peak falls in the backward, with the backward's tile scratch.
 MemoryPrediction predict_memory(const ModelConfig& c, int64_t batch, int64_t seq_len, Precision p, CheckpointMode m);
 
 // The allocator peak of one rank under data parallelism: the model states as the stage shards
 // them (fp32: params 4Ψ, grads 4Ψ, AdamW m+v 8Ψ), the unit buffers DataParallelPlan allocates
-// (gathered parameters, padded gradient buffers, reduce-scatter and all-gather temporaries) at
-// the moment they peak, plus the activations of the per-rank batch (global_batch / P, which
-// the caller has checked divides). Units: the head range, groups of fsdp_unit_blocks blocks,
+// (gathered parameters, padded gradient buffers, reduce-scatter and all-gather temporaries) in
+// the phases they are live in, at their bound there, plus the activations and kernel scratch
+// of the per-rank batch (global_batch / P, which the caller has checked divides); the peak is
+// the largest phase (the backward, or under ZeRO-1/2 possibly the optimizer step's all-gather). Units: the head range, groups of fsdp_unit_blocks blocks,
 // the tail range; unit u of n_u floats has chunk ceil(n_u / S) and is padded to S chunks.
 // With tp > 1 (TensorParallelPlan: DDP over the dp axis, zero 0 only; the config passes
 // check_tensor_split, and seq_len divides by tp under sequence parallelism) every buffer is
