@@ -116,7 +116,7 @@ bool is_flash_tile_candidate(FlashTiles t) { return candidate(t); }
 
 std::string flash_tiles_name(FlashTiles t) { return fmt::format("{}x{}", t.q, t.k); }
 
-// The cache model. A key tile's pass runs three products through one register-blocked
+// The cache model. A key tile's pass runs its products through one register-blocked
 // micro-kernel (6 rows × 64 columns of C in registers on AVX-512):
 //  * Sᵀ = K_j · Qᵀ streams the D × Br block of Qᵀ once per 6 keys, and P·V streams the Bc × D
 //    tile V_j once per 6 queries: those are the operands that must stay in L1. V_j is the larger
@@ -125,23 +125,34 @@ std::string flash_tiles_name(FlashTiles t) { return fmt::format("{}x{}", t.q, t.
 //    again: Sᵀ, Qᵀ and the output block (2·Br·D) and the K_j, V_j tiles (2·Bc·D) must stay in L2,
 //    with half of it left for the next tiles' rows that the hardware prefetcher brings in.
 //    Larger Br reads each K/V tile once for more queries, but wastes more of the causal diagonal
-//    (about Br / T of the work at length T): the model stops at 64.
-// Bc is the largest candidate meeting the L1 bound (at least the smallest), Br the largest up to
-// 64 meeting the L2 bound, for both passes. Zen 4 (32 KiB L1d, 1 MiB L2) and Zen 5 (48 KiB, 1 MiB)
-// give 64 × 64 at head_dim 64, the old fixed tiles. The backward keeps Qᵀ, dOᵀ, the packed Q and dO
-// rows and two Bc × Br blocks per query tile and streams K_j, V_j past them: the same bounds. The sweep
-// (kiln bench attention --tune) found 128 × 64 about 9% faster for the backward on the Zen 4 VM,
-// but it is not the default: its larger per-thread scratch is live during the backward, and the
-// per-rank memory model (perf/memory_model), which sums the phases' buffers, then over-predicts
-// the ZeRO-1/2 peaks (which fall outside the backward) by more than 5% (docs/results/
-// attention-tiles-2026-12-06.md). A tune file or KILN_FLASH_TILES picks it.
+//    (about Br / T of the work at length T): the forward stops at 64.
+//  * The backward keeps Qᵀ, dOᵀ and the packed Q and dO rows (4·Br·D) and two Bc × Br blocks per
+//    query tile, and streams K_j, V_j: the same L1 bound for Bc, the L2 bound with 4·Br·D. It
+//    packs each query tile once and streams every visible K/V tile past it, so a larger Br
+//    halves those streams and the packing's share: no cap at 64.
+// Bc is the largest candidate meeting the L1 bound (at least the smallest), Br the largest
+// meeting the L2 bound (the forward's at most 64). On the 2-core Zen 4 VM (32 KiB L1d, 1 MiB L2)
+// at head_dim 64 this gives 64 × 64 forward and 128 × 64 backward, what the sweep there chose
+// (forward: every candidate within 4% of 64 × 64 at T = 1024, 128-row tiles 3-10% slower;
+// backward: 128 × 64 9% faster than 64 × 64): docs/results/attention-tiles-2026-12-06.md.
+// The backward's larger tiles take more scratch (attention_backward_scratch_bytes), but only
+// inside the backward: perf/memory_model counts it in that phase alone (StepPhase), so it does
+// not add to a ZeRO-1/2 peak that falls in the optimizer step.
 FlashTileChoice flash_tiles_from_caches(const CacheGeometry& c, int64_t head_dim) {
-  FlashTiles t{kFlashTileQ[0], kFlashTileK[0]};
+  int64_t bc = kFlashTileK[0];
   for (int64_t k : kFlashTileK)
-    if (k * head_dim * 4 <= c.l1d_bytes / 2) t.k = k;
-  for (int64_t q : kFlashTileQ)
-    if (q <= 64 && (q * (2 * head_dim + t.k) + 2 * t.k * head_dim) * 4 <= c.l2_bytes / 2) t.q = q;
-  return {t, t};
+    if (k * head_dim * 4 <= c.l1d_bytes / 2) bc = k;
+  const auto rows = [&](int64_t per_row_floats, int64_t cap) {
+    int64_t br = kFlashTileQ[0];
+    for (int64_t q : kFlashTileQ)
+      if (q <= cap && (q * per_row_floats + 2 * bc * head_dim) * 4 <= c.l2_bytes / 2) br = q;
+    return br;
+  };
+  // Floats per query row: forward Qᵀ, O and a column of Sᵀ; backward Qᵀ, dOᵀ, Q, dO and a
+  // column each of Sᵀ and dSᵀ.
+  const FlashTiles fwd{rows(2 * head_dim + bc, 64), bc};
+  const FlashTiles bwd{rows(4 * head_dim + 2 * bc, kFlashTileQ[std::size(kFlashTileQ) - 1]), bc};
+  return {fwd, bwd};
 }
 
 FlashTileChoice default_flash_tiles() { return flash_tiles_from_caches(this_cpu_caches(), 64); }
