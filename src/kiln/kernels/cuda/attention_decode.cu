@@ -80,30 +80,8 @@ __global__ void __launch_bounds__(32 * kAttnWarps)
     __syncthreads();
     if (row_valid) {
       const int64_t key = kt + lane;
-      float s = -INFINITY;
-      if (key >= lo && key <= hi) {
-        float dot = 0.0f;
-        for (int64_t d = 0; d < D; ++d) dot += qs[warp * D + d] * ks[lane * kv_row + d];
-        s = dot * p.scale;
-      }
-      const float m_new = fmaxf(m, warp_max(s));
-      if (m_new != -INFINITY) {  // some key of this row seen so far (uniform in the warp)
-        const float pj = s == -INFINITY ? 0.0f : expf(s - m_new);
-        const float corr = m == -INFINITY ? 0.0f : expf(m - m_new);
-        l = l * corr + warp_sum(pj);
-#pragma unroll
-        for (int i = 0; i < kMaxPerLane; ++i) o[i] *= corr;
-        for (int j = 0; j < kAttnKeyTile; ++j) {
-          const float pjj = __shfl_sync(0xffffffffu, pj, j);
-          if (pjj == 0.0f) continue;  // the same value in every lane: no divergence
-#pragma unroll
-          for (int i = 0; i < kMaxPerLane; ++i) {
-            const int64_t d = lane + 32 * i;
-            if (d < D) o[i] += pjj * vs[j * kv_row + d];
-          }
-        }
-        m = m_new;
-      }
+      online_softmax_key_tile(qs + warp * D, ks, vs, kv_row, D, p.scale, key >= lo && key <= hi, lane,
+                              m, l, o);
     }
     __syncthreads();  // before the next tile overwrites key_rows, ks, vs
   }

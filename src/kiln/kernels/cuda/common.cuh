@@ -95,6 +95,41 @@ __device__ __forceinline__ void attention_key_range(int64_t t, int64_t q_len, in
   }
 }
 
+// One warp's step of the online softmax over a key tile staged in shared memory (the flash
+// forward's and the paged decode's): lane j scores key j against the row's query q_row (shared,
+// D floats) when `visible`, then the row's running max m, sum l and unnormalised output o
+// (elements lane + 32·i) absorb the tile's kAttnKeyTile keys, values vs (rows kv_row apart).
+// Keys nobody sees leave the state alone (the branch is uniform in the warp).
+template <int kPerLane>
+__device__ __forceinline__ void online_softmax_key_tile(const float* q_row, const float* ks,
+                                                        const float* vs, int64_t kv_row, int64_t D,
+                                                        float scale, bool visible, int lane,
+                                                        float& m, float& l, float (&o)[kPerLane]) {
+  float s = -INFINITY;
+  if (visible) {
+    float dot = 0.0f;
+    for (int64_t d = 0; d < D; ++d) dot += q_row[d] * ks[lane * kv_row + d];
+    s = dot * scale;
+  }
+  const float m_new = fmaxf(m, warp_max(s));
+  if (m_new == -INFINITY) return;  // no key of this row seen so far (uniform in the warp)
+  const float pj = s == -INFINITY ? 0.0f : expf(s - m_new);
+  const float corr = m == -INFINITY ? 0.0f : expf(m - m_new);
+  l = l * corr + warp_sum(pj);
+#pragma unroll
+  for (int i = 0; i < kPerLane; ++i) o[i] *= corr;
+  for (int j = 0; j < kAttnKeyTile; ++j) {
+    const float pjj = __shfl_sync(0xffffffffu, pj, j);
+    if (pjj == 0.0f) continue;  // the same value in every lane: no divergence
+#pragma unroll
+    for (int i = 0; i < kPerLane; ++i) {
+      const int64_t d = lane + 32 * i;
+      if (d < D) o[i] += pjj * vs[j * kv_row + d];
+    }
+  }
+  m = m_new;
+}
+
 // One rotated pair (i, i + D/2) of RoPE (rope.h), pair index e over x (B, T, H, D); cos, sin
 // (positions, D/2). sign +1 rotates by the angle (forward), -1 by its negative (backward: the
 // inverse rotation, sin negated). out may alias inp: both elements are read before either is
