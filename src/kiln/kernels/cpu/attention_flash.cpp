@@ -151,8 +151,9 @@ int64_t auto_chunks(int64_t kv_len, int64_t num_seqs) {
 
 // Keys [c0, c1) of one sequence through the row kernel, every KV head per block of keys: the
 // cache streams through once in address order (a (block, Hkv, D) slab stays in L2 while each
-// head reads its columns). Paged caches are cut at block boundaries. State rows are h·nq + t.
-// Each head's call prefetches its columns of the next block, spread over its own work.
+// head reads its columns). Paged runs end where the next block is not the next in the pool.
+// State rows are h·nq + t. Each head's call prefetches its columns of the next run, spread over
+// its own work.
 void scan_keys(const FlashShape& sh, const FlashSeq& sq, const PagedKv* paged, size_t seq_index, int64_t c0,
                int64_t c1, float* m, float* l, float* o) {
   const auto update = KILN_FLASH_DISPATCH(attention_rows_update).pick();
@@ -505,7 +506,7 @@ void attention_decode_paged(float* out, float* lse, const float* q, const PagedK
     KILN_CHECK(s.kv_len >= s.q_len || !p.causal);
     ptrs.push_back(&s);
   }
-  forward_split_kv(shape_of(p, p.q_len, flash_tiles().fwd), ptrs, p.num_splits, &kv);  // runs cut at block edges
+  forward_split_kv(shape_of(p, p.q_len, flash_tiles().fwd), ptrs, p.num_splits, &kv);  // runs end at gaps between blocks
 }
 
 int64_t attention_forward_scratch_bytes(const AttentionParams& p, AttentionImpl impl) {

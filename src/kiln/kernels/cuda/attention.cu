@@ -20,7 +20,7 @@ __global__ void __launch_bounds__(32 * kAttnWarps)
     attention_forward_kernel(float* out, float* lse, const float* q, const float* k, const float* v,
                              AttentionArgs p) {
   extern __shared__ float smem[];
-  const int64_t D = p.head_dim, T = p.q_len, S = p.kv_len;
+  const int64_t D = p.head_dim, T = p.q_len;
   const int64_t kv_row = D + 1;            // padded shared row
   float* ks = smem;                        // (kAttnKeyTile, D + 1)
   float* vs = ks + kAttnKeyTile * kv_row;  // (kAttnKeyTile, D + 1)
@@ -47,12 +47,7 @@ __global__ void __launch_bounds__(32 * kAttnWarps)
   float m = -INFINITY, l = 0.0f;
 
   for (int64_t kt = block_lo; kt <= block_hi; kt += kAttnKeyTile) {
-    for (int64_t e = threadIdx.x; e < kAttnKeyTile * D; e += blockDim.x) {
-      const int64_t j = e / D, d = e % D, key = kt + j;
-      const bool in = key <= block_hi && key < S;
-      ks[j * kv_row + d] = in ? k[(b * S + key) * p.k_row_stride + g * D + d] : 0.0f;
-      vs[j * kv_row + d] = in ? v[(b * S + key) * p.v_row_stride + g * D + d] : 0.0f;
-    }
+    stage_kv_tile(ks, vs, k, v, p, b, g, kt, block_hi, kv_row);
     __syncthreads();
     if (row_valid) {
       const int64_t key = kt + lane;
@@ -76,13 +71,8 @@ __global__ void __launch_bounds__(32 * kAttnWarps)
 cudaError_t launch_attention_forward(float* out, float* lse, const float* q, const float* k,
                                      const float* v, const AttentionArgs& p) {
   const LaunchConfig c = attention_launch(p.batch, p.n_heads, p.q_len, p.head_dim);
-  constexpr int64_t kDefaultSmemLimit = 48 * 1024;  // above it a kernel must opt in
-  if (c.smem_bytes > kDefaultSmemLimit) {
-    const cudaError_t err =
-        cudaFuncSetAttribute(attention_forward_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                             static_cast<int>(c.smem_bytes));
-    if (err != cudaSuccess) return err;
-  }
+  const cudaError_t err = allow_dynamic_smem(attention_forward_kernel, c.smem_bytes);
+  if (err != cudaSuccess) return err;
   attention_forward_kernel<<<grid_of(c), block_of(c), static_cast<size_t>(c.smem_bytes)>>>(
       out, lse, q, k, v, p);
   return cudaGetLastError();

@@ -12,6 +12,29 @@ namespace {
 constexpr int kMaxPerLane = kAttnMaxHeadDim / 32;        // elements d = lane + 32·u per lane
 constexpr int kKeysPerWarp = kAttnKeyTile / kAttnWarps;  // keys whose dK/dV a warp accumulates
 static_assert(kAttnKeyTile % kAttnWarps == 0 && kAttnKeyTile == 32);
+
+// Query row t of head h, batch b, for one warp: q_t and dO_t into the warp's shared rows, lse_t
+// returned in row_lse, and this lane's part of delta_t = rowsum(dO_t ∘ O_t) returned (the
+// caller sums it over the warp).
+__device__ __forceinline__ float stage_backward_row(float* q_row, float* dout_row, float* row_lse,
+                                                    const float* q, const float* dout,
+                                                    const float* out, const float* lse,
+                                                    const AttentionArgs& p, int64_t b, int64_t h,
+                                                    int64_t t, int lane) {
+  const int64_t D = p.head_dim, T = p.q_len;
+  const float* qt = q + (b * T + t) * p.q_row_stride + h * D;
+  const float* dot = dout + (b * T + t) * p.o_row_stride + h * D;
+  const float* ot = out + (b * T + t) * p.o_row_stride + h * D;
+  float delta = 0.0f;
+  for (int64_t d = lane; d < D; d += 32) {
+    const float gd = dot[d];
+    q_row[d] = qt[d];
+    dout_row[d] = gd;
+    delta += gd * ot[d];
+  }
+  *row_lse = lse[(b * p.n_heads + h) * T + t];
+  return delta;
+}
 }  // namespace
 
 // Block (key tile x, KV head y, batch z): keys j0 .. j0 + 31, K and V staged once. For each
@@ -45,12 +68,7 @@ __global__ void __launch_bounds__(32 * kAttnWarps)
   const int64_t j0 = static_cast<int64_t>(blockIdx.x) * kAttnKeyTile;
   const int64_t j_last = min(j0 + kAttnKeyTile, S) - 1;
 
-  for (int64_t e = threadIdx.x; e < kAttnKeyTile * D; e += blockDim.x) {
-    const int64_t j = e / D, d = e % D, key = j0 + j;
-    const bool in = key < S;
-    ks[j * kv_row + d] = in ? k[(b * S + key) * p.k_row_stride + g * D + d] : 0.0f;
-    vs[j * kv_row + d] = in ? v[(b * S + key) * p.v_row_stride + g * D + d] : 0.0f;
-  }
+  stage_kv_tile(ks, vs, k, v, p, b, g, j0, j_last, kv_row);
   __syncthreads();
 
   float dk_acc[kKeysPerWarp][kMaxPerLane] = {};
@@ -69,16 +87,8 @@ __global__ void __launch_bounds__(32 * kAttnWarps)
       const bool row_valid = t < T;  // uniform in the warp
       float delta = 0.0f, row_lse = 0.0f;
       if (row_valid) {
-        const float* qt = q + (b * T + t) * p.q_row_stride + h * D;
-        const float* dot = dout + (b * T + t) * p.o_row_stride + h * D;
-        const float* ot = out + (b * T + t) * p.o_row_stride + h * D;
-        for (int64_t d = lane; d < D; d += 32) {
-          const float gd = dot[d];
-          qs[warp * D + d] = qt[d];
-          dos[warp * D + d] = gd;
-          delta += gd * ot[d];
-        }
-        row_lse = lse[(b * p.n_heads + h) * T + t];
+        delta = stage_backward_row(qs + warp * D, dos + warp * D, &row_lse, q, dout, out, lse, p, b,
+                                   h, t, lane);
       } else {
         for (int64_t d = lane; d < D; d += 32) qs[warp * D + d] = dos[warp * D + d] = 0.0f;
       }
@@ -177,27 +187,14 @@ __global__ void __launch_bounds__(32 * kAttnWarps)
 
   float delta = 0.0f, row_lse = 0.0f;
   if (row_valid) {
-    const float* qt = q + (b * T + t) * p.q_row_stride + h * D;
-    const float* dot = dout + (b * T + t) * p.o_row_stride + h * D;
-    const float* ot = out + (b * T + t) * p.o_row_stride + h * D;
-    for (int64_t d = lane; d < D; d += 32) {
-      const float gd = dot[d];
-      qs[warp * D + d] = qt[d];
-      dos[warp * D + d] = gd;
-      delta += gd * ot[d];
-    }
-    row_lse = lse[(b * p.n_heads + h) * T + t];
+    delta = stage_backward_row(qs + warp * D, dos + warp * D, &row_lse, q, dout, out, lse, p, b, h,
+                               t, lane);
   }
   delta = warp_sum(delta);
 
   float acc[kMaxPerLane] = {};
   for (int64_t kt = block_lo; kt <= block_hi; kt += kAttnKeyTile) {
-    for (int64_t e = threadIdx.x; e < kAttnKeyTile * D; e += blockDim.x) {
-      const int64_t j = e / D, d = e % D, key = kt + j;
-      const bool in = key <= block_hi && key < S;
-      ks[j * kv_row + d] = in ? k[(b * S + key) * p.k_row_stride + g * D + d] : 0.0f;
-      vs[j * kv_row + d] = in ? v[(b * S + key) * p.v_row_stride + g * D + d] : 0.0f;
-    }
+    stage_kv_tile(ks, vs, k, v, p, b, g, kt, block_hi, kv_row);
     __syncthreads();
     if (row_valid) {
       const int64_t key = kt + lane;
@@ -232,24 +229,13 @@ __global__ void __launch_bounds__(32 * kAttnWarps)
   }
 }
 
-namespace {
-// Opts a kernel into more than the default 48 KiB of dynamic shared memory when it needs it.
-template <class Kernel>
-cudaError_t allow_smem(Kernel kernel, int64_t bytes) {
-  constexpr int64_t kDefaultSmemLimit = 48 * 1024;
-  if (bytes <= kDefaultSmemLimit) return cudaSuccess;
-  return cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                              static_cast<int>(bytes));
-}
-}  // namespace
-
 cudaError_t launch_attention_backward(float* dq, float* dk, float* dv, const float* dout,
                                       const float* q, const float* k, const float* v,
                                       const float* out, const float* lse, const AttentionArgs& p) {
   if (p.batch > 0 && p.kv_len > 0) {  // every key row of dK/dV is written, seen or not
     const LaunchConfig c =
         attention_backward_dkdv_launch(p.batch, p.n_kv_heads, p.kv_len, p.head_dim);
-    cudaError_t err = allow_smem(attention_backward_dkdv_kernel, c.smem_bytes);
+    cudaError_t err = allow_dynamic_smem(attention_backward_dkdv_kernel, c.smem_bytes);
     if (err != cudaSuccess) return err;
     attention_backward_dkdv_kernel<<<grid_of(c), block_of(c), static_cast<size_t>(c.smem_bytes)>>>(
         dk, dv, dout, q, k, v, out, lse, p);
@@ -258,7 +244,7 @@ cudaError_t launch_attention_backward(float* dq, float* dk, float* dv, const flo
   }
   if (p.batch > 0 && p.q_len > 0) {
     const LaunchConfig c = attention_backward_dq_launch(p.batch, p.n_heads, p.q_len, p.head_dim);
-    const cudaError_t err = allow_smem(attention_backward_dq_kernel, c.smem_bytes);
+    const cudaError_t err = allow_dynamic_smem(attention_backward_dq_kernel, c.smem_bytes);
     if (err != cudaSuccess) return err;
     attention_backward_dq_kernel<<<grid_of(c), block_of(c), static_cast<size_t>(c.smem_bytes)>>>(
         dq, dout, q, k, v, out, lse, p);

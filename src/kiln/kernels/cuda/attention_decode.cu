@@ -160,16 +160,11 @@ cudaError_t launch_attention_decode_paged(float* out, float* lse, const float* q
   const AttentionArgs& p = a.attn;
   const LaunchConfig c =
       attention_decode_launch(p.batch, p.n_heads, p.n_kv_heads, p.q_len, p.head_dim, a.num_splits);
-  constexpr int64_t kDefaultSmemLimit = 48 * 1024;  // above it a kernel must opt in
-  if (c.smem_bytes > kDefaultSmemLimit) {
-    const cudaError_t err = cudaFuncSetAttribute(attention_decode_split_kernel,
-                                                 cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                                 static_cast<int>(c.smem_bytes));
-    if (err != cudaSuccess) return err;
-  }
+  cudaError_t err = allow_dynamic_smem(attention_decode_split_kernel, c.smem_bytes);
+  if (err != cudaSuccess) return err;
   attention_decode_split_kernel<<<grid_of(c), block_of(c), static_cast<size_t>(c.smem_bytes)>>>(
       out, lse, workspace, q, a);
-  cudaError_t err = cudaGetLastError();
+  err = cudaGetLastError();
   if (err != cudaSuccess || a.num_splits == 1) return err;
   const int64_t rows = p.batch * p.n_heads * p.q_len;
   const LaunchConfig m = attention_decode_combine_launch(rows);

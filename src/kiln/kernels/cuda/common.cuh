@@ -95,6 +95,22 @@ __device__ __forceinline__ void attention_key_range(int64_t t, int64_t q_len, in
   }
 }
 
+// The block's key tile [kt, kt + kAttnKeyTile) of KV head g, batch b, staged into shared rows
+// ks, vs (kv_row = D + 1 floats apart: the 32 lanes of a warp reading one element of 32 rows
+// hit 32 banks); consecutive threads take consecutive elements of a row (coalesced). Keys past
+// last (the block's last visible key, < kv_len) are zeros. All threads of the block take part.
+__device__ __forceinline__ void stage_kv_tile(float* ks, float* vs, const float* k, const float* v,
+                                              const AttentionArgs& p, int64_t b, int64_t g,
+                                              int64_t kt, int64_t last, int64_t kv_row) {
+  const int64_t D = p.head_dim, S = p.kv_len;
+  for (int64_t e = threadIdx.x; e < kAttnKeyTile * D; e += blockDim.x) {
+    const int64_t j = e / D, d = e % D, key = kt + j;
+    const bool in = key <= last && key < S;
+    ks[j * kv_row + d] = in ? k[(b * S + key) * p.k_row_stride + g * D + d] : 0.0f;
+    vs[j * kv_row + d] = in ? v[(b * S + key) * p.v_row_stride + g * D + d] : 0.0f;
+  }
+}
+
 // One warp's step of the online softmax over a key tile staged in shared memory (the flash
 // forward's and the paged decode's): lane j scores key j against the row's query q_row (shared,
 // D floats) when `visible`, then the row's running max m, sum l and unnormalised output o
@@ -160,6 +176,16 @@ inline dim3 grid_of(const LaunchConfig& c) {
 }
 inline dim3 block_of(const LaunchConfig& c) {
   return dim3(static_cast<unsigned>(c.block_x), static_cast<unsigned>(c.block_y), 1);
+}
+
+// Opts `kernel` into `bytes` of dynamic shared memory where that is above the 48 KiB every
+// kernel gets without asking (the attention kernels at large head dims).
+template <class Kernel>
+cudaError_t allow_dynamic_smem(Kernel kernel, int64_t bytes) {
+  constexpr int64_t kDefaultSmemLimit = 48 * 1024;
+  if (bytes <= kDefaultSmemLimit) return cudaSuccess;
+  return cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                              static_cast<int>(bytes));
 }
 
 }  // namespace kiln::cuda
