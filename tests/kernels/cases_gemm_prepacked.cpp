@@ -2,9 +2,11 @@
 // by pack_weight, A packed per call) against ref::gemm with B = W stored (n, k), over m = 1..70
 // (the small-M passes with 1-3 strips side by side, and the packed path with partial MR strips),
 // odd n and k (partial NR strips, several K blocks), every epilogue, alpha/beta, transposed or
-// bf16 A, bf16 weights (pairs of k), padded leading dims, and small cache blockings. Tolerance as
-// in cases_gemm.cpp: fp32 nmse 1e-10; 3e-5 with a bf16 A or W (the other operand may be rounded
-// to bf16 for vdpbf16ps).
+// bf16 A, bf16 weights (pairs of k), f16 weights (IEEE halves), padded leading dims, and small
+// cache blockings. Tolerance as in cases_gemm.cpp: fp32 nmse 1e-10; 3e-5 with a bf16 A or W (the
+// other operand may be rounded to bf16 for vdpbf16ps). An f16 W is compared with ref::gemm on
+// the widened halves (1e-10), and with the f32 packed path on those widened values: equal bit for
+// bit (nmse 0), since the half path runs the same FMAs in the same order.
 #include <cmath>
 
 #include "kiln/kernels/cpu/gemm_cpu.h"
@@ -24,7 +26,7 @@ struct PrepackedCase {
   bool bias = false, residual = false;
   Activation act = Activation::kNone;
   DType a_dtype = DType::kF32;
-  DType w_dtype = DType::kF32;  // bf16: pack_weight_as bf16 (pairs of k with AVX512_BF16)
+  DType w_dtype = DType::kF32;  // bf16: pack_weight_as bf16 (pairs of k with AVX512_BF16); f16: halves
   cpu::GemmBlocking blocking{};
 
   std::string name() const {
@@ -43,10 +45,13 @@ KernelCase make_case(const PrepackedCase& g, uint64_t seed) {
             const std::vector<float> a32 = random_vector(rng, static_cast<size_t>(std::max<int64_t>(1, (g.ta ? g.k : g.m) * lda)));
             std::vector<uint16_t> a16(a32.size());
             for (size_t i = 0; i < a32.size(); ++i) a16[i] = f32_to_bf16(a32[i]);
-            const std::vector<float> w = random_vector(rng, static_cast<size_t>(std::max<int64_t>(1, g.n * ldw)));
+            std::vector<float> w = random_vector(rng, static_cast<size_t>(std::max<int64_t>(1, g.n * ldw)));
+            const bool w_bf16 = g.w_dtype == DType::kBF16, w_f16 = g.w_dtype == DType::kF16;
             std::vector<uint16_t> w16(w.size());
-            for (size_t i = 0; i < w.size(); ++i) w16[i] = f32_to_bf16(w[i]);
-            const bool w_bf16 = g.w_dtype == DType::kBF16;
+            for (size_t i = 0; i < w.size(); ++i) {
+              w16[i] = w_f16 ? f32_to_f16(w[i]) : f32_to_bf16(w[i]);
+              if (w_f16) w[i] = f16_to_f32(w16[i]);  // the reference multiplies the halves' values
+            }
             const std::vector<float> bias = random_vector(rng, static_cast<size_t>(g.n));
             const std::vector<float> res = random_vector(rng, static_cast<size_t>(g.m * ldr + 1));
             std::vector<float> c0(static_cast<size_t>(g.m * ldc), kPaddingSentinel);
@@ -58,7 +63,7 @@ KernelCase make_case(const PrepackedCase& g, uint64_t seed) {
             p.a = g.a_dtype == DType::kBF16 ? static_cast<const void*>(a16.data()) : a32.data();
             p.lda = lda; p.a_dtype = g.a_dtype; p.trans_a = g.ta;
             p.b = w_bf16 ? static_cast<const void*>(w16.data()) : w.data();
-            p.ldb = ldw; p.b_dtype = g.w_dtype; p.trans_b = true;
+            p.ldb = ldw; p.b_dtype = w_f16 ? DType::kF32 : g.w_dtype; p.trans_b = true;
             p.ldc = ldc; p.alpha = g.alpha; p.beta = g.beta;
             p.bias = g.bias ? bias.data() : nullptr;
             p.act = g.act;
@@ -74,18 +79,28 @@ KernelCase make_case(const PrepackedCase& g, uint64_t seed) {
               cpu::set_gemm_blocking(cpu::GemmPath::kF32, g.blocking);
               cpu::set_gemm_blocking(cpu::GemmPath::kBF16, g.blocking);
             }
-            const PackedMatrix packed = pack_weight_as(p.b, g.w_dtype, g.n, g.k, ldw);
+            const PackedMatrix packed = pack_weight_as(w_f16 ? static_cast<const void*>(w16.data()) : p.b,
+                                                       g.w_dtype, g.n, g.k, ldw);
             GemmParams q = p;
             q.b = nullptr;  // ignored by gemm_prepacked
             q.c = c_fast.data();
             Compare ok{"check_gemm_prepacked", {0.0f}, {check_gemm_prepacked(q, packed).ok() ? 0.0f : 1.0f}, 0.0};
             gemm_prepacked(q, packed);
+            std::vector<float> c_f32 = c0;  // f16 W: the f32 packed path on the widened weight
+            if (w_f16) {
+              q.c = c_f32.data();
+              gemm_prepacked(q, pack_weight(w.data(), g.n, g.k, ldw));
+            }
             cpu::set_gemm_blocking(cpu::GemmPath::kF32, saved);
             cpu::set_gemm_blocking(cpu::GemmPath::kBF16, saved_bf16);
 
             std::vector<Compare> out = compare_strided("C", c_ref, c_fast, g.m, g.n, ldc,
                                                        g.a_dtype == DType::kBF16 || w_bf16 ? 3e-5 : 1e-10);
             out.insert(out.begin(), ok);
+            if (w_f16 && g.a_dtype == DType::kF32) {
+              std::vector<Compare> same = compare_strided("C vs the f32 path", c_f32, c_fast, g.m, g.n, ldc, 0.0);
+              out.insert(out.end(), same.begin(), same.end());
+            }
             return out;
           }};
 }
@@ -143,6 +158,24 @@ KILN_KERNEL_CASES(gemm_prepacked) {
   }
   cases.push_back(make_case({.m = 4, .n = 130, .k = 1, .w_dtype = DType::kBF16}, seed++));
   cases.push_back(make_case({.m = 7, .n = 97, .k = 0, .beta = 0.5f, .bias = true, .w_dtype = DType::kBF16}, seed++));
+  // f16 weights (halves widened in registers): m = 1..8 (the small-M half kernels, 1-3 strips
+  // side by side), 15 and 16 (two small-M passes), the packed path with partial strips, odd n and
+  // k, every epilogue, transposed and bf16 A, padded rows, several K blocks.
+  for (int64_t m : {1, 2, 3, 4, 5, 6, 7, 8, 15, 16, 29, 70}) {
+    PrepackedCase g{m, ns[(m + 2) % 5], ks[(m + 3) % 5]};
+    g.w_dtype = DType::kF16;
+    g.a_dtype = m == 5 || m == 29 ? DType::kBF16 : DType::kF32;
+    g.ta = m % 4 == 1;
+    g.pad = m % 2 == 0 ? 3 : 0;
+    g.bias = m % 3 != 0;
+    g.residual = m % 2 == 1;
+    g.beta = m % 7 == 0 ? 0.5f : 0.0f;
+    g.act = m % 4 == 2 ? Activation::kSilu : Activation::kNone;
+    cases.push_back(make_case(g, seed++));
+  }
+  cases.push_back(make_case({.m = 8, .n = 37, .k = 3001, .bias = true, .w_dtype = DType::kF16}, seed++));
+  cases.push_back(make_case({.m = 150, .n = 101, .k = 151, .beta = 1.0f, .residual = true, .w_dtype = DType::kF16,
+                             .blocking = {28, 32, 64}}, seed++));
   // Long K: the small-M passes pack A (interleaved, bf16 pairs or f32) split over the threads
   // (m * steps >= 8192); odd k pads the last pair, a second pass of rows (m = 11) restarts it.
   for (int v = 0; v < 4; ++v) {

@@ -30,6 +30,7 @@ struct V1 {
   static T zero() { return 0.0f; }
   static T set1(float x) { return x; }
   static T load(const float* p) { return *p; }
+  static T load_half(const uint16_t* p) { return f16_to_f32(*p); }
   static T loadu(const float* p) { return *p; }
   static T loadu(const uint16_t* p) { return gemm_detail::bf16_bits_to_f32(*p); }
   static T load_n(const float* p, int) { return *p; }
@@ -56,6 +57,9 @@ GemmTargetKernels make_scalar_kernels() {
   k.small_m_name = "scalar small-M (m<=8) kernel, B unpacked";
   k.small_m = &small_m<V1>;
   k.small_m_packed = &small_m_packed<V1, PackedF32Ops<V1>, 8>;
+  k.f16 = {"scalar 4x8 micro-kernel, f16 weights widened", 4, 8, 1, &pack_a_f32<4>, &pack_b_half<8>,
+           &micro_kernel_f32<V1, 4, 8, uint16_t>, nullptr, DType::kF32, 2};
+  k.small_m_packed_half = &small_m_packed<V1, PackedHalfOps<V1>, 8>;
   k.epilogue_rows = &epilogue_rows<V1>;
   return k;
 }

@@ -16,6 +16,9 @@ struct V256 {
   static T zero() { return _mm256_setzero_ps(); }
   static T set1(float x) { return _mm256_set1_ps(x); }
   static T load(const float* p) { return _mm256_loadu_ps(p); }
+  static T load_half(const uint16_t* p) {  // 8 IEEE halves widened (F16C vcvtph2ps)
+    return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+  }
   static T loadu(const float* p) { return _mm256_loadu_ps(p); }
   static T loadu(const uint16_t* p) {
     const __m256i w = _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
@@ -76,6 +79,9 @@ GemmTargetKernels make_kernels() {
   k.small_m_name = "avx2 small-M (m<=8) streaming kernel, B unpacked";
   k.small_m = &small_m<V256>;
   k.small_m_packed = &small_m_packed<V256, PackedF32Ops<V256>, 2>;
+  k.f16 = {"avx2 6x16 micro-kernel, f16 weights widened in registers", 6, 16, 1, &pack_a_f32<6>,
+           &pack_b_half<16>, &micro_kernel_f32<V256, 6, 2, uint16_t>, nullptr, DType::kF32, 2};
+  k.small_m_packed_half = &small_m_packed<V256, PackedHalfOps<V256>, 2>;
   k.epilogue_rows = &epilogue_rows<V256>;
   return k;
 }

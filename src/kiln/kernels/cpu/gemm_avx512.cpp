@@ -26,6 +26,9 @@ struct V512 {
   static T zero() { return _mm512_setzero_ps(); }
   static T set1(float x) { return _mm512_set1_ps(x); }
   static T load(const float* p) { return _mm512_loadu_ps(p); }
+  static T load_half(const uint16_t* p) {  // 16 IEEE halves widened (vcvtph2ps)
+    return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
+  }
   static T loadu(const float* p) { return _mm512_loadu_ps(p); }
   static T loadu(const uint16_t* p) {
     const __m512i w = _mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
@@ -371,11 +374,12 @@ void small_m_tb_dispatch(const typename D::E* a, int64_t lda, const SmallMArgs& 
 // k (pack_b_pairs_avx512_32): one element is two bf16 of consecutive k (the even k low), a
 // vector 16 columns x 2 k, the dot one vdpbf16ps (A rounded to bf16 pairs likewise).
 struct PackedBf16PairOps {
-  using E = uint32_t;
+  using EA = uint32_t;
+  using EW = uint32_t;
   using B = __m512i;
   static constexpr int kLanes = 16;
-  static B load(const E* p) { return _mm512_loadu_si512(p); }
-  static B bcast(const E* a) { return _mm512_set1_epi32(static_cast<int>(*a)); }
+  static B load(const EW* p) { return _mm512_loadu_si512(p); }
+  static B bcast(const EA* a) { return _mm512_set1_epi32(static_cast<int>(*a)); }
   static __m512 dot(__m512 acc, B a, B b) { return _mm512_dpbf16_ps(acc, (__m512bh)a, (__m512bh)b); }
 };
 
@@ -410,6 +414,10 @@ GemmTargetKernels make_kernels() {
   k.small_m = &small_m_avx512;
   k.small_m_packed = &small_m_packed<V512, PackedF32Ops<V512>, 2>;
   if (cpu_features().avx512_bf16) k.small_m_packed_pairs = &small_m_packed<V512, PackedBf16PairOps, 2>;
+  k.f16 = {"avx512 14x32 micro-kernel, f16 weights widened in registers", 14, 32, 1,
+           &pack_a_avx512_14<false>, &pack_b_half<32>, &micro_kernel_f32<V512, 14, 2, uint16_t>,
+           nullptr, DType::kF32, 2};
+  k.small_m_packed_half = &small_m_packed<V512, PackedHalfOps<V512>, 2>;
   k.epilogue_rows = &epilogue_rows<V512>;
   return k;
 }

@@ -22,7 +22,8 @@ struct TileEpilogue {
 
 // One packed (BLIS-style) path. Packed panels are strips of MR rows of A / NR columns of B;
 // within a strip, k steps are outermost. An element is 4 bytes: one f32, or (k_per_step == 2)
-// a pair of bf16 values for consecutive k (the low half holds the even k).
+// a pair of bf16 values for consecutive k (the low half holds the even k) — except B on the
+// half-weight path (b_elem_bytes == 2): one IEEE half per element, widened in the micro-kernel.
 struct PackedPath {
   const char* name = "";
   int mr = 0, nr = 0;
@@ -41,6 +42,7 @@ struct PackedPath {
   void (*kernel_direct_a)(int64_t steps, const void* a, int64_t lda, const void* b, float* c,
                           int64_t ldc, int n, const TileEpilogue& ep) = nullptr;
   DType direct_a_dtype = DType::kF32;
+  int b_elem_bytes = 4;  // bytes of one packed B element: 4, or 2 for IEEE-half weights
 };
 
 // The decode-like path: A is small and converted to a contiguous f32 (m, k) buffer; B is read
@@ -75,6 +77,11 @@ struct GemmTargetKernels {
                                   float* c, int64_t ldc, int64_t n, const TileEpilogue& ep);
   SmallMPackedFn small_m_packed = nullptr;
   SmallMPackedFn small_m_packed_pairs = nullptr;
+  // IEEE-half weights (gemm_prepacked only): strips of (k, f16.nr) halves as f16.pack_b writes
+  // them, widened to f32 in registers (vcvtph2ps); A and the sums f32 — the f32 path's products
+  // and order, so the result equals the f32 path on the widened weight bit for bit.
+  PackedPath f16;
+  SmallMPackedFn small_m_packed_half = nullptr;
   // C rows (rows, cols) = epilogue(acc) with ep.beta read from C.
   void (*epilogue_rows)(float* c, int64_t ldc, const float* acc, int64_t ld_acc, int64_t rows,
                         int64_t cols, const TileEpilogue& ep);

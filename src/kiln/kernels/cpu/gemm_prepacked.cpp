@@ -39,8 +39,9 @@ const GemmTargetKernels& kernels_for(SimdTarget t) {
 SimdTarget gemm_target() { return active_simd_target(); }
 
 // The packed path a weight of this dtype goes through: cpu::gemm's bf16 path for bf16 (pairs of
-// k with AVX512_BF16, else widened to f32), the f32 path otherwise.
+// k with AVX512_BF16, else widened to f32), the half-weight path for f16, the f32 path otherwise.
 const cpu::PackedPath& path_for(const GemmTargetKernels& kr, DType weight_dtype) {
+  if (weight_dtype == DType::kF16) return kr.f16;
   return weight_dtype == DType::kBF16 ? kr.bf16 : kr.f32;
 }
 
@@ -117,7 +118,8 @@ void gemm_prepacked_small_m(const GemmParams& p, const PackedMatrix& b,
                             const GemmTargetKernels& kr) {
   const bool pairs = b.k_per_step() == 2;
   const GemmTargetKernels::SmallMPackedFn kernel =
-      pairs ? kr.small_m_packed_pairs : kr.small_m_packed;
+      pairs ? kr.small_m_packed_pairs
+            : b.weight_dtype() == DType::kF16 ? kr.small_m_packed_half : kr.small_m_packed;
   KILN_CHECK_MSG(kernel != nullptr, "gemm_prepacked: no small-M kernel for this packing");
   const int64_t steps = b.steps(), nstrips = b.num_strips();
   const int threads = num_threads();
@@ -152,8 +154,8 @@ void PackedMatrix::Free::operator()(uint32_t* p) const {
 }
 
 PackedMatrix pack_weight_as(const void* w, DType dtype, int64_t out, int64_t in, int64_t ldw) {
-  KILN_CHECK_MSG(dtype == DType::kF32 || dtype == DType::kBF16,
-                 "pack_weight: weights of dtype {} (f32 or bf16)", dtype_name(dtype));
+  KILN_CHECK_MSG(dtype == DType::kF32 || dtype == DType::kBF16 || dtype == DType::kF16,
+                 "pack_weight: weights of dtype {} (f32, bf16 or f16)", dtype_name(dtype));
   KILN_CHECK(out >= 0 && in >= 0);
   if (ldw == 0) ldw = in;
   KILN_CHECK(ldw >= in && (w != nullptr || out * in == 0));
@@ -164,12 +166,14 @@ PackedMatrix pack_weight_as(const void* w, DType dtype, int64_t out, int64_t in,
   pm.k_ = in;
   pm.nr_ = path.nr;
   pm.k_per_step_ = path.k_per_step;
+  pm.elem_bytes_ = path.b_elem_bytes;
   pm.weight_dtype_ = dtype;
   const int64_t strips = pm.num_strips(), steps = pm.steps();
   // Weights of 2 MiB or more on transparent huge pages (THP is "madvise" on the dev VMs): the
   // small-M kernels prefetch the strips 64 KiB ahead, and on 4 KiB pages those prefetches cross
   // into pages not yet in the TLB (m = 8, K = N = 4096, cold, 1 thread: 17 -> 26 GB/s).
-  const LargeBuffer buf = allocate_large(static_cast<size_t>(std::max<int64_t>(1, strips * pm.nr_ * steps)) * 4);
+  const int64_t bytes = std::max<int64_t>(4, strips * pm.nr_ * steps * pm.elem_bytes_);
+  const LargeBuffer buf = allocate_large(static_cast<size_t>((bytes + 3) & ~int64_t{3}));
   pm.data_.reset(static_cast<uint32_t*>(buf.ptr));
   KILN_CHECK_MSG(pm.data_ != nullptr, "pack_weight: {} bytes for ({}, {})", buf.bytes, out, in);
   if (strips == 0 || in == 0) return pm;
@@ -183,12 +187,12 @@ PackedMatrix pack_weight_as(const void* w, DType dtype, int64_t out, int64_t in,
   // Strip groups over the pool: each strip is (steps, nr), whole k (kc = k), so block q of a
   // strip is simply the q-th (kc / k_per_step) x nr slice of it (K blocks have even sizes).
   const int64_t groups = std::min<int64_t>(strips, 4 * num_threads());
-  uint32_t* dst = pm.data_.get();
+  char* dst = reinterpret_cast<char*>(pm.data_.get());
   run_tasks(groups, [&](int64_t g) {
     const int64_t s0 = strips * g / groups, s1 = strips * (g + 1) / groups;
     if (s0 == s1) return;
     const int64_t j0 = s0 * pm.nr_, cols = std::min(out, s1 * pm.nr_) - j0;
-    path.pack_b(p, j0, cols, 0, in, dst + s0 * pm.nr_ * steps);
+    path.pack_b(p, j0, cols, 0, in, dst + s0 * pm.nr_ * steps * pm.elem_bytes_);
   });
   return pm;
 }
@@ -204,7 +208,7 @@ Status check_gemm_prepacked(const GemmParams& p, const PackedMatrix& b) {
   GemmParams q = p;
   q.b = b.data();
   q.ldb = std::max<int64_t>(1, p.k);
-  q.b_dtype = b.weight_dtype();
+  q.b_dtype = b.weight_dtype() == DType::kF16 ? DType::kF32 : b.weight_dtype();  // shapes only
   q.trans_b = true;
   return check_gemm(q);
 }
@@ -238,7 +242,7 @@ void gemm_prepacked(const GemmParams& p, const PackedMatrix& b) {
   const cpu::PackedPath& path = path_for(kr, b.weight_dtype());
   const int64_t mr = path.mr, nr = path.nr, ks = path.k_per_step;
   if (prefer_streaming(p.m, mr)) return gemm_prepacked_small_m(p, b, kr);
-  KILN_CHECK(nr == b.nr() && ks == b.k_per_step());
+  KILN_CHECK(nr == b.nr() && ks == b.k_per_step() && path.b_elem_bytes == b.elem_bytes());
   const cpu::GemmBlocking blk =
       cpu::gemm_blocking(ks == 2 ? cpu::GemmPath::kBF16 : cpu::GemmPath::kF32);
   const int threads = num_threads();
@@ -296,8 +300,8 @@ void gemm_prepacked(const GemmParams& p, const PackedMatrix& b) {
       for (int64_t ns = ns0; ns < ns1; ++ns) {
         const int64_t col = ns * nr;
         const int nv = static_cast<int>(std::min(nr, p.n - col));
-        const uint32_t* bq =
-            static_cast<const uint32_t*>(b.data()) + ns * strip_elems + q * (kc_block / ks) * nr;
+        const char* bq = static_cast<const char*>(b.data()) +
+                         (ns * strip_elems + q * (kc_block / ks) * nr) * b.elem_bytes();
         ep.bias = last && p.bias ? p.bias + col : nullptr;
         for (int64_t ms = ms0; ms < ms1; ++ms) {
           const int64_t row = ms * mr;

@@ -12,6 +12,7 @@
 #include <type_traits>
 #include <utility>
 
+#include "kiln/core/dtype.h"
 #include "kiln/kernels/cpu/gemm_kernels.h"
 
 namespace kiln::cpu::gemm_detail {
@@ -130,6 +131,24 @@ void pack_b_f32(const GemmParams& p, int64_t j0, int64_t cols, int64_t k0, int64
     pack_b_f32_impl<NR, uint16_t>(p, j0, cols, k0, kc, static_cast<float*>(dst));
   else
     pack_b_f32_impl<NR, float>(p, j0, cols, k0, kc, static_cast<float*>(dst));
+}
+
+// ---- packing B into IEEE-half strips: strip[l][j] = op(B)(l, j) as f16 bits ----------------
+// For weights packed once (gemm_prepacked's half path): B f16 (bits copied) or f32 (rounded to
+// nearest even); partial strips padded with +0. Not on a hot path, so written for clarity.
+template <int NR>
+void pack_b_half(const GemmParams& p, int64_t j0, int64_t cols, int64_t k0, int64_t kc, void* dst) {
+  auto* out = static_cast<uint16_t*>(dst);
+  const bool half = p.b_dtype == DType::kF16;
+  auto at = [&](int64_t l, int64_t j) -> uint16_t {  // op(B)(l, j)
+    const int64_t off = p.trans_b ? j * p.ldb + l : l * p.ldb + j;
+    return half ? static_cast<const uint16_t*>(p.b)[off] : f32_to_f16(static_cast<const float*>(p.b)[off]);
+  };
+  for (int64_t t = 0; t < cols; t += NR, out += NR * kc) {
+    const int nr = static_cast<int>(std::min<int64_t>(NR, cols - t));
+    for (int64_t l = 0; l < kc; ++l)
+      for (int j = 0; j < NR; ++j) out[l * NR + j] = j < nr ? at(k0 + l, j0 + t + j) : uint16_t{0};
+  }
 }
 
 // ---- packing into bf16 pairs: strip[l2][i] = {op(X)(i, 2 l2), op(X)(i, 2 l2 + 1)} ----------
@@ -314,16 +333,23 @@ template <class Tile, int MR>
   }
 }
 
+// A vector of V::kLanes weights widened to f32: f32 as is, IEEE halves converted (vcvtph2ps).
+template <class V>
+[[gnu::always_inline]] inline typename V::T load_weights(const float* p) { return V::load(p); }
+template <class V>
+[[gnu::always_inline]] inline typename V::T load_weights(const uint16_t* p) { return V::load_half(p); }
+
 // The register-tiled f32 kernel: rows<R> runs the first R rows of an MR-row packed strip
-// (R = MR: all of it).
-template <class V, int MR, int NV>
+// (R = MR: all of it). W is the packed B's element: float, or uint16_t for IEEE halves (the same
+// FMAs in the same order on the widened values).
+template <class V, int MR, int NV, class W = float>
 struct MicroTileF32 {
   template <int R>
   static void rows(int64_t steps, const void* a_packed, const void* b_packed, float* c, int64_t ldc, int m,
                    int n, const TileEpilogue& ep) {
     constexpr int L = V::kLanes;
     const float* a = static_cast<const float*>(a_packed);
-    const float* b = static_cast<const float*>(b_packed);
+    const W* b = static_cast<const W*>(b_packed);
     prefetch_c_tile(c, ldc, m, NV * L);
     typename V::T acc[R][NV];
 #pragma GCC unroll 16
@@ -336,11 +362,12 @@ struct MicroTileF32 {
         // The B micro-panel (KC x NR, 64 KiB at KC = 512) does not fit the 32 KiB L1 either and
         // streams from L2: fetch it 8 k steps ahead. Measured on the EPYC VM, f32 2048^3 1 thread,
         // paired against OpenBLAS: +0.7% alone, and part of the blocking change in gemm.cpp.
-        for (int v = 0; v < NV * L * 4; v += 64) __builtin_prefetch(reinterpret_cast<const char*>(b + 8 * NV * L) + v, 0, 3);
+        for (int v = 0; v < NV * L * static_cast<int>(sizeof(W)); v += 64)
+          __builtin_prefetch(reinterpret_cast<const char*>(b + 8 * NV * L) + v, 0, 3);
       }
       typename V::T bv[NV];
 #pragma GCC unroll 4
-      for (int v = 0; v < NV; ++v) bv[v] = V::load(b + v * L);
+      for (int v = 0; v < NV; ++v) bv[v] = load_weights<V>(b + v * L);
 #pragma GCC unroll 16
       for (int i = 0; i < R; ++i) {
         const typename V::T av = V::set1(a[i]);
@@ -354,10 +381,10 @@ struct MicroTileF32 {
   }
 };
 
-template <class V, int MR, int NV>
+template <class V, int MR, int NV, class W = float>
 void micro_kernel_f32(int64_t steps, const void* a_packed, const void* b_packed, float* c,
                       int64_t ldc, int m, int n, const TileEpilogue& ep) {
-  using Tile = MicroTileF32<V, MR, NV>;
+  using Tile = MicroTileF32<V, MR, NV, W>;
   if (!run_partial_strip<Tile, MR>(steps, a_packed, b_packed, c, ldc, m, n, ep))
     Tile::template rows<MR>(steps, a_packed, b_packed, c, ldc, m, n, ep);
 }
@@ -396,7 +423,7 @@ void micro_kernel_f32_direct(int64_t steps, const void* a_rows, int64_t lda, con
 // (steps, M): a[l * M + i]. The loop of micro_kernel_f32 for a few rows, but W is read once from
 // DRAM, in memory order, so how it streams decides the speed. Per M: how many strips run side by
 // side (sequential streams for the hardware prefetchers, and independent accumulators), and whether
-// W is also prefetched kSmallMPackedAhead floats (64 KiB) ahead. Measured on the Zen 4 VM (1
+// W is also prefetched 64 KiB (kSmallMPackedAhead floats) ahead. Measured on the Zen 4 VM (1
 // thread, K = N = 4096 f32, cold, huge pages; DRAM read probe 31.5 GB/s), GB/s, one strip vs
 // the choice: the prefetch costs ~6 GB/s while the core mostly waits (M <= 5) and gains 1.5-6
 // once the FMAs keep it busy (M >= 6, where the hardware prefetchers alone fall behind); more
@@ -414,31 +441,40 @@ inline constexpr int64_t kSmallMPackedAhead = 16384;
 // Element ops of the small-M packed kernels. f32 strips: one element is one f32 of A or W, a
 // vector V::kLanes columns of W at one k, the dot an FMA. (gemm_avx512.cpp adds bf16 pairs:
 // one element is two bf16 of consecutive k, the dot vdpbf16ps.)
+// EA / EW: the element types of A and of W.
 template <class V>
 struct PackedF32Ops {
-  using E = float;
+  using EA = float;
+  using EW = float;
   using B = typename V::T;
   static constexpr int kLanes = V::kLanes;  // W columns per vector
-  static B load(const E* p) { return V::load(p); }
-  static B bcast(const E* a) { return V::set1(*a); }
+  static B load(const EW* p) { return V::load(p); }
+  static B bcast(const EA* a) { return V::set1(*a); }
   static typename V::T dot(typename V::T acc, B a, B b) { return V::fmadd(a, b, acc); }
+};
+// IEEE-half W (f16.pack_b's strips), f32 A: each vector of halves widened in registers, then the
+// f32 FMA — PackedF32Ops on the widened weight, at half the bytes streamed.
+template <class V>
+struct PackedHalfOps : PackedF32Ops<V> {
+  using EW = uint16_t;
+  static typename V::T load(const EW* p) { return V::load_half(p); }
 };
 
 // One k step (one element) for S strips side by side: acc[s] += A column (M elements at a) x
 // strip s's NV vectors at b.
 template <class V, class Ops, int NV, int M, int S, bool kPf>
 [[gnu::always_inline]] inline void small_m_packed_step(typename V::T (&acc)[S][M][NV],
-                                                       const typename Ops::E* a,
-                                                       const typename Ops::E* b,
+                                                       const typename Ops::EA* a,
+                                                       const typename Ops::EW* b,
                                                        int64_t strip_elems,
-                                                       const typename Ops::E* pf_limit) {
-  constexpr int kStepBytes = NV * Ops::kLanes * static_cast<int>(sizeof(typename Ops::E));
+                                                       const typename Ops::EW* pf_limit) {
+  constexpr int kStepBytes = NV * Ops::kLanes * static_cast<int>(sizeof(typename Ops::EW));
   constexpr int kLineBytes = kStepBytes >= 64 ? 64 : kStepBytes;
 #pragma GCC unroll 4
   for (int s = 0; s < S; ++s) {
-    const typename Ops::E* bs = b + s * strip_elems;
+    const typename Ops::EW* bs = b + s * strip_elems;
     if constexpr (kPf) {
-      const typename Ops::E* pf = bs + kSmallMPackedAhead;
+      const typename Ops::EW* pf = bs + kSmallMPackedAhead * 4 / static_cast<int64_t>(sizeof(typename Ops::EW));
       if (pf < pf_limit) {
         for (int q = 0; q < kStepBytes; q += kLineBytes)
           __builtin_prefetch(reinterpret_cast<const char*>(pf) + q, 0, 2);
@@ -460,8 +496,8 @@ template <class V, class Ops, int NV, int M, int S, bool kPf>
 // n = the columns left from c (each strip writes min(NR, what remains)); ep.bias / ep.residual
 // at c's column.
 template <class V, class Ops, int NV, int M, int S, bool kPf>
-void small_m_packed_group(int64_t steps, const typename Ops::E* a, const typename Ops::E* strip,
-                          int64_t strip_elems, const typename Ops::E* pf_limit, float* c,
+void small_m_packed_group(int64_t steps, const typename Ops::EA* a, const typename Ops::EW* strip,
+                          int64_t strip_elems, const typename Ops::EW* pf_limit, float* c,
                           int64_t ldc, int64_t n, const TileEpilogue& ep) {
   constexpr int NR = NV * Ops::kLanes;
   static_assert(NR == NV * V::kLanes, "one accumulator per vector of W columns");
@@ -472,7 +508,7 @@ void small_m_packed_group(int64_t steps, const typename Ops::E* a, const typenam
     for (int i = 0; i < M; ++i)
 #pragma GCC unroll 4
       for (int v = 0; v < NV; ++v) acc[s][i][v] = V::zero();
-  const typename Ops::E* b = strip;
+  const typename Ops::EW* b = strip;
   for (int64_t l = 0; l < steps; ++l, a += M, b += NR)
     small_m_packed_step<V, Ops, NV, M, S, kPf>(acc, a, b, strip_elems, pf_limit);
 #pragma GCC unroll 4
@@ -488,14 +524,14 @@ void small_m_packed_group(int64_t steps, const typename Ops::E* a, const typenam
 }
 
 template <class V, class Ops, int NV, int M>
-void small_m_packed_rows(int64_t steps, const typename Ops::E* a, const typename Ops::E* w,
+void small_m_packed_rows(int64_t steps, const typename Ops::EA* a, const typename Ops::EW* w,
                          int64_t s0, int64_t s1, float* c, int64_t ldc, int64_t n,
                          const TileEpilogue& ep) {
   constexpr int NR = NV * Ops::kLanes;
   constexpr int S = Ops::kLanes == 1 ? 1 : kSmallMPackedShapes[M].strips;
   constexpr bool kPf = Ops::kLanes > 1 && kSmallMPackedShapes[M].prefetch;
   const int64_t strip_elems = NR * steps;
-  const typename Ops::E* limit = w + s1 * strip_elems;
+  const typename Ops::EW* limit = w + s1 * strip_elems;
   auto at = [&](int64_t s) {
     TileEpilogue e = ep;
     if (e.bias) e.bias += s * NR;
@@ -518,14 +554,14 @@ constexpr auto small_m_packed_table(std::index_sequence<I...>) {
 }
 
 // C (m, n) columns of strips [s0, s1) for a run-time row count m in 1..kGemmSmallM (8); a and w
-// hold Ops::E elements (`steps` per A row and per strip column); c, ep.bias and ep.residual at
-// column 0 of W.
+// hold Ops::EA / Ops::EW elements (`steps` per A row and per strip column); c, ep.bias and
+// ep.residual at column 0 of W.
 template <class V, class Ops, int NV>
 void small_m_packed(int m, int64_t steps, const void* a, const void* w, int64_t s0, int64_t s1,
                     float* c, int64_t ldc, int64_t n, const TileEpilogue& ep) {
   static constexpr auto kRows = small_m_packed_table<V, Ops, NV>(std::make_index_sequence<8>{});
   KILN_CHECK(m >= 1 && m <= 8);
-  kRows[m - 1](steps, static_cast<const typename Ops::E*>(a), static_cast<const typename Ops::E*>(w),
+  kRows[m - 1](steps, static_cast<const typename Ops::EA*>(a), static_cast<const typename Ops::EW*>(w),
                s0, s1, c, ldc, n, ep);
 }
 
