@@ -22,6 +22,7 @@
 #include "kiln/core/rng.h"
 #include "kiln/core/thread_pool.h"
 #include "kiln/kernels/cpu/gemm_cpu.h"
+#include "kiln/kernels/cpu/quant_tiles.h"
 #include "kiln/kernels/gemm.h"
 #include "kiln/kernels/gemm_prepacked.h"
 #include "kiln/perf/peak.h"
@@ -318,6 +319,7 @@ int run_gemm_bench(const GemmBenchOptions& opt) {
     fmt::print("blocking   : f32 mc={} kc={} nc={}, bf16 mc={} kc={} nc={} from the {} (cache model: f32 {}/{}/{}, bf16 {}/{}/{})\n",
                bf.mc, bf.kc, bf.nc, bb.mc, bb.kc, bb.nc, cpu::gemm_blocking_source(), mf.mc, mf.kc, mf.nc, mb.mc, mb.kc, mb.nc);
     fmt::print("tune file  : {} (entry {})\n", cpu::gemm_tune_file(), cpu::tune_cpu_key());
+    fmt::print("quant tiles: {} ({})\n", cpu::quant_tiles_name(cpu::quant_tiles()), cpu::quant_tiles_source());
     fmt::print("mode /pk   : decode rows with kiln on the weight packed once (pack_weight_as + gemm_prepacked, as\n"
                "             PackedLinear runs them); the peers read the same plain (n, k) weights\n");
     fmt::print("cold DRAM  : a cold decode row's B GB/s as % of the DRAM ceiling below (taken at the start), as %\n"
@@ -371,6 +373,24 @@ int run_gemm_bench(const GemmBenchOptions& opt) {
       return 1;
     }
     if (!opt.json) fmt::print("  saved {}\n", cpu::gemm_tune_file());
+    // The quantized GEMMs' tiles (quant_tiles.h), as the first-use autotune times them.
+    cpu::QuantTuneOptions qo;
+    if (!opt.json) qo.log = ao.log;
+    const cpu::QuantTuneResult qr = cpu::autotune_quant_tiles(qo);
+    const Status qst = cpu::save_quant_tuning("bench --tune");
+    if (!qst.ok()) {
+      fmt::print(stderr, "kiln bench gemm: {}\n", qst.to_string());
+      return 1;
+    }
+    if (opt.json)
+      fmt::print(R"({{"op": "quant_tiles", "tune": true, "searched": {}, "choice": {}, "bq_decode_ratio": {:.3f}, "bq_batch_ratio": {:.3f}, "bq_prefill_ratio": {:.3f}, "wo_gemv_ratio": {:.3f}, "wo_rows_ratio": {:.3f}, "seconds": {:.2f}}})"
+                 "\n", qr.searched, cpu::quant_tiles_to_json(qr.best).dump(), qr.bq_decode_ratio, qr.bq_batch_ratio,
+                 qr.bq_prefill_ratio, qr.wo_gemv_ratio, qr.wo_rows_ratio, qr.seconds);
+    else
+      fmt::print("  tune chose {} in {:.1f} s (time vs default: bq decode {:.2f}, batch {:.2f}, prefill {:.2f}, "
+                 "wo gemv {:.2f}, rows {:.2f}){}; saved\n", cpu::quant_tiles_name(qr.best), qr.seconds, qr.bq_decode_ratio,
+                 qr.bq_batch_ratio, qr.bq_prefill_ratio, qr.wo_gemv_ratio, qr.wo_rows_ratio,
+                 qr.searched ? "" : " (one shape on this target)");
   }
 
   const std::vector<int64_t> squares = opt.quick ? std::vector<int64_t>{256, 512}

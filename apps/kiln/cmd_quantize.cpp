@@ -13,6 +13,8 @@
 
 #include "apps/kiln/commands.h"
 #include "kiln/core/thread_pool.h"
+#include "kiln/kernels/cpu/gemm_cpu.h"
+#include "kiln/kernels/cpu/quant_tiles.h"
 #include "kiln/model/packed_linear.h"
 #include "kiln/model/weights.h"
 #include "kiln/quant/qmodel.h"
@@ -107,6 +109,7 @@ struct DecodeArgs {
   std::vector<std::string> gguf;  // instead: these files, as served (quantized kept) and decoded to fp32
   int64_t tokens = 32, prompt = 16, reps = 3;
   int64_t prefill = 128;  // --gguf: the prompt of the prefill timing (llama-bench's pp128)
+  bool tune = false;      // time the quantized tiles first (quant_tiles.h) and save the choice
 };
 
 // Best-of-reps decode tokens/s of m at batch 1 after a prompt of a.prompt tokens (greedy).
@@ -221,7 +224,22 @@ void install(Transformer& m, const std::string& name) {
     l->backend = std::make_shared<quant::QuantizedLinear>(quant::quantize_rtn(l->w, l->out, l->in, s), act);
 }
 
+// --tune: the first-use search of the quantized GEMMs' tiles, logged, then saved.
+void tune_quant_tiles() {
+  cpu::QuantTuneOptions o;
+  o.log = [](const std::string& line) { fmt::print("{}\n", line); };
+  const cpu::QuantTuneResult r = cpu::autotune_quant_tiles(o);
+  const Status st = cpu::save_quant_tuning("bench quant-decode --tune");
+  if (!st.ok()) fail("bench quant-decode", st);
+  fmt::print("tune chose {} in {:.2f} s at {} threads (time vs default: bq decode {:.3f}, batch {:.3f}, prefill {:.3f}, "
+             "wo gemv {:.3f}, rows {:.3f}){}; saved to {}\n",
+             cpu::quant_tiles_name(r.best), r.seconds, num_threads(), r.bq_decode_ratio, r.bq_batch_ratio,
+             r.bq_prefill_ratio, r.wo_gemv_ratio, r.wo_rows_ratio, r.searched ? "" : " (one shape on this target)",
+             cpu::gemm_tune_file());
+}
+
 void run_decode(const DecodeArgs& a) {
+  if (a.tune) tune_quant_tiles();
   if (!a.gguf.empty()) return run_decode_gguf(a);
   auto cfg = preset(a.preset);
   if (!cfg.ok()) fail("bench quant-decode", cfg.status());
@@ -234,6 +252,7 @@ void run_decode(const DecodeArgs& a) {
   Transformer& m = **model;
   fmt::print("{}: {}; prompt {} tokens, then {} decoded tokens, batch 1, {} threads; best of {} runs\n", a.preset,
              cfg->describe(), a.prompt, a.tokens, num_threads(), a.reps);
+
   fmt::print("{:<8} {:>10} {:>12} {:>14} {:>12} {:>10}\n", "weights", "tok/s", "ms/token", "MiB/token", "eff. GB/s",
              "vs f32");
   double f32_tps = 0;
@@ -244,6 +263,8 @@ void run_decode(const DecodeArgs& a) {
     print_decode_row(name, tps, quant::weight_bytes_per_token(m), f32_tps);
   }
   install(m, "f32");
+  // After the runs: a first-use search (no tune-file entry yet) runs inside the first quantized one.
+  fmt::print("quant tiles: {} ({})\n", cpu::quant_tiles_name(cpu::quant_tiles()), cpu::quant_tiles_source());
 }
 
 }  // namespace
@@ -284,6 +305,7 @@ void register_quantize(CLI::App& app) {
   b->add_option("--prompt", d->prompt, "Prompt tokens (prefilled first)")->check(CLI::Range(1, 4096));
   b->add_option("--prefill", d->prefill, "--gguf: prompt tokens of the prefill timing (llama-bench pp)")->check(CLI::Range(1, 4096));
   b->add_option("--reps", d->reps, "Runs per scheme (the best is reported)")->check(CLI::Range(1, 100));
+  b->add_flag("--tune", d->tune, "Time the quantized GEMMs' tile shapes first (K = N = 2048; m = 1, 8, 128) and save the fastest in the tune file");
   b->callback([d] { run_decode(*d); });
 }
 

@@ -219,6 +219,7 @@ TEST(GemmAutotune, FirstLargeGemmTunesOnceAndSaves) {
     cpu::AutotuneOptions small;  // the trigger is the call's size; the search itself stays quick
     small.size = 128;
     small.reps = 1;
+    small.quant_size = 256;
     cpu::set_first_use_autotune(arm, small);
     cpu::maybe_autotune_first_use(size, size, size);
     std::exit(std::filesystem::exists(path) && cpu::gemm_blocking_source() == "tune file (autotune)" ? 0 : 1);

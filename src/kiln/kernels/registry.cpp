@@ -4,9 +4,11 @@
 #include <fmt/format.h>
 
 #include "kiln/core/cpu_features.h"
+#include "kiln/kernels/block_quant_gemm.h"
 #include "kiln/kernels/cpu/attention_tiles.h"
 #include "kiln/kernels/cpu/gemm_cpu.h"
 #include "kiln/kernels/cpu/ops_paths.h"
+#include "kiln/kernels/cpu/quant_tiles.h"
 #include "kiln/kernels/quant_gemm.h"
 
 namespace kiln {
@@ -22,6 +24,9 @@ std::vector<KernelPath> kernel_paths() {
   out.push_back({"gemm m<=8 (decode)", cpu::gemm_small_m_name()});
   out.push_back({"gemm w8/w4/fp8 a32", cpu::quant_gemm_path_name()});
   out.push_back({"gemm w8a8 int8", cpu::w8a8_path_name()});
+  out.push_back({"gemm q8_0/q4_0 (block)", cpu::block_quant_path_name()});
+  out.push_back({"quant tiles", fmt::format("{} ({}{})", cpu::quant_tiles_name(cpu::quant_tiles()), cpu::quant_tiles_source(),
+                                            active_simd_target() == SimdTarget::kAvx512 ? "" : "; this target has one shape")});
   cpu::append_op_kernel_paths(out);  // norms, softmax, activations, rope, embedding, CE, adamw
   const cpu::FlashTileChoice t = cpu::flash_tiles();
   out.push_back({"attention", fmt::format("{} flash tiles fwd {} bwd {} ({}); split-KV decode (<=8 queries, key-group "

@@ -1,6 +1,7 @@
 // The fast block-quantized GEMM (block_quant_gemm.h): activations quantized per block once per
-// call (rows spread over threads), then threads take runs of four 16-channel tiles; the scalar
-// target's table. The SIMD kernels are in block_quant_gemm_avx2.cpp / _avx512.cpp.
+// call (rows spread over threads), then threads take runs of 16-channel tiles (a multiple of the
+// register tile's width, quant_tiles.h); the scalar target's table. The SIMD kernels are in block_quant_gemm_avx2.cpp / _avx512.cpp.
+#include <algorithm>
 #include <atomic>
 #include <vector>
 
@@ -8,6 +9,7 @@
 
 #include "kiln/core/trace.h"
 #include "kiln/kernels/cpu/block_quant_gemm_kernels.h"
+#include "kiln/kernels/cpu/gemm_cpu.h"
 #include "kiln/kernels/cpu/parallel.h"
 #include "kiln/kernels/dispatch.h"
 
@@ -15,7 +17,8 @@ namespace kiln::cpu {
 namespace {
 
 // ---- the scalar target: the packed layout read byte by byte -----------------------------------
-void tiles_scalar(const BlockQuantGemmParams& p, const BlockQuantActs& a, int64_t t0, int64_t t1, bool) {
+void tiles_scalar(const BlockQuantGemmParams& p, const BlockQuantActs& a, int64_t t0, int64_t t1, bool,
+                  const QuantTiles&) {
   const BlockQuantWeight& w = *p.w;
   const int64_t nb = w.blocks();
   for (int64_t t = t0; t < t1; ++t) {
@@ -71,8 +74,13 @@ const BlockQuantTargetKernels& target_kernels() {
 std::atomic<bool> g_vnni_allowed{true};
 bool use_vnni(const BlockQuantTargetKernels& k) { return g_vnni_allowed && k.has_vnni(); }
 
-// Tiles per thread task: the decode kernel takes four 16-channel tiles per pass.
-constexpr int64_t kTilesPerUnit = 4;
+// Tiles per thread task: at least four (a pool task's share of a W2-S decode is then 8 KiB+ of
+// weights), and a whole register tile's width so that no pass is split between two tasks.
+constexpr int64_t kMinTilesPerUnit = 4;
+int64_t tiles_per_unit(const QuantTiles& q, int64_t n) {
+  const int64_t width = n == 1 ? q.bq_decode : (n >= kBqPrefillMinRows ? q.bq_prefill : q.bq_batch).tiles;
+  return std::max(kMinTilesPerUnit, width);  // every width is 1, 2, 4 or 8
+}
 
 struct ActBuffers {
   std::vector<int8_t> q;
@@ -100,6 +108,7 @@ void quantize_blocks_int8(const float* x, int64_t n, int64_t in, int64_t ldx, in
 void block_quant_gemm(const BlockQuantGemmParams& p) {
   trace::Scope kiln_trace_(trace::Category::kKernel, "block_quant_gemm", [&](trace::Event& e) { const OpCost c = block_quant_gemm_cost(*p.w, p.n); e.flops = c.flops; e.bytes = c.bytes; e.set_dims({p.n, p.w->out, p.w->in}); e.dtype = block_quant_format_name(p.w->format).data(); });
   if (p.n == 0) return;
+  maybe_autotune_first_use_quant(p.w->out, p.w->in);  // before this thread's buffers are taken
   const BlockQuantWeight& w = *p.w;
   const int64_t nb = w.blocks();
   ActBuffers& buf = act_buffers();
@@ -116,9 +125,11 @@ void block_quant_gemm(const BlockQuantGemmParams& p) {
   a.sums = buf.sums.data();
   const BlockQuantTargetKernels& k = target_kernels();
   const bool vnni = use_vnni(k);
-  const int64_t tiles = w.tiles(), units = (tiles + kTilesPerUnit - 1) / kTilesPerUnit;
-  parallel_for(units, grain_for(kTilesPerUnit * kQuantTile * w.in * p.n / 4), [&](int64_t b, int64_t e) {
-    k.tiles(p, a, b * kTilesPerUnit, std::min(tiles, e * kTilesPerUnit), vnni);
+  const QuantTiles shape = quant_tiles();
+  const int64_t per_unit = tiles_per_unit(shape, p.n);
+  const int64_t tiles = w.tiles(), units = (tiles + per_unit - 1) / per_unit;
+  parallel_for(units, grain_for(per_unit * kQuantTile * w.in * p.n / 4), [&](int64_t b, int64_t e) {
+    k.tiles(p, a, b * per_unit, std::min(tiles, e * per_unit), vnni, shape);
   });
 }
 

@@ -103,7 +103,7 @@ void tiles_impl(const BlockQuantGemmParams& p, const BlockQuantActs& a, int64_t 
     }
 }
 
-void tiles(const BlockQuantGemmParams& p, const BlockQuantActs& a, int64_t t0, int64_t t1, bool) {
+void tiles(const BlockQuantGemmParams& p, const BlockQuantActs& a, int64_t t0, int64_t t1, bool, const QuantTiles&) {
   if (p.w->format == BlockQuantFormat::kQ8) tiles_impl<BlockQuantFormat::kQ8>(p, a, t0, t1);
   else tiles_impl<BlockQuantFormat::kQ4>(p, a, t0, t1);
 }

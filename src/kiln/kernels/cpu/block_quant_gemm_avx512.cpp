@@ -8,6 +8,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <iterator>
 
 #include "kiln/core/cpu_features.h"
 #include "kiln/kernels/cpu/block_quant_gemm_kernels.h"
@@ -121,47 +122,76 @@ void tile(const BlockQuantGemmParams& p, const BlockQuantActs& a, int64_t i0, in
   }
 }
 
-// Decode (one row): four tiles per pass (four independent dot chains; measured on W2-S Q8_0 /
-// Q4_0 decode, interleaved A/B on the noisy 2-core VM: 1.1-1.4x over two). More rows: blocks
-// of 4 rows (the tiles' weights stay in L1/L2 across row blocks), two tiles at a time;
-// remainders take the smaller instantiations.
-template <BlockQuantFormat F, bool kVnni>
-void tiles_impl(const BlockQuantGemmParams& p, const BlockQuantActs& a, int64_t t0, int64_t t1) {
-  if (p.n == 1) {  // decode: four tiles per pass, four independent dot chains
-    int64_t t = t0;
-    for (; t + 4 <= t1; t += 4) tile<F, 1, 4, kVnni>(p, a, 0, t);
-    for (; t < t1; ++t) tile<F, 1, 1, kVnni>(p, a, 0, t);
-    return;
+// Decode (one row): C tiles per pass, C independent dot chains (default 4; measured on W2-S
+// Q8_0 / Q4_0 decode, interleaved A/B on the noisy 2-core VM: 1.1-1.4x over two). More rows:
+// register tiles of R rows x C tiles, the row blocks inner (the C tiles' weights stay in L1/L2
+// across row blocks); remainders take the smaller instantiations (fewer rows, one tile). The
+// shape is a run-time choice among kBqDecodeTiles / kBqShapes (quant_tiles.h): each output's
+// sum runs over the blocks in the same order in every instantiation, so all give the same bits.
+template <BlockQuantFormat F, bool kVnni, int C>
+void decode_pass(const BlockQuantGemmParams& p, const BlockQuantActs& a, int64_t t0, int64_t t1) {
+  int64_t t = t0;
+  for (; t + C <= t1; t += C) tile<F, 1, C, kVnni>(p, a, 0, t);
+  for (; t < t1; ++t) tile<F, 1, 1, kVnni>(p, a, 0, t);
+}
+
+// rows (1..R) of tile width C at (i0, t): the instantiation for exactly that many rows.
+template <BlockQuantFormat F, bool kVnni, int R, int C>
+void rows_tile(const BlockQuantGemmParams& p, const BlockQuantActs& a, int64_t rows, int64_t i0, int64_t t) {
+  if constexpr (R > 1) {
+    if (rows < R) return rows_tile<F, kVnni, R - 1, C>(p, a, rows, i0, t);
   }
-  for (int64_t t = t0; t < t1; t += 2) {
-    const bool two = t + 1 < t1;
-    for (int64_t i0 = 0; i0 < p.n; i0 += 4) {
-      const int64_t rows = std::min<int64_t>(4, p.n - i0);
-#define KILN_BQ_ROWS(C)                                              \
-  switch (rows) {                                                    \
-    case 1: tile<F, 1, C, kVnni>(p, a, i0, t); break;                \
-    case 2: tile<F, 2, C, kVnni>(p, a, i0, t); break;                \
-    case 3: tile<F, 3, C, kVnni>(p, a, i0, t); break;                \
-    default: tile<F, 4, C, kVnni>(p, a, i0, t); break;               \
-  }
-      if (two) {
-        KILN_BQ_ROWS(2)
+  tile<F, R, C, kVnni>(p, a, i0, t);
+}
+
+template <BlockQuantFormat F, bool kVnni, int R, int C>
+void rows_pass(const BlockQuantGemmParams& p, const BlockQuantActs& a, int64_t t0, int64_t t1) {
+  for (int64_t t = t0; t < t1; t += C) {
+    const bool full = t + C <= t1;
+    for (int64_t i0 = 0; i0 < p.n; i0 += R) {
+      const int64_t rows = std::min<int64_t>(R, p.n - i0);
+      if (full) {
+        rows_tile<F, kVnni, R, C>(p, a, rows, i0, t);
       } else {
-        KILN_BQ_ROWS(1)
+        for (int64_t u = t; u < t1; ++u) rows_tile<F, kVnni, R, 1>(p, a, rows, i0, u);
       }
-#undef KILN_BQ_ROWS
     }
   }
 }
 
-void tiles(const BlockQuantGemmParams& p, const BlockQuantActs& a, int64_t t0, int64_t t1, bool vnni) {
+static_assert(std::size(kBqDecodeTiles) == 3 && kBqDecodeTiles[0] == 2 && kBqDecodeTiles[1] == 4 &&
+                  kBqDecodeTiles[2] == 8,
+              "tiles_impl instantiates exactly the decode candidates");
+static_assert(std::size(kBqShapes) == 4 && kBqShapes[0] == BqShape{4, 2} && kBqShapes[1] == BqShape{2, 4} &&
+                  kBqShapes[2] == BqShape{6, 2} && kBqShapes[3] == BqShape{8, 1},
+              "tiles_impl instantiates exactly the rows x tiles candidates");
+
+template <BlockQuantFormat F, bool kVnni>
+void tiles_impl(const BlockQuantGemmParams& p, const BlockQuantActs& a, int64_t t0, int64_t t1,
+                const QuantTiles& q) {
+  if (p.n == 1) {
+    switch (q.bq_decode) {
+      case 2: return decode_pass<F, kVnni, 2>(p, a, t0, t1);
+      case 8: return decode_pass<F, kVnni, 8>(p, a, t0, t1);
+      default: return decode_pass<F, kVnni, 4>(p, a, t0, t1);
+    }
+  }
+  const BqShape s = p.n >= kBqPrefillMinRows ? q.bq_prefill : q.bq_batch;
+  if (s == BqShape{2, 4}) return rows_pass<F, kVnni, 2, 4>(p, a, t0, t1);
+  if (s == BqShape{6, 2}) return rows_pass<F, kVnni, 6, 2>(p, a, t0, t1);
+  if (s == BqShape{8, 1}) return rows_pass<F, kVnni, 8, 1>(p, a, t0, t1);
+  return rows_pass<F, kVnni, 4, 2>(p, a, t0, t1);
+}
+
+void tiles(const BlockQuantGemmParams& p, const BlockQuantActs& a, int64_t t0, int64_t t1, bool vnni,
+           const QuantTiles& q) {
   const bool q8 = p.w->format == BlockQuantFormat::kQ8;
   if (vnni) {
-    if (q8) tiles_impl<BlockQuantFormat::kQ8, true>(p, a, t0, t1);
-    else tiles_impl<BlockQuantFormat::kQ4, true>(p, a, t0, t1);
+    if (q8) tiles_impl<BlockQuantFormat::kQ8, true>(p, a, t0, t1, q);
+    else tiles_impl<BlockQuantFormat::kQ4, true>(p, a, t0, t1, q);
   } else {
-    if (q8) tiles_impl<BlockQuantFormat::kQ8, false>(p, a, t0, t1);
-    else tiles_impl<BlockQuantFormat::kQ4, false>(p, a, t0, t1);
+    if (q8) tiles_impl<BlockQuantFormat::kQ8, false>(p, a, t0, t1, q);
+    else tiles_impl<BlockQuantFormat::kQ4, false>(p, a, t0, t1, q);
   }
 }
 
@@ -191,8 +221,8 @@ void quantize(const float* x, int64_t n, int64_t in, int64_t ldx, int8_t* q, int
 }
 
 const char* name(bool vnni) {
-  return vnni ? "avx512_vnni vpdpbusd, 1 row x 4 or 4 rows x 2 tiles of 16 channels (u8 codes, offset through block sums)"
-              : "avx512bw vpmaddubsw + vpmaddwd, 1 row x 4 or 4 rows x 2 tiles of 16 channels";
+  return vnni ? "avx512_vnni vpdpbusd, rows x 16-channel tiles as the quant tiles say (u8 codes, offset through block sums)"
+              : "avx512bw vpmaddubsw + vpmaddwd, rows x 16-channel tiles as the quant tiles say";
 }
 bool has_vnni() { return cpu_features().avx512_vnni; }
 

@@ -7,13 +7,16 @@
 #include <cstring>
 
 #include "kiln/kernels/block_quant_gemm.h"
+#include "kiln/kernels/cpu/quant_tiles.h"
 
 namespace kiln::cpu {
 
 struct BlockQuantTargetKernels {
   // y rows [0, p.n), channel tiles [t0, t1) of p.w, epilogue included; the activations are
-  // already quantized (a). vnni: use VNNI's vpdpbusd where the target has it.
-  void (*tiles)(const BlockQuantGemmParams& p, const BlockQuantActs& a, int64_t t0, int64_t t1, bool vnni);
+  // already quantized (a). vnni: use VNNI's vpdpbusd where the target has it. shape: the
+  // register tiles (quant_tiles.h) on targets that compile variants; others ignore it.
+  void (*tiles)(const BlockQuantGemmParams& p, const BlockQuantActs& a, int64_t t0, int64_t t1, bool vnni,
+                const QuantTiles& shape);
   // Same contract as ref::quantize_blocks_int8 on rows [0, n).
   void (*quantize)(const float* x, int64_t n, int64_t in, int64_t ldx, int8_t* q, int64_t ldq, float* scales,
                    int32_t* sums);

@@ -95,6 +95,7 @@ struct AutotuneOptions {
   int64_t size = 1536;  // square problem timed per candidate
   int reps = 3;         // best of
   std::function<void(const std::string&)> log;  // one line per candidate, when set
+  int64_t quant_size = 2048;  // first use: K = N of the quantized tiles' search (quant_tiles.h)
 };
 struct AutotuneResult {
   GemmBlocking f32, bf16;
@@ -107,12 +108,18 @@ struct AutotuneResult {
 // 1-3 s on 2-core VMs. Disarms the first-use trigger.
 AutotuneResult autotune_gemm(const AutotuneOptions& opt = {});
 // Off by default in the library; `kiln` turns it on unless --no-autotune or KILN_AUTOTUNE=0.
-// When on and this CPU has no tune-file entry, the first packed GEMM of >= 2 * 512^3 FLOPs
-// called outside the pool runs autotune_gemm() and saves the result (one line on stderr). Not
-// under mpirun with several ranks (they would time each other): there the model's blocking.
-// `search` is what the search times (tests pass a small problem; the trigger stays 512^3).
+// When on, the first packed GEMM of >= 2 * 512^3 FLOPs or the first quantized GEMM (block or
+// weight-only) of a >= 512 x 512 weight, called outside the pool, runs the parts this CPU's
+// tune-file entry lacks: autotune_gemm() (no GEMM blocking yet) and autotune_quant_tiles()
+// (no quant_tiles yet; quant_tiles.h), and saves them (a line on stderr each). Together 1.5-4 s
+// on the 2-core Zen 4 VM. Not under mpirun with several ranks (they would time each other):
+// there the model's blocking and the default tiles. `search` is what the searches time (tests
+// pass small problems; the triggers stay as above).
 void set_first_use_autotune(bool on, const AutotuneOptions& search = {});
 void maybe_autotune_first_use(int64_t m, int64_t n, int64_t k);
+void maybe_autotune_first_use_quant(int64_t out, int64_t in);
+// The searches call it: their own GEMMs must not start another search.
+void disarm_first_use_autotune();
 
 // "avx512 14x32 micro-kernel", "avx512_bf16 dpbf16ps 14x32", ... for the active SIMD target.
 std::string gemm_path_name(GemmPath path);

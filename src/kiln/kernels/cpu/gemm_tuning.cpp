@@ -1,6 +1,6 @@
 // Blocking of the packed CPU GEMM and its tuning (gemm_cpu.h): the cache model, the tune file
 // (one entry per CPU), the bf16 kernel choice, the micro-kernel loop behind the FMA-peak
-// self-check, and the first-use autotune.
+// self-check, and the first-use autotune (the GEMM blocking and the quantized tiles).
 #include <algorithm>
 #include <atomic>
 #include <chrono>
@@ -24,6 +24,7 @@
 #include "kiln/core/thread_pool.h"
 #include "kiln/kernels/cpu/gemm_cpu.h"
 #include "kiln/kernels/cpu/gemm_driver.h"
+#include "kiln/kernels/cpu/quant_tiles.h"
 #include "kiln/kernels/gemm.h"
 
 namespace kiln::cpu {
@@ -410,29 +411,69 @@ void set_first_use_autotune(bool on, const AutotuneOptions& search) {
   g_first_use.store(on ? 1 : 0);
 }
 
+namespace {
+
+// The trigger is taken: runs what this CPU's tune-file entry lacks.
+void run_first_use_search() {
+  bool gemm_needed = false;
+  {
+    std::unique_lock<std::mutex> lock;
+    gemm_needed = !loaded_state(lock).has_entry;
+  }
+  const bool quant_needed = !quant_tiles_in_tune_file();
+  if (!gemm_needed && !quant_needed) return;
+  if (mpi_local_ranks() > 1) return;  // ranks on this machine would time each other: the defaults stay
+  const AutotuneOptions& search = first_use_search();
+  fmt::print(stderr,
+             "kiln: first use on this CPU: timing {}{}{} once (a few seconds; --no-autotune or KILN_AUTOTUNE=0 "
+             "skips)\n",
+             gemm_needed ? "GEMM cache blockings" : "", gemm_needed && quant_needed ? " and " : "",
+             quant_needed ? "quantized GEMM tiles" : "");
+  if (gemm_needed) {
+    const AutotuneResult r = autotune_gemm(search);
+    const Status st = save_gemm_tuning("autotune");
+    fmt::print(stderr, "kiln: GEMM tuned in {:.1f} s at {} thread(s): f32 mc={} kc={} nc={} ({:.0f} GFLOP/s)", r.seconds,
+               num_threads(), r.f32.mc, r.f32.kc, r.f32.nc, r.f32_gflops);
+    if (r.bf16_gflops > 0)
+      fmt::print(stderr, ", bf16 mc={} kc={} nc={} ({:.0f} GFLOP/s)", r.bf16.mc, r.bf16.kc, r.bf16.nc, r.bf16_gflops);
+    if (st.ok())
+      fmt::print(stderr, "; saved to {}\n", gemm_tune_file());
+    else
+      fmt::print(stderr, "; not saved: {}\n", st.message());
+  }
+  if (quant_needed) {
+    QuantTuneOptions qo;
+    qo.size = search.quant_size;
+    qo.reps = search.reps;
+    const QuantTuneResult r = autotune_quant_tiles(qo);
+    const Status st = save_quant_tuning("autotune");
+    fmt::print(stderr, "kiln: quantized GEMM tiles {} in {:.1f} s at {} thread(s): {}", r.searched ? "tuned" : "fixed on this target",
+               r.seconds, num_threads(), quant_tiles_name(r.best));
+    if (st.ok())
+      fmt::print(stderr, "; saved to {}\n", gemm_tune_file());
+    else
+      fmt::print(stderr, "; not saved: {}\n", st.message());
+  }
+}
+
+}  // namespace
+
 void maybe_autotune_first_use(int64_t m, int64_t n, int64_t k) {
   if (g_first_use.load(std::memory_order_relaxed) != 1) return;
   if (static_cast<double>(m) * n * k < 512.0 * 512 * 512 || in_pool_task()) return;
   int armed = 1;
   if (!g_first_use.compare_exchange_strong(armed, 2)) return;
-  {
-    std::unique_lock<std::mutex> lock;
-    if (loaded_state(lock).has_entry) return;
-  }
-  if (mpi_local_ranks() > 1) return;  // ranks on this machine would time each other: the cache model stays
-  fmt::print(stderr,
-             "kiln: first GEMM on this CPU: timing cache blockings once (a few seconds; --no-autotune or "
-             "KILN_AUTOTUNE=0 skips)\n");
-  const AutotuneResult r = autotune_gemm(first_use_search());
-  const Status st = save_gemm_tuning("autotune");
-  fmt::print(stderr, "kiln: GEMM tuned in {:.1f} s at {} thread(s): f32 mc={} kc={} nc={} ({:.0f} GFLOP/s)", r.seconds,
-             num_threads(), r.f32.mc, r.f32.kc, r.f32.nc, r.f32_gflops);
-  if (r.bf16_gflops > 0)
-    fmt::print(stderr, ", bf16 mc={} kc={} nc={} ({:.0f} GFLOP/s)", r.bf16.mc, r.bf16.kc, r.bf16.nc, r.bf16_gflops);
-  if (st.ok())
-    fmt::print(stderr, "; saved to {}\n", gemm_tune_file());
-  else
-    fmt::print(stderr, "; not saved: {}\n", st.message());
+  run_first_use_search();
 }
+
+void maybe_autotune_first_use_quant(int64_t out, int64_t in) {
+  if (g_first_use.load(std::memory_order_relaxed) != 1) return;
+  if (static_cast<double>(out) * in < 512.0 * 512 || in_pool_task()) return;
+  int armed = 1;
+  if (!g_first_use.compare_exchange_strong(armed, 2)) return;
+  run_first_use_search();
+}
+
+void disarm_first_use_autotune() { g_first_use.store(2); }
 
 }  // namespace kiln::cpu

@@ -11,6 +11,7 @@
 #include "kiln/core/fp8.h"
 #include "kiln/core/thread_pool.h"
 #include "kiln/core/trace.h"
+#include "kiln/kernels/cpu/gemm_cpu.h"
 #include "kiln/kernels/cpu/parallel.h"
 #include "kiln/kernels/cpu/quant_gemm_simd.h"
 #include "kiln/kernels/dispatch.h"
@@ -76,7 +77,7 @@ QuantTargetKernels make_scalar_kernels() {
   QuantTargetKernels k;
   k.name = "scalar 4x4 decode tile";
   k.lanes = 1;
-  k.wo_rows = &quant_detail::wo_rows<V1, 4, 4, 4>;
+  k.wo_rows = &quant_detail::wo_rows<V1, quant_detail::FixedShapes<4, 4, 4>>;
   k.dequant_rows = &quant_detail::dequant_rows<V1>;
   k.w8a8_rows = &w8a8_rows_scalar;
   k.w8a8_name = &w8a8_name_scalar;
@@ -99,8 +100,12 @@ std::atomic<bool> g_vnni_allowed{true};
 constexpr int64_t kPanelMinRows = 16;
 // Channels per panel: 64 x in f32 (256 KiB at in = 1024, 1.4 MiB at 5632) per thread.
 constexpr int64_t kPanelChannels = 64;
-// Channel units handed to threads by the decode path: a multiple of every tile width (4, 8).
+// Channel units handed to threads by the decode path: at least 8, and a multiple of the tile
+// width in use (2, 4, 8 or 16: quant_tiles.h), so that no tile is split between two tasks.
 constexpr int64_t kChannelUnit = 8;
+int64_t channel_unit(const QuantTiles& q, int64_t n) {
+  return std::max<int64_t>(kChannelUnit, n == 1 ? q.wo_gemv : q.wo_rows);
+}
 
 std::vector<float>& panel_buffer() {
   thread_local std::vector<float> b;
@@ -148,6 +153,7 @@ bool w8a8_vnni_allowed() { return g_vnni_allowed; }
 void quant_gemm(const QuantGemmParams& p) {
   trace::Scope kiln_trace_(trace::Category::kKernel, "quant_gemm", [&](trace::Event& e) { const OpCost c = quant_gemm_cost(p.n, p.w->out, p.w->in, static_cast<double>(quant_weight_bytes(*p.w))); e.flops = c.flops; e.bytes = c.bytes; e.set_dims({p.n, p.w->out, p.w->in}); e.dtype = quant_format_name(p.w->format).data(); });
   if (p.n == 0) return;
+  maybe_autotune_first_use_quant(p.w->out, p.w->in);  // before this thread's buffers are taken
   const QuantWeight& w = *p.w;
   const int64_t ng = w.num_groups(), gsize = w.in / ng;
   const QuantTargetKernels& best = target_kernels();
@@ -166,9 +172,11 @@ void quant_gemm(const QuantGemmParams& p) {
         xsums[i * ng + g] = s;
       }
   }
-  const int64_t units = (w.out + kChannelUnit - 1) / kChannelUnit;
-  parallel_for(units, grain_for(kChannelUnit * w.in * p.n), [&](int64_t b, int64_t e) {
-    kernels.wo_rows(p, xsums.empty() ? nullptr : xsums.data(), b * kChannelUnit, std::min(w.out, e * kChannelUnit));
+  const QuantTiles shape = quant_tiles();
+  const int64_t unit = channel_unit(shape, p.n);
+  const int64_t units = (w.out + unit - 1) / unit;
+  parallel_for(units, grain_for(unit * w.in * p.n), [&](int64_t b, int64_t e) {
+    kernels.wo_rows(p, xsums.empty() ? nullptr : xsums.data(), b * unit, std::min(w.out, e * unit), shape);
   });
 }
 

@@ -176,7 +176,7 @@ QuantTargetKernels make_kernels() {
   QuantTargetKernels k;
   k.name = "avx2 decode tile (2 rows x 4 channels, 16 codes per step)";
   k.lanes = 2 * V256::kLanes;  // codes per decode2 step
-  k.wo_rows = &quant_detail::wo_rows<V256, 4, 2, 4>;
+  k.wo_rows = &quant_detail::wo_rows<V256, quant_detail::FixedShapes<4, 2, 4>>;
   k.dequant_rows = &quant_detail::dequant_rows<V256>;
   k.w8a8_rows = &w8a8_rows;
   k.w8a8_name = &w8a8_name;

@@ -5,6 +5,7 @@
 #include <immintrin.h>
 
 #include <cstring>
+#include <iterator>
 
 #include "kiln/core/cpu_features.h"
 #include "kiln/kernels/cpu/quant_gemm_simd.h"
@@ -212,11 +213,34 @@ void quantize_rows(const float* x, int64_t n, int64_t in, int64_t ldx, int8_t* q
   }
 }
 
+// The weight-only tile shapes as a run-time choice (quant_tiles.h): GEMV tiles of 4, 8 (today's
+// default) or 16 channels, 4-row tiles of 2 or 4 (default) channels. A channel's sum runs over
+// k in the same order in each, so every choice gives the same bits.
+static_assert(std::size(kWoGemvChannels) == 3 && kWoGemvChannels[0] == 4 && kWoGemvChannels[1] == 8 &&
+                  kWoGemvChannels[2] == 16 && std::size(kWoRowsChannels) == 2 && kWoRowsChannels[0] == 2 &&
+                  kWoRowsChannels[1] == 4,
+              "TunedShapes instantiates exactly the weight-only candidates");
+struct TunedShapes {
+  template <class V, QuantFormat F>
+  static void gemv(const QuantGemmParams& p, const float* xsums, int64_t j0, int64_t j1, const QuantTiles& q) {
+    switch (q.wo_gemv) {
+      case 4: return quant_detail::wo_gemv<V, F, 4>(p, xsums, j0, j1);
+      case 16: return quant_detail::wo_gemv<V, F, 16>(p, xsums, j0, j1);
+      default: return quant_detail::wo_gemv<V, F, 8>(p, xsums, j0, j1);
+    }
+  }
+  template <class V, QuantFormat F>
+  static void rows(const QuantGemmParams& p, const float* xsums, int64_t j0, int64_t j1, const QuantTiles& q) {
+    if (q.wo_rows == 2) return quant_detail::wo_rows_tiles<V, F, 2, 4>(p, xsums, j0, j1);
+    quant_detail::wo_rows_tiles<V, F, 4, 4>(p, xsums, j0, j1);
+  }
+};
+
 QuantTargetKernels make_kernels() {
   QuantTargetKernels k;
-  k.name = "avx512 decode tile (4 rows x 4 channels, 1 x 8 for one row; 32 codes per step)";
+  k.name = "avx512 decode tile (4 rows x 2|4 channels, 1 x 4|8|16 for one row, as the quant tiles say; 32 codes per step)";
   k.lanes = 2 * V512::kLanes;  // codes per decode2 step
-  k.wo_rows = &quant_detail::wo_rows<V512, 4, 4, 8>;
+  k.wo_rows = &quant_detail::wo_rows<V512, TunedShapes>;
   k.dequant_rows = &quant_detail::dequant_rows<V512>;
   k.w8a8_rows = &w8a8_rows;
   k.w8a8_name = &w8a8_name;

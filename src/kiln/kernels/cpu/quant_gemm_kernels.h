@@ -5,6 +5,7 @@
 
 #include <cstdint>
 
+#include "kiln/kernels/cpu/quant_tiles.h"
 #include "kiln/kernels/quant_gemm.h"
 
 namespace kiln::cpu {
@@ -16,8 +17,9 @@ struct QuantTargetKernels {
   int lanes = 1;
   // y rows [0, p.n), output channels [j0, j1): decode each weight vector once per block of
   // rows, dot with x, then the epilogue. xsums (n, num_groups) = Σ of x over each group, given
-  // when the weight has zero-points (the kernel subtracts scale·zero·xsum per group).
-  void (*wo_rows)(const QuantGemmParams& p, const float* xsums, int64_t j0, int64_t j1);
+  // when the weight has zero-points (the kernel subtracts scale·zero·xsum per group). q: the
+  // tile shapes (quant_tiles.h) on targets that compile variants; others ignore it.
+  void (*wo_rows)(const QuantGemmParams& p, const float* xsums, int64_t j0, int64_t j1, const QuantTiles& q);
   // dst (j1 - j0, in) f32 = the dequantized rows j0..j1 of w (the prefill packing step).
   void (*dequant_rows)(const QuantWeight& w, int64_t j0, int64_t j1, float* dst);
   // W8A8 rows [0, p.n), channels [j0, j1), epilogue included.

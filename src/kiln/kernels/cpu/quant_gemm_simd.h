@@ -142,10 +142,38 @@ void wo_rows_block(const QuantGemmParams& p, const float* xsums, int64_t j0, int
   }
 }
 
-// Channels [j0, j1) in blocks: one row (GEMV) takes CGemv channels per tile for more
-// independent accumulator chains; several rows take C channels x RMax rows.
-template <class V, QuantFormat F, int C, int RMax, int CGemv>
-void wo_rows_fmt(const QuantGemmParams& p_in, const float* xsums, int64_t j0, int64_t j1) {
+// One row (GEMV): CG channels per tile, CG independent accumulator chains per decoded x vector.
+template <class V, QuantFormat F, int CG>
+void wo_gemv(const QuantGemmParams& p, const float* xsums, int64_t j0, int64_t j1) {
+  for (int64_t j = j0; j < j1; j += CG)
+    wo_tile<V, F, 1, CG>(p, xsums, 0, 1, j, static_cast<int>(std::min<int64_t>(CG, j1 - j)));
+}
+
+// Several rows: tiles of C channels x RMax rows.
+template <class V, QuantFormat F, int C, int RMax>
+void wo_rows_tiles(const QuantGemmParams& p, const float* xsums, int64_t j0, int64_t j1) {
+  for (int64_t j = j0; j < j1; j += C)
+    wo_rows_block<V, F, C, RMax>(p, xsums, j, static_cast<int>(std::min<int64_t>(C, j1 - j)));
+}
+
+// A target's tile shapes, fixed at compile time (AVX2, scalar): the run-time choice is ignored.
+// A target with variants supplies the same two members, switching on the QuantTiles.
+template <int C, int RMax, int CGemv>
+struct FixedShapes {
+  template <class V, QuantFormat F>
+  static void gemv(const QuantGemmParams& p, const float* xsums, int64_t j0, int64_t j1, const QuantTiles&) {
+    wo_gemv<V, F, CGemv>(p, xsums, j0, j1);
+  }
+  template <class V, QuantFormat F>
+  static void rows(const QuantGemmParams& p, const float* xsums, int64_t j0, int64_t j1, const QuantTiles&) {
+    wo_rows_tiles<V, F, C, RMax>(p, xsums, j0, j1);
+  }
+};
+
+// Channels [j0, j1) in blocks: one row (GEMV) takes Shapes::gemv's tiles for more independent
+// accumulator chains; several rows take Shapes::rows' tiles.
+template <class V, QuantFormat F, class Shapes>
+void wo_rows_fmt(const QuantGemmParams& p_in, const float* xsums, int64_t j0, int64_t j1, const QuantTiles& q) {
   QuantGemmParams p = p_in;
   if constexpr (F == QuantFormat::kInt4 && V::kPairs) {
     // x in the order decode2 yields int4 codes: per chunk of 2L inputs, the L even ones, then
@@ -166,23 +194,18 @@ void wo_rows_fmt(const QuantGemmParams& p_in, const float* xsums, int64_t j0, in
     p.x = xp.data();
     p.ldx = in;
   }
-  if (p.n == 1) {
-    for (int64_t j = j0; j < j1; j += CGemv)
-      wo_tile<V, F, 1, CGemv>(p, xsums, 0, 1, j, static_cast<int>(std::min<int64_t>(CGemv, j1 - j)));
-    return;
-  }
-  for (int64_t j = j0; j < j1; j += C)
-    wo_rows_block<V, F, C, RMax>(p, xsums, j, static_cast<int>(std::min<int64_t>(C, j1 - j)));
+  if (p.n == 1) return Shapes::template gemv<V, F>(p, xsums, j0, j1, q);
+  Shapes::template rows<V, F>(p, xsums, j0, j1, q);
 }
 
-template <class V, int C, int RMax, int CGemv>
-void wo_rows(const QuantGemmParams& p, const float* xsums, int64_t j0, int64_t j1) {
+template <class V, class Shapes>
+void wo_rows(const QuantGemmParams& p, const float* xsums, int64_t j0, int64_t j1, const QuantTiles& q) {
   switch (p.w->format) {
-    case QuantFormat::kInt8: return wo_rows_fmt<V, QuantFormat::kInt8, C, RMax, CGemv>(p, xsums, j0, j1);
-    case QuantFormat::kInt4: return wo_rows_fmt<V, QuantFormat::kInt4, C, RMax, CGemv>(p, xsums, j0, j1);
-    case QuantFormat::kFp8E4M3: return wo_rows_fmt<V, QuantFormat::kFp8E4M3, C, RMax, CGemv>(p, xsums, j0, j1);
-    case QuantFormat::kFp8E5M2: return wo_rows_fmt<V, QuantFormat::kFp8E5M2, C, RMax, CGemv>(p, xsums, j0, j1);
-    case QuantFormat::kF16: return wo_rows_fmt<V, QuantFormat::kF16, C, RMax, CGemv>(p, xsums, j0, j1);
+    case QuantFormat::kInt8: return wo_rows_fmt<V, QuantFormat::kInt8, Shapes>(p, xsums, j0, j1, q);
+    case QuantFormat::kInt4: return wo_rows_fmt<V, QuantFormat::kInt4, Shapes>(p, xsums, j0, j1, q);
+    case QuantFormat::kFp8E4M3: return wo_rows_fmt<V, QuantFormat::kFp8E4M3, Shapes>(p, xsums, j0, j1, q);
+    case QuantFormat::kFp8E5M2: return wo_rows_fmt<V, QuantFormat::kFp8E5M2, Shapes>(p, xsums, j0, j1, q);
+    case QuantFormat::kF16: return wo_rows_fmt<V, QuantFormat::kF16, Shapes>(p, xsums, j0, j1, q);
     case QuantFormat::kCount: break;
   }
 }
