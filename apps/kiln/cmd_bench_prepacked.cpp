@@ -36,6 +36,7 @@ struct PrepackedBenchOptions {
   std::vector<std::string> step_presets;  // decode-step timing for these model presets instead
   std::vector<int64_t> step_seqs = {1, 4, 8, 12, 16, 24, 32, 64};
   int64_t step_cached = 100;  // tokens already cached per sequence
+  bool half = false;  // also time W packed as IEEE halves (the GGUF F16 path) beside the f32 packing
 };
 
 // Median seconds per call of fn(copy) over reps timed batches, each >= ~20 ms of calls.
@@ -59,8 +60,9 @@ int run_prepacked_bench(const PrepackedBenchOptions& opt) {
   fmt::print("kiln bench prepacked: y (m, n) = x (m, k) Wᵀ, W (n, k) f32, K = N; {}; weights {}\n",
              cpu::gemm_path_name(cpu::GemmPath::kF32),
              opt.min_mib > 0 ? fmt::format("cycled through >= {} MiB of copies (cold)", opt.min_mib) : "warm (one copy)");
-  fmt::print("{:>5} {:>3} {:>4} | {:>10} {:>10} {:>7} | {:>14} {:>9}\n", "K=N", "thr", "m", "gemm us",
-             "prepack us", "ratio", "prepack GFLOP/s", "W GB/s");
+  fmt::print("{:>5} {:>3} {:>4} | {:>10} {:>10} {:>7} | {:>14} {:>9}{}\n", "K=N", "thr", "m", "gemm us",
+             "prepack us", "ratio", "prepack GFLOP/s", "W GB/s",
+             opt.half ? fmt::format(" | {:>10} {:>9} {:>9}", "f16 us", "f16 GB/s", "f32/f16") : "");
   Rng rng(1);
   for (int64_t size : opt.sizes) {
     const int64_t n = size, k = size;
@@ -71,8 +73,14 @@ int run_prepacked_bench(const PrepackedBenchOptions& opt) {
       c.resize(static_cast<size_t>(n * k));
       for (float& x : c) x = rng.uniform(-1.0f, 1.0f);
     }
-    std::vector<PackedMatrix> packed;
-    for (auto& c : w) packed.push_back(pack_weight(c.data(), n, k));
+    std::vector<PackedMatrix> packed, packed_half;
+    for (auto& c : w) {
+      packed.push_back(pack_weight(c.data(), n, k));
+      if (!opt.half) continue;
+      std::vector<uint16_t> h(c.size());
+      for (size_t i = 0; i < h.size(); ++i) h[i] = f32_to_f16(c[i]);
+      packed_half.push_back(pack_weight_as(h.data(), DType::kF16, n, k));
+    }
     const int64_t max_m = *std::max_element(opt.ms.begin(), opt.ms.end());
     std::vector<float> x(static_cast<size_t>(max_m * k)), y(static_cast<size_t>(max_m * n));
     for (float& v : x) v = rng.uniform(-1.0f, 1.0f);
@@ -90,14 +98,21 @@ int run_prepacked_bench(const PrepackedBenchOptions& opt) {
           cpu::gemm(q);
         });
         const double t_pre = time_per_call(opt.reps, copies, [&](int c) { gemm_prepacked(p, packed[static_cast<size_t>(c)]); });
-        fmt::print("{:>5} {:>3} {:>4} | {:>10.1f} {:>10.1f} {:>6.2f}x | {:>14.1f} {:>9.1f}\n", size, threads, m,
+        std::string half;
+        if (opt.half) {  // the half copies are half the bytes: twice as many fit the same MiB
+          const double t_half = time_per_call(opt.reps, copies, [&](int c) { gemm_prepacked(p, packed_half[static_cast<size_t>(c)]); });
+          half = fmt::format(" | {:>10.1f} {:>9.1f} {:>8.2f}x", t_half * 1e6,
+                             static_cast<double>(packed_half[0].packed_bytes()) / t_half * 1e-9, t_pre / t_half);
+        }
+        fmt::print("{:>5} {:>3} {:>4} | {:>10.1f} {:>10.1f} {:>6.2f}x | {:>14.1f} {:>9.1f}{}\n", size, threads, m,
                    t_plain * 1e6, t_pre * 1e6, t_plain / t_pre, gemm_flops(m, n, k) / t_pre * 1e-9,
-                   static_cast<double>(packed[0].packed_bytes()) / t_pre * 1e-9);
+                   static_cast<double>(packed[0].packed_bytes()) / t_pre * 1e-9, half);
       }
     }
   }
   fmt::print("ratio = gemm time / prepacked time (> 1: prepacked faster); W GB/s: packed weight bytes read per\n"
-             "second by gemm_prepacked (once per call at m <= 8).\n");
+             "second by gemm_prepacked (once per call at m <= 8){}.\n",
+             opt.half ? "; f16: W packed as IEEE halves (widened in registers), f32/f16 = f32 time / f16 time" : "");
   return 0;
 }
 
@@ -161,6 +176,7 @@ void register_bench_prepacked(CLI::App& app) {
   cmd->add_option("--reps", opt->reps, "Timed repetitions (median)")->check(CLI::Range(1, 1000));
   cmd->add_option("--min-mib", opt->min_mib, "Cycle through weight copies of at least this many MiB (cold weights)")
       ->check(CLI::Range(0, 1 << 16));
+  cmd->add_flag("--half", opt->half, "Also time W packed as IEEE halves (GGUF F16's path) beside the f32 packing");
   cmd->add_option("--step-preset", opt->step_presets, "Time whole decode steps of these presets instead, e.g. llama-tiny,w2-s")
       ->delimiter(',');
   cmd->add_option("--step-seqs", opt->step_seqs, "Sequences per decode step, e.g. 1,8,16")->delimiter(',')

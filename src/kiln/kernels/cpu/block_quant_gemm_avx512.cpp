@@ -42,8 +42,10 @@ inline __m512i dot4(__m512i dot, __m512i w, __m512i a) {
   }
 }
 
+// R rows x C tiles from tile t0; with pf_next, the next C tiles are prefetched meanwhile
+// (NextTiles: the first row block of a pass, which brings the tiles in from memory).
 template <BlockQuantFormat F, int R, int C, bool kVnni>
-void tile(const BlockQuantGemmParams& p, const BlockQuantActs& a, int64_t i0, int64_t t0) {
+void tile(const BlockQuantGemmParams& p, const BlockQuantActs& a, int64_t i0, int64_t t0, bool pf_next) {
   const BlockQuantWeight& w = *p.w;
   const int64_t nb = w.blocks(), bb = w.block_bytes(), cb = w.code_bytes();
   // The offset o of the unsigned codes comes back out through the block sums (Σ (q + o)·a =
@@ -59,7 +61,9 @@ void tile(const BlockQuantGemmParams& p, const BlockQuantActs& a, int64_t i0, in
 #pragma GCC unroll 4
     for (int c = 0; c < C; ++c) acc[r][c] = _mm512_setzero_ps();
   const __m512i low4 = _mm512_set1_epi8(0x0f);
+  const NextTiles next(w, t0, C, pf_next && F == BlockQuantFormat::kQ4);  // Q4 only: see NextTiles
   for (int64_t b = 0; b < nb; ++b) {
+    next.prefetch(b);
     __m512i dot[R][C];
     const int8_t* qa[R];
 #pragma GCC unroll 4
@@ -131,8 +135,8 @@ void tile(const BlockQuantGemmParams& p, const BlockQuantActs& a, int64_t i0, in
 template <BlockQuantFormat F, bool kVnni, int C>
 void decode_pass(const BlockQuantGemmParams& p, const BlockQuantActs& a, int64_t t0, int64_t t1) {
   int64_t t = t0;
-  for (; t + C <= t1; t += C) tile<F, 1, C, kVnni>(p, a, 0, t);
-  for (; t < t1; ++t) tile<F, 1, 1, kVnni>(p, a, 0, t);
+  for (; t + C <= t1; t += C) tile<F, 1, C, kVnni>(p, a, 0, t, true);
+  for (; t < t1; ++t) tile<F, 1, 1, kVnni>(p, a, 0, t, true);
 }
 
 // rows (1..R) of tile width C at (i0, t): the instantiation for exactly that many rows.
@@ -141,7 +145,7 @@ void rows_tile(const BlockQuantGemmParams& p, const BlockQuantActs& a, int64_t r
   if constexpr (R > 1) {
     if (rows < R) return rows_tile<F, kVnni, R - 1, C>(p, a, rows, i0, t);
   }
-  tile<F, R, C, kVnni>(p, a, i0, t);
+  tile<F, R, C, kVnni>(p, a, i0, t, i0 == 0);
 }
 
 template <BlockQuantFormat F, bool kVnni, int R, int C>
