@@ -14,6 +14,7 @@
 #include <thread>
 
 #include "kiln/model/gguf.h"
+#include "kiln/model/packed_linear.h"
 #include "kiln/model/weights.h"
 #include "kiln/quant/gguf_weights.h"
 #include "kiln/quant/qlinear.h"
@@ -188,8 +189,10 @@ TEST(ServedModel, GgufF16MatricesStayHalves) {
   auto served = load_served_model(path);
   ASSERT_TRUE(served.ok()) << served.status().message();
   auto fp32 = gguf::load_llama(path).value().model;  // the same halves widened to fp32
-  for (Linear* l : served->model->linears())
-    EXPECT_NE(dynamic_cast<const quant::HalfLinear*>(l->backend.get()), nullptr) << l->name << " is not kept in f16";
+  for (Linear* l : served->model->linears()) {
+    const auto* packed = dynamic_cast<const PackedLinear*>(l->backend.get());
+    EXPECT_TRUE(packed && packed->packed().weight_dtype() == DType::kF16) << l->name << " is not kept in f16";
+  }
   EXPECT_EQ(quant::weight_bytes_per_token(*served->model), quant::weight_bytes_per_token(*fp32) -
                                                               [&] {
                                                                 int64_t b = 0;

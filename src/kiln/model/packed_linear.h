@@ -1,6 +1,8 @@
 // The inference LinearBackend over pre-packed weights: each Linear's fp32 weight is packed once
 // (kernels/gemm_prepacked.h) and the forward runs gemm_prepacked, so a decode step with 9..64
-// rows no longer re-packs every weight. Backward falls back to the fp32 path (inference only).
+// rows no longer re-packs every weight. Packed as f32, or as IEEE halves (a GGUF F16 tensor,
+// value for value: the f32 path's arithmetic on half the bytes streamed per decode step).
+// Backward falls back to the fp32 path (inference only).
 #pragma once
 
 #include "kiln/kernels/gemm_prepacked.h"
@@ -10,13 +12,16 @@ namespace kiln {
 
 class PackedLinear final : public LinearBackend {
  public:
-  explicit PackedLinear(const Linear& l);
+  // weight_dtype: kF32, or kF16 (the master weight rounded to halves: exact where it holds
+  // halves' values, as after loading an F16 GGUF tensor).
+  explicit PackedLinear(const Linear& l, DType weight_dtype = DType::kF32);
   void forward(const Linear& l, float* y, const float* x, int64_t n, const float* residual) const override;
   void sync(const Linear& l) override;  // re-packs the changed master weight
   bool captured() const override { return true; }  // one gemm_prepacked call (a graph node)
   const PackedMatrix& packed() const { return packed_; }
 
  private:
+  DType weight_dtype_;
   PackedMatrix packed_;
 };
 

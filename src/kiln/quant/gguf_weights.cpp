@@ -1,6 +1,8 @@
 // GGUF Q8_0 / Q4_0 blocks as kiln QTensors, value for value (gguf_weights.h).
 #include "kiln/quant/gguf_weights.h"
 
+#include "kiln/model/packed_linear.h"
+
 #include <cstring>
 
 #include <fmt/format.h>
@@ -79,7 +81,7 @@ Expected<gguf::LoadedModel> load_gguf_model(const std::string& path, QuantizedSt
     const std::string gname = gguf::llama_tensor_name(l->name);
     const gguf::TensorInfo* t = gname.empty() || gguf::moe_expert_slice(l->name).ok() ? nullptr : f.tensor(gname);
     if (t && t->type == gguf::TensorType::kF16 && t->numel() == l->in * l->out)
-      l->backend = std::make_shared<HalfLinear>(*l);
+      l->backend = std::make_shared<PackedLinear>(*l, DType::kF16);
   }
   if (state) *state = std::move(st);
   return loaded;

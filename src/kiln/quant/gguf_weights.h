@@ -17,8 +17,8 @@ namespace kiln::quant {
 QuantizedState gguf_quantized_state(const gguf::File& f, Transformer& model);
 
 // A llama.cpp GGUF file as a kiln model: gguf::llama_from_gguf's, with the Q8_0 / Q4_0 matrices
-// on the quantized backends (install_backends) and the F16 ones on HalfLinear (halves kept);
-// `state`, when given, receives the Q8_0 / Q4_0 weights.
+// on the quantized backends (install_backends) and the F16 ones packed as halves (PackedLinear
+// with f16 weights: kept, not widened); `state`, when given, receives the Q8_0 / Q4_0 weights.
 // `act`: how those matrices take their activations — int8 per block of 32 by default, as
 // llama.cpp runs Q8_0 / Q4_0 (the block kernels, W8A8 / W4A8), or kNone for f32 activations
 // (the weight-only kernels, W8A16 / W4A16: the accuracy path). Errors name the file.

@@ -157,28 +157,6 @@ void QuantizedLinear::forward(const Linear& l, float* y, const float* x, int64_t
   run_weight_only(p);
 }
 
-HalfLinear::HalfLinear(const Linear& l) { sync(l); }
-
-void HalfLinear::sync(const Linear& l) {
-  std::vector<uint16_t> h(static_cast<size_t>(l.out * l.in));
-  for (size_t i = 0; i < h.size(); ++i) h[i] = f32_to_f16(l.w[i]);
-  packed_ = pack_weight_as(h.data(), DType::kF16, l.out, l.in);
-}
-
-void HalfLinear::forward(const Linear& l, float* y, const float* x, int64_t n, const float* residual) const {
-  GemmParams p;  // y (n, out) = x (n, in) Wᵀ + b (+ residual), W the halves
-  p.m = n; p.n = l.out; p.k = l.in;
-  p.a = x; p.lda = l.in;
-  p.c = y; p.ldc = l.out;
-  if (l.split_epilogue) {
-    gemm_prepacked(p, packed_);
-    return l.split_epilogue_adds(y, n, residual);
-  }
-  p.bias = l.b;
-  p.residual = residual; p.ldr = l.out;
-  gemm_prepacked(p, packed_);
-}
-
 Bf16Linear::Bf16Linear(const Linear& l) { sync(l); }
 
 void Bf16Linear::sync(const Linear& l) {

@@ -9,7 +9,6 @@
 #include <vector>
 
 #include "kiln/kernels/block_quant_gemm.h"
-#include "kiln/kernels/gemm_prepacked.h"
 #include "kiln/kernels/quant_gemm.h"
 #include "kiln/model/transformer.h"
 #include "kiln/quant/scheme.h"
@@ -54,21 +53,6 @@ class QuantizedLinear : public LinearBackend {
   mutable std::vector<int8_t> qa_;     // (n, in) W8A8 activations
   mutable std::vector<float> a_scale_;  // (n,)
   mutable std::vector<float> xa_;       // (n, in) fp8-rounded activations
-};
-
-// An IEEE-half copy of the weight (a GGUF F16 tensor, value for value) packed once into the
-// packed GEMM's half strips (gemm_prepacked: halves widened to f32 in registers, f32 activations
-// and sums): the fp32 PackedLinear's arithmetic, at half the weight bytes per decode step.
-class HalfLinear : public LinearBackend {
- public:
-  explicit HalfLinear(const Linear& l);
-  void forward(const Linear& l, float* y, const float* x, int64_t n, const float* residual) const override;
-  void sync(const Linear& l) override;  // re-packs the master weight, rounded to halves
-  bool captured() const override { return true; }  // one gemm_prepacked call (a graph node)
-  int64_t weight_bytes() const { return packed_.packed_bytes(); }
-
- private:
-  PackedMatrix packed_;
 };
 
 // A bf16 copy of the weight through the bf16 GEMM (the decode-speed baseline beside fp32).

@@ -1,6 +1,8 @@
 // Whole-model quantization drivers and the quantized safetensors format.
 #include "kiln/quant/qmodel.h"
 
+#include "kiln/model/packed_linear.h"
+
 #include "kiln/quant/gguf_weights.h"
 
 #include <cmath>
@@ -474,7 +476,9 @@ int64_t weight_bytes_per_token(Transformer& model) {
   int64_t bytes = model.config().d_model * 4;  // the embedding row
   for (Linear* l : model.linears()) {
     if (auto* q = dynamic_cast<QuantizedLinear*>(l->backend.get())) bytes += q->weight_bytes();
-    else if (dynamic_cast<Bf16Linear*>(l->backend.get()) || dynamic_cast<HalfLinear*>(l->backend.get()))
+    else if (auto* h = dynamic_cast<PackedLinear*>(l->backend.get()); h && h->packed().weight_dtype() == DType::kF16)
+      bytes += 2 * l->in * l->out;
+    else if (dynamic_cast<Bf16Linear*>(l->backend.get()))
       bytes += 2 * l->in * l->out;
     else bytes += 4 * l->in * l->out;
   }
