@@ -52,8 +52,7 @@ class PackedMatrix {
 
 // Packs w (out, in), rows ldw apart (0: in), of dtype f32, bf16 or f16 (IEEE half bits;
 // anything else: an error naming it, via KILN_CHECK), for the active SIMD target; threads over
-// strips. Buffers of 2 MiB
-// or more are 2 MiB aligned and advised onto transparent huge pages.
+// strips. Buffers of 2 MiB or more are 2 MiB aligned and advised onto transparent huge pages.
 PackedMatrix pack_weight_as(const void* w, DType dtype, int64_t out, int64_t in, int64_t ldw = 0);
 inline PackedMatrix pack_weight(const float* w, int64_t out, int64_t in, int64_t ldw = 0) {
   return pack_weight_as(w, DType::kF32, out, in, ldw);

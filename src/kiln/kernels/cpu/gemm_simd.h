@@ -305,7 +305,10 @@ template <class V, int MR, int NV>
 
 // The C tile is read (beta or a later K block) and written at the end of a micro-kernel:
 // start fetching its `rows` rows of `cols` floats before the k loop so they are in L1 when it
-// finishes (C rows are ldc apart and rarely cached).
+// finishes (C rows are ldc apart and rarely cached). As built today GCC 12 deletes this call (a
+// function whose only effect is prefetches counts as side-effect free; see
+// block_quant_gemm_kernels.h::NextTiles): the micro-kernels hold no C prefetch. Made
+// always_inline it would change every GEMM's timing, so that waits for its own measurement.
 inline void prefetch_c_tile(const float* c, int64_t ldc, int rows, int cols) {
   for (int i = 0; i < rows; ++i) {
     __builtin_prefetch(c + i * ldc, 1, 3);
