@@ -154,7 +154,7 @@ BqShape parse_bq_shape(const std::string& s) {
 }
 
 std::string quant_tiles_name(const QuantTiles& t) {
-  return fmt::format("q8_0/q4_0 decode {} tiles, batch {}, prefill {}; weight-only gemv {} ch, rows 4x{}", t.bq_decode,
+  return fmt::format("q4_0 decode {} tiles (q8_0 1), batch {}, prefill {}; weight-only gemv {} ch, rows 4x{}", t.bq_decode,
                      bq_shape_name(t.bq_batch), bq_shape_name(t.bq_prefill), t.wo_gemv, t.wo_rows);
 }
 

@@ -24,8 +24,9 @@ struct BqShape {
 };
 
 struct QuantTiles {
-  // Block-quantized, one row (decode): 16-channel tiles per pass (independent dot chains; each
-  // tile's weight stream is read once). Measured 1.1-1.4x over 2 on W2-S when 4 was chosen.
+  // Block-quantized Q4_0, one row (decode): 16-channel tiles per pass (independent dot chains;
+  // each tile's weight stream is read once). Measured 1.1-1.4x over 2 on W2-S when 4 was chosen.
+  // Q8_0 decode takes one tile per pass whatever this says (block_quant_gemm_avx512.cpp).
   int bq_decode = 4;
   // Block-quantized, 2..15 rows (batched decode) and >= 16 rows (prefill): rows x tiles per
   // register tile. Rows share each weight load, tiles share each activation broadcast.
@@ -51,7 +52,7 @@ inline constexpr int kWoRowsChannels[] = {2, 4};
 bool is_quant_tiles_candidate(const QuantTiles& t);
 std::string bq_shape_name(BqShape s);  // "4x2" (rows x tiles)
 BqShape parse_bq_shape(const std::string& s);  // {0, 0} when not "<rows>x<tiles>"
-// "q8_0/q4_0 decode 4 tiles, batch 4x2, prefill 4x2; weight-only gemv 8 ch, rows 4x4"
+// "q4_0 decode 4 tiles (q8_0 1), batch 4x2, prefill 4x2; weight-only gemv 8 ch, rows 4x4"
 std::string quant_tiles_name(const QuantTiles& t);
 
 // The shapes the kernels use now: set_quant_tiles(), else this CPU's tune-file entry (read once;
