@@ -424,6 +424,12 @@ void run_first_use_search() {
   if (!gemm_needed && !quant_needed) return;
   if (mpi_local_ranks() > 1) return;  // ranks on this machine would time each other: the defaults stay
   const AutotuneOptions& search = first_use_search();
+  const auto print_saved = [](const Status& st) {
+    if (st.ok())
+      fmt::print(stderr, "; saved to {}\n", gemm_tune_file());
+    else
+      fmt::print(stderr, "; not saved: {}\n", st.message());
+  };
   fmt::print(stderr,
              "kiln: first use on this CPU: timing {}{}{} once (a few seconds; --no-autotune or KILN_AUTOTUNE=0 "
              "skips)\n",
@@ -436,10 +442,7 @@ void run_first_use_search() {
                num_threads(), r.f32.mc, r.f32.kc, r.f32.nc, r.f32_gflops);
     if (r.bf16_gflops > 0)
       fmt::print(stderr, ", bf16 mc={} kc={} nc={} ({:.0f} GFLOP/s)", r.bf16.mc, r.bf16.kc, r.bf16.nc, r.bf16_gflops);
-    if (st.ok())
-      fmt::print(stderr, "; saved to {}\n", gemm_tune_file());
-    else
-      fmt::print(stderr, "; not saved: {}\n", st.message());
+    print_saved(st);
   }
   if (quant_needed) {
     QuantTuneOptions qo;
@@ -449,29 +452,26 @@ void run_first_use_search() {
     const Status st = save_quant_tuning("autotune");
     fmt::print(stderr, "kiln: quantized GEMM tiles {} in {:.1f} s at {} thread(s): {}", r.searched ? "tuned" : "fixed on this target",
                r.seconds, num_threads(), quant_tiles_name(r.best));
-    if (st.ok())
-      fmt::print(stderr, "; saved to {}\n", gemm_tune_file());
-    else
-      fmt::print(stderr, "; not saved: {}\n", st.message());
+    print_saved(st);
   }
 }
 
-}  // namespace
-
-void maybe_autotune_first_use(int64_t m, int64_t n, int64_t k) {
+// Takes the first-use trigger once, from the first call large enough to be worth a search.
+void first_use(bool large_enough) {
   if (g_first_use.load(std::memory_order_relaxed) != 1) return;
-  if (static_cast<double>(m) * n * k < 512.0 * 512 * 512 || in_pool_task()) return;
+  if (!large_enough || in_pool_task()) return;
   int armed = 1;
   if (!g_first_use.compare_exchange_strong(armed, 2)) return;
   run_first_use_search();
 }
+}  // namespace
+
+void maybe_autotune_first_use(int64_t m, int64_t n, int64_t k) {
+  first_use(static_cast<double>(m) * n * k >= 512.0 * 512 * 512);
+}
 
 void maybe_autotune_first_use_quant(int64_t out, int64_t in) {
-  if (g_first_use.load(std::memory_order_relaxed) != 1) return;
-  if (static_cast<double>(out) * in < 512.0 * 512 || in_pool_task()) return;
-  int armed = 1;
-  if (!g_first_use.compare_exchange_strong(armed, 2)) return;
-  run_first_use_search();
+  first_use(static_cast<double>(out) * in >= 512.0 * 512);
 }
 
 void disarm_first_use_autotune() { g_first_use.store(2); }
