@@ -81,7 +81,6 @@ struct MicroTileBf16 {
     constexpr int kMr = 14;
     const uint32_t* a = static_cast<const uint32_t*>(a_packed);
     const uint32_t* b = static_cast<const uint32_t*>(b_packed);
-    gemm_detail::prefetch_c_tile(c, ldc, m, 32);
     __m512 acc[R][2];
 #pragma GCC unroll 16
     for (int i = 0; i < R; ++i) acc[i][0] = acc[i][1] = _mm512_setzero_ps();
@@ -114,7 +113,6 @@ void micro_kernel_bf16_14x32_direct(int64_t steps, const void* a_rows, int64_t l
   constexpr int kMr = 14;
   const uint16_t* a = static_cast<const uint16_t*>(a_rows);
   const uint32_t* b = static_cast<const uint32_t*>(b_packed);
-  gemm_detail::prefetch_c_tile(c, ldc, kMr, 32);
   __m512 acc[kMr][2];
 #pragma GCC unroll 16
   for (int i = 0; i < kMr; ++i) acc[i][0] = acc[i][1] = _mm512_setzero_ps();

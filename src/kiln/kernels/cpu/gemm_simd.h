@@ -303,19 +303,6 @@ template <class V, int MR, int NV>
   }
 }
 
-// The C tile is read (beta or a later K block) and written at the end of a micro-kernel:
-// start fetching its `rows` rows of `cols` floats before the k loop so they are in L1 when it
-// finishes (C rows are ldc apart and rarely cached). As built today GCC 12 deletes this call (a
-// function whose only effect is prefetches counts as side-effect free; see
-// block_quant_gemm_kernels.h::NextTiles): the micro-kernels hold no C prefetch. Made
-// always_inline it would change every GEMM's timing, so that waits for its own measurement.
-inline void prefetch_c_tile(const float* c, int64_t ldc, int rows, int cols) {
-  for (int i = 0; i < rows; ++i) {
-    __builtin_prefetch(c + i * ldc, 1, 3);
-    __builtin_prefetch(c + i * ldc + cols - 1, 1, 3);
-  }
-}
-
 // A partial strip (m < MR rows hold data, the rest is zero padding) runs only R = m rounded up
 // to even rows of it: Tile::template rows<R> is the kernel for the first R rows of an MR-row
 // packed strip. The last strip of M = 256 (4 of 14 rows) then costs 4/14 of a full one instead
@@ -353,7 +340,6 @@ struct MicroTileF32 {
     constexpr int L = V::kLanes;
     const float* a = static_cast<const float*>(a_packed);
     const W* b = static_cast<const W*>(b_packed);
-    prefetch_c_tile(c, ldc, m, NV * L);
     typename V::T acc[R][NV];
 #pragma GCC unroll 16
     for (int i = 0; i < R; ++i)
@@ -400,7 +386,6 @@ void micro_kernel_f32_direct(int64_t steps, const void* a_rows, int64_t lda, con
   constexpr int L = V::kLanes;
   const float* a = static_cast<const float*>(a_rows);
   const float* b = static_cast<const float*>(b_packed);
-  prefetch_c_tile(c, ldc, MR, NV * L);
   typename V::T acc[MR][NV];
 #pragma GCC unroll 16
   for (int i = 0; i < MR; ++i)
