@@ -14,6 +14,7 @@
 #include <cmath>
 #include <cstdlib>
 #include <memory>
+#include <optional>
 #include <thread>
 
 #include "bench/bench_util.h"
@@ -225,8 +226,10 @@ void print_row(Context& ctx, const Row& r) {
     std::fflush(stdout);
     return;
   }
-  std::string line = fmt::format("{:<5} {:<7} {:>4}x{:<4}x{:<4} {:>2}  {:>7.1f} ({:>6.1f}-{:<6.1f}) {:>5.1f}%",
-                                 r.dtype, r.packed ? r.mode + "/pk" : r.mode, r.shape.m, r.shape.n, r.shape.k, r.threads, k.median,
+  // A trailing t: B stored (n, k) (decode rows always are; --shapes 256x3072x768t asks for it).
+  const std::string k_text = fmt::format("{}{}", r.shape.k, r.shape.trans_b && r.bytes_b == 0 ? "t" : "");
+  std::string line = fmt::format("{:<5} {:<7} {:>4}x{:<4}x{:<5} {:>2}  {:>7.1f} ({:>6.1f}-{:<6.1f}) {:>5.1f}%",
+                                 r.dtype, r.packed ? r.mode + "/pk" : r.mode, r.shape.m, r.shape.n, k_text, r.threads, k.median,
                                  k.min, k.max, pct);
   for (size_t i = 1; i < r.names.size(); ++i)
     line += fmt::format(" | {:<8} {:>7.1f} ({:>6.1f}-{:<6.1f}) x{:<5.2f}", r.names[i], r.gflops[i].median,
@@ -280,9 +283,67 @@ void bench_shape(Context& ctx, const GemmShape& s, int threads, const std::strin
   ctx.rows.push_back(r);
 }
 
+// One --shapes token: "512" (square), "MxNxK" (B stored K x N), "MxNxKt" (B stored N x K), or "dM",
+// "dMw", "dMc" (decode-like M rows against a 4096 x 4096 weight; warm and cold, warm or cold only).
+struct ShapeToken {
+  int64_t m = 0, n = 0, k = 0;
+  bool trans_b = false;
+  bool decode = false, warm = true, cold = true;
+};
+
+std::optional<ShapeToken> parse_shape_token(std::string tok) {
+  constexpr int64_t kMaxDim = 1 << 16;
+  const auto dim = [&](const std::string& text) -> int64_t {
+    if (text.empty() || text.size() > 6 || !std::all_of(text.begin(), text.end(), ::isdigit)) return 0;
+    const int64_t v = std::stoll(text);
+    return v <= kMaxDim ? v : 0;
+  };
+  ShapeToken st;
+  if (!tok.empty() && tok[0] == 'd') {
+    st.decode = true;
+    tok.erase(0, 1);
+    if (!tok.empty() && (tok.back() == 'w' || tok.back() == 'c')) {
+      st.warm = tok.back() == 'w';
+      st.cold = tok.back() == 'c';
+      tok.pop_back();
+    }
+    st.m = dim(tok);
+    return st.m > 0 ? std::optional(st) : std::nullopt;
+  }
+  if (!tok.empty() && tok.back() == 't') {
+    st.trans_b = true;
+    tok.pop_back();
+  }
+  std::vector<int64_t> dims;
+  for (size_t start = 0;;) {
+    const size_t x = tok.find('x', start);
+    dims.push_back(dim(tok.substr(start, x == std::string::npos ? std::string::npos : x - start)));
+    if (x == std::string::npos) break;
+    start = x + 1;
+  }
+  if (dims.size() == 1 && !st.trans_b) dims = {dims[0], dims[0], dims[0]};
+  if (dims.size() != 3 || std::find(dims.begin(), dims.end(), 0) != dims.end()) return std::nullopt;
+  st.m = dims[0];
+  st.n = dims[1];
+  st.k = dims[2];
+  return st;
+}
+
 }  // namespace
 
 int run_gemm_bench(const GemmBenchOptions& opt) {
+  std::vector<ShapeToken> shape_tokens;
+  for (const std::string& tok : opt.shapes) {
+    std::optional<ShapeToken> st = parse_shape_token(tok);
+    if (!st) {
+      fmt::print(stderr,
+                 "kiln bench gemm: --shapes '{}' is not a shape: give 512 (a square), 256x3072x768 (M x N x K, "
+                 "B stored K x N), 256x3072x768t (B stored N x K, as weights are), d4, d4w or d4c\n",
+                 tok);
+      return 2;
+    }
+    shape_tokens.push_back(*st);
+  }
   reexec_without_openblas_env();
   Context ctx(opt);
   const CpuFeatures& f = cpu_features();
@@ -398,26 +459,21 @@ int run_gemm_bench(const GemmBenchOptions& opt) {
   const std::vector<int64_t> decode_m = opt.quick ? std::vector<int64_t>{1}
                                                   : std::vector<int64_t>{1, 2, 4, 8};
   if (!opt.json)
-    fmt::print("\n{:<5} {:<7} {:>14} {:>2}  {:>7} {:>15} {:>6} | peer GFLOP/s (min-max) x kiln/peer ...\n",
+    fmt::print("\n{:<5} {:<7} {:>15} {:>2}  {:>7} {:>15} {:>6} | peer GFLOP/s (min-max) x kiln/peer ...\n",
                "dtype", "mode", "m x n x k", "T", "kiln", "min-max", "%peak");
   for (int t : threads_list) {
     set_num_threads(t);
     set_peer_threads(t);
     for (DType dt : dtypes) {
       if (!opt.shapes.empty()) {
-        for (const std::string& tok : opt.shapes) {
-          if (tok.empty()) continue;
-          if (tok[0] != 'd') {
-            const int64_t s = std::atoll(tok.c_str());
-            if (s > 0) bench_shape(ctx, {s, s, s, false, dt}, t, "warm", l3);
+        for (const ShapeToken& st : shape_tokens) {
+          if (!st.decode) {
+            bench_shape(ctx, {st.m, st.n, st.k, st.trans_b, dt}, t, "warm", l3);
             continue;
           }
-          const int64_t m = std::atoll(tok.c_str() + 1);
-          if (m < 1) continue;
-          const char last = tok.back();
           for (bool pk : {false, true}) {
-            if (last != 'c') bench_shape(ctx, {m, 4096, 4096, true, dt}, t, "warm", l3, pk);
-            if (last != 'w') bench_shape(ctx, {m, 4096, 4096, true, dt}, t, "cold", l3, pk);
+            if (st.warm) bench_shape(ctx, {st.m, 4096, 4096, true, dt}, t, "warm", l3, pk);
+            if (st.cold) bench_shape(ctx, {st.m, 4096, 4096, true, dt}, t, "cold", l3, pk);
           }
         }
         continue;

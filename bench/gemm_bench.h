@@ -15,8 +15,9 @@ struct GemmBenchOptions {
   std::vector<int> threads_list = {1, 2};
   std::string dtype = "all";  // f32 | bf16 | all
   int reps = 5;               // timed repetitions after one warm-up; median, min-max printed
-  // Only these shapes when not empty: "512" a square, "d4" decode-like M = 4 warm and cold,
-  // "d4w" / "d4c" warm or cold only.
+  // Only these shapes when not empty: "512" a square, "256x3072x768" M x N x K (B stored K x N),
+  // "256x3072x768t" (B stored N x K, as weights are), "d4" decode-like M = 4 warm and cold,
+  // "d4w" / "d4c" warm or cold only. A token that is none of these is an error before any timing.
   std::vector<std::string> shapes;
 };
 

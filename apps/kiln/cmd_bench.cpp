@@ -27,7 +27,7 @@ void register_bench(CLI::App& app) {
   gemm->add_option("--reps", gemm_opt->reps, "Timed repetitions after warm-up (>= 5 recommended)")
       ->check(CLI::Range(1, 1000));
   gemm->add_option("--shapes", gemm_opt->shapes,
-                   "Only these shapes: 512 (square), d4 (M=4 decode, warm+cold), d4w, d4c")
+                   "Only these shapes: 512 (square), 256x3072x768 (M x N x K), 256x3072x768t (B as N x K), d4 (M=4 decode, warm+cold), d4w, d4c")
       ->delimiter(',');
   // --device cuda: the CUDA GEMM ladder beside cuBLAS (bench/gemm_cuda_bench.h) instead.
   auto gemm_device = std::make_shared<std::string>("host");

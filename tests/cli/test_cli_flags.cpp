@@ -221,6 +221,8 @@ TEST(CliFlags, BadIntegersAreRefused) {
       {{"bench", "serve", "--prompt-len", "x"}, "--prompt-len"},
       {{"bench", "serve", "--output-len", "0:4"}, "--output-len"},
       {{"bench", "comm", "--min-bytes", "0"}, "--min-bytes"},
+      {{"bench", "gemm", "--shapes", "256x3072"}, "--shapes"},
+      {{"bench", "gemm", "--shapes", "512,d0"}, "--shapes"},
       {{"plan", "comm", "--topology", "h100-node"}, "--ranks"},
       {{"plan", "comm", "--topology", "h100-node", "--ranks", "1"}, "--ranks"},
       {{"plan", "tp", "--tp-list", "3"}, "--tp-list"},       // 32 heads do not split over 3

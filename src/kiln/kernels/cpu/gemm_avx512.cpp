@@ -160,12 +160,13 @@ void micro_kernel_bf16_14x32_direct(int64_t steps, const void* a_rows, int64_t l
   }
 }
 
-// One full strip of kMr rows: dst[q * kMr + i] = element q of row i (32-bit elements: an f32,
-// or a pair of bf16 for consecutive k), for q in [0, count) rounded down to 16; returns how many
-// elements were done (the caller packs the rest with the generic code).
-template <int kMr>
+// One full strip of kMr rows: dst[q * kStride + i] = element q of row i (32-bit elements: an
+// f32, or a pair of bf16 for consecutive k), for q in [0, count) rounded down to 16; returns how
+// many elements were done (the caller packs the rest with the generic code). A strips are kMr
+// wide (kStride = kMr); a B strip of 32 columns is two of these, 16 rows each, 32 apart.
+template <int kMr, int kStride = kMr>
 int64_t pack_strip_16x16(const char* src, int64_t row_bytes, int64_t count, uint32_t* dst) {
-  static_assert(kMr <= 16);
+  static_assert(kMr <= 16 && kStride >= kMr);
   constexpr __mmask16 kRowMask = static_cast<__mmask16>((1u << kMr) - 1u);
   // Each row's stream is fetched 4 lines ahead: with 14 rows in flight the hardware prefetchers
   // fall behind (2048^2 f32 A, 1 thread, EPYC VM: the pack went from 8.4 to 9.2 GB/s, the GEMM
@@ -180,8 +181,8 @@ int64_t pack_strip_16x16(const char* src, int64_t row_bytes, int64_t count, uint
     for (int i = 0; i < 16; ++i)
       r[i] = i < kMr ? _mm512_loadu_ps(reinterpret_cast<const float*>(src + i * row_bytes) + q) : _mm512_setzero_ps();
     transpose_16x16(r);
-    float* d = reinterpret_cast<float*>(dst + q * kMr);
-    for (int c = 0; c < 16; ++c) _mm512_mask_storeu_ps(d + c * kMr, kRowMask, r[c]);
+    float* d = reinterpret_cast<float*>(dst + q * kStride);
+    for (int c = 0; c < 16; ++c) _mm512_mask_storeu_ps(d + c * kStride, kRowMask, r[c]);
   }
   return q;
 }
@@ -211,6 +212,26 @@ void pack_a_avx512_14(const GemmParams& p, int64_t i0, int64_t rows, int64_t k0,
     }
   }
   if (s < rows) generic(i0 + s, rows - s, k0, kc, out);
+}
+
+// op(B) = f32 stored (n, k) (a Linear weight read as W^T, the forward pass's case): each
+// 32-column strip is two 16 x 16 transposes per 16 k, where the generic packing moved one
+// element at a time (W1b's 256 x 3072 x 768 forward GEMM, 1 thread, EPYC VM: the pack was 13% of
+// kiln's time there). Not transposed, bf16, partial strips and the k tail: the generic packing.
+void pack_b_f32_avx512_32(const GemmParams& p, int64_t j0, int64_t cols, int64_t k0, int64_t kc, void* dst) {
+  constexpr int kNr = 32;
+  auto* out = static_cast<uint32_t*>(dst);
+  if (!p.trans_b || p.b_dtype != DType::kF32) return gemm_detail::pack_b_f32<kNr>(p, j0, cols, k0, kc, out);
+  const auto* b = static_cast<const char*>(p.b);
+  const int64_t row_bytes = p.ldb * 4;
+  int64_t t = 0;
+  for (; t + kNr <= cols; t += kNr, out += kNr * kc) {
+    const char* rows = b + ((j0 + t) * p.ldb + k0) * 4;
+    const int64_t done = pack_strip_16x16<16, kNr>(rows, row_bytes, kc, out);
+    pack_strip_16x16<16, kNr>(rows + 16 * row_bytes, row_bytes, kc, out + 16);
+    if (done < kc) gemm_detail::pack_b_f32<kNr>(p, j0 + t, kNr, k0 + done, kc - done, out + done * kNr);
+  }
+  if (t < cols) gemm_detail::pack_b_f32<kNr>(p, j0 + t, cols - t, k0, kc, out);
 }
 
 // op(B) = bf16 (k, n) not transposed, into pairs: rows 2 l2 and 2 l2 + 1 interleaved 16 bits at
@@ -394,7 +415,7 @@ void small_m_avx512(const SmallMArgs& s, int64_t j0, int64_t j1, float* out) {
 GemmTargetKernels make_kernels() {
   using namespace gemm_detail;
   GemmTargetKernels k;
-  k.f32 = {"avx512 14x32 micro-kernel", 14, 32, 1, &pack_a_avx512_14<false>, &pack_b_f32<32>,
+  k.f32 = {"avx512 14x32 micro-kernel", 14, 32, 1, &pack_a_avx512_14<false>, &pack_b_f32_avx512_32,
            &micro_kernel_f32<V512, 14, 2>, &micro_kernel_f32_direct<V512, 14, 2>, DType::kF32};
   k.bf16_f32 = k.f32;
   k.bf16_f32.kernel_direct_a = nullptr;  // bf16 A is widened while packing here
