@@ -137,11 +137,13 @@ void micro_kernel_bf16_14x32_direct(int64_t steps, const void* a_rows, int64_t l
 // of every row. Three shuffle stages (unpack ps, unpack pd, two rounds of 128-bit shuffles).
 [[gnu::always_inline]] inline void transpose_16x16(__m512 (&r)[16]) {
   __m512 t[16];
+#pragma GCC unroll 16
   for (int i = 0; i < 16; i += 2) {
     t[i] = _mm512_unpacklo_ps(r[i], r[i + 1]);
     t[i + 1] = _mm512_unpackhi_ps(r[i], r[i + 1]);
   }
   __m512 u[16];  // u[4 i + c], 128-bit lane L: rows 4i..4i+3 of column 4L + c
+#pragma GCC unroll 16
   for (int i = 0; i < 16; i += 4) {
     const __m512d t0 = _mm512_castps_pd(t[i]), t1 = _mm512_castps_pd(t[i + 1]);
     const __m512d t2 = _mm512_castps_pd(t[i + 2]), t3 = _mm512_castps_pd(t[i + 3]);
@@ -150,6 +152,7 @@ void micro_kernel_bf16_14x32_direct(int64_t steps, const void* a_rows, int64_t l
     u[i + 2] = _mm512_castpd_ps(_mm512_unpacklo_pd(t1, t3));
     u[i + 3] = _mm512_castpd_ps(_mm512_unpackhi_pd(t1, t3));
   }
+#pragma GCC unroll 4
   for (int c = 0; c < 4; ++c) {
     const __m512 x0 = _mm512_shuffle_f32x4(u[c], u[4 + c], 0x88), x1 = _mm512_shuffle_f32x4(u[8 + c], u[12 + c], 0x88);
     const __m512 y0 = _mm512_shuffle_f32x4(u[c], u[4 + c], 0xdd), y1 = _mm512_shuffle_f32x4(u[8 + c], u[12 + c], 0xdd);
@@ -175,13 +178,16 @@ int64_t pack_strip_16x16(const char* src, int64_t row_bytes, int64_t count, uint
   int64_t q = 0;
   for (; q + 16 <= count; q += 16) {
     if (q + kAhead + 16 <= count)
+#pragma GCC unroll 16
       for (int i = 0; i < kMr; ++i)
         __builtin_prefetch(reinterpret_cast<const float*>(src + i * row_bytes) + q + kAhead, 0, 3);
     __m512 r[16];
+#pragma GCC unroll 16
     for (int i = 0; i < 16; ++i)
       r[i] = i < kMr ? _mm512_loadu_ps(reinterpret_cast<const float*>(src + i * row_bytes) + q) : _mm512_setzero_ps();
     transpose_16x16(r);
     float* d = reinterpret_cast<float*>(dst + q * kStride);
+#pragma GCC unroll 16
     for (int c = 0; c < 16; ++c) _mm512_mask_storeu_ps(d + c * kStride, kRowMask, r[c]);
   }
   return q;
