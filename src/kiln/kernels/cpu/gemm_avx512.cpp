@@ -204,6 +204,23 @@ void pack_a_avx512_14(const GemmParams& p, int64_t i0, int64_t rows, int64_t k0,
     else gemm_detail::pack_a_f32<kMr>(p, r0, nrows, kk0, nk, d);
   };
   auto* out = static_cast<uint32_t*>(dst);
+  if constexpr (!kPairs) {
+    if (p.trans_a && p.a_dtype == DType::kF32) {
+      // Stored (k, m) (dY^T in a weight gradient): each k step of a strip is kMr consecutive
+      // floats already, one masked load and store (the generic copy moved them one at a time).
+      const auto* a = static_cast<const float*>(p.a);
+      for (int64_t s = 0; s < rows; s += kMr, out += kMr * kc) {
+        const int mr = static_cast<int>(std::min<int64_t>(kMr, rows - s));
+        const auto load_mask = static_cast<__mmask16>((1u << mr) - 1u);
+        constexpr auto kStoreMask = static_cast<__mmask16>((1u << kMr) - 1u);
+        const float* src = a + k0 * p.lda + i0 + s;
+        auto* d = reinterpret_cast<float*>(out);
+        for (int64_t l = 0; l < kc; ++l)
+          _mm512_mask_storeu_ps(d + l * kMr, kStoreMask, _mm512_maskz_loadu_ps(load_mask, src + l * p.lda));
+      }
+      return;
+    }
+  }
   if (!simd) return generic(i0, rows, k0, kc, out);
   const int64_t elem_bytes = kPairs ? 2 : 4;
   const int64_t steps = kPairs ? (kc + 1) / 2 : kc;  // 32-bit elements per row in the strip
