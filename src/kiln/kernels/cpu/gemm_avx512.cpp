@@ -204,7 +204,30 @@ void pack_a_avx512_14(const GemmParams& p, int64_t i0, int64_t rows, int64_t k0,
     else gemm_detail::pack_a_f32<kMr>(p, r0, nrows, kk0, nk, d);
   };
   auto* out = static_cast<uint32_t*>(dst);
-  if constexpr (!kPairs) {
+  if constexpr (kPairs) {
+    if (p.trans_a && p.a_dtype == DType::kBF16) {
+      // Stored (k, m) bf16: a k pair of a strip interleaves two rows' kMr consecutive elements
+      // (vpunpck{l,h}wd, then the 128-bit halves put in order); an odd k's last pair pads 0.
+      const auto* a = static_cast<const uint16_t*>(p.a);
+      const int64_t kp = (kc + 1) / 2;
+      for (int64_t s = 0; s < rows; s += kMr, out += kMr * kp) {
+        const int mr = static_cast<int>(std::min<int64_t>(kMr, rows - s));
+        const auto load_mask = static_cast<__mmask16>((1u << mr) - 1u);
+        const uint16_t* src = a + k0 * p.lda + i0 + s;
+        for (int64_t l2 = 0; l2 < kp; ++l2) {
+          const __m256i r0 = _mm256_maskz_loadu_epi16(load_mask, src + 2 * l2 * p.lda);
+          const __m256i r1 = 2 * l2 + 1 < kc ? _mm256_maskz_loadu_epi16(load_mask, src + (2 * l2 + 1) * p.lda)
+                                             : _mm256_setzero_si256();
+          const __m256i lo = _mm256_unpacklo_epi16(r0, r1), hi = _mm256_unpackhi_epi16(r0, r1);
+          uint32_t* d = out + l2 * kMr;
+          _mm256_storeu_si256(reinterpret_cast<__m256i*>(d), _mm256_permute2x128_si256(lo, hi, 0x20));
+          _mm256_mask_storeu_epi32(d + 8, static_cast<__mmask8>((1u << (kMr - 8)) - 1u),
+                                   _mm256_permute2x128_si256(lo, hi, 0x31));
+        }
+      }
+      return;
+    }
+  } else {
     if (p.trans_a && p.a_dtype == DType::kF32) {
       // Stored (k, m) (dY^T in a weight gradient): each k step of a strip is kMr consecutive
       // floats already, one masked load and store (the generic copy moved them one at a time).
@@ -262,8 +285,23 @@ void pack_b_f32_avx512_32(const GemmParams& p, int64_t j0, int64_t cols, int64_t
 void pack_b_pairs_avx512_32(const GemmParams& p, int64_t j0, int64_t cols, int64_t k0, int64_t kc, void* dst) {
   constexpr int kNr = 32;
   auto* out = static_cast<uint32_t*>(dst);
-  if (p.trans_b || p.b_dtype != DType::kBF16) return gemm_detail::pack_b_pairs<kNr>(p, j0, cols, k0, kc, out);
+  if (p.b_dtype != DType::kBF16) return gemm_detail::pack_b_pairs<kNr>(p, j0, cols, k0, kc, out);
   const int64_t kp = (kc + 1) / 2, full = kc / 2;
+  if (p.trans_b) {
+    // Stored (n, k) (a bf16 weight read as W^T): a pair of k is one 32-bit word of its row, so a
+    // 32-column strip is two 16 x 16 transposes of words, as for f32; the k tail generic.
+    const auto* b = static_cast<const char*>(p.b);
+    const int64_t row_bytes = p.ldb * 2;
+    int64_t t = 0;
+    for (; t + kNr <= cols; t += kNr, out += kNr * kp) {
+      const char* rows = b + ((j0 + t) * p.ldb + k0) * 2;
+      const int64_t done = pack_strip_16x16<16, kNr>(rows, row_bytes, full, out);
+      pack_strip_16x16<16, kNr>(rows + 16 * row_bytes, row_bytes, full, out + 16);
+      if (done < kp) gemm_detail::pack_b_pairs<kNr>(p, j0 + t, kNr, k0 + 2 * done, kc - 2 * done, out + done * kNr);
+    }
+    if (t < cols) gemm_detail::pack_b_pairs<kNr>(p, j0 + t, cols - t, k0, kc, out);
+    return;
+  }
   const auto* b = static_cast<const uint16_t*>(p.b);
   const __m512i lo_idx = _mm512_setr_epi64(0, 1, 8, 9, 2, 3, 10, 11);
   const __m512i hi_idx = _mm512_setr_epi64(4, 5, 12, 13, 6, 7, 14, 15);
