@@ -68,18 +68,104 @@ struct V256 {
   }
 };
 
+// ---- SIMD packing (f32): 8 x 8 transposes instead of element-by-element copies --------------
+// Transposes r[0..7] (8 rows of 8 floats) in place: afterwards r[q] holds element q of every
+// row. Unpack ps, shuffle ps, then the 128-bit halves exchanged.
+[[gnu::always_inline]] inline void transpose_8x8(__m256 (&r)[8]) {
+  __m256 t[8], u[8];
+#pragma GCC unroll 8
+  for (int i = 0; i < 8; i += 2) {
+    t[i] = _mm256_unpacklo_ps(r[i], r[i + 1]);
+    t[i + 1] = _mm256_unpackhi_ps(r[i], r[i + 1]);
+  }
+#pragma GCC unroll 8
+  for (int i = 0; i < 8; i += 4) {
+    u[i] = _mm256_shuffle_ps(t[i], t[i + 2], 0x44);
+    u[i + 1] = _mm256_shuffle_ps(t[i], t[i + 2], 0xee);
+    u[i + 2] = _mm256_shuffle_ps(t[i + 1], t[i + 3], 0x44);
+    u[i + 3] = _mm256_shuffle_ps(t[i + 1], t[i + 3], 0xee);
+  }
+#pragma GCC unroll 4
+  for (int i = 0; i < 4; ++i) {
+    r[i] = _mm256_permute2f128_ps(u[i], u[i + 4], 0x20);
+    r[i + 4] = _mm256_permute2f128_ps(u[i], u[i + 4], 0x31);
+  }
+}
+
+// kRows (<= 8) rows, row_stride floats apart, transposed 8 k at a time: dst[q * kStride + i] =
+// row i's element q, for q in [0, count) rounded down to 8; returns how many were done.
+template <int kRows, int kStride>
+int64_t pack_rows_8x8(const float* src, int64_t row_stride, int64_t count, float* dst) {
+  const __m256i store_mask = V256::mask(kRows);
+  int64_t q = 0;
+  for (; q + 8 <= count; q += 8) {
+    __m256 r[8];
+#pragma GCC unroll 8
+    for (int i = 0; i < 8; ++i) r[i] = i < kRows ? _mm256_loadu_ps(src + i * row_stride + q) : _mm256_setzero_ps();
+    transpose_8x8(r);
+#pragma GCC unroll 8
+    for (int c = 0; c < 8; ++c) {
+      if constexpr (kRows == 8) _mm256_storeu_ps(dst + (q + c) * kStride, r[c]);
+      else _mm256_maskstore_ps(dst + (q + c) * kStride, store_mask, r[c]);
+    }
+  }
+  return q;
+}
+
+// op(A) f32: stored (m, k), full 6-row strips transposed 8 k at a time; stored (k, m), each k
+// step's 6 consecutive floats one masked load and store. bf16, partial strips, tails: generic.
+void pack_a_avx2_6(const GemmParams& p, int64_t i0, int64_t rows, int64_t k0, int64_t kc, void* dst) {
+  constexpr int kMr = 6;
+  auto* out = static_cast<float*>(dst);
+  if (p.a_dtype != DType::kF32) return gemm_detail::pack_a_f32<kMr>(p, i0, rows, k0, kc, out);
+  const auto* a = static_cast<const float*>(p.a);
+  if (p.trans_a) {
+    const __m256i store_mask = V256::mask(kMr);
+    for (int64_t s = 0; s < rows; s += kMr, out += kMr * kc) {
+      const __m256i load_mask = V256::mask(static_cast<int>(std::min<int64_t>(kMr, rows - s)));
+      const float* src = a + k0 * p.lda + i0 + s;
+      for (int64_t l = 0; l < kc; ++l)
+        _mm256_maskstore_ps(out + l * kMr, store_mask, _mm256_maskload_ps(src + l * p.lda, load_mask));
+    }
+    return;
+  }
+  int64_t s = 0;
+  for (; s + kMr <= rows; s += kMr, out += kMr * kc) {
+    const int64_t done = pack_rows_8x8<kMr, kMr>(a + (i0 + s) * p.lda + k0, p.lda, kc, out);
+    if (done < kc) gemm_detail::pack_a_f32<kMr>(p, i0 + s, kMr, k0 + done, kc - done, out + done * kMr);
+  }
+  if (s < rows) gemm_detail::pack_a_f32<kMr>(p, i0 + s, rows - s, k0, kc, out);
+}
+
+// op(B) f32 stored (n, k) (a Linear weight read as W^T): each 16-column strip is two 8 x 8
+// transposes per 8 k. Not transposed (rows copied as they are), bf16, partial strips and the k
+// tail: generic.
+void pack_b_avx2_16(const GemmParams& p, int64_t j0, int64_t cols, int64_t k0, int64_t kc, void* dst) {
+  constexpr int kNr = 16;
+  auto* out = static_cast<float*>(dst);
+  if (!p.trans_b || p.b_dtype != DType::kF32) return gemm_detail::pack_b_f32<kNr>(p, j0, cols, k0, kc, out);
+  const auto* b = static_cast<const float*>(p.b);
+  int64_t t = 0;
+  for (; t + kNr <= cols; t += kNr, out += kNr * kc) {
+    const float* rows = b + (j0 + t) * p.ldb + k0;
+    const int64_t done = pack_rows_8x8<8, kNr>(rows, p.ldb, kc, out);
+    pack_rows_8x8<8, kNr>(rows + 8 * p.ldb, p.ldb, kc, out + 8);
+    if (done < kc) gemm_detail::pack_b_f32<kNr>(p, j0 + t, kNr, k0 + done, kc - done, out + done * kNr);
+  }
+  if (t < cols) gemm_detail::pack_b_f32<kNr>(p, j0 + t, cols - t, k0, kc, out);
+}
+
 GemmTargetKernels make_kernels() {
   using namespace gemm_detail;
   GemmTargetKernels k;
-  k.f32 = {"avx2 6x16 micro-kernel", 6, 16, 1, &pack_a_f32<6>, &pack_b_f32<16>,
-           &micro_kernel_f32<V256, 6, 2>};
+  k.f32 = {"avx2 6x16 micro-kernel", 6, 16, 1, &pack_a_avx2_6, &pack_b_avx2_16, &micro_kernel_f32<V256, 6, 2>};
   k.bf16 = k.f32;
   k.bf16.name = "avx2 6x16 micro-kernel, bf16 widened to f32 in packing";
   k.bf16_f32 = k.bf16;
   k.small_m_name = "avx2 small-M (m<=8) streaming kernel, B unpacked";
   k.small_m = &small_m<V256>;
   k.small_m_packed = &small_m_packed<V256, PackedF32Ops<V256>, 2>;
-  k.f16 = {"avx2 6x16 micro-kernel, f16 weights widened in registers", 6, 16, 1, &pack_a_f32<6>,
+  k.f16 = {"avx2 6x16 micro-kernel, f16 weights widened in registers", 6, 16, 1, &pack_a_avx2_6,
            &pack_b_half<16>, &micro_kernel_f32<V256, 6, 2, uint16_t>, nullptr, DType::kF32, 2};
   k.small_m_packed_half = &small_m_packed<V256, PackedHalfOps<V256>, 2>;
   k.epilogue_rows = &epilogue_rows<V256>;
