@@ -15,7 +15,9 @@
 #include <cstdlib>
 #include <memory>
 #include <optional>
+#include <string>
 #include <thread>
+#include <vector>
 
 #include "bench/bench_util.h"
 #include "bench/peers.h"
@@ -23,6 +25,7 @@
 #include "kiln/core/rng.h"
 #include "kiln/core/thread_pool.h"
 #include "kiln/kernels/cpu/gemm_cpu.h"
+#include "kiln/kernels/cpu/gemm_driver.h"
 #include "kiln/kernels/cpu/quant_tiles.h"
 #include "kiln/kernels/gemm.h"
 #include "kiln/kernels/gemm_prepacked.h"
@@ -329,6 +332,62 @@ std::optional<ShapeToken> parse_shape_token(std::string tok) {
   return st;
 }
 
+// --pack: the packing of B alone, as the driver runs it on one thread (each NC panel's K blocks
+// into one panel buffer), for a W1b MLP weight (3072 x 768) in both stored layouts: (n, k) is a
+// Linear weight in the forward (y = x W^T: packing transposes it), (k, n) the same weight in the
+// input gradient (rows copied). GB/s of the stored weight read; cold rotates copies over 3x the
+// L3, so the reads come from DRAM as in a training step.
+void bench_pack(Context& ctx, DType dt, int64_t l3) {
+  const cpu::GemmTargetKernels& kernels = cpu::gemm_target_kernels();
+  const bool widen = cpu::bf16_gemm_kernel() == cpu::Bf16Kernel::kWiden;
+  const cpu::PackedPath& path = dt == DType::kF32 ? kernels.f32 : widen ? kernels.bf16_f32 : kernels.bf16;
+  const cpu::GemmBlocking blk = cpu::gemm_blocking(path.k_per_step == 2 ? cpu::GemmPath::kBF16 : cpu::GemmPath::kF32);
+  constexpr int64_t kOut = 3072, kIn = 768;
+  for (bool trans : {true, false}) {
+    GemmParams p;
+    p.m = 256;  // unused by pack_b
+    p.n = trans ? kOut : kIn;
+    p.k = trans ? kIn : kOut;
+    p.b_dtype = dt;
+    p.trans_b = trans;
+    p.ldb = trans ? p.k : p.n;
+    const double bytes = static_cast<double>(dtype_nbytes(dt, p.n * p.k));
+    cpu::PanelLayout lay = cpu::panel_layout(p, path, blk);
+    const int64_t nc_max = std::max<int64_t>(path.nr, blk.nc / path.nr * path.nr);
+    lay.strips = (std::min(p.n, nc_max) + path.nr - 1) / path.nr;
+    std::vector<uint32_t> panel(static_cast<size_t>(lay.elems()));
+    for (const char* mode : {"cold", "warm"}) {
+      const int copies = std::string(mode) == "cold" ? std::max(2, static_cast<int>(std::ceil(3.0 * l3 / bytes))) : 1;
+      Rng rng(7);
+      std::vector<std::unique_ptr<Buffer>> ws;
+      for (int i = 0; i < copies; ++i) ws.push_back(std::make_unique<Buffer>(p.n * p.k, dt, rng));
+      std::vector<double> gbs;
+      for (int r = 0; r < ctx.opt.reps + copies; ++r) {
+        p.b = ws[static_cast<size_t>(r % copies)]->data();
+        const auto t0 = std::chrono::steady_clock::now();
+        for (int64_t jc = 0; jc < p.n; jc += nc_max)
+          for (int64_t q = 0; q < lay.num_pc; ++q) {
+            const int64_t pc = q * lay.kc_block;
+            path.pack_b(p, jc, std::min(nc_max, p.n - jc), pc, std::min(lay.kc_block, p.k - pc), panel.data() + lay.offset(q));
+          }
+        const double sec = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+        if (r >= copies) gbs.push_back(bytes * 1e-9 / sec);  // the first round over the copies warms up
+      }
+      const Summary g = summarize(gbs);
+      const double dram = ctx.dram[1];
+      if (ctx.opt.json) {
+        fmt::print(R"({{"op": "pack_b", "dtype": "{}", "stored": "{}", "n": {}, "k": {}, "mode": "{}", "kc": {}, "nc": {}, "gbs": {:.2f}, "gbs_min": {:.2f}, "gbs_max": {:.2f}, "dram_gbs": {:.2f}}})"
+                   "\n", dtype_name(dt), trans ? "n,k" : "k,n", p.n, p.k, mode, lay.kc_block, nc_max, g.median, g.min, g.max, dram);
+      } else {
+        fmt::print("{:<5} pack B (k {:>4}, n {:>4}) stored {} {:<4}  {:>6.1f} GB/s ({:.1f}-{:.1f}){}\n", dtype_name(dt), p.k,
+                   p.n, trans ? "(n, k): transposed" : "(k, n): copied    ", mode, g.median, g.min, g.max,
+                   std::string(mode) == "cold" && dram > 0 ? fmt::format(" = {:.0f}% of the DRAM read ceiling", 100 * g.median / dram) : "");
+      }
+      std::fflush(stdout);
+    }
+  }
+}
+
 }  // namespace
 
 int run_gemm_bench(const GemmBenchOptions& opt) {
@@ -452,6 +511,13 @@ int run_gemm_bench(const GemmBenchOptions& opt) {
                  "wo gemv {:.2f}, rows {:.2f}){}; saved\n", cpu::quant_tiles_name(qr.best), qr.seconds, qr.bq_decode_ratio,
                  qr.bq_batch_ratio, qr.bq_prefill_ratio, qr.wo_gemv_ratio, qr.wo_rows_ratio,
                  qr.searched ? "" : " (one shape on this target)");
+  }
+
+  if (opt.pack) {
+    set_num_threads(1);
+    if (!opt.json) fmt::print("\npacking B alone, 1 thread (median of {}; the blocking above)\n", opt.reps);
+    for (DType dt : dtypes) bench_pack(ctx, dt, l3);
+    return 0;
   }
 
   const std::vector<int64_t> squares = opt.quick ? std::vector<int64_t>{256, 512}

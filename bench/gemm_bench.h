@@ -12,6 +12,7 @@ struct GemmBenchOptions {
   bool json = false;   // one JSON object per line (per peer) instead of the table
   bool tune = false;   // time (MC, KC, NC) candidates first and save the best to the tune file
   bool quick = false;  // small subset, ~20 s
+  bool pack = false;   // only the packing of B (a 3072 x 768 weight, both layouts, cold and warm)
   std::vector<int> threads_list = {1, 2};
   std::string dtype = "all";  // f32 | bf16 | all
   int reps = 5;               // timed repetitions after one warm-up; median, min-max printed
