@@ -260,46 +260,52 @@ void pack_a_avx512_14(const GemmParams& p, int64_t i0, int64_t rows, int64_t k0,
   if (s < rows) generic(i0 + s, rows - s, k0, kc, out);
 }
 
-// op(B) = f32 stored (n, k) (a Linear weight read as W^T, the forward pass's case): each
-// 32-column strip is two 16 x 16 transposes per 16 k, where the generic packing moved one
-// element at a time (W1b's 256 x 3072 x 768 forward GEMM, 1 thread, EPYC VM: the pack was 13% of
-// kiln's time there). Not transposed, bf16, partial strips and the k tail: the generic packing.
+// B stored (n, k) as rows of 32-bit words (an f32, or a bf16 pair of k): each full 32-column
+// strip (strip_words words per column) is two 16 x 16 transposes per 16 words, where the generic
+// packing moved one element at a time (W1b's 256 x 3072 x 768 forward GEMM, 1 thread, EPYC VM:
+// the pack was 13% of kiln's time there). tail(t, done, dst) packs strip t's words from `done`
+// on (the part not a multiple of 16, or not readable as whole words); returns the columns done.
+template <class Tail>
+int64_t pack_b_transposed_words(const char* rows, int64_t row_bytes, int64_t cols, int64_t readable,
+                                int64_t strip_words, uint32_t* out, Tail&& tail) {
+  constexpr int kNr = 32;
+  int64_t t = 0;
+  for (; t + kNr <= cols; t += kNr, out += kNr * strip_words, rows += kNr * row_bytes) {
+    const int64_t done = pack_strip_16x16<16, kNr>(rows, row_bytes, readable, out);
+    pack_strip_16x16<16, kNr>(rows + 16 * row_bytes, row_bytes, readable, out + 16);
+    if (done < strip_words) tail(t, done, out + done * kNr);
+  }
+  return t;
+}
+
+// op(B) = f32: stored (n, k) (a Linear weight read as W^T, the forward pass's case) through
+// pack_b_transposed_words; (k, n), bf16 and a partial last strip: the generic packing.
 void pack_b_f32_avx512_32(const GemmParams& p, int64_t j0, int64_t cols, int64_t k0, int64_t kc, void* dst) {
   constexpr int kNr = 32;
   auto* out = static_cast<uint32_t*>(dst);
   if (!p.trans_b || p.b_dtype != DType::kF32) return gemm_detail::pack_b_f32<kNr>(p, j0, cols, k0, kc, out);
-  const auto* b = static_cast<const char*>(p.b);
-  const int64_t row_bytes = p.ldb * 4;
-  int64_t t = 0;
-  for (; t + kNr <= cols; t += kNr, out += kNr * kc) {
-    const char* rows = b + ((j0 + t) * p.ldb + k0) * 4;
-    const int64_t done = pack_strip_16x16<16, kNr>(rows, row_bytes, kc, out);
-    pack_strip_16x16<16, kNr>(rows + 16 * row_bytes, row_bytes, kc, out + 16);
-    if (done < kc) gemm_detail::pack_b_f32<kNr>(p, j0 + t, kNr, k0 + done, kc - done, out + done * kNr);
-  }
-  if (t < cols) gemm_detail::pack_b_f32<kNr>(p, j0 + t, cols - t, k0, kc, out);
+  const char* rows = static_cast<const char*>(p.b) + (j0 * p.ldb + k0) * 4;
+  const int64_t t = pack_b_transposed_words(rows, p.ldb * 4, cols, kc, kc, out, [&](int64_t s, int64_t done, uint32_t* d) {
+    gemm_detail::pack_b_f32<kNr>(p, j0 + s, kNr, k0 + done, kc - done, d);
+  });
+  if (t < cols) gemm_detail::pack_b_f32<kNr>(p, j0 + t, cols - t, k0, kc, out + t * kc);
 }
 
-// op(B) = bf16 (k, n) not transposed, into pairs: rows 2 l2 and 2 l2 + 1 interleaved 16 bits at
-// a time (vpunpck{l,h}wd + a qword permute), 32 columns per strip; the rest generic.
+// op(B) = bf16 into pairs of k: stored (k, n), rows 2 l2 and 2 l2 + 1 interleaved 16 bits at a
+// time (vpunpck{l,h}wd + a qword permute), 32 columns per strip; stored (n, k), through
+// pack_b_transposed_words; f32 B (rounded here) and the tails generic.
 void pack_b_pairs_avx512_32(const GemmParams& p, int64_t j0, int64_t cols, int64_t k0, int64_t kc, void* dst) {
   constexpr int kNr = 32;
   auto* out = static_cast<uint32_t*>(dst);
   if (p.b_dtype != DType::kBF16) return gemm_detail::pack_b_pairs<kNr>(p, j0, cols, k0, kc, out);
   const int64_t kp = (kc + 1) / 2, full = kc / 2;
   if (p.trans_b) {
-    // Stored (n, k) (a bf16 weight read as W^T): a pair of k is one 32-bit word of its row, so a
-    // 32-column strip is two 16 x 16 transposes of words, as for f32; the k tail generic.
-    const auto* b = static_cast<const char*>(p.b);
-    const int64_t row_bytes = p.ldb * 2;
-    int64_t t = 0;
-    for (; t + kNr <= cols; t += kNr, out += kNr * kp) {
-      const char* rows = b + ((j0 + t) * p.ldb + k0) * 2;
-      const int64_t done = pack_strip_16x16<16, kNr>(rows, row_bytes, full, out);
-      pack_strip_16x16<16, kNr>(rows + 16 * row_bytes, row_bytes, full, out + 16);
-      if (done < kp) gemm_detail::pack_b_pairs<kNr>(p, j0 + t, kNr, k0 + 2 * done, kc - 2 * done, out + done * kNr);
-    }
-    if (t < cols) gemm_detail::pack_b_pairs<kNr>(p, j0 + t, cols - t, k0, kc, out);
+    // Stored (n, k) (a bf16 weight read as W^T): a pair of k is one 32-bit word of its row.
+    const char* rows = static_cast<const char*>(p.b) + (j0 * p.ldb + k0) * 2;
+    const int64_t t = pack_b_transposed_words(rows, p.ldb * 2, cols, full, kp, out, [&](int64_t s, int64_t done, uint32_t* d) {
+      gemm_detail::pack_b_pairs<kNr>(p, j0 + s, kNr, k0 + 2 * done, kc - 2 * done, d);
+    });
+    if (t < cols) gemm_detail::pack_b_pairs<kNr>(p, j0 + t, cols - t, k0, kc, out + t * kp);
     return;
   }
   const auto* b = static_cast<const uint16_t*>(p.b);
