@@ -294,10 +294,12 @@ struct ShapeToken {
   bool decode = false, warm = true, cold = true;
 };
 
+// Each dimension 1..16384, and A, B and C together at most 2^28 elements (1 GiB in f32).
 std::optional<ShapeToken> parse_shape_token(std::string tok) {
-  constexpr int64_t kMaxDim = 1 << 16;
+  constexpr int64_t kMaxDim = 16384, kMaxElems = int64_t{1} << 28;
   const auto dim = [&](const std::string& text) -> int64_t {
-    if (text.empty() || text.size() > 6 || !std::all_of(text.begin(), text.end(), ::isdigit)) return 0;
+    const bool digits = std::all_of(text.begin(), text.end(), [](char c) { return c >= '0' && c <= '9'; });
+    if (text.empty() || text.size() > 5 || !digits) return 0;
     const int64_t v = std::stoll(text);
     return v <= kMaxDim ? v : 0;
   };
@@ -329,6 +331,7 @@ std::optional<ShapeToken> parse_shape_token(std::string tok) {
   st.m = dims[0];
   st.n = dims[1];
   st.k = dims[2];
+  if (st.m * st.k + st.k * st.n + st.m * st.n > kMaxElems) return std::nullopt;
   return st;
 }
 
@@ -397,7 +400,8 @@ int run_gemm_bench(const GemmBenchOptions& opt) {
     if (!st) {
       fmt::print(stderr,
                  "kiln bench gemm: --shapes '{}' is not a shape: give 512 (a square), 256x3072x768 (M x N x K, "
-                 "B stored K x N), 256x3072x768t (B stored N x K, as weights are), d4, d4w or d4c\n",
+                 "B stored K x N), 256x3072x768t (B stored N x K, as weights are), d4, d4w or d4c; each size "
+                 "1..16384, A, B and C together at most 2^28 elements\n",
                  tok);
       return 2;
     }

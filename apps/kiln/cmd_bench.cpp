@@ -19,7 +19,7 @@ void register_bench(CLI::App& app) {
   gemm->add_flag("--json", gemm_opt->json, "One JSON object per line (per peer)");
   gemm->add_flag("--tune", gemm_opt->tune, "Time (MC, KC, NC) candidates first and save the best");
   gemm->add_flag("--quick", gemm_opt->quick, "A small subset (~20 s)");
-  gemm->add_flag("--pack", gemm_opt->pack, "Only the packing of B: a 3072 x 768 weight in both layouts, cold and warm, GB/s");
+  gemm->add_flag("--pack", gemm_opt->pack, "Only the packing of B (1 thread; --shapes and --threads-list are not used): a 3072 x 768 weight in both layouts, cold and warm, GB/s");
   gemm->add_option("--threads-list", gemm_opt->threads_list, "Thread counts, e.g. 1,2")
       ->delimiter(',')
       ->check(CLI::Range(1, 7));

@@ -223,6 +223,7 @@ TEST(CliFlags, BadIntegersAreRefused) {
       {{"bench", "comm", "--min-bytes", "0"}, "--min-bytes"},
       {{"bench", "gemm", "--shapes", "256x3072"}, "--shapes"},
       {{"bench", "gemm", "--shapes", "512,d0"}, "--shapes"},
+      {{"bench", "gemm", "--shapes", "16384x16384x16384"}, "--shapes"},  // 1 GiB per operand
       {{"plan", "comm", "--topology", "h100-node"}, "--ranks"},
       {{"plan", "comm", "--topology", "h100-node", "--ranks", "1"}, "--ranks"},
       {{"plan", "tp", "--tp-list", "3"}, "--tp-list"},       // 32 heads do not split over 3
