@@ -368,11 +368,7 @@ void bench_pack(Context& ctx, DType dt, int64_t l3) {
       for (int r = 0; r < ctx.opt.reps + copies; ++r) {
         p.b = ws[static_cast<size_t>(r % copies)]->data();
         const auto t0 = std::chrono::steady_clock::now();
-        for (int64_t jc = 0; jc < p.n; jc += nc_max)
-          for (int64_t q = 0; q < lay.num_pc; ++q) {
-            const int64_t pc = q * lay.kc_block;
-            path.pack_b(p, jc, std::min(nc_max, p.n - jc), pc, std::min(lay.kc_block, p.k - pc), panel.data() + lay.offset(q));
-          }
+        for (int64_t jc = 0; jc < p.n; jc += nc_max) cpu::pack_b_panel(p, path, lay, jc, std::min(nc_max, p.n - jc), panel.data());
         const double sec = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
         if (r >= copies) gbs.push_back(bytes * 1e-9 / sec);  // the first round over the copies warms up
       }

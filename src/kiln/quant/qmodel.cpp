@@ -476,9 +476,9 @@ int64_t weight_bytes_per_token(Transformer& model) {
   int64_t bytes = model.config().d_model * 4;  // the embedding row
   for (Linear* l : model.linears()) {
     if (auto* q = dynamic_cast<QuantizedLinear*>(l->backend.get())) bytes += q->weight_bytes();
-    else if (const auto* h = dynamic_cast<const PackedLinear*>(l->backend.get());
-             dynamic_cast<Bf16Linear*>(l->backend.get()) || (h && h->packed().weight_dtype() == DType::kF16))
-      bytes += 2 * l->in * l->out;
+    else if (const auto* pk = dynamic_cast<const PackedLinear*>(l->backend.get()))
+      bytes += pk->packed().elem_bytes() * l->in * l->out;  // f32 4, f16 halves 2
+    else if (dynamic_cast<Bf16Linear*>(l->backend.get())) bytes += 2 * l->in * l->out;
     else bytes += 4 * l->in * l->out;
   }
   return bytes;

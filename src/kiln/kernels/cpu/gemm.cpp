@@ -189,15 +189,20 @@ PanelLayout panel_layout(const GemmParams& p, const PackedPath& path, GemmBlocki
   return lay;
 }
 
+void pack_b_panel(const GemmParams& p, const PackedPath& path, const PanelLayout& lay, int64_t jc, int64_t nc,
+                  uint32_t* dst) {
+  for (int64_t q = 0; q < lay.num_pc && p.k > 0; ++q) {
+    const int64_t pc = q * lay.kc_block;
+    path.pack_b(p, jc, nc, pc, std::min(lay.kc_block, p.k - pc), dst + lay.offset(q));
+  }
+}
+
 void run_column_chunk(const GemmParams& p, const PackedPath& path, PanelLayout lay, int64_t s0,
                       int64_t s1, int64_t ms0, int64_t ms1, int64_t mc_strips) {
   const int64_t jc = s0 * lay.nr, nc = std::min(p.n, s1 * lay.nr) - jc;
   lay.strips = s1 - s0;
   auto* bpack = static_cast<uint32_t*>(b_pack_buffer().get(4 * lay.elems()));
-  for (int64_t q = 0; q < lay.num_pc && p.k > 0; ++q) {
-    const int64_t pc = q * lay.kc_block;
-    path.pack_b(p, jc, nc, pc, std::min(lay.kc_block, p.k - pc), bpack + lay.offset(q));
-  }
+  pack_b_panel(p, path, lay, jc, nc, bpack);
   for (int64_t b = ms0; b < ms1; b += mc_strips)
     run_block(p, path, lay, bpack, jc, nc, b, std::min(ms1, b + mc_strips), 0, lay.strips);
 }

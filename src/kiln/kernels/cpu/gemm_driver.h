@@ -29,6 +29,11 @@ struct PanelLayout {
 // inside one block); strips is left 0 for the caller.
 PanelLayout panel_layout(const GemmParams& p, const PackedPath& path, GemmBlocking blk);
 
+// On the calling thread: packs op(B)'s columns [jc, jc + nc) over all K blocks into dst, K block
+// q at lay.offset(q) (lay.strips covering nc).
+void pack_b_panel(const GemmParams& p, const PackedPath& path, const PanelLayout& lay, int64_t jc, int64_t nc,
+                  uint32_t* dst);
+
 // A thread's packed part of B stays within this (a quarter of the 32 MiB L3 for both threads of
 // the EPYC VM; see the column split in cpu/gemm.cpp, where it was measured).
 inline constexpr int64_t kThreadPanelBytes = int64_t{4} << 20;

@@ -302,19 +302,24 @@ QuantTuneResult autotune_quant_tiles(const QuantTuneOptions& opt) {
     }
     return best;
   };
-  // One knob: its candidates (the current value first), each timed on two formats at `rows`.
-  const auto sweep = [&](const char* knob, int64_t rows, bool block, const std::vector<QuantTiles>& cands,
+  // One knob: its candidates (the current value first), each timed at `rows` on the formats that
+  // read it: both block formats, Q4_0 alone (decode: Q8_0 decode takes one tile per pass
+  // whatever bq_decode says), or both weight-only formats.
+  enum class Timed { kBlock, kBlockQ4, kWeightOnly };
+  const auto sweep = [&](const char* knob, int64_t rows, Timed timed, const std::vector<QuantTiles>& cands,
                          double* ratio, std::string (*value)(const QuantTiles&)) {
     double best = INFINITY, base = 0;
     QuantTiles winner = cands[0];
     for (const QuantTiles& t : cands) {
       set_quant_tiles(t);
-      const double s = block ? per_call([&] { run_block(q8.w, rows); }) + per_call([&] { run_block(q4.w, rows); })
-                             : per_call([&] { run_wo(w8.w, rows); }) + per_call([&] { run_wo(w4.w, rows); });
+      double s = 0;
+      if (timed == Timed::kBlock) s += per_call([&] { run_block(q8.w, rows); });
+      if (timed != Timed::kWeightOnly) s += per_call([&] { run_block(q4.w, rows); });
+      else s += per_call([&] { run_wo(w8.w, rows); }) + per_call([&] { run_wo(w4.w, rows); });
       if (&t == &cands[0]) base = s;
+      const char* formats = timed == Timed::kBlock ? "q8_0 + q4_0" : timed == Timed::kBlockQ4 ? "q4_0" : "int8 + int4 g128";
       if (opt.log)
-        opt.log(fmt::format("  tune quant {:<10} m={:<3} {:>3} {:9.1f} us ({} + {})", knob, rows, value(t), s * 1e6,
-                            block ? "q8_0" : "int8", block ? "q4_0" : "int4 g128"));
+        opt.log(fmt::format("  tune quant {:<10} m={:<3} {:>3} {:9.1f} us ({})", knob, rows, value(t), s * 1e6, formats));
       if (s < best * (1 - kMinGain)) {
         best = s;
         winner = t;
@@ -333,15 +338,15 @@ QuantTuneResult autotune_quant_tiles(const QuantTuneOptions& opt) {
     }
     return cands;
   };
-  sweep("bq_decode", 1, true, vary(&QuantTiles::bq_decode, kBqDecodeTiles), &result.bq_decode_ratio,
+  sweep("bq_decode", 1, Timed::kBlockQ4, vary(&QuantTiles::bq_decode, kBqDecodeTiles), &result.bq_decode_ratio,
         [](const QuantTiles& t) { return std::to_string(t.bq_decode); });
-  sweep("bq_batch", 8, true, vary(&QuantTiles::bq_batch, kBqShapes), &result.bq_batch_ratio,
+  sweep("bq_batch", 8, Timed::kBlock, vary(&QuantTiles::bq_batch, kBqShapes), &result.bq_batch_ratio,
         [](const QuantTiles& t) { return bq_shape_name(t.bq_batch); });
-  sweep("bq_prefill", rows_max, true, vary(&QuantTiles::bq_prefill, kBqShapes), &result.bq_prefill_ratio,
+  sweep("bq_prefill", rows_max, Timed::kBlock, vary(&QuantTiles::bq_prefill, kBqShapes), &result.bq_prefill_ratio,
         [](const QuantTiles& t) { return bq_shape_name(t.bq_prefill); });
-  sweep("wo_gemv", 1, false, vary(&QuantTiles::wo_gemv, kWoGemvChannels), &result.wo_gemv_ratio,
+  sweep("wo_gemv", 1, Timed::kWeightOnly, vary(&QuantTiles::wo_gemv, kWoGemvChannels), &result.wo_gemv_ratio,
         [](const QuantTiles& t) { return std::to_string(t.wo_gemv); });
-  sweep("wo_rows", 8, false, vary(&QuantTiles::wo_rows, kWoRowsChannels), &result.wo_rows_ratio,
+  sweep("wo_rows", 8, Timed::kWeightOnly, vary(&QuantTiles::wo_rows, kWoRowsChannels), &result.wo_rows_ratio,
         [](const QuantTiles& t) { return "4x" + std::to_string(t.wo_rows); });
   {
     std::unique_lock<std::mutex> lock;
