@@ -66,6 +66,7 @@ void register_bench(CLI::App& app) {
   register_bench_pp(app);  // kiln bench pp: W7 pipeline parallelism (cmd_bench_pp.cpp)
   register_bench_cp(app);  // kiln bench cp: context-parallel attention (cmd_bench_cp.cpp)
   register_bench_mla_decode(app);  // kiln bench mla-decode: MHA, GQA and MLA decode (cmd_bench_mla_decode.cpp)
+  register_bench_launch(app);  // kiln bench launch: CPU and GPU launch cost (cmd_bench_launch.cpp)
   register_bench_graph(app);  // kiln bench graph: decode eager vs captured graphs (cmd_bench_graph.cpp)
   register_bench_train_graph(app);  // kiln bench train-graph: training steps per graph mode (cmd_bench_train_graph.cpp)
   register_bench_fusion(app);  // kiln bench fusion: JIT-fused elementwise chain vs eager (cmd_bench_fusion.cpp)

@@ -43,6 +43,8 @@ void register_bench_cp(CLI::App& app);  // `bench cp`, called by register_bench 
 void register_bench_mla_decode(CLI::App& app);  // `bench mla-decode`, called by register_bench (cmd_bench_mla_decode.cpp)
 void register_bench_graph(CLI::App& app);  // `bench graph`, called by register_bench (cmd_bench_graph.cpp)
 void register_bench_train_graph(CLI::App& app);  // `bench train-graph` (cmd_bench_train_graph.cpp)
+void register_bench_launch(
+    CLI::App& app);  // `bench launch`, called by register_bench (cmd_bench_launch.cpp)
 void register_bench_fusion(CLI::App& app);  // `bench fusion`, called by register_bench (cmd_bench_fusion.cpp)
 void register_plan_tp(CLI::App& app);   // `plan tp`, after register_comm (cmd_plan_tp.cpp)
 void register_plan_pp(CLI::App& app);   // `plan pp`, after register_comm (cmd_plan_pp.cpp)

@@ -71,6 +71,44 @@ TEST(Device, WithoutCudaTheErrorsSayWhatIsMissing) {
   cuda_runtime::free_device(nullptr);  // a no-op everywhere
 }
 
+// Streams, events, pinned memory and graphs without CUDA: each call names itself and what is
+// missing; the default stream and an uncaptured graph need no device to exist.
+TEST(Device, WithoutCudaStreamsEventsPinnedAndGraphsAreNamedErrors) {
+  if (cuda_available()) GTEST_SKIP() << "a CUDA device is present (tests/cuda covers it)";
+  const char* why = cuda_runtime::built_with_cuda() ? "no CUDA device" : "built without CUDA";
+  const auto expect_named = [&](const Status& s, const char* call) {
+    EXPECT_FALSE(s.ok()) << call;
+    EXPECT_NE(s.message().find(call), std::string::npos) << s.to_string();
+    EXPECT_NE(s.message().find(why), std::string::npos) << s.to_string();
+  };
+  expect_named(cuda_runtime::Stream::create().status(), "Stream::create");
+  expect_named(cuda_runtime::Event::create().status(), "Event::create");
+  expect_named(cuda_runtime::malloc_pinned(64).status(), "malloc_pinned");
+  expect_named(cuda_runtime::PinnedBuffer::allocate(64).status(), "malloc_pinned");
+  const cuda_runtime::Stream default_stream;
+  EXPECT_TRUE(default_stream.is_default());
+  EXPECT_EQ(default_stream.handle(), nullptr);
+  expect_named(default_stream.synchronize(), "Stream::synchronize");
+  float host[4] = {};
+  expect_named(cuda_runtime::copy_host_to_device_async(host, host, 16, default_stream),
+               "copy_host_to_device_async");
+  expect_named(cuda_runtime::copy_device_to_host_async(host, host, 16, default_stream),
+               "copy_device_to_host_async");
+  bool recorded = false;
+  const auto graph = cuda_runtime::Graph::capture(default_stream, [&] {
+    recorded = true;
+    return Status{};
+  });
+  expect_named(graph.status(), "Graph::capture");
+  EXPECT_FALSE(recorded) << "nothing is recorded when there is nothing to capture on";
+  const cuda_runtime::Graph never_captured;
+  EXPECT_FALSE(never_captured.defined());
+  const Status replay = never_captured.launch(default_stream);
+  EXPECT_FALSE(replay.ok());
+  EXPECT_NE(replay.message().find("Graph::launch"), std::string::npos) << replay.to_string();
+  cuda_runtime::free_pinned(nullptr);  // a no-op everywhere
+}
+
 TEST(Device, UndefinedTensorHasNoDevicePath) {
   const Tensor t;
   EXPECT_EQ(t.device(), Device::kHost);

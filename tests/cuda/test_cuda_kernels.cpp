@@ -5,6 +5,7 @@
 // exits 77 before any test, which CTest reports as skipped.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <numeric>
@@ -668,6 +669,134 @@ TEST(CudaDevice, TensorRoundTrip) {
   EXPECT_EQ(t.to(Device::kCuda).value().to(Device::kHost).value().to_floats(), t.to_floats());
   EXPECT_EQ(dev.transpose(0, 1).value().to(Device::kHost).status().code(),
             StatusCode::kInvalidArgument);
+}
+
+// ---- streams, events, pinned memory, graphs (core/device.h) -----------------------------------
+std::vector<float> device_to_vector(const float* d, int64_t n) {
+  std::vector<float> v(static_cast<size_t>(n));
+  EXPECT_TRUE(cuda_runtime::copy_device_to_host(v.data(), d, n * 4).ok());
+  return v;
+}
+
+using cuda_runtime::Event;
+using cuda_runtime::Graph;
+using cuda_runtime::PinnedBuffer;
+using cuda_runtime::Stream;
+using cuda_runtime::StreamScope;
+
+// StreamScope sets this thread's launch stream and restores the previous one, nested.
+TEST(CudaDevice, StreamScopeNestsAndRestores) {
+  Stream a = Stream::create().value(), b = Stream::create().value();
+  ASSERT_NE(a.handle(), nullptr);
+  ASSERT_NE(a.handle(), b.handle());
+  EXPECT_EQ(cuda_runtime::current_stream(), nullptr);
+  {
+    StreamScope sa(a);
+    EXPECT_EQ(cuda_runtime::current_stream(), a.handle());
+    {
+      StreamScope sb(b);
+      EXPECT_EQ(cuda_runtime::current_stream(), b.handle());
+    }
+    EXPECT_EQ(cuda_runtime::current_stream(), a.handle());
+  }
+  EXPECT_EQ(cuda_runtime::current_stream(), nullptr);
+}
+
+// Pinned host -> device -> pinned host on one stream, a kernel between the copies on the same
+// stream (in order, no host sync until the end): the softmax of the bytes that arrived.
+TEST(CudaDevice, AsyncCopiesAndAKernelInStreamOrder) {
+  constexpr int64_t kRows = 5, kCols = 37, kN = kRows * kCols;
+  Rng rng(11);
+  const std::vector<float> x = random_floats(rng, kN, -3.0f, 3.0f);
+  std::vector<float> expected(kN);
+  ref::softmax_forward(expected.data(), x.data(), kRows, kCols);
+  Stream s = Stream::create().value();
+  PinnedBuffer in = PinnedBuffer::allocate(kN * 4).value(),
+               out = PinnedBuffer::allocate(kN * 4).value();
+  std::copy(x.begin(), x.end(), static_cast<float*>(in.data()));
+  auto d_in = Storage::allocate(kN * 4, Device::kCuda).value();
+  auto d_out = Storage::allocate(kN * 4, Device::kCuda).value();
+  ASSERT_TRUE(cuda_runtime::copy_host_to_device_async(d_in->data(), in.data(), kN * 4, s).ok());
+  {
+    StreamScope scope(s);
+    ASSERT_TRUE(softmax_forward(static_cast<float*>(d_out->data()),
+                                static_cast<const float*>(d_in->data()), kRows, kCols)
+                    .ok());
+  }
+  ASSERT_TRUE(cuda_runtime::copy_device_to_host_async(out.data(), d_out->data(), kN * 4, s).ok());
+  ASSERT_TRUE(s.synchronize().ok());
+  const float* o = static_cast<const float*>(out.data());
+  EXPECT_LE(nmse(expected, std::vector<float>(o, o + kN)), kF32Nmse);
+}
+
+// Events order two streams on the GPU: the second stream's copy waits for the first's kernel.
+TEST(CudaDevice, EventOrdersTwoStreams) {
+  constexpr int64_t kN = 1 << 20;
+  Stream compute = Stream::create().value(), copy = Stream::create().value();
+  Event done = Event::create().value(), start = Event::create().value();
+  std::vector<float> gate(kN, 0.5f), up(kN, 3.0f), expected(kN);
+  ref::swiglu_forward(expected.data(), gate.data(), up.data(), kN);
+  const Tensor g = device_floats(gate), u = device_floats(up);
+  auto d_out = Storage::allocate(kN * 4, Device::kCuda).value();
+  PinnedBuffer out = PinnedBuffer::allocate(kN * 4).value();
+  ASSERT_TRUE(start.record(compute).ok());
+  {
+    StreamScope scope(compute);
+    ASSERT_TRUE(
+        swiglu_forward(static_cast<float*>(d_out->data()), g.data<float>(), u.data<float>(), kN)
+            .ok());
+  }
+  ASSERT_TRUE(done.record(compute).ok());
+  ASSERT_TRUE(done.make_wait(copy).ok());
+  ASSERT_TRUE(
+      cuda_runtime::copy_device_to_host_async(out.data(), d_out->data(), kN * 4, copy).ok());
+  ASSERT_TRUE(copy.synchronize().ok());
+  const float* o = static_cast<const float*>(out.data());
+  EXPECT_LE(nmse(expected, std::vector<float>(o, o + kN)), kF32Nmse);
+  const auto ms = Event::elapsed_ms(start, done);
+  ASSERT_TRUE(ms.ok()) << ms.status().to_string();
+  EXPECT_GE(*ms, 0.0f);
+}
+
+// A graph of two kernels captured once and replayed on new inputs written into the captured
+// buffer: each replay computes what eager calls compute; capturing records, it does not run.
+TEST(CudaDevice, GraphReplaysOnNewInputs) {
+  constexpr int64_t kRows = 3, kCols = 100, kN = kRows * kCols;
+  Stream s = Stream::create().value();
+  const Tensor w = device_floats(std::vector<float>(kCols, 1.5f));
+  auto d_x = Storage::allocate(kN * 4, Device::kCuda).value();
+  auto d_norm = Storage::allocate(kN * 4, Device::kCuda).value();
+  auto d_rstd = Storage::allocate(kRows * 4, Device::kCuda).value();
+  auto d_out = Storage::allocate(kN * 4, Device::kCuda).value();
+  float* x = static_cast<float*>(d_x->data());
+  float* norm = static_cast<float*>(d_norm->data());
+  float* out = static_cast<float*>(d_out->data());
+  ASSERT_TRUE(cuda_runtime::memset_device(out, 0, kN * 4).ok());
+  auto graph = Graph::capture(s, [&]() -> Status {
+    KILN_RETURN_IF_ERROR(rmsnorm_forward(norm, static_cast<float*>(d_rstd->data()), x,
+                                         w.data<float>(), kRows, kCols));
+    return softmax_forward(out, norm, kRows, kCols);
+  });
+  ASSERT_TRUE(graph.ok()) << graph.status().to_string();
+  EXPECT_EQ(graph->nodes(), 2);
+  ASSERT_TRUE(s.synchronize().ok());
+  EXPECT_EQ(device_to_vector(out, kN), std::vector<float>(kN, 0.0f)) << "capture ran the kernels";
+  Rng rng(5);
+  for (int replay = 0; replay < 3; ++replay) {
+    const std::vector<float> in = random_floats(rng, kN, -2.0f, 2.0f);
+    std::vector<float> n(kN), r(kRows), expected(kN);
+    ref::rmsnorm_forward(n.data(), r.data(), in.data(), std::vector<float>(kCols, 1.5f).data(),
+                         kRows, kCols);
+    ref::softmax_forward(expected.data(), n.data(), kRows, kCols);
+    ASSERT_TRUE(cuda_runtime::copy_host_to_device(x, in.data(), kN * 4).ok());
+    ASSERT_TRUE(graph->launch(s).ok());
+    ASSERT_TRUE(s.synchronize().ok());
+    EXPECT_LE(nmse(expected, device_to_vector(out, kN)), kF32Nmse) << "replay " << replay;
+  }
+  // The default stream cannot be captured: a named error, not a CUDA failure later.
+  const auto bad = Graph::capture(Stream(), [] { return Status{}; });
+  ASSERT_FALSE(bad.ok());
+  EXPECT_EQ(bad.status().code(), StatusCode::kInvalidArgument);
 }
 
 }  // namespace

@@ -1,4 +1,5 @@
-// Device names; the runtime calls live in device_cuda.cpp (CUDA builds) or device_nocuda.cpp.
+// Device names and the backend-independent helpers; the runtime calls live in device_cuda.cpp (CUDA
+// builds) or device_nocuda.cpp.
 #include "kiln/core/device.h"
 
 namespace kiln {
@@ -18,5 +19,17 @@ Expected<Device> parse_device(std::string_view name) {
   if (name == "cuda" || name == "gpu") return Device::kCuda;
   return invalid_argument("unknown device '{}' (expected host or cuda)", name);
 }
+
+namespace cuda_runtime {
+
+Expected<PinnedBuffer> PinnedBuffer::allocate(int64_t nbytes) {
+  KILN_ASSIGN_OR_RETURN(void* p, malloc_pinned(nbytes));
+  PinnedBuffer b;
+  b.data_ = p;
+  b.nbytes_ = nbytes;
+  return b;
+}
+
+}  // namespace cuda_runtime
 
 }  // namespace kiln

@@ -45,4 +45,51 @@ Status synchronize() {
   return not_built("synchronize");
 }
 
+// Nothing below can hold a handle in this build: every constructor that makes one fails.
+Expected<Stream> Stream::create() {
+  return not_built("Stream::create");
+}
+Stream::~Stream() = default;
+Status Stream::synchronize() const {
+  return not_built("Stream::synchronize");
+}
+
+Expected<Event> Event::create() {
+  return not_built("Event::create");
+}
+Event::~Event() = default;
+Status Event::record(const Stream&) {
+  return not_built("Event::record");
+}
+Status Event::make_wait(const Stream&) const {
+  return not_built("Event::make_wait");
+}
+Status Event::synchronize() const {
+  return not_built("Event::synchronize");
+}
+Expected<float> Event::elapsed_ms(const Event&, const Event&) {
+  return not_built("Event::elapsed_ms");
+}
+
+Expected<void*> malloc_pinned(int64_t) {
+  return not_built("malloc_pinned");
+}
+void free_pinned(void* ptr) {
+  KILN_CHECK_MSG(ptr == nullptr, "free_pinned of a pointer in a build without CUDA");
+}
+Status copy_host_to_device_async(void*, const void*, int64_t, const Stream&) {
+  return not_built("copy_host_to_device_async");
+}
+Status copy_device_to_host_async(void*, const void*, int64_t, const Stream&) {
+  return not_built("copy_device_to_host_async");
+}
+
+Expected<Graph> Graph::capture(const Stream&, const std::function<Status()>&) {
+  return not_built("Graph::capture");
+}
+Graph::~Graph() = default;
+Status Graph::launch(const Stream&) const {
+  return not_built("Graph::launch");
+}
+
 }  // namespace kiln::cuda_runtime

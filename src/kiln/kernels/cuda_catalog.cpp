@@ -88,6 +88,8 @@ std::vector<KernelLaunch> kernel_launches(const ProblemShape& s) {
   out.push_back(launch("kiln::cuda::attention_decode_combine_kernel", "attention",
                        "split-KV merge, a warp per query row",
                        attention_decode_combine_launch(s.batch * s.heads)));
+  out.push_back(launch("kiln::cuda::empty_kernel", "launch", "no work: the launch cost alone",
+                       empty_kernel_launch()));
   return out;
 }
 

@@ -73,8 +73,8 @@ cudaError_t launch_attention_forward(float* out, float* lse, const float* q, con
   const LaunchConfig c = attention_launch(p.batch, p.n_heads, p.q_len, p.head_dim);
   const cudaError_t err = allow_dynamic_smem(attention_forward_kernel, c.smem_bytes);
   if (err != cudaSuccess) return err;
-  attention_forward_kernel<<<grid_of(c), block_of(c), static_cast<size_t>(c.smem_bytes)>>>(
-      out, lse, q, k, v, p);
+  attention_forward_kernel<<<grid_of(c), block_of(c), static_cast<size_t>(c.smem_bytes),
+                             launch_stream()>>>(out, lse, q, k, v, p);
   return cudaGetLastError();
 }
 

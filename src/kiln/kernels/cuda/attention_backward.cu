@@ -237,8 +237,8 @@ cudaError_t launch_attention_backward(float* dq, float* dk, float* dv, const flo
         attention_backward_dkdv_launch(p.batch, p.n_kv_heads, p.kv_len, p.head_dim);
     cudaError_t err = allow_dynamic_smem(attention_backward_dkdv_kernel, c.smem_bytes);
     if (err != cudaSuccess) return err;
-    attention_backward_dkdv_kernel<<<grid_of(c), block_of(c), static_cast<size_t>(c.smem_bytes)>>>(
-        dk, dv, dout, q, k, v, out, lse, p);
+    attention_backward_dkdv_kernel<<<grid_of(c), block_of(c), static_cast<size_t>(c.smem_bytes),
+                                     launch_stream()>>>(dk, dv, dout, q, k, v, out, lse, p);
     err = cudaGetLastError();
     if (err != cudaSuccess) return err;
   }
@@ -246,8 +246,8 @@ cudaError_t launch_attention_backward(float* dq, float* dk, float* dv, const flo
     const LaunchConfig c = attention_backward_dq_launch(p.batch, p.n_heads, p.q_len, p.head_dim);
     const cudaError_t err = allow_dynamic_smem(attention_backward_dq_kernel, c.smem_bytes);
     if (err != cudaSuccess) return err;
-    attention_backward_dq_kernel<<<grid_of(c), block_of(c), static_cast<size_t>(c.smem_bytes)>>>(
-        dq, dout, q, k, v, out, lse, p);
+    attention_backward_dq_kernel<<<grid_of(c), block_of(c), static_cast<size_t>(c.smem_bytes),
+                                   launch_stream()>>>(dq, dout, q, k, v, out, lse, p);
   }
   return cudaGetLastError();
 }

@@ -162,13 +162,14 @@ cudaError_t launch_attention_decode_paged(float* out, float* lse, const float* q
       attention_decode_launch(p.batch, p.n_heads, p.n_kv_heads, p.q_len, p.head_dim, a.num_splits);
   cudaError_t err = allow_dynamic_smem(attention_decode_split_kernel, c.smem_bytes);
   if (err != cudaSuccess) return err;
-  attention_decode_split_kernel<<<grid_of(c), block_of(c), static_cast<size_t>(c.smem_bytes)>>>(
-      out, lse, workspace, q, a);
+  attention_decode_split_kernel<<<grid_of(c), block_of(c), static_cast<size_t>(c.smem_bytes),
+                                  launch_stream()>>>(out, lse, workspace, q, a);
   err = cudaGetLastError();
   if (err != cudaSuccess || a.num_splits == 1) return err;
   const int64_t rows = p.batch * p.n_heads * p.q_len;
   const LaunchConfig m = attention_decode_combine_launch(rows);
-  attention_decode_combine_kernel<<<grid_of(m), block_of(m)>>>(out, lse, workspace, a, rows);
+  attention_decode_combine_kernel<<<grid_of(m), block_of(m), 0, launch_stream()>>>(
+      out, lse, workspace, a, rows);
   return cudaGetLastError();
 }
 

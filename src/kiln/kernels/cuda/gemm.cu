@@ -296,27 +296,29 @@ cudaError_t launch_gemm(const GemmArgs& p, GemmKernel kernel) {
   const size_t smem = static_cast<size_t>(c.smem_bytes);
   switch (kernel) {
     case GemmKernel::kNaive:
-      gemm_naive<<<grid, block>>>(p);
+      gemm_naive<<<grid, block, 0, launch_stream()>>>(p);
       break;
     case GemmKernel::kCoalesced:
-      gemm_coalesced<<<grid, block>>>(p);
+      gemm_coalesced<<<grid, block, 0, launch_stream()>>>(p);
       break;
     case GemmKernel::kSmemTiled:
-      gemm_smem_tiled<kGemmSmemTile><<<grid, block>>>(p);
+      gemm_smem_tiled<kGemmSmemTile><<<grid, block, 0, launch_stream()>>>(p);
       break;
     case GemmKernel::kRegisterTiled:
       gemm_register_tiled<kGemmRegBm, kGemmRegBn, kGemmRegBk, kGemmRegTm, kGemmRegTn, 0>
-          <<<grid, block>>>(p);
+          <<<grid, block, 0, launch_stream()>>>(p);
       break;
     case GemmKernel::kPadded:
       gemm_register_tiled<kGemmRegBm, kGemmRegBn, kGemmRegBk, kGemmRegTm, kGemmRegTn, kGemmRegPad>
-          <<<grid, block>>>(p);
+          <<<grid, block, 0, launch_stream()>>>(p);
       break;
     case GemmKernel::kMma:
-      gemm_mma_bf16<kGemmMmaBm, kGemmMmaBn, kGemmMmaBk, 1><<<grid, block, smem>>>(p);
+      gemm_mma_bf16<kGemmMmaBm, kGemmMmaBn, kGemmMmaBk, 1>
+          <<<grid, block, smem, launch_stream()>>>(p);
       break;
     case GemmKernel::kMmaCpAsync:
-      gemm_mma_bf16<kGemmMmaBm, kGemmMmaBn, kGemmMmaBk, 2><<<grid, block, smem>>>(p);
+      gemm_mma_bf16<kGemmMmaBm, kGemmMmaBn, kGemmMmaBk, 2>
+          <<<grid, block, smem, launch_stream()>>>(p);
       break;
     case GemmKernel::kAuto:
       return cudaErrorInvalidValue;

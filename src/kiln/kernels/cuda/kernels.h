@@ -1,11 +1,12 @@
 // The CUDA kernels behind the same contracts as kiln::ref / kiln::cpu (gemm.h, norm.h, ...),
-// on DEVICE pointers (Tensor::to(Device::kCuda), core/device.h). Each call launches on the
-// default stream and returns once the launch is queued: Unimplemented for a path that does not
-// exist (e.g. an f32 operand on the tensor-core rungs), InvalidArgument for arguments the kernel
-// cannot take, Internal for a failed launch; kernel-time faults surface at the next
-// cuda_runtime::synchronize(). Ids and targets are not checked on the host (they live on the
-// device): an out-of-range one yields a NaN row (the embedding backward skips it), never an
-// out-of-bounds access.
+// on DEVICE pointers (Tensor::to(Device::kCuda), core/device.h). Each call launches on this
+// thread's current stream (core/device.h's StreamScope; the default stream unless set) and
+// returns once the launch is queued: Unimplemented for a path that does not exist (e.g. an f32
+// operand on the tensor-core rungs), InvalidArgument for arguments the kernel cannot take,
+// Internal for a failed launch; kernel-time faults surface at the next stream or device
+// synchronize. Ids and targets are not checked on the host (they live on the device): an
+// out-of-range one yields a NaN row (the embedding backward skips it), never an out-of-bounds
+// access.
 // Only built with the CUDA backend (KILN_CUDA); see launch.h for every launch configuration.
 #pragma once
 
@@ -91,6 +92,11 @@ Status cross_entropy_backward(float* dlogits, const float* logits, const int32_t
 Status attention_backward(float* dq, float* dk, float* dv, const float* dout, const float* q,
                           const float* k, const float* v, const float* out, const float* lse,
                           const AttentionParams& p);
+
+// ---- the launch alone ----------------------------------------------------------------------
+// Queues the empty kernel (probe.cu, kiln::cuda::empty_kernel): a launch with no work, for
+// measuring launch cost.
+Status queue_empty_kernel();
 
 // ---- decode over the paged KV cache ----------------------------------------------------------
 // cpu::attention_decode_paged (attention.h) on the device, split-KV: kv's pools, block table and

@@ -128,6 +128,10 @@ Status rmsnorm_forward(float* out, float* rstd, const float* inp, const float* w
                   "kiln::cuda::rmsnorm_forward_kernel");
 }
 
+Status queue_empty_kernel() {
+  return launched(launch_empty_kernel(), "kiln::cuda::empty_kernel");
+}
+
 Status softmax_forward(float* out, const float* inp, int64_t rows, int64_t cols) {
   KILN_RETURN_IF_ERROR(check_rows("softmax_forward", rows, cols));
   if (rows == 0) return {};

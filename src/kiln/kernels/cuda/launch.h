@@ -181,6 +181,13 @@ inline LaunchConfig elementwise_launch(int64_t n) {
   return c;
 }
 
+// ---- the empty kernel: what a launch costs with no work in it (kiln bench launch) -----------
+inline LaunchConfig empty_kernel_launch() {
+  LaunchConfig c;
+  c.block_x = c.threads = 32;  // one warp, one block
+  return c;
+}
+
 // ---- FlashAttention forward ---------------------------------------------------------------
 // A block = 8 warps = 8 query rows of one (batch, query head); K/V tiles of 32 keys (one per
 // lane for the scores) are staged in shared memory with rows padded to head_dim + 1 floats, so

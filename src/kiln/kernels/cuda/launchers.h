@@ -1,5 +1,6 @@
-// The raw launchers the .cu files export: each launches its kernel(s) on the default stream
-// with launch.h's configuration and returns the launch's cudaError_t. They assume checked
+// The raw launchers the .cu files export: each launches its kernel(s) on this host thread's
+// current stream (launch_stream(): the default stream unless core/device.h's StreamScope set
+// another) with launch.h's configuration and returns the launch's cudaError_t. They assume checked
 // arguments; kernels.h (kernels_cuda.cpp) is the checked, Status-returning API over them.
 // Plain structs only: the .cu files include no kiln core header (fmt, which those pull in,
 // does not compile under nvcc), so GemmParams and AttentionParams arrive as GemmArgs and
@@ -10,9 +11,15 @@
 
 #include <cstdint>
 
+#include "kiln/core/cuda_stream.h"
 #include "kiln/kernels/cuda/launch.h"
 
 namespace kiln::cuda {
+
+// The stream every launcher below queues its kernels on.
+inline cudaStream_t launch_stream() {
+  return static_cast<cudaStream_t>(cuda_runtime::current_stream());
+}
 
 // gemm.h's Activation, value for value (kernels_cuda.cpp maps one onto the other).
 enum class DeviceActivation : int { kNone, kGeluTanh, kSilu, kRelu };
@@ -50,6 +57,8 @@ cudaError_t launch_rope_forward(float* out, const float* inp, const float* cos, 
                                 int64_t batch, int64_t seq_len, int64_t n_heads, int64_t head_dim,
                                 int64_t pos_offset);
 enum class Elementwise { kGelu, kSilu };
+// The empty kernel (probe.cu): one warp that does nothing.
+cudaError_t launch_empty_kernel();
 cudaError_t launch_activation_forward(Elementwise op, float* out, const float* inp, int64_t n);
 cudaError_t launch_swiglu_forward(float* out, const float* gate, const float* up, int64_t n);
 // The AdamW scalars, computed in double on the host and applied in fp32 (adamw.h).

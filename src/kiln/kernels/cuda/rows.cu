@@ -126,35 +126,38 @@ cudaError_t launch_layernorm_forward(float* out, float* mean, float* rstd, const
                                      const float* weight, const float* bias, int64_t rows,
                                      int64_t cols, float eps) {
   const LaunchConfig c = row_launch(rows, cols);
-  layernorm_forward_kernel<<<grid_of(c), block_of(c)>>>(out, mean, rstd, inp, weight, bias, cols,
-                                                        eps);
+  layernorm_forward_kernel<<<grid_of(c), block_of(c), 0, launch_stream()>>>(
+      out, mean, rstd, inp, weight, bias, cols, eps);
   return cudaGetLastError();
 }
 
 cudaError_t launch_rmsnorm_forward(float* out, float* rstd, const float* inp, const float* weight,
                                    int64_t rows, int64_t cols, float eps) {
   const LaunchConfig c = row_launch(rows, cols);
-  rmsnorm_forward_kernel<<<grid_of(c), block_of(c)>>>(out, rstd, inp, weight, cols, eps);
+  rmsnorm_forward_kernel<<<grid_of(c), block_of(c), 0, launch_stream()>>>(out, rstd, inp, weight,
+                                                                          cols, eps);
   return cudaGetLastError();
 }
 
 cudaError_t launch_softmax_forward(float* out, const float* inp, int64_t rows, int64_t cols) {
   const LaunchConfig c = row_launch(rows, cols);
-  softmax_forward_kernel<<<grid_of(c), block_of(c)>>>(out, inp, cols);
+  softmax_forward_kernel<<<grid_of(c), block_of(c), 0, launch_stream()>>>(out, inp, cols);
   return cudaGetLastError();
 }
 
 cudaError_t launch_cross_entropy_forward(float* losses, const float* logits, const int32_t* targets,
                                          int64_t rows, int64_t vocab) {
   const LaunchConfig c = row_launch(rows, vocab);
-  cross_entropy_forward_kernel<<<grid_of(c), block_of(c)>>>(losses, logits, targets, vocab);
+  cross_entropy_forward_kernel<<<grid_of(c), block_of(c), 0, launch_stream()>>>(losses, logits,
+                                                                                targets, vocab);
   return cudaGetLastError();
 }
 
 cudaError_t launch_embedding_forward(float* out, const int32_t* ids, const float* weight,
                                      int64_t num_tokens, int64_t vocab_size, int64_t cols) {
   const LaunchConfig c = row_launch(num_tokens, cols);
-  embedding_forward_kernel<<<grid_of(c), block_of(c)>>>(out, ids, weight, vocab_size, cols);
+  embedding_forward_kernel<<<grid_of(c), block_of(c), 0, launch_stream()>>>(out, ids, weight,
+                                                                            vocab_size, cols);
   return cudaGetLastError();
 }
 
@@ -163,31 +166,31 @@ cudaError_t launch_rope_forward(float* out, const float* inp, const float* cos, 
                                 int64_t pos_offset) {
   const int64_t pairs = batch * seq_len * n_heads * (head_dim / 2);
   const LaunchConfig c = elementwise_launch(pairs);
-  rope_forward_kernel<<<grid_of(c), block_of(c)>>>(out, inp, cos, sin, pairs, seq_len, n_heads,
-                                                   head_dim, pos_offset);
+  rope_forward_kernel<<<grid_of(c), block_of(c), 0, launch_stream()>>>(
+      out, inp, cos, sin, pairs, seq_len, n_heads, head_dim, pos_offset);
   return cudaGetLastError();
 }
 
 cudaError_t launch_activation_forward(Elementwise op, float* out, const float* inp, int64_t n) {
   const LaunchConfig c = elementwise_launch(n);
   if (op == Elementwise::kGelu) {
-    gelu_forward_kernel<<<grid_of(c), block_of(c)>>>(out, inp, n);
+    gelu_forward_kernel<<<grid_of(c), block_of(c), 0, launch_stream()>>>(out, inp, n);
   } else {
-    silu_forward_kernel<<<grid_of(c), block_of(c)>>>(out, inp, n);
+    silu_forward_kernel<<<grid_of(c), block_of(c), 0, launch_stream()>>>(out, inp, n);
   }
   return cudaGetLastError();
 }
 
 cudaError_t launch_swiglu_forward(float* out, const float* gate, const float* up, int64_t n) {
   const LaunchConfig c = elementwise_launch(n);
-  swiglu_forward_kernel<<<grid_of(c), block_of(c)>>>(out, gate, up, n);
+  swiglu_forward_kernel<<<grid_of(c), block_of(c), 0, launch_stream()>>>(out, gate, up, n);
   return cudaGetLastError();
 }
 
 cudaError_t launch_adamw_step(float* param, const float* grad, float* m, float* v, int64_t n,
                               const AdamWScalars& s) {
   const LaunchConfig c = elementwise_launch(n);
-  adamw_step_kernel<<<grid_of(c), block_of(c)>>>(param, grad, m, v, n, s);
+  adamw_step_kernel<<<grid_of(c), block_of(c), 0, launch_stream()>>>(param, grad, m, v, n, s);
   return cudaGetLastError();
 }
 

@@ -236,12 +236,13 @@ cudaError_t launch_layernorm_backward(float* dinp, float* dweight, float* dbias,
                                       const float* inp, const float* weight, const float* mean,
                                       const float* rstd, int64_t rows, int64_t cols) {
   const LaunchConfig c = row_launch(rows, cols);
-  layernorm_backward_kernel<<<grid_of(c), block_of(c)>>>(dinp, dout, inp, weight, mean, rstd, cols);
+  layernorm_backward_kernel<<<grid_of(c), block_of(c), 0, launch_stream()>>>(
+      dinp, dout, inp, weight, mean, rstd, cols);
   const cudaError_t err = cudaGetLastError();
   if (err != cudaSuccess) return err;
   const LaunchConfig w = column_launch(cols);
-  norm_weight_backward_kernel<<<grid_of(w), block_of(w)>>>(dweight, dbias, dout, inp, mean, rstd,
-                                                           rows, cols);
+  norm_weight_backward_kernel<<<grid_of(w), block_of(w), 0, launch_stream()>>>(
+      dweight, dbias, dout, inp, mean, rstd, rows, cols);
   return cudaGetLastError();
 }
 
@@ -249,19 +250,20 @@ cudaError_t launch_rmsnorm_backward(float* dinp, float* dweight, const float* do
                                     const float* inp, const float* weight, const float* rstd,
                                     int64_t rows, int64_t cols) {
   const LaunchConfig c = row_launch(rows, cols);
-  rmsnorm_backward_kernel<<<grid_of(c), block_of(c)>>>(dinp, dout, inp, weight, rstd, cols);
+  rmsnorm_backward_kernel<<<grid_of(c), block_of(c), 0, launch_stream()>>>(dinp, dout, inp, weight,
+                                                                           rstd, cols);
   const cudaError_t err = cudaGetLastError();
   if (err != cudaSuccess) return err;
   const LaunchConfig w = column_launch(cols);
-  norm_weight_backward_kernel<<<grid_of(w), block_of(w)>>>(dweight, nullptr, dout, inp, nullptr,
-                                                           rstd, rows, cols);
+  norm_weight_backward_kernel<<<grid_of(w), block_of(w), 0, launch_stream()>>>(
+      dweight, nullptr, dout, inp, nullptr, rstd, rows, cols);
   return cudaGetLastError();
 }
 
 cudaError_t launch_softmax_backward(float* dinp, const float* dout, const float* out, int64_t rows,
                                     int64_t cols) {
   const LaunchConfig c = row_launch(rows, cols);
-  softmax_backward_kernel<<<grid_of(c), block_of(c)>>>(dinp, dout, out, cols);
+  softmax_backward_kernel<<<grid_of(c), block_of(c), 0, launch_stream()>>>(dinp, dout, out, cols);
   return cudaGetLastError();
 }
 
@@ -269,15 +271,16 @@ cudaError_t launch_cross_entropy_backward(float* dlogits, const float* logits,
                                           const int32_t* targets, const float* dlosses,
                                           int64_t rows, int64_t vocab) {
   const LaunchConfig c = row_launch(rows, vocab);
-  cross_entropy_backward_kernel<<<grid_of(c), block_of(c)>>>(dlogits, logits, targets, dlosses,
-                                                             vocab);
+  cross_entropy_backward_kernel<<<grid_of(c), block_of(c), 0, launch_stream()>>>(
+      dlogits, logits, targets, dlosses, vocab);
   return cudaGetLastError();
 }
 
 cudaError_t launch_embedding_backward(float* dweight, const float* dout, const int32_t* ids,
                                       int64_t num_tokens, int64_t vocab_size, int64_t cols) {
   const LaunchConfig c = row_launch(num_tokens, cols);
-  embedding_backward_kernel<<<grid_of(c), block_of(c)>>>(dweight, dout, ids, vocab_size, cols);
+  embedding_backward_kernel<<<grid_of(c), block_of(c), 0, launch_stream()>>>(dweight, dout, ids,
+                                                                             vocab_size, cols);
   return cudaGetLastError();
 }
 
@@ -286,8 +289,8 @@ cudaError_t launch_rope_backward(float* dinp, const float* dout, const float* co
                                  int64_t pos_offset) {
   const int64_t pairs = batch * seq_len * n_heads * (head_dim / 2);
   const LaunchConfig c = elementwise_launch(pairs);
-  rope_backward_kernel<<<grid_of(c), block_of(c)>>>(dinp, dout, cos, sin, pairs, seq_len, n_heads,
-                                                    head_dim, pos_offset);
+  rope_backward_kernel<<<grid_of(c), block_of(c), 0, launch_stream()>>>(
+      dinp, dout, cos, sin, pairs, seq_len, n_heads, head_dim, pos_offset);
   return cudaGetLastError();
 }
 
@@ -295,9 +298,9 @@ cudaError_t launch_activation_backward(Elementwise op, float* dinp, const float*
                                        const float* inp, int64_t n) {
   const LaunchConfig c = elementwise_launch(n);
   if (op == Elementwise::kGelu) {
-    gelu_backward_kernel<<<grid_of(c), block_of(c)>>>(dinp, dout, inp, n);
+    gelu_backward_kernel<<<grid_of(c), block_of(c), 0, launch_stream()>>>(dinp, dout, inp, n);
   } else {
-    silu_backward_kernel<<<grid_of(c), block_of(c)>>>(dinp, dout, inp, n);
+    silu_backward_kernel<<<grid_of(c), block_of(c), 0, launch_stream()>>>(dinp, dout, inp, n);
   }
   return cudaGetLastError();
 }
@@ -305,7 +308,8 @@ cudaError_t launch_activation_backward(Elementwise op, float* dinp, const float*
 cudaError_t launch_swiglu_backward(float* dgate, float* dup, const float* dout, const float* gate,
                                    const float* up, int64_t n) {
   const LaunchConfig c = elementwise_launch(n);
-  swiglu_backward_kernel<<<grid_of(c), block_of(c)>>>(dgate, dup, dout, gate, up, n);
+  swiglu_backward_kernel<<<grid_of(c), block_of(c), 0, launch_stream()>>>(dgate, dup, dout, gate,
+                                                                          up, n);
   return cudaGetLastError();
 }
 
