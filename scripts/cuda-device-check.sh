@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The CUDA backend's check on a machine with an NVIDIA GPU (sm_80 or sm_90): builds kiln with
 # CUDA, runs the CUDA tests (ctest -L cuda: every kernel against its scalar reference) and the
-# GEMM ladder beside cuBLAS at 1024..8192, bf16 and f32, and prints one table. Meant to finish in
+# GEMM ladder beside cuBLAS at 1024..8192, bf16 and f32, and the launch-cost table (launches,
+# syncs, CUDA graph replay, pinned copies, a copy beside a GEMM on two streams). Meant to finish in
 # about 10 minutes on an H200. Exits 77 (with the reason) when there is no GPU to check on.
 #   scripts/cuda-device-check.sh [build-dir]      (default build-cuda; JOBS=n for the build)
 set -euo pipefail
@@ -30,6 +31,10 @@ echo "cuda-device-check: tests $(( $(date +%s) - start )) s"
 start=$(date +%s)
 "$BUILD_DIR/kiln" bench gemm --device cuda --shapes "$SIZES" --reps 5 || status=1
 echo "cuda-device-check: GEMM ladder $(( $(date +%s) - start )) s"
+
+start=$(date +%s)
+"$BUILD_DIR/kiln" bench launch --device cuda --launches 2000 --reps 5 || status=1
+echo "cuda-device-check: launch cost, graphs, streams $(( $(date +%s) - start )) s"
 
 if [ "$status" -ne 0 ]; then
   echo "cuda-device-check: FAILED (see above)" >&2
