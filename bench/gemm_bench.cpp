@@ -4,15 +4,14 @@
 #include "bench/gemm_bench.h"
 
 #include <fmt/format.h>
-
 #include <sys/mman.h>
 #include <time.h>
 
 #include <algorithm>
 #include <chrono>
-#include <functional>
 #include <cmath>
 #include <cstdlib>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -28,6 +27,7 @@
 #include "kiln/kernels/cpu/gemm_driver.h"
 #include "kiln/kernels/cpu/quant_tiles.h"
 #include "kiln/kernels/gemm.h"
+#include "kiln/kernels/gemm_f16.h"
 #include "kiln/kernels/gemm_prepacked.h"
 #include "kiln/perf/peak.h"
 #include "kiln/perf/roofline.h"
@@ -288,6 +288,61 @@ void bench_shape(Context& ctx, const GemmShape& s, int threads, const std::strin
 
 // One --shapes token: "512" (square), "MxNxK" (B stored K x N), "MxNxKt" (B stored N x K), or "dM",
 // "dMw", "dMc" (decode-like M rows against a 4096 x 4096 weight; warm and cold, warm or cold only).
+// `--dtype f16`: the fp16-arithmetic GEMM (gemm_f16.h) beside the f32 GEMM on the same values
+// (widened) and oneDNN's f16 matmul where it has one, C = A (m, k) · B^T with B stored (n, k);
+// the normalized error of the fp16 sums against the f32 result, whose own error is ~1e-14.
+void bench_f16(Context& ctx, int64_t m, int64_t n, int64_t k, int threads) {
+  Rng rng(42);
+  std::vector<uint16_t> a16(static_cast<size_t>(m * k)), b16(static_cast<size_t>(n * k));
+  std::vector<float> a32(a16.size()), b32(b16.size());
+  for (size_t i = 0; i < a16.size(); ++i)
+    a32[i] = f16_to_f32(a16[i] = f32_to_f16(rng.uniform(-1.0f, 1.0f)));
+  for (size_t i = 0; i < b16.size(); ++i)
+    b32[i] = f16_to_f32(b16[i] = f32_to_f16(rng.uniform(-1.0f, 1.0f)));
+  std::vector<float> c16(static_cast<size_t>(m * n)), c32(c16.size()), cpeer(c16.size());
+  GemmF16Params p;
+  p.m = m, p.n = n, p.k = k, p.chunk = ctx.opt.f16_chunk;
+  p.a = a16.data(), p.lda = k, p.b = b16.data(), p.ldb = k, p.c = c16.data(), p.ldc = n;
+  GemmParams g;
+  g.m = m, g.n = n, g.k = k;
+  g.a = a32.data(), g.lda = k, g.b = b32.data(), g.ldb = k, g.trans_b = true, g.c = c32.data(),
+  g.ldc = n;
+  std::vector<Impl> impls = {{"kiln", [&](const void*, const void*, float*) { cpu::gemm_f16(p); }},
+                             {"kiln f32", [&](const void*, const void*, float*) { cpu::gemm(g); }}};
+  std::shared_ptr<PeerGemm> od = make_onednn_gemm({m, n, k, true, DType::kF16});
+  if (od)
+    impls.push_back({"onednn", [&](const void*, const void*, float*) {
+                       od->run(a16.data(), b16.data(), cpeer.data());
+                     }});
+  const double flops = gemm_flops(m, n, k);
+  const std::vector<Summary> r =
+      time_impls(impls, nullptr, {nullptr}, nullptr, flops, ctx.opt.reps, threads);
+  double num = 0, den = 0, num_peer = 0;
+  for (size_t i = 0; i < c32.size(); ++i) {
+    num += (static_cast<double>(c16[i]) - c32[i]) * (static_cast<double>(c16[i]) - c32[i]);
+    num_peer += (static_cast<double>(cpeer[i]) - c32[i]) * (static_cast<double>(cpeer[i]) - c32[i]);
+    den += static_cast<double>(c32[i]) * c32[i];
+  }
+  // The fp16 FMA issues twice the f32 FMA's FLOPs per instruction: its peak is twice the f32 one.
+  const double peak = (cpu::gemm_f16_native() ? 2.0 : 1.0) * ctx.peak_f32[threads];
+  const std::string shape = fmt::format("{}x{}x{}", m, n, k);
+  if (ctx.opt.json) {
+    fmt::print(
+        R"({{"op": "gemm_f16", "m": {}, "n": {}, "k": {}, "threads": {}, "chunk": {}, "native": {}, "kiln_f16_gflops": {:.1f}, "kiln_f32_gflops": {:.1f}, "onednn_f16_gflops": {:.1f}, "nmse_vs_f32": {:.3g}, "onednn_nmse_vs_f32": {:.3g}}})"
+        "\n",
+        m, n, k, threads, p.chunk, cpu::gemm_f16_native(), r[0].median, r[1].median,
+        od ? r[2].median : 0.0, den > 0 ? num / den : 0.0, od && den > 0 ? num_peer / den : 0.0);
+    return;
+  }
+  fmt::print("{:>15} {:>2}  {:>7.1f} {:>5.1f}%  {:>7.1f} {:>5.2f}x  {:>9.3g}", shape, threads,
+             r[0].median, peak > 0 ? 100 * r[0].median / peak : 0.0, r[1].median,
+             r[0].median / r[1].median, den > 0 ? num / den : 0.0);
+  if (od)
+    fmt::print("  | onednn f16 {:>7.1f} x{:.2f} (nmse {:.3g})", r[2].median,
+               r[0].median / r[2].median, den > 0 ? num_peer / den : 0.0);
+  fmt::print("\n");
+}
+
 struct ShapeToken {
   int64_t m = 0, n = 0, k = 0;
   bool trans_b = false;
@@ -410,6 +465,7 @@ int run_gemm_bench(const GemmBenchOptions& opt) {
   std::vector<DType> dtypes;
   if (opt.dtype == "f32" || opt.dtype == "all") dtypes.push_back(DType::kF32);
   if (opt.dtype == "bf16" || opt.dtype == "all") dtypes.push_back(DType::kBF16);
+  if (opt.dtype == "f16") dtypes.push_back(DType::kF16);  // its own table (bench_f16)
   std::vector<int> threads_list;
   for (int t : opt.threads_list)
     if (t >= 1 && t < 8) threads_list.push_back(t);
@@ -522,6 +578,27 @@ int run_gemm_bench(const GemmBenchOptions& opt) {
 
   const std::vector<int64_t> squares = opt.quick ? std::vector<int64_t>{256, 512}
                                                  : std::vector<int64_t>{256, 512, 1024, 2048, 4096};
+  if (opt.dtype == "f16") {
+    if (!opt.json)
+      fmt::print(
+          "\nf16 GEMM: {} (chunk {}); C = A x B^T, B stored (n, k); % of twice the f32 FMA peak "
+          "when the\n"
+          "products are fp16; nmse of the fp16 result against the f32 GEMM on the same values\n"
+          "{:>15} {:>2}  {:>7} {:>6}  {:>7} {:>6}  {:>9}\n",
+          cpu::gemm_f16_path_name(), opt.f16_chunk, "m x n x k", "T", "f16", "%peak", "f32",
+          "f16/f32", "nmse");
+    for (int t : threads_list) {
+      set_num_threads(t);
+      set_peer_threads(t);
+      if (opt.shapes.empty()) {
+        for (int64_t sq : squares) bench_f16(ctx, sq, sq, sq, t);
+      } else {
+        for (const ShapeToken& st : shape_tokens)
+          if (!st.decode) bench_f16(ctx, st.m, st.n, st.k, t);
+      }
+    }
+    return 0;
+  }
   const std::vector<int64_t> decode_m = opt.quick ? std::vector<int64_t>{1}
                                                   : std::vector<int64_t>{1, 2, 4, 8};
   if (!opt.json)

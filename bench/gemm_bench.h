@@ -14,7 +14,8 @@ struct GemmBenchOptions {
   bool quick = false;  // small subset, ~20 s
   bool pack = false;   // only the packing of B (a 3072 x 768 weight, both layouts, cold and warm)
   std::vector<int> threads_list = {1, 2};
-  std::string dtype = "all";  // f32 | bf16 | all
+  std::string dtype = "all";  // f32 | bf16 | all, or f16: the fp16-arithmetic GEMM's own table
+  int f16_chunk = 64;         // --dtype f16: k steps summed in fp16 (gemm_f16.h)
   int reps = 5;               // timed repetitions after one warm-up; median, min-max printed
   // Only these shapes when not empty: "512" a square, "256x3072x768" M x N x K (B stored K x N),
   // "256x3072x768t" (B stored N x K, as weights are), "d4" decode-like M = 4 warm and cold,

@@ -75,7 +75,7 @@ class OnednnMatmul : public PeerGemm {
   explicit OnednnMatmul(const GemmShape& s) : eng_(dnnl::engine::kind::cpu, 0), strm_(eng_) {
     using dt = dnnl::memory::data_type;
     using tag = dnnl::memory::format_tag;
-    const dt in = s.dtype == DType::kBF16 ? dt::bf16 : dt::f32;
+    const dt in = s.dtype == DType::kBF16 ? dt::bf16 : s.dtype == DType::kF16 ? dt::f16 : dt::f32;
     const dnnl::memory::desc a_md({s.m, s.k}, in, tag::ab);
     const dnnl::memory::desc b_md({s.k, s.n}, in, s.trans_b ? tag::ba : tag::ab);
     const dnnl::memory::desc c_md({s.m, s.n}, dt::f32, tag::ab);
@@ -110,7 +110,12 @@ std::unique_ptr<PeerGemm> make_openblas_gemm(const GemmShape& s) {
 
 std::unique_ptr<PeerGemm> make_onednn_gemm(const GemmShape& s) {
   if (s.dtype == DType::kF32) return std::make_unique<OnednnSgemm>(s);
-  return std::make_unique<OnednnMatmul>(s);
+  if (s.dtype != DType::kF16) return std::make_unique<OnednnMatmul>(s);
+  try {  // f16 inputs: oneDNN has a matmul for them on some CPUs and versions only
+    return std::make_unique<OnednnMatmul>(s);
+  } catch (const dnnl::error&) {
+    return nullptr;
+  }
 }
 
 void set_peer_threads(int n) {

@@ -1,5 +1,5 @@
 // GEMM peers that kiln is measured beside: OpenBLAS (cblas_sgemm, cblas_sbgemm) and oneDNN
-// (dnnl_sgemm for f32, the matmul primitive with bf16 inputs and f32 output for bf16).
+// (dnnl_sgemm for f32, the matmul primitive with bf16 or f16 inputs and f32 output).
 // Row-major, plain layouts on both sides (the caller's weights are not pre-packed for anyone).
 #pragma once
 
@@ -24,7 +24,8 @@ class PeerGemm {
   virtual void run(const void* a, const void* b, float* c) = 0;
 };
 
-// Null when the peer has no such path (OpenBLAS builds without cblas_sbgemm).
+// Null when the peer has no such path (OpenBLAS builds without cblas_sbgemm; oneDNN without an
+// f16 matmul for this CPU).
 std::unique_ptr<PeerGemm> make_openblas_gemm(const GemmShape& s);
 std::unique_ptr<PeerGemm> make_onednn_gemm(const GemmShape& s);
 

@@ -23,8 +23,13 @@ void register_bench(CLI::App& app) {
   gemm->add_option("--threads-list", gemm_opt->threads_list, "Thread counts, e.g. 1,2")
       ->delimiter(',')
       ->check(CLI::Range(1, 7));
-  gemm->add_option("--dtype", gemm_opt->dtype, "f32, bf16 or all")
-      ->check(CLI::IsMember({"f32", "bf16", "all"}));
+  gemm->add_option("--dtype", gemm_opt->dtype,
+                   "f32, bf16 or all; f16: the fp16-arithmetic GEMM (AVX512-FP16) "
+                   "beside f32 and oneDNN's f16, with its error against f32")
+      ->check(CLI::IsMember({"f32", "bf16", "all", "f16"}));
+  gemm->add_option("--f16-chunk", gemm_opt->f16_chunk,
+                   "--dtype f16: k steps summed in fp16 before the f32 add")
+      ->check(CLI::Range(1, 4096));
   gemm->add_option("--reps", gemm_opt->reps, "Timed repetitions after warm-up (>= 5 recommended)")
       ->check(CLI::Range(1, 1000));
   gemm->add_option("--shapes", gemm_opt->shapes,

@@ -9,6 +9,7 @@
 #include "kiln/kernels/cpu/gemm_cpu.h"
 #include "kiln/kernels/cpu/ops_paths.h"
 #include "kiln/kernels/cpu/quant_tiles.h"
+#include "kiln/kernels/gemm_f16.h"
 #include "kiln/kernels/quant_gemm.h"
 
 namespace kiln {
@@ -21,6 +22,7 @@ std::vector<KernelPath> kernel_paths() {
   const cpu::GemmBlocking f = cpu::gemm_blocking(cpu::GemmPath::kF32), b = cpu::gemm_blocking(cpu::GemmPath::kBF16);
   out.push_back({"gemm blocking", fmt::format("f32 mc={} kc={} nc={}, bf16 mc={} kc={} nc={} ({})", f.mc, f.kc, f.nc,
                                               b.mc, b.kc, b.nc, cpu::gemm_blocking_source())});
+  out.push_back({"gemm f16 (fp16 math)", cpu::gemm_f16_path_name()});
   out.push_back({"gemm m<=8 (decode)", cpu::gemm_small_m_name()});
   out.push_back({"gemm w8/w4/fp8 a32", cpu::quant_gemm_path_name()});
   out.push_back({"gemm w8a8 int8", cpu::w8a8_path_name()});
