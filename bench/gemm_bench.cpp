@@ -465,12 +465,16 @@ int run_gemm_bench(const GemmBenchOptions& opt) {
   std::vector<DType> dtypes;
   if (opt.dtype == "f32" || opt.dtype == "all") dtypes.push_back(DType::kF32);
   if (opt.dtype == "bf16" || opt.dtype == "all") dtypes.push_back(DType::kBF16);
-  if (opt.dtype == "f16") dtypes.push_back(DType::kF16);  // its own table (bench_f16)
+  const bool f16 = opt.dtype == "f16";  // its own table (bench_f16)
   std::vector<int> threads_list;
   for (int t : opt.threads_list)
     if (t >= 1 && t < 8) threads_list.push_back(t);
-  if (threads_list.empty() || dtypes.empty()) {
-    fmt::print(stderr, "kiln bench gemm: nothing to run (threads 1..7, dtype f32|bf16|all)\n");
+  if (f16 && opt.pack) {
+    fmt::print(stderr, "kiln bench gemm: --pack times the f32 and bf16 packs; --dtype f16 has its own table\n");
+    return 2;
+  }
+  if (threads_list.empty() || (dtypes.empty() && !f16)) {
+    fmt::print(stderr, "kiln bench gemm: nothing to run (threads 1..7, dtype f32|bf16|all|f16)\n");
     return 2;
   }
   const int max_threads = *std::max_element(threads_list.begin(), threads_list.end());
@@ -578,7 +582,7 @@ int run_gemm_bench(const GemmBenchOptions& opt) {
 
   const std::vector<int64_t> squares = opt.quick ? std::vector<int64_t>{256, 512}
                                                  : std::vector<int64_t>{256, 512, 1024, 2048, 4096};
-  if (opt.dtype == "f16") {
+  if (f16) {
     if (!opt.json)
       fmt::print(
           "\nf16 GEMM: {} (chunk {}); C = A x B^T, B stored (n, k); % of twice the f32 FMA peak "

@@ -224,6 +224,10 @@ TEST(CliFlags, BadIntegersAreRefused) {
       {{"bench", "gemm", "--shapes", "256x3072"}, "--shapes"},
       {{"bench", "gemm", "--shapes", "512,d0"}, "--shapes"},
       {{"bench", "gemm", "--shapes", "16384x16384x16384"}, "--shapes"},  // 1 GiB per operand
+      {{"bench", "gemm", "--dtype", "f16", "--pack"}, "--pack"},
+      {{"bench", "gemm", "--dtype", "f16", "--f16-chunk", "0"}, "--f16-chunk"},
+      {{"bench", "launch", "--device", "tpu"}, "--device"},
+      {{"bench", "launch", "--launches", "0"}, "--launches"},
       {{"plan", "comm", "--topology", "h100-node"}, "--ranks"},
       {{"plan", "comm", "--topology", "h100-node", "--ranks", "1"}, "--ranks"},
       {{"plan", "tp", "--tp-list", "3"}, "--tp-list"},       // 32 heads do not split over 3
