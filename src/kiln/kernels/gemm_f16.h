@@ -41,7 +41,8 @@ namespace cpu {
 bool gemm_f16_native();
 // "avx512fp16 vfmadd231ph 12x64, fp16 sums of 64 k steps" or "widened to f32 (...)".
 const char* gemm_f16_path_name();
-// Assumes valid params (KILN_CHECK only). Threads over the kiln pool.
+// Assumes valid params (KILN_CHECK only). Threads over the kiln pool. The fp16 path packs all of
+// B once per call (about n x k halves of scratch) and each task's A block per K block.
 void gemm_f16(const GemmF16Params& p);
 }  // namespace cpu
 
