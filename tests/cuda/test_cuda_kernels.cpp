@@ -20,6 +20,7 @@
 #include "kiln/kernels/cuda/kernels.h"
 #include "kiln/kernels/embedding.h"
 #include "kiln/kernels/norm.h"
+#include "kiln/kernels/ops.h"
 #include "kiln/kernels/rope.h"
 #include "kiln/kernels/softmax.h"
 
@@ -797,6 +798,41 @@ TEST(CudaDevice, GraphReplaysOnNewInputs) {
   const auto bad = Graph::capture(Stream(), [] { return Status{}; });
   ASSERT_FALSE(bad.ok());
   EXPECT_EQ(bad.status().code(), StatusCode::kInvalidArgument);
+}
+
+// ---- tensor-level ops dispatch on their tensors' device (kernels/ops.h) -------------------------
+// Each op on CUDA tensors gives the host op's result (the kernels differ by summation order and
+// exp only), its result stays on the device, and inputs on two devices are a named error.
+TEST(CudaDevice, OpsDispatchOnTheirTensorsDevice) {
+  Rng rng(21);
+  const Tensor x = Tensor::from_floats({3, 5, 40}, random_floats(rng, 600, -2.0f, 2.0f)).value();
+  const Tensor up = Tensor::from_floats({3, 5, 40}, random_floats(rng, 600)).value();
+  const Tensor w = Tensor::from_floats({40}, random_floats(rng, 40)).value();
+  const Tensor b = Tensor::from_floats({40}, random_floats(rng, 40)).value();
+  const Tensor wt = Tensor::from_floats({24, 40}, random_floats(rng, 960)).value();
+  const Tensor dx = x.to(Device::kCuda).value(), dup = up.to(Device::kCuda).value();
+  const Tensor dw = w.to(Device::kCuda).value(), db = b.to(Device::kCuda).value();
+  const Tensor dwt = wt.to(Device::kCuda).value();
+  const auto same = [](const Expected<Tensor>& host, const Expected<Tensor>& dev, const char* op) {
+    ASSERT_TRUE(host.ok()) << op << ": " << host.status().to_string();
+    ASSERT_TRUE(dev.ok()) << op << ": " << dev.status().to_string();
+    EXPECT_EQ(dev->device(), Device::kCuda) << op;
+    EXPECT_EQ(dev->shape(), host->shape()) << op;
+    EXPECT_LE(nmse(host->to_floats(), host_floats(*dev)), kF32Nmse) << op;
+  };
+  same(ops::rmsnorm(x, w), ops::rmsnorm(dx, dw), "rmsnorm");
+  same(ops::layernorm(x, w, b), ops::layernorm(dx, dw, db), "layernorm");
+  same(ops::softmax(x), ops::softmax(dx), "softmax");
+  same(ops::gelu(x), ops::gelu(dx), "gelu");
+  same(ops::silu(x), ops::silu(dx), "silu");
+  same(ops::swiglu(x, up), ops::swiglu(dx, dup), "swiglu");
+  same(matmul(x, wt, true), matmul(dx, dwt, true), "matmul");
+  const auto mixed = ops::rmsnorm(dx, w);
+  ASSERT_FALSE(mixed.ok());
+  EXPECT_EQ(mixed.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(mixed.status().message().find("x on cuda, weight on host"), std::string::npos)
+      << mixed.status().to_string();
+  EXPECT_FALSE(matmul(x, dwt, true).ok());
 }
 
 }  // namespace

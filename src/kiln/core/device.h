@@ -34,7 +34,9 @@ std::string unavailable_reason();
 // nbytes = 0 gives a valid, unique, non-null pointer.
 Expected<void*> malloc_device(int64_t nbytes);
 void free_device(void* ptr);  // null is a no-op; an error here is a broken invariant (aborts)
-// Synchronous copies (they return once the bytes have arrived).
+// Synchronous copies (they return once the bytes have arrived), queued in the order of this
+// thread's current stream (StreamScope) so they see the kernels already on it. memset_device is
+// queued on that stream too and does not wait.
 Status copy_host_to_device(void* dst_device, const void* src_host, int64_t nbytes);
 Status copy_device_to_host(void* dst_host, const void* src_device, int64_t nbytes);
 Status copy_device_to_device(void* dst_device, const void* src_device, int64_t nbytes);

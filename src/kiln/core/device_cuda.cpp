@@ -81,6 +81,16 @@ void release(void* ptr, cudaError_t (*free_fn)(void*), const char* what) {
   if (err == cudaErrorCudartUnloading) return;
   KILN_CHECK_MSG(err == cudaSuccess, "{}: {}", what, cudaGetErrorString(err));
 }
+
+// A synchronous copy in the order of this thread's current stream (StreamScope): queued behind
+// the kernels already on it, and returned once the bytes have arrived. A plain cudaMemcpy would
+// run on the legacy default stream, which does not wait for work on a non-blocking stream.
+Status copy_in_stream_order(void* dst, const void* src, int64_t nbytes, cudaMemcpyKind kind,
+                            const char* what) {
+  const auto stream = static_cast<cudaStream_t>(current_stream());
+  const cudaError_t err = cudaMemcpyAsync(dst, src, static_cast<size_t>(nbytes), kind, stream);
+  return from_cuda(err != cudaSuccess ? err : cudaStreamSynchronize(stream), what);
+}
 }  // namespace
 
 Expected<void*> malloc_device(int64_t nbytes) {
@@ -94,28 +104,27 @@ void free_device(void* ptr) {
 Status copy_host_to_device(void* dst, const void* src, int64_t nbytes) {
   KILN_RETURN_IF_ERROR(check_available("copy_host_to_device"));
   if (nbytes == 0) return {};
-  return from_cuda(cudaMemcpy(dst, src, static_cast<size_t>(nbytes), cudaMemcpyHostToDevice),
-                   "copy_host_to_device");
+  return copy_in_stream_order(dst, src, nbytes, cudaMemcpyHostToDevice, "copy_host_to_device");
 }
 
 Status copy_device_to_host(void* dst, const void* src, int64_t nbytes) {
   KILN_RETURN_IF_ERROR(check_available("copy_device_to_host"));
   if (nbytes == 0) return {};
-  return from_cuda(cudaMemcpy(dst, src, static_cast<size_t>(nbytes), cudaMemcpyDeviceToHost),
-                   "copy_device_to_host");
+  return copy_in_stream_order(dst, src, nbytes, cudaMemcpyDeviceToHost, "copy_device_to_host");
 }
 
 Status copy_device_to_device(void* dst, const void* src, int64_t nbytes) {
   KILN_RETURN_IF_ERROR(check_available("copy_device_to_device"));
   if (nbytes == 0) return {};
-  return from_cuda(cudaMemcpy(dst, src, static_cast<size_t>(nbytes), cudaMemcpyDeviceToDevice),
-                   "copy_device_to_device");
+  return copy_in_stream_order(dst, src, nbytes, cudaMemcpyDeviceToDevice, "copy_device_to_device");
 }
 
 Status memset_device(void* dst, int value, int64_t nbytes) {
   KILN_RETURN_IF_ERROR(check_available("memset_device"));
   if (nbytes == 0) return {};
-  return from_cuda(cudaMemset(dst, value, static_cast<size_t>(nbytes)), "memset_device");
+  return from_cuda(cudaMemsetAsync(dst, value, static_cast<size_t>(nbytes),
+                                   static_cast<cudaStream_t>(current_stream())),
+                   "memset_device");
 }
 
 Status synchronize() {

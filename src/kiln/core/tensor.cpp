@@ -130,6 +130,14 @@ Tensor Tensor::empty(const Shape& shape, DType dtype) {
   return Tensor(std::move(storage), shape, contiguous_strides(shape), 0, dtype);
 }
 
+Expected<Tensor> Tensor::empty(const Shape& shape, DType dtype, Device device) {
+  for (int64_t d : shape)
+    if (d < 0) return invalid_argument("[empty] negative dim in shape {}", shape.to_string());
+  KILN_ASSIGN_OR_RETURN(auto storage,
+                        Storage::allocate(dtype_nbytes(dtype, shape.numel()), device));
+  return Tensor(std::move(storage), shape, contiguous_strides(shape), 0, dtype);
+}
+
 Tensor Tensor::zeros(const Shape& shape, DType dtype) {
   Tensor t = empty(shape, dtype);
   std::memset(t.raw_data(), 0, static_cast<size_t>(t.nbytes()));

@@ -71,6 +71,8 @@ class Tensor {
   Tensor() = default;  // undefined
 
   static Tensor empty(const Shape& shape, DType dtype = DType::kF32);
+  // Uninitialized, contiguous, on `device`: the named errors of Storage::allocate on a device.
+  static Expected<Tensor> empty(const Shape& shape, DType dtype, Device device);
   static Tensor zeros(const Shape& shape, DType dtype = DType::kF32);
   static Tensor full(const Shape& shape, float value, DType dtype = DType::kF32);
   // Copies `values` (numel of them), converting from f32 to `dtype`.

@@ -1,13 +1,14 @@
 // The GEMM op boundary: argument validation (check_gemm), FLOP/byte accounting, the scalar
-// activations every path shares, and the tensor-level matmul op that calls cpu::gemm.
+// activations every path shares, and the tensor-level matmul op (cpu::gemm or, on CUDA tensors,
+// the CUDA side of kernels/ops).
 #include "kiln/kernels/gemm.h"
-
-#include "kiln/core/graph.h"
 
 #include <cmath>
 
 #include "kiln/core/graph.h"
 #include "kiln/core/trace.h"
+#include "kiln/kernels/ops.h"
+#include "kiln/kernels/ops_backends.h"
 
 namespace kiln {
 
@@ -98,7 +99,7 @@ void describe_gemm(trace::Event& e, const GemmParams& p) {
 }
 
 Expected<Tensor> matmul(const Tensor& a, const Tensor& b, bool trans_b) {
-  if (!a.defined() || !b.defined()) return invalid_argument("[matmul] undefined input tensor");
+  KILN_ASSIGN_OR_RETURN(Device device, ops::common_device("matmul", {{"a", &a}, {"b", &b}}));
   for (const Tensor* t : {&a, &b}) {
     if (t->dtype() != DType::kF32 && t->dtype() != DType::kBF16)
       return invalid_argument("[matmul] {} has dtype {}; f32 or bf16 expected",
@@ -114,11 +115,14 @@ Expected<Tensor> matmul(const Tensor& a, const Tensor& b, bool trans_b) {
     return invalid_argument("[matmul] last dim of a {} must match {} dim of b {}{}",
                             a.shape().to_string(), trans_b ? "last" : "first",
                             b.shape().to_string(), trans_b ? " (trans_b)" : "");
+  if (device == Device::kCuda && (!a.is_contiguous() || !b.is_contiguous()))
+    return invalid_argument("[matmul] cuda inputs must be contiguous (a {}, b {})", a.to_string(),
+                            b.to_string());
   const Tensor ac = a.contiguous();
   const Tensor bc = b.strides()[1] == 1 ? b : b.contiguous();
   Shape out_shape = a.shape();
   out_shape[a.rank() - 1] = n;
-  Tensor out = Tensor::empty(out_shape, DType::kF32);
+  KILN_ASSIGN_OR_RETURN(Tensor out, Tensor::empty(out_shape, DType::kF32, device));
   GemmParams p;
   p.m = a.numel() / std::max<int64_t>(k, 1);
   if (k == 0) p.m = out.numel() / std::max<int64_t>(n, 1);
@@ -131,10 +135,14 @@ Expected<Tensor> matmul(const Tensor& a, const Tensor& b, bool trans_b) {
   p.ldb = std::max<int64_t>(bc.strides()[0], std::max<int64_t>(1, bc.dim(1)));
   p.b_dtype = bc.dtype();
   p.trans_b = trans_b;
-  p.c = out.data<float>();
+  p.c = static_cast<float*>(out.raw_data());
   p.ldc = std::max<int64_t>(n, 1);
   KILN_RETURN_IF_ERROR(check_gemm(p));
-  cpu::gemm(p);
+  if (device == Device::kCuda) {
+    KILN_RETURN_IF_ERROR(ops::cuda_backend::gemm(p));
+  } else {
+    cpu::gemm(p);
+  }
   return out;
 }
 

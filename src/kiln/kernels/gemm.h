@@ -72,7 +72,8 @@ void gemm(const GemmParams& p);
 
 // Tensor-level op: (.., m, k) x (k, n) -> (.., m, n), or x (n, k)^T when trans_b; a is 2-D or
 // more (leading dims folded into m, a must be contiguous in its last dim), b is 2-D.
-// f32 or bf16 inputs, f32 output.
+// f32 or bf16 inputs, f32 output, on the inputs' device (kernels/ops.h: cpu::gemm on the host,
+// cuda::gemm on a CUDA device, where both inputs must be contiguous).
 Expected<Tensor> matmul(const Tensor& a, const Tensor& b, bool trans_b = false);
 
 }  // namespace kiln
