@@ -1,6 +1,7 @@
 // Where a tensor's bytes live (host memory or a CUDA device) and the small runtime interface
-// core uses to allocate, free and copy device memory. The CUDA build implements it with the CUDA
-// runtime (device_cuda.cpp); a build without CUDA answers every call with a named error
+// core uses to allocate, free and copy device memory, and to order and time device work: streams,
+// events, pinned host memory and CUDA graphs. The CUDA build implements it with the CUDA runtime
+// (device_cuda.cpp); a build without CUDA answers every call with a named error
 // (device_nocuda.cpp), so callers never #ifdef on the backend.
 #pragma once
 
