@@ -73,11 +73,12 @@ Expected<void*> allocate(const char* what, int64_t nbytes, Alloc alloc) {
   return p;
 }
 
-// cudaFree or cudaFreeHost; at process exit the runtime may be torn down before the last static
-// tensor: nothing to free then.
-void release(void* ptr, cudaError_t (*free_fn)(void*), const char* what) {
-  if (ptr == nullptr) return;
-  const cudaError_t err = free_fn(ptr);
+// cudaFree, cudaFreeHost, cudaStreamDestroy or cudaEventDestroy of a handle (null: nothing); at
+// process exit the runtime may be torn down before the last static owner: nothing to free then.
+template <class Handle>
+void release(Handle handle, cudaError_t (*free_fn)(Handle), const char* what) {
+  if (handle == nullptr) return;
+  const cudaError_t err = free_fn(handle);
   if (err == cudaErrorCudartUnloading) return;
   KILN_CHECK_MSG(err == cudaSuccess, "{}: {}", what, cudaGetErrorString(err));
 }
@@ -153,10 +154,7 @@ Expected<Stream> Stream::create() {
 }
 
 Stream::~Stream() {
-  if (handle_ == nullptr) return;
-  const cudaError_t err = cudaStreamDestroy(static_cast<cudaStream_t>(handle_));
-  if (err == cudaErrorCudartUnloading) return;
-  KILN_CHECK_MSG(err == cudaSuccess, "cudaStreamDestroy: {}", cudaGetErrorString(err));
+  release(static_cast<cudaStream_t>(handle_), cudaStreamDestroy, "cudaStreamDestroy");
 }
 
 Status Stream::synchronize() const {
@@ -172,10 +170,7 @@ Expected<Event> Event::create() {
 }
 
 Event::~Event() {
-  if (handle_ == nullptr) return;
-  const cudaError_t err = cudaEventDestroy(static_cast<cudaEvent_t>(handle_));
-  if (err == cudaErrorCudartUnloading) return;
-  KILN_CHECK_MSG(err == cudaSuccess, "cudaEventDestroy: {}", cudaGetErrorString(err));
+  release(static_cast<cudaEvent_t>(handle_), cudaEventDestroy, "cudaEventDestroy");
 }
 
 Status Event::record(const Stream& stream) {
