@@ -183,8 +183,9 @@ struct Context {
 };
 
 void print_row(Context& ctx, const Row& r) {
-  // bf16 rows against the peak of the products their kernel issues (f32 FMA when widened).
-  const bool dot = cpu::bf16_gemm_kernel() == cpu::Bf16Kernel::kDot;
+  // bf16 rows against the peak of the products their kernel issues (vdpbf16ps or AMX tiles; f32
+  // FMA when widened).
+  const bool dot = cpu::bf16_gemm_kernel() != cpu::Bf16Kernel::kWiden;
   const double peak = (r.dtype == "bf16" && dot ? ctx.peak_bf16 : ctx.peak_f32)[r.threads];
   const Summary& k = r.gflops[0];
   const double pct = peak > 0 ? 100.0 * k.median / peak : 0.0;
@@ -397,8 +398,7 @@ std::optional<ShapeToken> parse_shape_token(std::string tok) {
 // L3, so the reads come from DRAM as in a training step.
 void bench_pack(Context& ctx, DType dt, int64_t l3) {
   const cpu::GemmTargetKernels& kernels = cpu::gemm_target_kernels();
-  const bool widen = cpu::bf16_gemm_kernel() == cpu::Bf16Kernel::kWiden;
-  const cpu::PackedPath& path = dt == DType::kF32 ? kernels.f32 : widen ? kernels.bf16_f32 : kernels.bf16;
+  const cpu::PackedPath& path = dt == DType::kF32 ? kernels.f32 : cpu::bf16_packed_path(kernels, cpu::bf16_gemm_kernel());
   const cpu::GemmBlocking blk = cpu::gemm_blocking(path.k_per_step == 2 ? cpu::GemmPath::kBF16 : cpu::GemmPath::kF32);
   constexpr int64_t kOut = 3072, kIn = 768;
   for (bool trans : {true, false}) {
@@ -519,8 +519,9 @@ int run_gemm_bench(const GemmBenchOptions& opt) {
       ctx.peak_bf16[t] = pb.gflops();
       if (!opt.json)
         fmt::print("FMA peak {}T : f32 loop {:.1f}, micro-kernel in L1 {:.1f} GFLOP/s ({:.1f}% of the loop); bf16 loop {:.1f}, "
-                   "micro-kernel {:.1f} ({:.1f}%)\n", t, pf.loop_gflops, pf.kernel_gflops, 100 * pf.kernel_share(),
-                   pb.loop_gflops, pb.kernel_gflops, 100 * pb.kernel_share());
+                   "micro-kernel {:.1f} ({:.1f}%){}\n", t, pf.loop_gflops, pf.kernel_gflops, 100 * pf.kernel_share(),
+                   pb.loop_gflops, pb.kernel_gflops, 100 * pb.kernel_share(),
+                   cpu::bf16_gemm_kernel() == cpu::Bf16Kernel::kAmx ? " [bf16: AMX TDPBF16PS]" : "");
       ctx.dram[t] = perf::measure_dram_read_gbps(t, dram_bytes);
       if (!ctx.dram_probe) ctx.dram_probe = std::make_unique<perf::DramReadProbe>(dram_bytes);
       if (opt.json) {

@@ -96,17 +96,19 @@ KernelCase make_case(const GemmCase& g, uint64_t seed) {
               cpu::set_gemm_blocking(cpu::GemmPath::kBF16, g.blocking);
             }
             const bool low = g.a_dtype == DType::kBF16 || g.b_dtype == DType::kBF16;
-            // bf16: both products the packed path can pick (vdpbf16ps and widened to f32).
+            // bf16: every product the packed path can pick (vdpbf16ps, widened to f32, and AMX
+            // tiles where this process may use them).
             const cpu::Bf16Kernel picked = cpu::bf16_gemm_kernel();
             std::vector<Compare> out;
-            for (cpu::Bf16Kernel kernel : {cpu::Bf16Kernel::kDot, cpu::Bf16Kernel::kWiden}) {
-              if (!low && kernel == cpu::Bf16Kernel::kWiden) break;
+            for (cpu::Bf16Kernel kernel : {cpu::Bf16Kernel::kDot, cpu::Bf16Kernel::kWiden, cpu::Bf16Kernel::kAmx}) {
+              if (!low && kernel != cpu::Bf16Kernel::kDot) break;
+              if (kernel == cpu::Bf16Kernel::kAmx && !cpu::bf16_amx_available()) continue;
               cpu::set_bf16_gemm_kernel(kernel);
               std::vector<float> c = c0;
               p.c = c.data();
               cpu::gemm(p);
-              for (Compare& cmp : compare_strided(kernel == cpu::Bf16Kernel::kDot ? "C" : "C widened", c_ref, c, g.m,
-                                                  g.n, ldc, low ? 3e-5 : 1e-10))
+              const char* what = kernel == cpu::Bf16Kernel::kDot ? "C" : kernel == cpu::Bf16Kernel::kWiden ? "C widened" : "C amx";
+              for (Compare& cmp : compare_strided(what, c_ref, c, g.m, g.n, ldc, low ? 3e-5 : 1e-10))
                 out.push_back(std::move(cmp));
             }
             cpu::set_bf16_gemm_kernel(picked);

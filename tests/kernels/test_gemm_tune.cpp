@@ -107,7 +107,7 @@ TEST(GemmTune, SavingKeepsOtherCpusEntries) {
   const auto& mine = j.at("cpus").at(cpu::tune_cpu_key());
   EXPECT_EQ(mine.at("f32").at("mc"), 98);
   EXPECT_EQ(mine.at("source"), "test");
-  EXPECT_TRUE(mine.at("bf16_kernel") == "dot" || mine.at("bf16_kernel") == "widen");
+  EXPECT_TRUE(mine.at("bf16_kernel") == "dot" || mine.at("bf16_kernel") == "widen" || mine.at("bf16_kernel") == "amx");
   EXPECT_EXIT(check_blocking_in_child(path, {98, 336, 1024}), ::testing::ExitedWithCode(0), "");
 }
 
@@ -164,6 +164,21 @@ TEST(GemmBf16Kernel, EnvironmentForcesTheChoice) {
         },
         ::testing::ExitedWithCode(0), "");
   }
+  // AMX: the default where this process may use it; asked for where it may not, a warning and
+  // another kernel (never the AMX path, whose first tile instruction would die).
+  const bool amx = cpu::bf16_amx_available();
+  EXPECT_EXIT(
+      {
+        unsetenv("KILN_BF16_GEMM");
+        std::exit((cpu::bf16_gemm_kernel() == cpu::Bf16Kernel::kAmx) == amx ? 0 : 1);
+      },
+      ::testing::ExitedWithCode(0), "");
+  EXPECT_EXIT(
+      {
+        setenv("KILN_BF16_GEMM", "amx", 1);
+        std::exit((cpu::bf16_gemm_kernel() == cpu::Bf16Kernel::kAmx) == amx ? 0 : 1);
+      },
+      ::testing::ExitedWithCode(0), amx ? "" : "no usable AMX-BF16");
   EXPECT_FALSE(cpu::bf16_gemm_choice().empty());
 }
 

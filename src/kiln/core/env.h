@@ -19,14 +19,14 @@ std::optional<std::string_view> env_value(const char* name);
 Expected<std::optional<long long>> env_int(const char* name, long long lo, long long hi);
 
 // The value when it is one of `choices`; nullopt when unset. InvalidArgument names the variable,
-// the value and the choices ("KILN_BF16_GEMM='fast': expected one of auto, dot, widen").
+// the value and the choices ("KILN_BF16_GEMM='fast': expected one of auto, dot, widen, amx").
 Expected<std::optional<std::string_view>> env_choice(const char* name, std::span<const std::string_view> choices);
 
 // KILN_AUTOTUNE: 1 (default) lets `kiln` time the GEMM blocking once per CPU at first use; 0 never.
 inline constexpr std::string_view kAutotuneChoices[] = {"0", "1"};
-// KILN_BF16_GEMM: the bf16 GEMM's products, vdpbf16ps ("dot") or widened to f32 ("widen"); "auto"
-// (default) picks the faster on this CPU (kernels/cpu/gemm_cpu.h).
-inline constexpr std::string_view kBf16GemmChoices[] = {"auto", "dot", "widen"};
+// KILN_BF16_GEMM: the bf16 GEMM's products, vdpbf16ps ("dot"), widened to f32 ("widen") or AMX
+// tiles ("amx"); "auto" (default) picks the fastest this CPU has (kernels/cpu/gemm_cpu.h).
+inline constexpr std::string_view kBf16GemmChoices[] = {"auto", "dot", "widen", "amx"};
 // KILN_FLASH_TILES: the CPU FlashAttention's queries x keys per tile for forward and backward;
 // "auto" (default): the tune file's, else the cache model's (kernels/cpu/attention_tiles.h,
 // which checks at compile time that these are exactly its candidates).

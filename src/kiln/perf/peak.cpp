@@ -66,6 +66,7 @@ using LoopFn = double (*)(int64_t);
 
 LoopFn fma_loop_for(DType dtype) {
   const SimdTarget t = active_simd_target();
+  if (dtype == DType::kBF16 && cpu::bf16_gemm_kernel() == cpu::Bf16Kernel::kAmx) return &cpu::run_bf16_amx_peak_loop;
   if (dtype == DType::kBF16) return bf16_dot_available() ? &detail::bf16_dot_loop_avx512 : nullptr;
   if (dtype != DType::kF32) return nullptr;
   if (t == SimdTarget::kAvx512) return &detail::fma_loop_avx512;
@@ -230,7 +231,7 @@ HierarchicalRoofline measure_hierarchical_roofline(int threads) {
 }
 
 double gemm_peak_gflops(int threads, DType dtype) {
-  if (dtype == DType::kBF16 && cpu::bf16_gemm_kernel() == cpu::Bf16Kernel::kDot) {
+  if (dtype == DType::kBF16 && cpu::bf16_gemm_kernel() != cpu::Bf16Kernel::kWiden) {
     if (const double p = fma_peak_gflops(threads, DType::kBF16); p > 0) return p;
   }
   return fma_peak_gflops(threads, DType::kF32);

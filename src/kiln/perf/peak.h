@@ -14,7 +14,8 @@ namespace kiln::perf {
 
 // The FMA peak of `threads` threads, two ways:
 //  * loop: each thread runs an independent register-only loop (f32: vfmadd on the widest vector
-//    of the active SIMD target; bf16: AVX512_BF16 vdpbf16ps, 2 FLOPs per product) with enough
+//    of the active SIMD target; bf16: AVX512_BF16 vdpbf16ps, 2 FLOPs per product, or where the
+//    bf16 GEMM runs on AMX, four independent TDPBF16PS on tiles in registers) with enough
 //    independent accumulators for the longest FMA latency times FMA ports of current x86 cores
 //    (24 zmm for 4-5 cycles x 2 ports on AVX-512, 12 ymm on AVX2: all that fit beside the two
 //    operands without spilling), so both ports stay busy;
@@ -74,8 +75,9 @@ HierarchicalRoofline measure_hierarchical_roofline(int threads);
 // short (~100 ms) measure_fma_peak and cached; thread-safe. For MFU = achieved FLOP/s / this.
 double fma_peak_gflops(int threads, DType dtype = DType::kF32);
 // The peak of the products a GEMM of `dtype` inputs issues on this CPU: the bf16 dot-product
-// peak while cpu::gemm runs bf16 on vdpbf16ps, else (bf16 widened to f32, or any other dtype)
-// the f32 FMA peak. What MFU of a bf16 run is quoted against.
+// peak while cpu::gemm runs bf16 on vdpbf16ps, the TDPBF16PS peak while it runs on AMX tiles,
+// else (bf16 widened to f32, or any other dtype) the f32 FMA peak. What MFU of a bf16 run is
+// quoted against.
 double gemm_peak_gflops(int threads, DType dtype);
 
 namespace detail {

@@ -184,14 +184,15 @@ Expected<parallel::DataParallelOptions> resolve_parallel(const TrainRunOptions& 
 
 // The FMA peak MFU is quoted against: threads × the one-core peak, since a register-only loop
 // scales linearly over cores, and one core is less often disturbed by other processes than both
-// (no MFU above 100%). bf16 runs on the bf16 dot-product peak (when the CPU has one); fp16 and
-// fp8 are emulated in f32; bf16 widened to f32 (CPUs with a slow vdpbf16ps) runs on the f32 peak.
+// (no MFU above 100%). bf16 runs on the peak of the products its GEMM issues (vdpbf16ps, or AMX
+// tiles where it runs on them); fp16 and fp8 are emulated in f32; bf16 widened to f32 (CPUs
+// with a slow vdpbf16ps and no AMX) runs on the f32 peak.
 struct MachinePeak {
   double gflops = 0;
-  bool bf16 = false;  // the bf16 dot-product peak, else the f32 FMA peak
+  bool bf16 = false;  // the bf16 products' peak, else the f32 FMA peak
 };
 MachinePeak machine_peak(Precision p) {
-  const bool dot = p == Precision::kBF16 && cpu::bf16_gemm_kernel() == cpu::Bf16Kernel::kDot &&
+  const bool dot = p == Precision::kBF16 && cpu::bf16_gemm_kernel() != cpu::Bf16Kernel::kWiden &&
                    perf::fma_peak_gflops(1, DType::kBF16) > 0;
   return {perf::gemm_peak_gflops(1, dot ? DType::kBF16 : DType::kF32) * num_threads(), dot};
 }
@@ -201,7 +202,8 @@ void print_run_header(const RunData& d, const TrainOptions& t, const MachinePeak
                       double unigram, const RunOutput& out) {
   out.print("precision {}{}, checkpoint {}; MFU and HFU against {:.0f} GFLOP/s ({} peak){}\n", precision_name(t.precision),
             t.precision == Precision::kF16 || t.precision == Precision::kFP8 ? " (emulated: rounded, f32 GEMM)" : "",
-            checkpoint_mode_name(t.checkpoint), peak.gflops, peak.bf16 ? "bf16" : "f32",
+            checkpoint_mode_name(t.checkpoint), peak.gflops,
+            !peak.bf16 ? "f32" : cpu::bf16_gemm_kernel() == cpu::Bf16Kernel::kAmx ? "bf16 AMX" : "bf16",
             t.checkpoint == CheckpointMode::kNone
                 ? ""
                 : fmt::format("; recomputation {:.1f} MFLOP/token", progress.recompute_flops_per_token / 1e6));

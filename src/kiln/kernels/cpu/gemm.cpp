@@ -375,10 +375,16 @@ const GemmTargetKernels& gemm_kernels_scalar() {
   return k;
 }
 
+const PackedPath& bf16_packed_path(const GemmTargetKernels& k, Bf16Kernel choice) {
+  if (choice == Bf16Kernel::kWiden) return k.bf16_f32;
+  if (choice == Bf16Kernel::kAmx && k.bf16_amx.kernel) return k.bf16_amx;
+  return k.bf16;
+}
+
 std::string gemm_path_name(GemmPath path) {
   const GemmTargetKernels& k = gemm_target_kernels();
   if (path == GemmPath::kF32) return k.f32.name;
-  return bf16_gemm_kernel() == Bf16Kernel::kWiden ? k.bf16_f32.name : k.bf16.name;
+  return bf16_packed_path(k, bf16_gemm_kernel()).name;
 }
 std::string gemm_small_m_name() { return gemm_target_kernels().small_m_name; }
 
@@ -395,8 +401,7 @@ void gemm(const GemmParams& p) {
   if (p.m <= kGemmSmallM) return gemm_small_m(p, kernels);
   maybe_autotune_first_use(p.m, p.n, p.k);
   const bool bf16 = p.a_dtype == DType::kBF16 || p.b_dtype == DType::kBF16;
-  const PackedPath& path =
-      !bf16 ? kernels.f32 : bf16_gemm_kernel() == Bf16Kernel::kWiden ? kernels.bf16_f32 : kernels.bf16;
+  const PackedPath& path = !bf16 ? kernels.f32 : bf16_packed_path(kernels, bf16_gemm_kernel());
   gemm_packed(p, path, gemm_blocking(path.k_per_step == 2 ? GemmPath::kBF16 : GemmPath::kF32));
 }
 

@@ -9,6 +9,7 @@
 #include <cstring>
 
 #include "kiln/core/cpu_features.h"
+#include "kiln/kernels/cpu/gemm_amx.h"
 #include "kiln/kernels/cpu/gemm_simd.h"
 
 // GCC 12's AVX-512 headers seed some intrinsics with _mm512_undefined_*(), which -Wextra
@@ -494,6 +495,8 @@ GemmTargetKernels make_kernels() {
   } else {
     k.bf16 = k.bf16_f32;
   }
+  k.bf16_amx = amx_bf16_path();  // its B strips are the vdpbf16ps path's (32 pairs per step)
+  if (k.bf16_amx.kernel) k.bf16_amx.pack_b = &pack_b_pairs_avx512_32;
   k.small_m_name = cpu_features().avx512_bf16
                        ? "avx512 small-M (m<=8) streaming kernel, B unpacked (bf16 B (n, k): vdpbf16ps)"
                        : "avx512 small-M (m<=8) streaming kernel, B unpacked";

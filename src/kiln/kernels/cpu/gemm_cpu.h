@@ -71,18 +71,24 @@ Expected<nlohmann::json> read_tune_entry();
 // entries (a version-1 or unreadable file is replaced); creates the directories.
 Status merge_tune_entry(const nlohmann::json& fields);
 
-// ---- bf16 products: vdpbf16ps or widened to f32 ---------------------------------------------
-// Where VDPBF16PS issues on one port (Xeon Sapphire/Emerald Rapids without AMX: half the f32
-// FMA rate in FLOPs), bf16 inputs widened to f32 while packing and run through the f32
-// micro-kernel are about twice as fast as the dot products. cpu::gemm's packed path uses the
-// faster one: KILN_BF16_GEMM (dot | widen), else this CPU's tune-file entry, else a ~20 ms
-// timing of both micro-kernels in L1 at first use (dot is kept when it is >= 1.15x the f32
-// kernel's FLOP rate: widening costs twice the packed bytes). Pre-packed weights
-// (gemm_prepacked) keep their pairs either way: their decode is bandwidth-bound.
-enum class Bf16Kernel { kDot, kWiden };
+// ---- bf16 products: AMX tiles, vdpbf16ps or widened to f32 ----------------------------------
+// Where VDPBF16PS issues on one port (Xeon Sapphire/Emerald Rapids: half the f32 FMA rate in
+// FLOPs), bf16 inputs widened to f32 while packing and run through the f32 micro-kernel are
+// about twice as fast as the dot products; those Xeons also have AMX, whose TDPBF16PS does a
+// 16 x 32 x 16 product per instruction (gemm_amx.h) — when Linux grants the process the tile
+// state. cpu::gemm's packed path uses the fastest: KILN_BF16_GEMM (dot | widen | amx), else AMX
+// where usable, else this CPU's tune-file entry, else a ~20 ms timing of the dot and f32
+// micro-kernels in L1 at first use (dot is kept when it is >= 1.15x the f32 kernel's FLOP
+// rate: widening costs twice the packed bytes). Pre-packed weights (gemm_prepacked) keep their
+// pairs either way: their decode is bandwidth-bound.
+enum class Bf16Kernel { kDot, kWiden, kAmx };
 Bf16Kernel bf16_gemm_kernel();
 void set_bf16_gemm_kernel(Bf16Kernel k);  // tests and benchmarks: both paths in one process
 std::string bf16_gemm_choice();           // "widen: vdpbf16ps 86 GFLOP/s vs f32 FMA 160 (timed)"
+bool bf16_amx_available();                // this process may run the AMX kernel (CPU, OS, target)
+// FLOPs done by `reps` rounds of four TDPBF16PS on tiles in registers (the AMX bf16 peak loop of
+// perf/peak.h); 0 where !bf16_amx_available().
+double run_bf16_amx_peak_loop(int64_t reps);
 
 // FLOPs done by `reps` runs of the active target's micro-kernel of `path` (kBF16: the vdpbf16ps
 // kernel where the CPU has it, else the f32 one) on one MR x NR tile whose A strip and B

@@ -14,6 +14,9 @@ namespace kiln::cpu {
 
 // The kernels of the active SIMD target (what cpu::gemm runs now).
 const GemmTargetKernels& gemm_target_kernels();
+// The packed path of bf16 products on `k` for a choice of bf16_gemm_kernel() (AMX falls back to
+// the vdpbf16ps path where k has no AMX kernel).
+const PackedPath& bf16_packed_path(const GemmTargetKernels& k, Bf16Kernel choice);
 
 // A packed panel of B: K block after K block; within one, strip after strip of NR x steps
 // elements (steps = k values / k_per_step).

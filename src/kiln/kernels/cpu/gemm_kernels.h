@@ -65,6 +65,8 @@ struct GemmTargetKernels {
   // bf16 inputs widened to f32 while packing, then the f32 micro-kernel: where bf16 is already
   // that (no vdpbf16ps), the same as bf16. cpu::gemm picks between the two (bf16_gemm_kernel()).
   PackedPath bf16_f32;
+  // Intel AMX tiles (gemm_amx.h), AVX-512 target only; kernel null where the CPU or the OS has none.
+  PackedPath bf16_amx;
   const char* small_m_name = "";
   // acc (m, j1 - j0) = A[:, :] x op(B)[:, j0:j1]
   void (*small_m)(const SmallMArgs& s, int64_t j0, int64_t j1, float* acc);

@@ -22,6 +22,7 @@
 #include "kiln/core/json.h"
 #include "kiln/core/rng.h"
 #include "kiln/core/thread_pool.h"
+#include "kiln/kernels/cpu/gemm_amx.h"
 #include "kiln/kernels/cpu/gemm_cpu.h"
 #include "kiln/kernels/cpu/gemm_driver.h"
 #include "kiln/kernels/cpu/quant_tiles.h"
@@ -60,6 +61,16 @@ TuneState& tune_state() {
 
 const char* path_key(int i) { return i == 0 ? "f32" : "bf16"; }
 
+// The bf16 kernels' names in KILN_BF16_GEMM and the tune file.
+const char* bf16_kernel_name(Bf16Kernel k) {
+  return k == Bf16Kernel::kDot ? "dot" : k == Bf16Kernel::kAmx ? "amx" : "widen";
+}
+std::optional<Bf16Kernel> bf16_kernel_named(std::string_view name) {
+  for (Bf16Kernel k : {Bf16Kernel::kDot, Bf16Kernel::kWiden, Bf16Kernel::kAmx})
+    if (name == bf16_kernel_name(k)) return k;
+  return std::nullopt;
+}
+
 void load_tuning_locked(TuneState& s) {
   s.current[0] = default_gemm_blocking(GemmPath::kF32);
   s.current[1] = default_gemm_blocking(GemmPath::kBF16);
@@ -76,11 +87,7 @@ void load_tuning_locked(TuneState& s) {
       s.current[i] = clamp_blocking({b.at("mc").get<int>(), b.at("kc").get<int>(), b.at("nc").get<int>()},
                                     s.current[i]);
     }
-    if (e->contains("bf16_kernel")) {
-      const std::string k = e->at("bf16_kernel").get<std::string>();
-      if (k == "dot") s.file_bf16 = Bf16Kernel::kDot;
-      if (k == "widen") s.file_bf16 = Bf16Kernel::kWiden;
-    }
+    if (e->contains("bf16_kernel")) s.file_bf16 = bf16_kernel_named(e->at("bf16_kernel").get<std::string>());
     s.source = "tune file (" + e->value("source", std::string("bench --tune")) + ")";
     s.has_entry = true;
   } catch (const std::exception& ex) {
@@ -101,9 +108,17 @@ TuneState& loaded_state(std::unique_lock<std::mutex>& lock) {
 }
 
 // ---- the micro-kernel loop ----------------------------------------------------------------------
+int decided_bf16_kernel();  // -1 while undecided (the bf16 choice, below)
+
+// The micro-kernel `path` runs on. For bf16 before the choice is made (the cache model's blocking
+// is derived while the tune file loads, and the choice may read that file): AMX where this target
+// has it, since the choice takes it there unless KILN_BF16_GEMM says otherwise.
 const PackedPath& micro_path(GemmPath path) {
   const GemmTargetKernels& k = gemm_target_kernels();
-  return path == GemmPath::kBF16 ? k.bf16 : k.f32;
+  if (path == GemmPath::kF32) return k.f32;
+  const int d = decided_bf16_kernel();
+  const Bf16Kernel choice = d >= 0 ? static_cast<Bf16Kernel>(d) : Bf16Kernel::kAmx;
+  return choice == Bf16Kernel::kWiden ? k.bf16 : bf16_packed_path(k, choice);
 }
 
 double kernel_loop(const PackedPath& path, int64_t reps) {
@@ -154,22 +169,33 @@ Bf16State& bf16_state() {
   static Bf16State s;
   return s;
 }
+int decided_bf16_kernel() { return bf16_state().kernel.load(std::memory_order_acquire); }
 
+// In order: a target without bf16 products widens; KILN_BF16_GEMM; AMX where the CPU and the OS
+// have it (a 16 x 32 x 16 product per instruction: no timing needed); the tune file's choice
+// (an entry written on this CPU; "amx" there counts only where AMX is usable); else timed.
 void decide_bf16_locked(Bf16State& b) {
   const GemmTargetKernels& k = gemm_target_kernels();
   auto set = [&](Bf16Kernel kernel, std::string why) {
-    b.why = std::string(kernel == Bf16Kernel::kDot ? "dot" : "widen") + ": " + why;
+    b.why = std::string(bf16_kernel_name(kernel)) + ": " + why;
     b.kernel.store(static_cast<int>(kernel));
   };
   if (k.bf16.k_per_step != 2) return set(Bf16Kernel::kWiden, "no vdpbf16ps on this target");
+  const bool amx = k.bf16_amx.kernel != nullptr;
   const auto env = env_choice("KILN_BF16_GEMM", kBf16GemmChoices);
   if (!env.ok()) fmt::print(stderr, "kiln: warning: {}; choosing by timing\n", env.status().message());
-  if (env.ok() && *env && **env != "auto")
-    return set(**env == "dot" ? Bf16Kernel::kDot : Bf16Kernel::kWiden, "KILN_BF16_GEMM");
+  if (env.ok() && *env && **env != "auto") {
+    const Bf16Kernel want = *bf16_kernel_named(**env);
+    if (want != Bf16Kernel::kAmx || amx) return set(want, "KILN_BF16_GEMM");
+    fmt::print(stderr, "kiln: warning: KILN_BF16_GEMM=amx, but this CPU or OS has no usable AMX-BF16 "
+                       "(kiln info: cpu); choosing by timing\n");
+  } else if (amx) {
+    return set(Bf16Kernel::kAmx, "AMX-BF16 tiles on this CPU");
+  }
   {
     std::unique_lock<std::mutex> lock;
     const TuneState& s = loaded_state(lock);
-    if (s.file_bf16) return set(*s.file_bf16, "tune file");
+    if (s.file_bf16 && *s.file_bf16 != Bf16Kernel::kAmx) return set(*s.file_bf16, "tune file");
   }
   // Warm the vector units (and the clock) on the f32 kernel, then alternate the two.
   kernel_rate(k.f32, 0.01, 1);
@@ -295,7 +321,7 @@ Status save_gemm_tuning(const std::string& source) {
     const GemmBlocking b = gemm_blocking(gp);
     e[gp == GemmPath::kF32 ? "f32" : "bf16"] = {{"mc", b.mc}, {"kc", b.kc}, {"nc", b.nc}};
   }
-  e["bf16_kernel"] = bf16_gemm_kernel() == Bf16Kernel::kDot ? "dot" : "widen";
+  e["bf16_kernel"] = bf16_kernel_name(bf16_gemm_kernel());
   Status st = merge_tune_entry(e);
   if (st.ok()) {
     std::unique_lock<std::mutex> lock;
@@ -320,7 +346,7 @@ Bf16Kernel bf16_gemm_kernel() {
 void set_bf16_gemm_kernel(Bf16Kernel k) {
   Bf16State& b = bf16_state();
   std::lock_guard<std::mutex> lock(b.mu);
-  b.why = std::string(k == Bf16Kernel::kDot ? "dot" : "widen") + ": set";
+  b.why = std::string(bf16_kernel_name(k)) + ": set";
   b.kernel.store(static_cast<int>(k));
 }
 
@@ -331,7 +357,13 @@ std::string bf16_gemm_choice() {
   return b.why;
 }
 
-double run_micro_kernel_in_l1(GemmPath path, int64_t reps) { return kernel_loop(micro_path(path), reps); }
+double run_micro_kernel_in_l1(GemmPath path, int64_t reps) {
+  bf16_gemm_kernel();  // decided, so micro_path names the kernel cpu::gemm runs
+  return kernel_loop(micro_path(path), reps);
+}
+
+bool bf16_amx_available() { return gemm_target_kernels().bf16_amx.kernel != nullptr; }
+double run_bf16_amx_peak_loop(int64_t reps) { return bf16_amx_available() ? amx_bf16_peak_loop(reps) : 0.0; }
 
 AutotuneResult autotune_gemm(const AutotuneOptions& opt) {
   const double t_start = now_seconds();
@@ -394,7 +426,7 @@ AutotuneResult autotune_gemm(const AutotuneOptions& opt) {
     return best;
   };
   result.f32 = tune_path(GemmPath::kF32, &result.f32_gflops);
-  if (bf16_gemm_kernel() == Bf16Kernel::kDot && gemm_target_kernels().bf16.k_per_step == 2)
+  if (bf16_gemm_kernel() != Bf16Kernel::kWiden && gemm_target_kernels().bf16.k_per_step == 2)
     result.bf16 = tune_path(GemmPath::kBF16, &result.bf16_gflops);
   else
     result.bf16 = gemm_blocking(GemmPath::kBF16);  // unused: widened bf16 runs on the f32 blocking
