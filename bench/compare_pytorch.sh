@@ -1,11 +1,13 @@
 #!/usr/bin/env bash
-# kiln's training step beside PyTorch's (BENCH.md W1a / W1b, fp32, AdamW), interleaved in one
+# kiln's training step beside PyTorch's (BENCH.md W1a / W1b, fp32 or bf16, AdamW), interleaved in one
 # run: for every workload and thread count, `rounds` times kiln then PyTorch, each run a median
 # of --steps steps after warm-up; prints tokens/s and MFU for both and `ratio: X` (kiln / torch,
 # median tokens/s over the rounds).
 #
 #   bench/compare_pytorch.sh [--presets "w1a w1b"] [--threads "1 2"] [--rounds 2] [--steps 5]
-#                            [--lock FILE]     (each timed run under `flock FILE`)
+#                            [--precision fp32|bf16] [--lock FILE]  (each timed run under `flock FILE`)
+# bf16: kiln's bf16 mode (bf16 GEMMs, fp32 master weights and AdamW) beside torch.autocast(cpu,
+# bfloat16) (oneDNN's bf16 matmuls, AMX where the CPU has it); MFU then against kiln's bf16 peak.
 # Env: KILN (default build/kiln), PYTHON (default .venv-torch/bin/python: PyPI's torch 2.x with
 # MKL, the peer BENCH.md names; set it up once with
 #   python3 -m venv .venv-torch && .venv-torch/bin/pip install torch numpy
@@ -18,7 +20,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-presets="w1a w1b"; threads_list="1 2"; rounds=2; steps=5; lock=""
+presets="w1a w1b"; threads_list="1 2"; rounds=2; steps=5; lock=""; precision=fp32
 while [[ $# -gt 0 ]]; do
   case "$1" in
     --presets) presets="$2"; shift 2 ;;
@@ -26,10 +28,12 @@ while [[ $# -gt 0 ]]; do
     --rounds) rounds="$2"; shift 2 ;;
     --steps) steps="$2"; shift 2 ;;
     --lock) lock="$2"; shift 2 ;;
-    -h|--help) sed -n '2,17p' "$0"; exit 0 ;;
+    --precision) precision="$2"; shift 2 ;;
+    -h|--help) sed -n '2,20p' "$0"; exit 0 ;;
     *) echo "compare_pytorch.sh: unknown argument $1" >&2; exit 2 ;;
   esac
 done
+[[ "$precision" == fp32 || "$precision" == bf16 ]] || { echo "compare_pytorch.sh: --precision $precision: expected fp32 or bf16" >&2; exit 2; }
 KILN="${KILN:-build/kiln}"
 if [[ -z "${PYTHON:-}" ]]; then
   PYTHON=.venv-torch/bin/python
@@ -46,11 +50,11 @@ echo "torch: $("$PYTHON" -c 'import torch; print(torch.__version__, torch.__file
 for preset in $presets; do
   for n in $threads_list; do
     for ((r = 1; r <= rounds; r++)); do
-      locked env OMP_NUM_THREADS="$n" "$KILN" bench train --preset "$preset" --threads "$n" --steps "$steps" --json \
+      locked env OMP_NUM_THREADS="$n" "$KILN" bench train --preset "$preset" --threads "$n" --steps "$steps" --precision "$precision" --json \
         | tee -a "$results" | sed 's/^/  /'
       locked env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE OMP_NUM_THREADS="$n" OPENBLAS_NUM_THREADS="$n" \
         OMP_WAIT_POLICY=PASSIVE \
-        "$PYTHON" bench/train_torch.py --preset "$preset" --threads "$n" --steps "$steps" --json \
+        "$PYTHON" bench/train_torch.py --preset "$preset" --threads "$n" --steps "$steps" --precision "$precision" --json \
         | tee -a "$results" | sed 's/^/  /'
     done
   done
@@ -77,5 +81,5 @@ for (w, n), g in groups.items():
           f" | torch {t[0]['version']} {tt:9.1f} tokens/s ({tg:6.1f} GFLOP/s, MFU {100 * tg / peak:4.1f}%)"
           f" [{min(r['tokens_per_s'] for r in t):.1f}-{max(r['tokens_per_s'] for r in t):.1f}]"
           f" OpenBLAS core {t[0]['openblas_core']}; MFU against kiln's measured FMA peak {peak:.0f} GFLOP/s")
-    print(f"ratio: {kt / tt:.2f}  ({w}, {n} thread(s), kiln / torch tokens/s)")
+    print(f"ratio: {kt / tt:.2f}  ({w}, {n} thread(s), {k[0].get('precision', 'fp32')}, kiln / torch tokens/s)")
 EOF

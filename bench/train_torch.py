@@ -1,6 +1,7 @@
 #!/usr/bin/env python3
 """PyTorch's side of `bench/compare_pytorch.sh`: the training step `kiln bench train` times, in
-PyTorch eager fp32 — a GPT-2 block stack written the nanoGPT way (nn.Linear, LayerNorm, tanh
+PyTorch eager fp32 (or, with --precision bf16, the forward under torch.autocast("cpu", bfloat16):
+bf16 matmuls on fp32 master weights, as kiln's bf16 mode) — a GPT-2 block stack written the nanoGPT way (nn.Linear, LayerNorm, tanh
 GELU, causal attention, tied LM head), cross-entropy, backward, torch.optim.AdamW (weight decay
 0.1 on matrices, 0 on norms and biases, lr 3e-4), fresh random tokens each step; median of the
 timed steps after warm-up. Prints one JSON object with the same keys as kiln's --json.
@@ -8,6 +9,7 @@ timed steps after warm-up. Prints one JSON object with the same keys as kiln's -
 Run:  OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1 python3 bench/train_torch.py --preset w1a --threads 1
 """
 import argparse
+import contextlib
 import ctypes
 import json
 import math
@@ -87,6 +89,8 @@ def main():
     ap.add_argument("--steps", type=int, default=5)
     ap.add_argument("--warmup", type=int, default=2)
     ap.add_argument("--foreach", action="store_true", help="AdamW's multi-tensor (foreach) implementation")
+    ap.add_argument("--precision", choices=["fp32", "bf16"], default="fp32",
+                    help="bf16: the forward (and so its backward) under torch.autocast(cpu, bfloat16)")
     ap.add_argument("--json", action="store_true")
     a = ap.parse_args()
 
@@ -104,6 +108,11 @@ def main():
     matmul_params = n_params - ctx * d
     flops_per_token = 6.0 * matmul_params + 12.0 * layers * T * d
 
+    def autocast():
+        if a.precision == "bf16":
+            return torch.autocast("cpu", dtype=torch.bfloat16)
+        return contextlib.nullcontext()
+
     gen = torch.Generator().manual_seed(7)
     total, fwd, bwd, upd = [], [], [], []
     loss = torch.zeros(())
@@ -112,7 +121,8 @@ def main():
         y = torch.randint(0, vocab, (B, T), generator=gen)
         t0 = time.perf_counter()
         opt.zero_grad(set_to_none=True)
-        loss = model(x, y)
+        with autocast():
+            loss = model(x, y)
         t1 = time.perf_counter()
         loss.backward()
         t2 = time.perf_counter()
@@ -127,11 +137,11 @@ def main():
          "step_s": med, "step_s_min": min(total), "step_s_max": max(total), "tokens_per_s": tokens_per_s,
          "gflops": tokens_per_s * flops_per_token / 1e9, "forward_s": statistics.median(fwd),
          "backward_s": statistics.median(bwd), "optimizer_s": statistics.median(upd), "loss": loss.item(),
-         "openblas_core": openblas_core(), "foreach": a.foreach}
+         "openblas_core": openblas_core(), "foreach": a.foreach, "precision": a.precision}
     if a.json:
         print(json.dumps(r))
     else:
-        print(f"torch {r['version']} train {a.preset}: batch {B} x seq {T}; {r['threads']} thread(s); "
+        print(f"torch {r['version']} train {a.preset}: batch {B} x seq {T}; {r['threads']} thread(s); {a.precision}; "
               f"OpenBLAS core {r['openblas_core']}")
         print(f"step {med:.3f} s median of {a.steps} (min {min(total):.3f}, max {max(total):.3f}) = forward "
               f"{r['forward_s']:.3f} + backward {r['backward_s']:.3f} + AdamW {r['optimizer_s']:.3f}")
