@@ -146,6 +146,42 @@ TEST(GemmCacheModel, BlockingMeetsItsCacheConstraints) {
   EXPECT_GE(large.nc, small.nc);
 }
 
+// The AMX path's model (gemm_cpu.h): one long K block, the M block's A in twice L2, NC from L3.
+TEST(GemmTune, AmxBlockingFollowsItsModel) {
+  for (int64_t l2 : {int64_t{1} << 20, int64_t{2} << 20, int64_t{4} << 20}) {
+    cpu::CacheGeometry c;
+    c.l2_bytes = l2;
+    c.l3_bytes = int64_t{480} << 20;
+    const cpu::GemmBlocking b = cpu::amx_blocking_from_caches(c);
+    EXPECT_EQ(b.kc, cpu::kAmxKc);
+    EXPECT_EQ(b.mc % 32, 0);
+    EXPECT_LE(int64_t{b.mc} * b.kc * 2, 2 * l2);
+    EXPECT_GT(int64_t{b.mc + 32} * b.kc * 2, 2 * l2);  // the largest such
+    EXPECT_EQ(b.nc, 4096);
+  }
+  // Where the bf16 GEMM runs on AMX, that is its default blocking, and a tune-file entry timed on
+  // another bf16 kernel (written before the AMX path existed) does not override it.
+  if (!cpu::bf16_amx_available()) GTEST_SKIP() << "no usable AMX here: the rest needs it";
+  const cpu::GemmBlocking amx = cpu::amx_blocking_from_caches(cpu::this_cpu_caches());
+  const cpu::GemmBlocking def = cpu::default_gemm_blocking(cpu::GemmPath::kBF16);
+  EXPECT_EQ(def.kc, amx.kc);
+  EXPECT_EQ(def.mc, amx.mc);
+  GTEST_FLAG_SET(death_test_style, "threadsafe");
+  for (const char* kernel : {"dot", "amx"}) {
+    const std::string path = write_tune_file(
+        "kiln_tune_amx.json", this_cpu_file(std::string(R"("f32": {"mc": 112, "kc": 256, "nc": 512}, "bf16": {"mc": 84, "kc": 512, "nc": 1024}, "bf16_kernel": ")") + kernel + "\""));
+    const bool from_file = std::string(kernel) == "amx";
+    EXPECT_EXIT(
+        {
+          setenv("KILN_TUNE_FILE", path.c_str(), 1);
+          const cpu::GemmBlocking b = cpu::gemm_blocking(cpu::GemmPath::kBF16);
+          std::exit((from_file ? b.mc == 84 && b.kc == 512 : b.mc == amx.mc && b.kc == amx.kc) ? 0 : 1);
+        },
+        ::testing::ExitedWithCode(0), "")
+        << kernel;
+  }
+}
+
 // The bf16 product choice: KILN_BF16_GEMM forces it (children: it is decided once per process),
 // and both kernels give the reference's numbers.
 TEST(GemmBf16Kernel, EnvironmentForcesTheChoice) {

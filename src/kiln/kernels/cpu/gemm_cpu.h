@@ -44,6 +44,16 @@ CacheGeometry this_cpu_caches();
 //    other tenants): KC * NC * e <= L3 / 8, in [1024, 4096], a multiple of 256.
 inline constexpr int kStripGroup = 8;
 GemmBlocking blocking_from_caches(const CacheGeometry& caches, int mr, int nr, int k_per_step);
+// The AMX path (32 x 32 tiles of C, gemm_amx.h) breaks that model's first rule. Its cost per K
+// block is the reload of C's accumulator tiles (TILELOADD from beyond L2, on the critical path
+// of the TDPBF16PS chain), while A's tile rows stream from L2 at the rate the tiles consume them.
+// So K blocks are as long as they go: KC = kAmxKc bf16 values, one block for every hidden size of
+// the presets. MC: the M block's A in twice L2, a multiple of 32. NC as above.
+// Measured on a Sapphire-Rapids-class Xeon VM (48 KiB L1d, 2 MiB L2), 1 thread, against oneDNN
+// in the same runs: the L1 rule's KC = 704-864 gave 0.85-1.5x, KC = 384 0.87-1.2x, KC = 2048 with
+// MC = 1120 1.0-1.7x (shapes 2048x1152x384, 2048x384x1536, 384x384x2048, 2048^3, 4096^3).
+inline constexpr int kAmxKc = 2048;
+GemmBlocking amx_blocking_from_caches(const CacheGeometry& caches);
 
 // The blocking the packed path uses now: set_gemm_blocking(), else this CPU's entry in the tune
 // file (read once), else default_gemm_blocking().

@@ -81,13 +81,16 @@ void load_tuning_locked(TuneState& s) {
     if (!entry.ok()) throw std::runtime_error(entry.status().message());
     const nlohmann::json* e = &*entry;
     if (e->is_object() && !e->contains("f32")) return;  // only other kernels' tunings: the cache model
+    if (e->contains("bf16_kernel")) s.file_bf16 = bf16_kernel_named(e->at("bf16_kernel").get<std::string>());
+    // A bf16 blocking timed on another kernel than AMX does not carry over to AMX, which this
+    // CPU now runs (an entry written before kiln had the AMX path): the AMX model instead.
+    const bool stale_bf16 = gemm_target_kernels().bf16_amx.kernel != nullptr && s.file_bf16 != Bf16Kernel::kAmx;
     for (int i = 0; i < 2; ++i) {
-      if (!e->contains(path_key(i))) continue;
+      if (!e->contains(path_key(i)) || (i == 1 && stale_bf16)) continue;
       const auto& b = e->at(path_key(i));
       s.current[i] = clamp_blocking({b.at("mc").get<int>(), b.at("kc").get<int>(), b.at("nc").get<int>()},
                                     s.current[i]);
     }
-    if (e->contains("bf16_kernel")) s.file_bf16 = bf16_kernel_named(e->at("bf16_kernel").get<std::string>());
     s.source = "tune file (" + e->value("source", std::string("bench --tune")) + ")";
     s.has_entry = true;
   } catch (const std::exception& ex) {
@@ -242,8 +245,16 @@ GemmBlocking blocking_from_caches(const CacheGeometry& c, int mr, int nr, int k_
   return {static_cast<int>(mc), static_cast<int>(steps * k_per_step), static_cast<int>(nc)};
 }
 
+GemmBlocking amx_blocking_from_caches(const CacheGeometry& c) {
+  constexpr int64_t kc = kAmxKc, e = 2;  // bytes per bf16
+  const int64_t mc = std::clamp<int64_t>(round_down(2 * c.l2_bytes / (kc * e), kAmxMr), 2 * kAmxMr, 4096);
+  const int64_t nc = std::clamp<int64_t>(round_down(c.l3_bytes / 8 / (kc * e), 256), 1024, 4096);
+  return {static_cast<int>(mc), static_cast<int>(kc), static_cast<int>(nc)};
+}
+
 GemmBlocking default_gemm_blocking(GemmPath path) {
   const PackedPath& p = micro_path(path);
+  if (p.kernel != nullptr && p.kernel == gemm_target_kernels().bf16_amx.kernel) return amx_blocking_from_caches(this_cpu_caches());
   return blocking_from_caches(this_cpu_caches(), p.mr, p.nr, p.k_per_step);
 }
 
