@@ -164,6 +164,18 @@ KILN_KERNEL_CASES(gemm) {
     g.beta = v == 4 ? 1.0f : 0.0f;
     cases.push_back(make_case(g, seed++));
   }
+  // The AMX path's whole tiles that run in C (C += acc, gemm_amx.cpp's run_tile) or go through
+  // the scratch tile and the epilogue (bias, residual, both, alpha): 70 = 2 x 32 + 6 rows, so the
+  // partial strip takes the scratch tile too. Padded rows: the terms' strides are not the width.
+  for (int v = 0; v < 5; ++v) {
+    GemmCase g{70, 96, 130, v == 4, true, 3};
+    g.a_dtype = g.b_dtype = DType::kBF16;
+    g.beta = v == 0 || v == 3 ? 1.0f : 0.0f;
+    g.bias = v == 1 || v == 3;
+    g.residual = v == 2 || v == 4;
+    g.alpha = v == 4 ? 0.5f : 1.0f;
+    cases.push_back(make_case(g, seed++));
+  }
   // Small cache blockings: several M blocks, K blocks (odd tail for bf16) and N panels.
   for (int v = 0; v < 4; ++v) {
     GemmCase g{100, 200, 151, v % 2 == 1, v / 2 == 1};
