@@ -186,12 +186,12 @@ void decide_bf16_locked(Bf16State& b) {
   if (k.bf16.k_per_step != 2) return set(Bf16Kernel::kWiden, "no vdpbf16ps on this target");
   const bool amx = k.bf16_amx.kernel != nullptr;
   const auto env = env_choice("KILN_BF16_GEMM", kBf16GemmChoices);
-  if (!env.ok()) fmt::print(stderr, "kiln: warning: {}; choosing by timing\n", env.status().message());
+  if (!env.ok()) fmt::print(stderr, "kiln: warning: {}; choosing automatically\n", env.status().message());
   if (env.ok() && *env && **env != "auto") {
     const Bf16Kernel want = *bf16_kernel_named(**env);
     if (want != Bf16Kernel::kAmx || amx) return set(want, "KILN_BF16_GEMM");
     fmt::print(stderr, "kiln: warning: KILN_BF16_GEMM=amx, but this CPU or OS has no usable AMX-BF16 "
-                       "(kiln info: cpu); choosing by timing\n");
+                       "(kiln info: cpu); choosing automatically\n");
   } else if (amx) {
     return set(Bf16Kernel::kAmx, "AMX-BF16 tiles on this CPU");
   }
