@@ -37,6 +37,20 @@ void configure_tiles() {
   if (std::memcmp(&now, &ours, sizeof ours) != 0) _tile_loadconfig(&ours);
 }
 
+// One chunk of 16 pairs of k: A's two row halves (16 rows of 64 bytes, a_stride apart) and a B
+// step block (16 rows of 32 pairs, 128 bytes each: its two column halves) into C's four tiles.
+inline __attribute__((always_inline)) void multiply_chunk(const void* a_top, const void* a_bottom, int64_t a_stride,
+                                                          const uint32_t* b) {
+  _tile_loadd(4, a_top, a_stride);
+  _tile_loadd(5, a_bottom, a_stride);
+  _tile_loadd(6, b, 4 * kAmxNr);
+  _tile_loadd(7, b + 16, 4 * kAmxNr);
+  _tile_dpbf16ps(0, 4, 6);
+  _tile_dpbf16ps(1, 4, 7);
+  _tile_dpbf16ps(2, 5, 6);
+  _tile_dpbf16ps(3, 5, 7);
+}
+
 }  // namespace
 
 void amx_bf16_tile_32x32(int64_t steps, const AmxA& a, const uint32_t* b, float* c, int64_t ldc, bool load_c) {
@@ -57,16 +71,8 @@ void amx_bf16_tile_32x32(int64_t steps, const AmxA& a, const uint32_t* b, float*
   const char* ap = a.a;
   const int64_t full = steps / kAmxStepsPerTile;
   const int64_t a_half = 16 * a.row_bytes;
-  for (int64_t c = 0; c < full; ++c, ap += a.chunk_bytes, b += kAmxStepsPerTile * kAmxNr) {
-    _tile_loadd(4, ap, a.row_bytes);
-    _tile_loadd(5, ap + a_half, a.row_bytes);
-    _tile_loadd(6, b, 4 * kAmxNr);
-    _tile_loadd(7, b + 16, 4 * kAmxNr);
-    _tile_dpbf16ps(0, 4, 6);
-    _tile_dpbf16ps(1, 4, 7);
-    _tile_dpbf16ps(2, 5, 6);
-    _tile_dpbf16ps(3, 5, 7);
-  }
+  for (int64_t c = 0; c < full; ++c, ap += a.chunk_bytes, b += kAmxStepsPerTile * kAmxNr)
+    multiply_chunk(ap, ap + a_half, a.row_bytes, b);
   if (const int64_t w = steps - full * kAmxStepsPerTile; w > 0) {
     // The last w < 16 pairs: copied into zeroed tiles, so the rows past them add 0 x 0.
     alignas(64) uint32_t at[kAmxMr * kAmxStepsPerTile] = {};
@@ -74,14 +80,7 @@ void amx_bf16_tile_32x32(int64_t steps, const AmxA& a, const uint32_t* b, float*
     for (int r = 0; r < kAmxMr; ++r)
       std::memcpy(at + r * kAmxStepsPerTile, ap + r * a.tail_row_bytes, static_cast<size_t>(w) * 4);
     std::memcpy(bt, b, static_cast<size_t>(w) * kAmxNr * 4);
-    _tile_loadd(4, at, 64);
-    _tile_loadd(5, at + 16 * kAmxStepsPerTile, 64);
-    _tile_loadd(6, bt, 4 * kAmxNr);
-    _tile_loadd(7, bt + 16, 4 * kAmxNr);
-    _tile_dpbf16ps(0, 4, 6);
-    _tile_dpbf16ps(1, 4, 7);
-    _tile_dpbf16ps(2, 5, 6);
-    _tile_dpbf16ps(3, 5, 7);
+    multiply_chunk(at, at + 16 * kAmxStepsPerTile, 64, bt);
   }
   _tile_stored(0, c, c_stride);
   _tile_stored(1, c + 16, c_stride);
