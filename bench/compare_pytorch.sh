@@ -80,6 +80,7 @@ for (w, n), g in groups.items():
           f" [{min(r['tokens_per_s'] for r in k):.1f}-{max(r['tokens_per_s'] for r in k):.1f}]"
           f" | torch {t[0]['version']} {tt:9.1f} tokens/s ({tg:6.1f} GFLOP/s, MFU {100 * tg / peak:4.1f}%)"
           f" [{min(r['tokens_per_s'] for r in t):.1f}-{max(r['tokens_per_s'] for r in t):.1f}]"
-          f" OpenBLAS core {t[0]['openblas_core']}; MFU against kiln's measured {k[0].get('precision', 'fp32')} peak {peak:.0f} GFLOP/s (bf16: the products its GEMM issues, AMX where used)")
+          f" OpenBLAS core {t[0]['openblas_core']}; MFU against kiln's measured {k[0].get('precision', 'fp32')} peak {peak:.0f} GFLOP/s"
+          + (" (the products its bf16 GEMM issues: AMX tiles where used)" if k[0].get('precision') == 'bf16' else ""))
     print(f"ratio: {kt / tt:.2f}  ({w}, {n} thread(s), {k[0].get('precision', 'fp32')}, kiln / torch tokens/s)")
 EOF
