@@ -185,8 +185,7 @@ struct Context {
 void print_row(Context& ctx, const Row& r) {
   // bf16 rows against the peak of the products their kernel issues (vdpbf16ps or AMX tiles; f32
   // FMA when widened).
-  const bool dot = cpu::bf16_gemm_kernel() != cpu::Bf16Kernel::kWiden;
-  const double peak = (r.dtype == "bf16" && dot ? ctx.peak_bf16 : ctx.peak_f32)[r.threads];
+  const double peak = (r.dtype == "bf16" && cpu::bf16_gemm_on_bf16_products() ? ctx.peak_bf16 : ctx.peak_f32)[r.threads];
   const Summary& k = r.gflops[0];
   const double pct = peak > 0 ? 100.0 * k.median / peak : 0.0;
   const double flops = gemm_flops(r.shape.m, r.shape.n, r.shape.k);

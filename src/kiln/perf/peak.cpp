@@ -231,7 +231,7 @@ HierarchicalRoofline measure_hierarchical_roofline(int threads) {
 }
 
 double gemm_peak_gflops(int threads, DType dtype) {
-  if (dtype == DType::kBF16 && cpu::bf16_gemm_kernel() != cpu::Bf16Kernel::kWiden) {
+  if (dtype == DType::kBF16 && cpu::bf16_gemm_on_bf16_products()) {
     if (const double p = fma_peak_gflops(threads, DType::kBF16); p > 0) return p;
   }
   return fma_peak_gflops(threads, DType::kF32);

@@ -192,9 +192,8 @@ struct MachinePeak {
   bool bf16 = false;  // the bf16 products' peak, else the f32 FMA peak
 };
 MachinePeak machine_peak(Precision p) {
-  const bool dot = p == Precision::kBF16 && cpu::bf16_gemm_kernel() != cpu::Bf16Kernel::kWiden &&
-                   perf::fma_peak_gflops(1, DType::kBF16) > 0;
-  return {perf::gemm_peak_gflops(1, dot ? DType::kBF16 : DType::kF32) * num_threads(), dot};
+  const bool bf16 = p == Precision::kBF16 && cpu::bf16_gemm_on_bf16_products() && perf::fma_peak_gflops(1, DType::kBF16) > 0;
+  return {perf::gemm_peak_gflops(1, bf16 ? DType::kBF16 : DType::kF32) * num_threads(), bf16};
 }
 
 // What the run is, before it starts: precision and peak, the model, the data, the unigram baseline.

@@ -96,6 +96,9 @@ Bf16Kernel bf16_gemm_kernel();
 void set_bf16_gemm_kernel(Bf16Kernel k);  // tests and benchmarks: both paths in one process
 std::string bf16_gemm_choice();           // "widen: vdpbf16ps 86 GFLOP/s vs f32 FMA 160 (timed)"
 bool bf16_amx_available();                // this process may run the AMX kernel (CPU, OS, target)
+// The bf16 GEMM multiplies in bf16 (vdpbf16ps or AMX tiles), not widened to f32: its rates are
+// quoted against the bf16 products' peak (perf/peak.h) and its blocking is tuned of its own.
+bool bf16_gemm_on_bf16_products();
 // FLOPs done by `reps` rounds of four TDPBF16PS on tiles in registers (the AMX bf16 peak loop of
 // perf/peak.h); 0 where !bf16_amx_available().
 double run_bf16_amx_peak_loop(int64_t reps);

@@ -254,7 +254,7 @@ GemmBlocking amx_blocking_from_caches(const CacheGeometry& c) {
 
 GemmBlocking default_gemm_blocking(GemmPath path) {
   const PackedPath& p = micro_path(path);
-  if (p.kernel != nullptr && p.kernel == gemm_target_kernels().bf16_amx.kernel) return amx_blocking_from_caches(this_cpu_caches());
+  if (&p == &gemm_target_kernels().bf16_amx) return amx_blocking_from_caches(this_cpu_caches());
   return blocking_from_caches(this_cpu_caches(), p.mr, p.nr, p.k_per_step);
 }
 
@@ -374,6 +374,9 @@ double run_micro_kernel_in_l1(GemmPath path, int64_t reps) {
 }
 
 bool bf16_amx_available() { return gemm_target_kernels().bf16_amx.kernel != nullptr; }
+bool bf16_gemm_on_bf16_products() {
+  return bf16_gemm_kernel() != Bf16Kernel::kWiden && gemm_target_kernels().bf16.k_per_step == 2;
+}
 double run_bf16_amx_peak_loop(int64_t reps) { return bf16_amx_available() ? amx_bf16_peak_loop(reps) : 0.0; }
 
 AutotuneResult autotune_gemm(const AutotuneOptions& opt) {
@@ -437,7 +440,7 @@ AutotuneResult autotune_gemm(const AutotuneOptions& opt) {
     return best;
   };
   result.f32 = tune_path(GemmPath::kF32, &result.f32_gflops);
-  if (bf16_gemm_kernel() != Bf16Kernel::kWiden && gemm_target_kernels().bf16.k_per_step == 2)
+  if (bf16_gemm_on_bf16_products())
     result.bf16 = tune_path(GemmPath::kBF16, &result.bf16_gflops);
   else
     result.bf16 = gemm_blocking(GemmPath::kBF16);  // unused: widened bf16 runs on the f32 blocking
