@@ -266,6 +266,10 @@ void register_train(CLI::App& app) {
       ->check(CLI::Range(1, 1 << 16));
   t->add_option("--checkpoint", ta->checkpoint, "Activation checkpointing: none | full | selective")
       ->check(CLI::IsMember({"none", "full", "selective"}));
+  t->add_option("--offload-optimizer", ta->offload_optimizer,
+                "Keep AdamW's moments in a file in DIR (8 bytes a parameter less memory), streamed through each "
+                "optimizer step")
+      ->type_name("DIR");
   t->add_flag("--memory-report", ta->memory_report,
               "Print the memory model beside the allocator's measured peak of step 2; write OUT/memory.svg");
   t->add_option("--qat", ta->qat, "Quantization-aware training: w4g128 | w8a8 (exports OUT/quantized)");

@@ -26,6 +26,7 @@ void register_comm(CLI::App& app);  // `bench comm` and `plan comm` (cmd_comm.cp
 void register_bench_attention(CLI::App& app);  // `bench attention` (cmd_bench_attention.cpp)
 void register_eval(CLI::App& app);         // `eval` (cmd_eval.cpp)
 void register_bench_train(CLI::App& app);  // `bench train`, after register_bench (cmd_bench_train.cpp)
+void register_bench_offload(CLI::App& app);  // `bench offload`, after register_bench (cmd_bench_offload.cpp)
 void register_bench_numerics(CLI::App& app);  // `bench numerics`, after register_bench (cmd_bench_numerics.cpp)
 void register_serve(CLI::App& app);  // `serve` (cmd_serve.cpp)
 void register_bench_serve(CLI::App& app);  // `bench serve`, after register_bench (cmd_bench_serve.cpp)

@@ -106,6 +106,7 @@ int main(int argc, char** argv) {
   kiln::app::register_plan_cp(app);  // after comm: adds `plan cp`
   kiln::app::register_eval(app);
   kiln::app::register_bench_train(app);  // after bench: adds `bench train`
+  kiln::app::register_bench_offload(app);  // after bench: adds `bench offload`
   kiln::app::register_bench_numerics(app);  // after bench: adds `bench numerics`
   kiln::app::register_serve(app);
   kiln::app::register_bench_serve(app);  // after bench: adds `bench serve`

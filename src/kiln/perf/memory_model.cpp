@@ -399,6 +399,22 @@ double recompute_flops_per_token(const ModelConfig& c, int64_t T, CheckpointMode
   return 0;
 }
 
+void offload_optimizer_state(MemoryPrediction& p, int64_t staging_bytes) {
+  const std::string phases = phase_notes(p);  // restated below with the moments gone
+  int64_t moved = 0;
+  std::erase_if(p.items, [&](const MemoryItem& it) {
+    const bool moments = it.group == "model states" && it.name.starts_with("AdamW");
+    if (moments) moved += it.total();
+    return moments;
+  });
+  if (p.num_params > 0) p.bytes_per_param = p.group_bytes("model states") / p.num_params;
+  if (const size_t at = p.notes.find(phases); at != std::string::npos) p.notes.replace(at, phases.size(), phase_notes(p));
+  p.notes += fmt::format(
+      "  optimizer state offloaded: AdamW m and v ({:.2f} MiB, 8·P) in a file, streamed through {:.1f} MiB of "
+      "staging buffers outside the caching allocator\n",
+      static_cast<double>(moved) / 1048576.0, static_cast<double>(staging_bytes) / 1048576.0);
+}
+
 std::string format_memory_prediction(const MemoryPrediction& p) {
   const ModelConfig& c = p.config;
   auto mib = [](int64_t b) { return static_cast<double>(b) / 1048576.0; };

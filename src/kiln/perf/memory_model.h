@@ -119,6 +119,12 @@ MemoryPrediction predict_memory(const ModelConfig& c, int64_t batch, int64_t seq
 MemoryPrediction predict_memory(const ModelConfig& c, int64_t global_batch, int64_t seq_len, Precision p,
                                 CheckpointMode m, const DataParallelMemory& dp, const TensorParallelMemory& tp = {});
 
+// Optimizer-state offloading (train/offload.h): the AdamW moments leave memory for a file. Drops
+// their items from p (model states and bytes per parameter shrink by 8 bytes a parameter) and
+// says so in the notes, with the staging buffers the stream keeps instead (outside the caching
+// allocator, so outside the peak this prediction is held against).
+void offload_optimizer_state(MemoryPrediction& p, int64_t staging_bytes);
+
 // Float counts of the data-parallel units of a config (head, block groups, tail), from
 // Transformer::param_entries_for (of tp rank 0's shard): what DataParallelPlan::build_units cuts.
 std::vector<int64_t> data_parallel_unit_sizes(const ModelConfig& c, int fsdp_unit_blocks,

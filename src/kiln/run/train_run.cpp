@@ -60,8 +60,10 @@ Status parse_loss_scale(const TrainRunOptions& o, TrainOptions& t) {
 // The memory one training step needs (the memory model: weights, gradients, AdamW, activations),
 // against this machine's RAM, before anything is allocated: a --batch × --seq too large for the
 // machine is one clear error, not an allocator abort minutes later.
-Status check_train_memory(const ModelConfig& cfg, const TrainOptions& t) {
-  const perf::MemoryPrediction pred = perf::predict_memory(cfg, t.batch, t.seq_len, t.precision, t.checkpoint);
+Status check_train_memory(const ModelConfig& cfg, const TrainOptions& t, bool offload_optimizer) {
+  perf::MemoryPrediction pred = perf::predict_memory(cfg, t.batch, t.seq_len, t.precision, t.checkpoint);
+  if (offload_optimizer)
+    perf::offload_optimizer_state(pred, OffloadedMoments::staging_bytes_for(OffloadedMoments::kDefaultChunkFloats));
   const long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGESIZE);
   if (pages <= 0 || page <= 0) return {};
   const double ram = static_cast<double>(pages) * static_cast<double>(page);
@@ -239,7 +241,9 @@ void print_model_memory(Transformer& model, const TrainOptions& t, int64_t rows,
 void memory_report(const TrainRunOptions& o, const ModelConfig& cfg, const TrainOptions& t, const AllocatorStats& base,
                    const RunOutput& out) {
   const AllocatorStats st = default_allocator().stats();
-  const perf::MemoryPrediction pred = perf::predict_memory(cfg, t.batch, t.seq_len, t.precision, t.checkpoint);
+  perf::MemoryPrediction pred = perf::predict_memory(cfg, t.batch, t.seq_len, t.precision, t.checkpoint);
+  const int64_t staging = OffloadedMoments::staging_bytes_for(OffloadedMoments::kDefaultChunkFloats);
+  if (!o.offload_optimizer.empty()) perf::offload_optimizer_state(pred, staging);
   const auto mib = [](double b) { return b / 1048576.0; };
   out.print("{}", perf::format_memory_prediction(pred));
   const double measured = static_cast<double>(st.peak_bytes_in_use - base.bytes_in_use);
@@ -257,7 +261,8 @@ void memory_report(const TrainRunOptions& o, const ModelConfig& cfg, const Train
             st.num_os_allocs, st.num_allocs);
   std::vector<Bar> bars;
   for (CheckpointMode m : {CheckpointMode::kNone, CheckpointMode::kSelective, CheckpointMode::kFull}) {
-    const perf::MemoryPrediction p = perf::predict_memory(cfg, t.batch, t.seq_len, t.precision, m);
+    perf::MemoryPrediction p = perf::predict_memory(cfg, t.batch, t.seq_len, t.precision, m);
+    if (!o.offload_optimizer.empty()) perf::offload_optimizer_state(p, staging);
     Bar b{fmt::format("predicted {}", checkpoint_mode_name(m)), {}};
     for (const char* g : {"model states", "layer activations", "other activations", "scratch", "kernel scratch"})
       b.segments.push_back({g, mib(static_cast<double>(p.group_block_bytes(g))), ""});
@@ -346,6 +351,14 @@ Expected<TrainOptions> resolve_train_options(const TrainRunOptions& o) {
     if (t.precision != Precision::kF32)
       return invalid_argument("--qat needs --precision fp32 (both install Linear backends; got {})", o.precision);
   }
+  if (!o.offload_optimizer.empty()) {
+    if (t.graph_capture)
+      return invalid_argument("--offload-optimizer does not combine with --graph capture or fused (a captured step "
+                              "updates the moments in place)");
+    std::error_code ec;
+    if (!std::filesystem::is_directory(o.offload_optimizer, ec))
+      return invalid_argument("--offload-optimizer {}: not an existing directory", o.offload_optimizer);
+  }
   return t;
 }
 
@@ -362,6 +375,13 @@ std::string format_progress(const StepStats& s, int64_t total_steps, const Progr
     scaling += fmt::format(" | mem {:.0f} MiB/rank | comm {:.0f} ms, exposed {:.0f}%", mib, s.comm.comm_seconds * 1e3,
                            s.comm.comm_seconds > 0 ? 100.0 * s.comm.exposed_seconds / s.comm.comm_seconds : 0.0);
   }
+  if (s.offload.bytes_read + s.offload.bytes_written > 0)  // offloaded moments: traffic, and what the update waited
+    scaling += fmt::format(" | offload {:.0f} MiB, {:.2f} GB/s, exposed {:.0f} ms",
+                           static_cast<double>(s.offload.bytes_read + s.offload.bytes_written) / (1 << 20),
+                           s.offload.io_seconds > 0
+                               ? static_cast<double>(s.offload.bytes_read + s.offload.bytes_written) / s.offload.io_seconds / 1e9
+                               : 0.0,
+                           s.offload.exposed_seconds * 1e3);
   if (s.moe.blocks > 0) {  // MoE: the router losses, the load (max / mean tokens per expert), drops
     scaling += fmt::format(" | aux {:.3f} z {:.2f} load {:.2f}x drop {:.1f}%", s.moe.aux_mean(), s.moe.z_mean(),
                            s.moe.max_over_mean(), 100.0 * s.moe.drop_rate());
@@ -468,7 +488,7 @@ Status run_training(const TrainRunOptions& o_in, const RunOutput& out_in) {
   }
   KILN_ASSIGN_OR_RETURN(const RunData d, std::move(loaded));
   KILN_RETURN_IF_ERROR(check_windows(d, t));
-  KILN_RETURN_IF_ERROR(check_train_memory(d.config, t));
+  KILN_RETURN_IF_ERROR(check_train_memory(d.config, t, !o.offload_optimizer.empty()));
   if (pipeline_parallel) {  // the stages and the schedule, on every rank alike, before any communication
     KILN_RETURN_IF_ERROR(
         parallel::check_pipeline_parallel(o.pipeline, d.config, world->size(), o.tensor, *dpo, t));
@@ -571,6 +591,15 @@ Status run_training(const TrainRunOptions& o_in, const RunOutput& out_in) {
   }));
   // Sharded checkpoints are written by every rank; one process's file by the main rank.
   auto save_checkpoint = [&] { return sharded ? trainer->save_checkpoint(ckpt) : out.save([&] { return trainer->save_checkpoint(ckpt); }); };
+  if (!o.offload_optimizer.empty()) {
+    KILN_RETURN_IF_ERROR(trainer->offload_optimizer_state(o.offload_optimizer));
+    const OffloadedMoments& f = *trainer->offloaded_moments();
+    out.print("optimizer state offloaded: AdamW m and v ({:.1f} MiB{}) in a file in {} ({}), {:.1f} MiB of staging in "
+              "memory\n",
+              static_cast<double>(f.file_bytes()) / (1 << 20), sharded ? " on this rank" : "", f.dir(),
+              f.direct_io() ? "direct I/O" : "through the page cache: this file system refuses O_DIRECT",
+              static_cast<double>(f.staging_bytes()) / (1 << 20));
+  }
   if (o.resume) {
     const std::string from = resume_path(o, sharded);
     KILN_RETURN_IF_ERROR(trainer->load_checkpoint(from));

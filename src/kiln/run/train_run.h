@@ -66,6 +66,9 @@ struct TrainRunOptions {
   // is dp × cp).
   parallel::ContextParallelOptions context;
   std::string cp_layout = "zigzag", cp_method = "ring";
+  // --offload-optimizer DIR: AdamW's m and v in a file in DIR (train/offload.h), streamed
+  // through each optimizer step; empty: in memory.
+  std::string offload_optimizer;
   std::string profile;  // --profile FILE.json: a Chrome/Perfetto trace of the steps, every rank (perf/profiler.h)
 };
 

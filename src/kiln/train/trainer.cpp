@@ -7,9 +7,11 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <utility>
 
 #include <nlohmann/json.hpp>
 
+#include "kiln/core/allocator.h"
 #include "kiln/core/cpu_features.h"
 #include "kiln/core/file_io.h"
 #include "kiln/core/thread_pool.h"
@@ -166,26 +168,7 @@ void Trainer::step_body(float loss_scale) {
     st.applied = scaler_.update(!std::isfinite(st.sq));  // an inf or NaN anywhere makes sq non-finite
     st.clip = o_.clip_norm > 0 && st.norm > o_.clip_norm ? static_cast<float>(o_.clip_norm / (st.norm + 1e-6)) : 1.0f;
   });
-  KILN_TRACE_SCOPE(kTrain, "optimizer");
-  for (const OptimizerPiece& p : plan_->pieces()) {
-    graph::op("adamw_update",
-              {graph::reads(&state_, 1), graph::writes(p.params, p.n),
-               graph::writes(p.grads, p.n), graph::writes(m_.data<float>() + p.state_offset, p.n),
-               graph::writes(v_.data<float>() + p.state_offset, p.n)},
-              [this, n = p.n, decay = p.decay](const graph::Access* io) {
-                const StepState& st = *io[0].as<StepState>();
-                if (!st.applied) return;
-                float* g = io[2].mut<float>();
-                if (st.clip != 1.0f)
-                  for (int64_t i = 0; i < n; ++i) g[i] *= st.clip;
-                AdamWConfig cfg;
-                cfg.lr = st.lr;
-                cfg.beta1 = o_.beta1;
-                cfg.beta2 = o_.beta2;
-                cfg.weight_decay = decay ? o_.weight_decay : 0.0;
-                cpu::adamw_step(io[1].mut<float>(), g, io[3].mut<float>(), io[4].mut<float>(), n, cfg, step_);
-              });
-  }
+  optimizer_update();
   // Low-precision copies (and any other backend's state) follow the master: host work the graph
   // does not record.
   if (graph::recording()) {
@@ -197,6 +180,144 @@ void Trainer::step_body(float loss_scale) {
     plan_->after_optimizer_step();
     sync_backends(model_);
   }
+}
+
+namespace {
+AdamWConfig piece_adamw(const TrainOptions& o, double lr, bool decay) {
+  AdamWConfig cfg;
+  cfg.lr = lr;
+  cfg.beta1 = o.beta1;
+  cfg.beta2 = o.beta2;
+  cfg.weight_decay = decay ? o.weight_decay : 0.0;
+  return cfg;
+}
+
+// Piece indices in the order of their moments (state_offset).
+std::vector<size_t> by_state_offset(std::span<const OptimizerPiece> pieces) {
+  std::vector<size_t> order(pieces.size());
+  for (size_t k = 0; k < order.size(); ++k) order[k] = k;
+  std::sort(order.begin(), order.end(),
+            [&](size_t a, size_t b) { return pieces[a].state_offset < pieces[b].state_offset; });
+  return order;
+}
+
+// fn(k, i, j, len) for every piece k (in `order`) whose moments overlap the chunk of moments
+// [begin, begin + count): the piece's elements [i, i + len) are the chunk's [j, j + len).
+template <class Fn>
+void for_overlaps(std::span<const OptimizerPiece> pieces, const std::vector<size_t>& order, int64_t begin,
+                  int64_t count, const Fn& fn) {
+  for (const size_t k : order) {
+    const OptimizerPiece& p = pieces[k];
+    const int64_t lo = std::max(begin, p.state_offset), hi = std::min(begin + count, p.state_offset + p.n);
+    if (lo < hi) fn(k, lo - p.state_offset, lo - begin, hi - lo);
+  }
+}
+}  // namespace
+
+// AdamW over this rank's pieces, after the clip factor. In memory each piece is one node of
+// the step (captured with it); offloaded, the moments stream past chunk by chunk and each
+// chunk updates the parts of the pieces it holds (the same elementwise update, so the same
+// values as in memory).
+void Trainer::optimizer_update() {
+  KILN_TRACE_SCOPE(kTrain, "optimizer");
+  if (offload_) {
+    KILN_CHECK_MSG(!graph::recording(), "offloaded optimizer state does not run in a captured step");
+    if (!state_.applied) return;
+    const std::span<const OptimizerPiece> pieces = plan_->pieces();
+    if (state_.clip != 1.0f)
+      for (const OptimizerPiece& p : pieces)
+        for (int64_t i = 0; i < p.n; ++i) p.grads[i] *= state_.clip;
+    const std::vector<size_t> order = by_state_offset(pieces);
+    offload_->take_stats();  // what a checkpoint read or wrote is not the step's
+    const Status st = offload_->stream([&](int64_t begin, int64_t count, float* m, float* v) {
+      for_overlaps(pieces, order, begin, count, [&](size_t k, int64_t i, int64_t j, int64_t len) {
+        const OptimizerPiece& p = pieces[k];
+        cpu::adamw_step(p.params + i, p.grads + i, m + j, v + j, len, piece_adamw(o_, state_.lr, p.decay), step_);
+      });
+    });
+    KILN_CHECK_MSG(st.ok(), "{}", st.message());  // the moments on the disk are no longer the run's
+    offload_stats_ = offload_->take_stats();
+    return;
+  }
+  for (const OptimizerPiece& p : plan_->pieces()) {
+    graph::op("adamw_update",
+              {graph::reads(&state_, 1), graph::writes(p.params, p.n),
+               graph::writes(p.grads, p.n), graph::writes(m_.data<float>() + p.state_offset, p.n),
+               graph::writes(v_.data<float>() + p.state_offset, p.n)},
+              [this, n = p.n, decay = p.decay](const graph::Access* io) {
+                const StepState& st = *io[0].as<StepState>();
+                if (!st.applied) return;
+                float* g = io[2].mut<float>();
+                if (st.clip != 1.0f)
+                  for (int64_t i = 0; i < n; ++i) g[i] *= st.clip;
+                cpu::adamw_step(io[1].mut<float>(), g, io[3].mut<float>(), io[4].mut<float>(), n,
+                                piece_adamw(o_, st.lr, decay), step_);
+              });
+  }
+}
+
+Status Trainer::offload_optimizer_state(const std::string& dir, int64_t chunk_floats) {
+  if (o_.graph_capture) return invalid_argument("offloaded optimizer state does not combine with graph capture");
+  if (offload_) return failed_precondition("the optimizer state is already offloaded to {}", offload_->dir());
+  KILN_ASSIGN_OR_RETURN(offload_, OffloadedMoments::create(dir, plan_->state_size(), chunk_floats));
+  const float* m = m_.data<float>();
+  const float* v = v_.data<float>();
+  if (Status st = offload_->stream([&](int64_t begin, int64_t count, float* mc, float* vc) {
+        std::copy(m + begin, m + begin + count, mc);
+        std::copy(v + begin, v + begin + count, vc);
+      });
+      !st.ok()) {
+    offload_.reset();
+    return st;
+  }
+  offload_->take_stats();  // the copy-in is not a step's traffic
+  m_ = Tensor();
+  v_ = Tensor();
+  default_allocator().empty_cache();  // their blocks go back to the OS, not to the cache
+  return {};
+}
+
+Status Trainer::read_moments(const std::vector<OptimizerPiece>& pieces, std::span<float> m, std::span<float> v) const {
+  std::vector<int64_t> at(pieces.size());  // each piece's place in the concatenation
+  for (size_t k = 1; k < pieces.size(); ++k) at[k] = at[k - 1] + pieces[k - 1].n;
+  if (!offload_) {
+    for (size_t k = 0; k < pieces.size(); ++k) {
+      const OptimizerPiece& p = pieces[k];
+      std::copy(m_.data<float>() + p.state_offset, m_.data<float>() + p.state_offset + p.n, m.begin() + at[k]);
+      std::copy(v_.data<float>() + p.state_offset, v_.data<float>() + p.state_offset + p.n, v.begin() + at[k]);
+    }
+    return {};
+  }
+  const std::vector<size_t> order = by_state_offset(pieces);
+  return offload_->stream(
+      [&](int64_t begin, int64_t count, float* mc, float* vc) {
+        for_overlaps(pieces, order, begin, count, [&](size_t k, int64_t i, int64_t j, int64_t len) {
+          std::copy(mc + j, mc + j + len, m.begin() + at[k] + i);
+          std::copy(vc + j, vc + j + len, v.begin() + at[k] + i);
+        });
+      },
+      /*write_back=*/false);
+}
+
+Status Trainer::write_moments(const std::vector<OptimizerPiece>& pieces, std::span<const float> m,
+                              std::span<const float> v) {
+  std::vector<int64_t> at(pieces.size());
+  for (size_t k = 1; k < pieces.size(); ++k) at[k] = at[k - 1] + pieces[k - 1].n;
+  if (!offload_) {
+    for (size_t k = 0; k < pieces.size(); ++k) {
+      const OptimizerPiece& p = pieces[k];
+      std::copy(m.begin() + at[k], m.begin() + at[k] + p.n, m_.data<float>() + p.state_offset);
+      std::copy(v.begin() + at[k], v.begin() + at[k] + p.n, v_.data<float>() + p.state_offset);
+    }
+    return {};
+  }
+  const std::vector<size_t> order = by_state_offset(pieces);
+  return offload_->stream([&](int64_t begin, int64_t count, float* mc, float* vc) {
+    for_overlaps(pieces, order, begin, count, [&](size_t k, int64_t i, int64_t j, int64_t len) {
+      std::copy(m.begin() + at[k] + i, m.begin() + at[k] + i + len, mc + j);
+      std::copy(v.begin() + at[k] + i, v.begin() + at[k] + i + len, vc + j);
+    });
+  });
 }
 
 StepStats Trainer::step() {
@@ -222,6 +343,7 @@ StepStats Trainer::step() {
   s.grads_rounded = precision_->values_rounded - rounded0;
   s.comm = plan_->take_comm_times();
   s.moe = model_.take_moe_stats();
+  s.offload = std::exchange(offload_stats_, {});
   s.seconds = std::chrono::duration<double>(clock::now() - t0).count();
   elapsed_ += s.seconds;
   s.elapsed = elapsed_;
@@ -302,11 +424,24 @@ Status Trainer::save_checkpoint(const std::string& path) const {
     size_t at = 0;
     for (const OptimizerPiece& p : pieces) {
       std::copy(p.params, p.params + p.n, b.params.begin() + static_cast<std::ptrdiff_t>(at));
-      std::copy(m_.data<float>() + p.state_offset, m_.data<float>() + p.state_offset + p.n, b.m.begin() + static_cast<std::ptrdiff_t>(at));
-      std::copy(v_.data<float>() + p.state_offset, v_.data<float>() + p.state_offset + p.n, b.v.begin() + static_cast<std::ptrdiff_t>(at));
       at += static_cast<size_t>(p.n);
     }
+    // A failed read stops this rank before the others wait for it in the manifest's gather:
+    // the job ends with the message rather than hanging.
+    const Status st = read_moments(pieces, b.m, b.v);
+    KILN_CHECK_MSG(st.ok(), "{}", st.message());
     return save_sharded_checkpoint(*c, path, checkpoint_meta(), b.view);
+  }
+  if (offload_) {  // the moments (in the model's order, as m_ holds them) out of the file for the writer
+    std::vector<float> m(static_cast<size_t>(model_.num_params())), v(m.size());
+    KILN_RETURN_IF_ERROR(offload_->stream(
+        [&](int64_t begin, int64_t count, float* mc, float* vc) {
+          std::copy(mc, mc + count, m.begin() + begin);
+          std::copy(vc, vc + count, v.begin() + begin);
+        },
+        /*write_back=*/false));
+    const ShardView all{model_.num_params(), {{0, model_.num_params()}}, model_.params(), m, v};
+    return save_checkpoint_file(path, checkpoint_meta(), all);
   }
   const ShardView all{model_.num_params(), {{0, model_.num_params()}}, model_.params(),
                       {m_.data<float>(), static_cast<size_t>(m_.numel())}, {v_.data<float>(), static_cast<size_t>(v_.numel())}};
@@ -322,12 +457,11 @@ Status Trainer::restore(const CheckpointHeader& h, const std::string& path, cons
   if (h.options != options_json_with_precision(o_))
     return invalid_argument("{} was written with options {}; resume with the same ones (now {})", path,
                             h.options.dump(), options_json_with_precision(o_).dump());
+  KILN_RETURN_IF_ERROR(write_moments(pieces, from.m, from.v));
   size_t at = 0;
   for (const OptimizerPiece& p : pieces) {
     const auto a = static_cast<std::ptrdiff_t>(at);
     std::copy(from.params.begin() + a, from.params.begin() + a + p.n, p.params);
-    std::copy(from.m.begin() + a, from.m.begin() + a + p.n, m_.data<float>() + p.state_offset);
-    std::copy(from.v.begin() + a, from.v.begin() + a + p.n, v_.data<float>() + p.state_offset);
     at += static_cast<size_t>(p.n);
   }
   step_ = h.step;

@@ -14,6 +14,7 @@
 #include "kiln/model/transformer.h"
 #include "kiln/train/checkpoint.h"
 #include "kiln/train/data.h"
+#include "kiln/train/offload.h"
 #include "kiln/train/plan.h"
 #include "kiln/train/precision.h"
 
@@ -58,6 +59,7 @@ struct StepStats {
   int64_t grads_rounded = 0;   // fp16: output-gradient values rounded in this step
   CommTimes comm;              // data-parallel layouts: communication of this step
   MoeStats moe;                // MoE models: this step's routing (every micro-batch)
+  OffloadStats offload;        // offloaded optimizer state: this step's transfers
 };
 
 // Learning rate at `step` (1-based): linear warm-up, then cosine decay to min_lr_fraction·lr.
@@ -86,6 +88,15 @@ class Trainer {
   // Mean loss over the first eval_batches validation batches (each rank its rows).
   double validation_loss();
 
+  // Moves AdamW's m and v (this rank's, with their current values) into a file in `dir`
+  // (offload.h) and frees them from memory; every later optimizer step streams them through.
+  // Errors (the directory, its space) leave the moments in memory. Not with graph capture (a
+  // captured step writes the moments in place).
+  Status offload_optimizer_state(const std::string& dir,
+                                 int64_t chunk_floats = OffloadedMoments::kDefaultChunkFloats);
+  // The store the moments live in, or null (in memory).
+  const OffloadedMoments* offloaded_moments() const { return offload_.get(); }
+
   // params, AdamW m and v, the step and the options that decide the losses, each section with
   // its CRC-32C (checkpoint.h); written to a temporary file and renamed. Loading checks that the
   // model and those options match and refuses a checksum mismatch naming the section, before
@@ -103,7 +114,9 @@ class Trainer {
   std::unique_ptr<ParallelPlan> own_plan_;
   ParallelPlan* plan_;
   BatchLoader loader_;
-  Tensor m_, v_;  // AdamW moments (num_params,), from the caching allocator
+  Tensor m_, v_;  // AdamW moments (num_params,), from the caching allocator; empty when offloaded
+  std::unique_ptr<OffloadedMoments> offload_;  // where the moments live when offloaded
+  OffloadStats offload_stats_;                 // the last optimizer update's transfers
   std::shared_ptr<PrecisionContext> precision_;
   LossScaler scaler_;
   int64_t step_ = 0;
@@ -134,6 +147,11 @@ class Trainer {
     std::span<const float> params, m, v;  // the pieces' values, concatenated in piece order
   };
   CheckpointHeader checkpoint_meta() const;
+  // The AdamW update of every piece; offloaded, chunk by chunk as the moments stream past.
+  void optimizer_update();
+  // The moments of `pieces`, concatenated in piece order, out of memory or the file, and back.
+  Status read_moments(const std::vector<OptimizerPiece>& pieces, std::span<float> m, std::span<float> v) const;
+  Status write_moments(const std::vector<OptimizerPiece>& pieces, std::span<const float> m, std::span<const float> v);
   // Checks h against this run, then puts the values in place.
   Status restore(const CheckpointHeader& h, const std::string& path, const std::vector<OptimizerPiece>& pieces,
                  const PieceBuffersRef& from);
