@@ -2,7 +2,8 @@
 # The CUDA backend's check on a machine with an NVIDIA GPU (sm_80 or sm_90): builds kiln with
 # CUDA, runs the CUDA tests (ctest -L cuda: every kernel against its scalar reference) and the
 # GEMM ladder beside cuBLAS at 1024..8192, bf16 and f32, and the launch-cost table (launches,
-# syncs, CUDA graph replay, pinned copies, a copy beside a GEMM on two streams). Meant to finish in
+# syncs, CUDA graph replay, pinned copies, a copy beside a GEMM on two streams), and Triton's GEMM
+# and RMSNorm beside torch where python has both (bench/triton_kernels.py). Meant to finish in
 # about 10 minutes on an H200. Exits 77 (with the reason) when there is no GPU to check on.
 #   scripts/cuda-device-check.sh [build-dir]      (default build-cuda; JOBS=n for the build)
 set -euo pipefail
@@ -35,6 +36,17 @@ echo "cuda-device-check: GEMM ladder $(( $(date +%s) - start )) s"
 start=$(date +%s)
 "$BUILD_DIR/kiln" bench launch --device cuda --launches 2000 --reps 5 || status=1
 echo "cuda-device-check: launch cost, graphs, streams $(( $(date +%s) - start )) s"
+
+# Triton's GEMM and RMSNorm beside torch (cuBLAS) where this machine's python has both
+# (bench/triton_kernels.py; PYTHON=... picks the interpreter).
+PYTHON=${PYTHON:-python3}
+if "$PYTHON" -c "import torch, triton" 2> /dev/null; then
+  start=$(date +%s)
+  "$PYTHON" bench/triton_kernels.py --bench --sizes "$SIZES" || status=1
+  echo "cuda-device-check: Triton $(( $(date +%s) - start )) s"
+else
+  echo "cuda-device-check: Triton rows skipped ($PYTHON lacks torch or triton)"
+fi
 
 if [ "$status" -ne 0 ]; then
   echo "cuda-device-check: FAILED (see above)" >&2

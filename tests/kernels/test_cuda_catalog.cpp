@@ -6,6 +6,7 @@
 
 #include "kiln/kernels/cuda/launch.h"
 #include "kiln/kernels/cuda_catalog.h"
+#include "kiln/perf/gpu_model.h"
 
 namespace kiln::cuda {
 namespace {
@@ -94,6 +95,37 @@ TEST(CudaCatalog, BackwardLaunches) {
   EXPECT_EQ(col.blocks(), ceil_div(1000, 32));
   EXPECT_EQ(col.threads, kColTile * kColRows);
   EXPECT_EQ(column_launch(1).blocks(), 1);
+}
+
+// The TMA rung's staged tiles: TMA writes each (rows, 32) bf16 box densely with the 64-byte
+// swizzle, and the mma fragment loads (lane l: row g = l / 4, k pair 2t, t = l % 4, of an 8-row
+// group) must stay conflict-free on it, where the same dense rows unswizzled conflict 4 ways.
+// The swizzle is a permutation of each row's four chunks, and a stage is 1024-byte aligned.
+TEST(CudaCatalog, TmaSwizzleKeepsFragmentLoadsConflictFree) {
+  for (int row0 : {0, 8, 16, 120})
+    for (int k0 : {0, 8, 16, 24}) {
+      std::vector<uint64_t> swizzled, dense;
+      for (int lane = 0; lane < 32; ++lane) {
+        const int r = row0 + lane / 4, k = k0 + 2 * (lane % 4);
+        swizzled.push_back(2 * static_cast<uint64_t>(gemm_tma_smem_index(r, k)));
+        dense.push_back(2 * static_cast<uint64_t>(r * kGemmMmaBk + k));
+      }
+      EXPECT_EQ(perf::bank_conflicts(swizzled, 4).degree, 1) << "rows " << row0 << " k " << k0;
+      EXPECT_EQ(perf::bank_conflicts(dense, 4).degree, 4) << "rows " << row0 << " k " << k0;
+    }
+  for (int r = 0; r < 16; ++r) {
+    std::set<int> chunks;
+    for (int k = 0; k < kGemmMmaBk; ++k) {
+      const int at = gemm_tma_smem_index(r, k);
+      EXPECT_EQ(at / kGemmMmaBk, r);              // stays in its row
+      EXPECT_EQ(at % 8, k % 8);                   // a chunk moves whole
+      chunks.insert(at % kGemmMmaBk / 8);
+    }
+    EXPECT_EQ(chunks.size(), 4u);
+  }
+  EXPECT_EQ(gemm_launch(GemmKernel::kMmaTma, 1000, 300).smem_bytes,
+            kGemmTmaStages * 2 * (kGemmMmaBm + kGemmMmaBn) * kGemmMmaBk + 1024);
+  EXPECT_EQ((2 * kGemmMmaBm * kGemmMmaBk) % 1024, 0);  // the B tile and the next stage stay aligned
 }
 
 TEST(CudaCatalog, PtxasLogNamesEveryKernel) {

@@ -1,8 +1,11 @@
 // The CUDA GEMM ladder (launch.h's GemmKernel), each rung behind gemm.h's GemmParams contract (as
 // GemmArgs): naive -> coalesced -> shared-memory tiles -> register micro-tiles -> padded
 // (conflict-free) shared rows -> tensor cores (mma.sync bf16, f32 accumulate) -> cp.async double
-// buffering. Every rung bounds-checks its edge tiles (zero-filled loads, guarded stores), so any m,
-// n, k and leading dims work; the fused epilogue is gemm_store() (common.cuh).
+// buffering -> TMA loads into four stages (sm_90). Every rung bounds-checks its edge tiles
+// (zero-filled loads, guarded stores), so any m, n, k and leading dims work; the fused epilogue is
+// gemm_store() (common.cuh).
+#include <cuda.h>  // CUtensorMap and its enums; the encoder comes through the runtime (no -lcuda)
+
 #include "kiln/kernels/cuda/common.cuh"
 
 namespace kiln::cuda {
@@ -198,8 +201,25 @@ __device__ __forceinline__ void mma_load_tile_async(const GemmArgs& p, uint16_t*
   load_rows_async<BN, BK>(bs, static_cast<const uint16_t*>(p.b), p.ldb, col0, p.n, p.k, k0);
 }
 
+// Where element (r, k) of a staged k-contiguous tile sits: padded rows (the mma and cp.async
+// rungs), or dense 64-byte rows with TMA's 64-byte swizzle (launch.h: kGemmTmaStages).
+struct PaddedRows {
+  static __device__ __forceinline__ int at(int r, int k) { return r * kMmaRow + k; }
+};
+#if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 900  // the TMA rung's only
+struct Swizzled64 {
+  static_assert(kGemmMmaBk == 32, "64-byte rows: four 16-byte chunks of 8 bf16");
+  static __device__ __forceinline__ int at(int r, int k) { return gemm_tma_smem_index(r, k); }
+};
+#endif
+// Two neighbouring bf16 (k even: both in one 16-byte chunk) as one 32-bit fragment register.
+template <class Layout>
+__device__ __forceinline__ uint32_t pair_at(const uint16_t* tile, int r, int k) {
+  return *reinterpret_cast<const uint32_t*>(tile + Layout::at(r, k));
+}
+
 // One stage's BK of MMAs for this warp's (WM, WN) = (BM / warps_m, BN / warps_n) tile.
-template <int MT, int NT, int BK>
+template <int MT, int NT, int BK, class Layout = PaddedRows>
 __device__ __forceinline__ void mma_compute_stage(float (&acc)[MT][NT][4], const uint16_t* as,
                                                   const uint16_t* bs, int warp_row, int warp_col) {
   const int lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
@@ -208,22 +228,40 @@ __device__ __forceinline__ void mma_compute_stage(float (&acc)[MT][NT][4], const
     uint32_t a[MT][4], b[NT][2];
 #pragma unroll
     for (int mt = 0; mt < MT; ++mt) {
-      const uint16_t* base = as + (warp_row + mt * 16 + g) * kMmaRow + ks + 2 * t;
-      a[mt][0] = *reinterpret_cast<const uint32_t*>(base);
-      a[mt][1] = *reinterpret_cast<const uint32_t*>(base + 8 * kMmaRow);
-      a[mt][2] = *reinterpret_cast<const uint32_t*>(base + 8);
-      a[mt][3] = *reinterpret_cast<const uint32_t*>(base + 8 * kMmaRow + 8);
+      const int r = warp_row + mt * 16 + g, k = ks + 2 * t;
+      a[mt][0] = pair_at<Layout>(as, r, k);
+      a[mt][1] = pair_at<Layout>(as, r + 8, k);
+      a[mt][2] = pair_at<Layout>(as, r, k + 8);
+      a[mt][3] = pair_at<Layout>(as, r + 8, k + 8);
     }
 #pragma unroll
     for (int nt = 0; nt < NT; ++nt) {
-      const uint16_t* base = bs + (warp_col + nt * 8 + g) * kMmaRow + ks + 2 * t;
-      b[nt][0] = *reinterpret_cast<const uint32_t*>(base);
-      b[nt][1] = *reinterpret_cast<const uint32_t*>(base + 8);
+      const int r = warp_col + nt * 8 + g, k = ks + 2 * t;
+      b[nt][0] = pair_at<Layout>(bs, r, k);
+      b[nt][1] = pair_at<Layout>(bs, r, k + 8);
     }
 #pragma unroll
     for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
       for (int nt = 0; nt < NT; ++nt) mma_bf16_16x8x16(acc[mt][nt], a[mt], b[nt]);
+  }
+}
+// The warp's accumulators through the fused epilogue into C, from (row0, col0) of its tile.
+template <int MT, int NT>
+__device__ __forceinline__ void mma_store_tile(const GemmArgs& p, const float (&acc)[MT][NT][4],
+                                               int64_t row0, int64_t col0) {
+  const int lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
+#pragma unroll
+  for (int mt = 0; mt < MT; ++mt) {
+#pragma unroll
+    for (int nt = 0; nt < NT; ++nt) {
+#pragma unroll
+      for (int r = 0; r < 4; ++r) {
+        const int64_t i = row0 + mt * 16 + g + (r >= 2 ? 8 : 0);
+        const int64_t j = col0 + nt * 8 + 2 * t + (r % 2);
+        if (i < p.m && j < p.n) gemm_store(p, i, j, acc[mt][nt][r]);
+      }
+    }
   }
 }
 }  // namespace
@@ -274,20 +312,150 @@ __global__ void __launch_bounds__(kGemmMmaThreads, 1) gemm_mma_bf16(GemmArgs p) 
       __syncthreads();  // everyone is done reading `cur` before it is refilled
     }
   }
-  const int lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
-#pragma unroll
-  for (int mt = 0; mt < MT; ++mt) {
-#pragma unroll
-    for (int nt = 0; nt < NT; ++nt) {
-#pragma unroll
-      for (int r = 0; r < 4; ++r) {
-        const int64_t i = row0 + warp_row + mt * 16 + g + (r >= 2 ? 8 : 0);
-        const int64_t j = col0 + warp_col + nt * 8 + 2 * t + (r % 2);
-        if (i < p.m && j < p.n) gemm_store(p, i, j, acc[mt][nt][r]);
-      }
-    }
-  }
+  mma_store_tile(p, acc, row0 + warp_row, col0 + warp_col);
 }
+
+// ---- rung 8: TMA loads into four stages (sm_90) -----------------------------------------------
+namespace {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+__device__ __forceinline__ uint32_t smem_u32(const void* ptr) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(ptr));
+}
+// An mbarrier expecting one arrival (the thread that starts the copies) per phase.
+__device__ __forceinline__ void mbarrier_init(uint64_t* bar) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;\n" ::"r"(smem_u32(bar)));
+}
+// The arrival, and the bytes the copies will complete on the barrier before its phase ends.
+__device__ __forceinline__ void mbarrier_arrive_expect_tx(uint64_t* bar, uint32_t bytes) {
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(smem_u32(bar)),
+               "r"(bytes)
+               : "memory");
+}
+// Until the barrier's phase with this parity has completed (every byte landed).
+__device__ __forceinline__ void mbarrier_wait(uint64_t* bar, uint32_t parity) {
+  uint32_t done = 0;
+  do {
+    asm volatile(
+        "{\n .reg .pred p;\n mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n"
+        " selp.u32 %0, 1, 0, p;\n}\n"
+        : "=r"(done)
+        : "r"(smem_u32(bar)), "r"(parity)
+        : "memory");
+  } while (!done);
+}
+// One 2-D box of the tensor map, at (x = k, y = row), into shared memory; its bytes complete on
+// `bar`. Out-of-range elements (past m, n or k) arrive as zeros and still count.
+__device__ __forceinline__ void tma_load_2d(void* dst, const CUtensorMap* map, int x, int y,
+                                            uint64_t* bar) {
+  asm volatile(
+      "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes"
+      " [%0], [%1, {%2, %3}], [%4];\n" ::"r"(smem_u32(dst)),
+      "l"(reinterpret_cast<uint64_t>(map)), "r"(x), "r"(y), "r"(smem_u32(bar))
+      : "memory");
+}
+#endif
+}  // namespace
+
+// BM x BN block tile and warps as gemm_mma_bf16; A (m, k) row-major and B stored (n, k), each
+// described by a tensor map with a (rows, BK) box and the 64-byte swizzle. Thread 0 starts the
+// copies of STAGES k tiles; every warp waits for stage kt % STAGES's barrier, computes, and after
+// the block has finished reading the stage, thread 0 refills it with tile kt + STAGES.
+template <int BM, int BN, int BK, int STAGES>
+__global__ void __launch_bounds__(kGemmMmaThreads, 1)
+    gemm_mma_bf16_tma(GemmArgs p, const __grid_constant__ CUtensorMap a_map,
+                      const __grid_constant__ CUtensorMap b_map) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  constexpr int WM = BM / kGemmMmaWarpsM, WN = BN / kGemmMmaWarpsN;
+  constexpr int MT = WM / 16, NT = WN / 8;
+  constexpr int kAElems = BM * BK, kStageElems = (BM + BN) * BK;
+  constexpr uint32_t kStageBytes = 2 * kStageElems;
+  static_assert(kStageBytes == kGemmTmaStageBytes && (2 * kAElems) % 1024 == 0,
+                "stages and the B tile stay 1024-byte aligned");
+  extern __shared__ __align__(16) unsigned char smem_raw[];
+  __shared__ __align__(8) uint64_t full[STAGES];
+  uint16_t* smem = reinterpret_cast<uint16_t*>(
+      (reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~static_cast<uintptr_t>(1023));
+  const int warp = threadIdx.x / 32;
+  const int warp_row = (warp / kGemmMmaWarpsN) * WM, warp_col = (warp % kGemmMmaWarpsN) * WN;
+  const int row0 = static_cast<int>(blockIdx.y) * BM, col0 = static_cast<int>(blockIdx.x) * BN;
+  const int64_t num_tiles = (p.k + BK - 1) / BK;
+  const auto issue = [&](int stage, int64_t kt) {
+    uint16_t* as = smem + stage * kStageElems;
+    mbarrier_arrive_expect_tx(&full[stage], kStageBytes);
+    tma_load_2d(as, &a_map, static_cast<int>(kt * BK), row0, &full[stage]);
+    tma_load_2d(as + kAElems, &b_map, static_cast<int>(kt * BK), col0, &full[stage]);
+  };
+  if (threadIdx.x == 0) {
+    for (int s = 0; s < STAGES; ++s) mbarrier_init(&full[s]);
+    // The initialized barriers visible to the async proxy (TMA) before any copy names them.
+    asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+    asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+  }
+  __syncthreads();
+  if (threadIdx.x == 0)
+    for (int64_t kt = 0; kt < STAGES && kt < num_tiles; ++kt) issue(static_cast<int>(kt), kt);
+  float acc[MT][NT][4] = {};
+  for (int64_t kt = 0; kt < num_tiles; ++kt) {
+    const int stage = static_cast<int>(kt % STAGES);
+    mbarrier_wait(&full[stage], static_cast<uint32_t>((kt / STAGES) & 1));
+    const uint16_t* as = smem + stage * kStageElems;
+    mma_compute_stage<MT, NT, BK, Swizzled64>(acc, as, as + kAElems, warp_row, warp_col);
+    __syncthreads();  // the whole block is done reading this stage before TMA overwrites it
+    if (threadIdx.x == 0 && kt + STAGES < num_tiles) issue(stage, kt + STAGES);
+  }
+  mma_store_tile(p, acc, row0 + warp_row, col0 + warp_col);
+#else
+  __trap();  // sm_90 only: gemm_supports refuses the rung on older devices
+#endif
+}
+
+namespace {
+using TensorMapEncoder = CUresult (*)(CUtensorMap*, CUtensorMapDataType, cuuint32_t, void*,
+                                      const cuuint64_t*, const cuuint64_t*, const cuuint32_t*,
+                                      const cuuint32_t*, CUtensorMapInterleave, CUtensorMapSwizzle,
+                                      CUtensorMapL2promotion, CUtensorMapFloatOOBfill);
+// cuTensorMapEncodeTiled from the driver, through the runtime (null where the driver lacks it).
+TensorMapEncoder tensor_map_encoder() {
+  static const TensorMapEncoder fn = [] {
+    void* f = nullptr;
+    cudaDriverEntryPointQueryResult q{};
+    if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &f, 12000, cudaEnableDefault,
+                                         &q) != cudaSuccess ||
+        q != cudaDriverEntryPointSuccess)
+      return static_cast<TensorMapEncoder>(nullptr);
+    return reinterpret_cast<TensorMapEncoder>(f);
+  }();
+  return fn;
+}
+// A (rows, cols) bf16 matrix with row stride ld elements, read in (box_rows, BK) boxes.
+bool encode_rows(CUtensorMap* map, const void* base, int64_t rows, int64_t cols, int64_t ld,
+                 int box_rows) {
+  const TensorMapEncoder encode = tensor_map_encoder();
+  if (encode == nullptr) return false;
+  const cuuint64_t dims[2] = {static_cast<cuuint64_t>(cols), static_cast<cuuint64_t>(rows)};
+  const cuuint64_t strides[1] = {static_cast<cuuint64_t>(ld) * 2};  // bytes, dim 1
+  const cuuint32_t box[2] = {static_cast<cuuint32_t>(kGemmMmaBk), static_cast<cuuint32_t>(box_rows)};
+  const cuuint32_t element_strides[2] = {1, 1};
+  return encode(map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, const_cast<void*>(base), dims, strides,
+                box, element_strides, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_64B,
+                CU_TENSOR_MAP_L2_PROMOTION_L2_128B,
+                CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
+}
+
+cudaError_t launch_gemm_tma(const GemmArgs& p, dim3 grid, dim3 block, size_t smem) {
+  CUtensorMap a_map{}, b_map{};
+  if (!encode_rows(&a_map, p.a, p.m, p.k, p.lda, kGemmMmaBm) ||
+      !encode_rows(&b_map, p.b, p.n, p.k, p.ldb, kGemmMmaBn))
+    return cudaErrorNotSupported;
+  const auto kernel = gemm_mma_bf16_tma<kGemmMmaBm, kGemmMmaBn, kGemmMmaBk, kGemmTmaStages>;
+  if (const cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                                 static_cast<int>(smem));
+      e != cudaSuccess)
+    return e;
+  kernel<<<grid, block, smem, launch_stream()>>>(p, a_map, b_map);
+  return cudaGetLastError();
+}
+}  // namespace
 
 // ---- launcher (checked params: kernels_cuda.cpp) ---------------------------------------------
 cudaError_t launch_gemm(const GemmArgs& p, GemmKernel kernel) {
@@ -320,6 +488,8 @@ cudaError_t launch_gemm(const GemmArgs& p, GemmKernel kernel) {
       gemm_mma_bf16<kGemmMmaBm, kGemmMmaBn, kGemmMmaBk, 2>
           <<<grid, block, smem, launch_stream()>>>(p);
       break;
+    case GemmKernel::kMmaTma:
+      return launch_gemm_tma(p, grid, block, smem);
     case GemmKernel::kAuto:
       return cudaErrorInvalidValue;
   }

@@ -22,8 +22,10 @@
 namespace kiln::cuda {
 
 // C = act(alpha·op(A)·op(B) + beta·C + bias) + residual, as ref::gemm, through rung `kernel`.
-// The mma rungs need bf16 A and B; kMmaCpAsync also needs A row-major and B stored (n, k)
-// (trans_a false, trans_b true), lda, ldb multiples of 8 and 16-byte aligned A and B.
+// The mma rungs need bf16 A and B; kMmaCpAsync and kMmaTma also need A row-major and B stored
+// (n, k) (trans_a false, trans_b true), lda, ldb multiples of 8 and 16-byte aligned A and B;
+// kMmaTma also an sm_90 device and k > 0. kAuto never picks kMmaTma until a device run has
+// measured it faster than kMmaCpAsync.
 Status gemm(const GemmParams& p, GemmKernel kernel = GemmKernel::kAuto);
 // Whether rung `kernel` takes these params; the message of the Unimplemented says why not.
 Status gemm_supports(const GemmParams& p, GemmKernel kernel);

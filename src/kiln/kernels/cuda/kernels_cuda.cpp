@@ -73,10 +73,28 @@ Status check_rope(const char* op, int64_t max_positions, int64_t batch, int64_t 
 // ---- GEMM -------------------------------------------------------------------------------------
 Status gemm_supports(const GemmParams& p, GemmKernel kernel) {
   const bool both_bf16 = p.a_dtype == DType::kBF16 && p.b_dtype == DType::kBF16;
-  if ((kernel == GemmKernel::kMma || kernel == GemmKernel::kMmaCpAsync) && !both_bf16)
+  const bool async_rung = kernel == GemmKernel::kMmaCpAsync || kernel == GemmKernel::kMmaTma;
+  if ((kernel == GemmKernel::kMma || async_rung) && !both_bf16)
     return unimplemented("[cuda::gemm] the {} rung needs bf16 A and B, got {} and {}",
                          gemm_kernel_name(kernel), dtype_name(p.a_dtype), dtype_name(p.b_dtype));
-  if (kernel == GemmKernel::kMmaCpAsync) {
+  if (kernel == GemmKernel::kMmaTma) {
+    int device = 0, major = 0;
+    if (cudaGetDevice(&device) != cudaSuccess ||
+        cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device) != cudaSuccess) {
+      cudaGetLastError();
+      return unimplemented("[cuda::gemm] the {} rung needs an sm_90 device; none is current",
+                           gemm_kernel_name(kernel));
+    }
+    if (major < 9)
+      return unimplemented("[cuda::gemm] the {} rung needs sm_90 (the Tensor Memory Accelerator), "
+                           "this device is sm_{}x",
+                           gemm_kernel_name(kernel), major);
+    if (p.k == 0 || p.m > int64_t{0x7fffffff} || p.n > int64_t{0x7fffffff})
+      return unimplemented("[cuda::gemm] the {} rung needs k > 0 and m, n below 2^31 (tensor-map "
+                           "dims and int32 box coordinates), got m={} n={} k={}",
+                           gemm_kernel_name(kernel), p.m, p.n, p.k);
+  }
+  if (async_rung) {
     const auto aligned = [](const void* ptr) { return reinterpret_cast<uintptr_t>(ptr) % 16 == 0; };
     if (p.trans_a || !p.trans_b)
       return unimplemented(

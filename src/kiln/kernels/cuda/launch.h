@@ -35,11 +35,12 @@ enum class GemmKernel {
   kPadded,         // the same with padded shared-memory rows (no bank conflicts on the stores)
   kMma,            // tensor cores: mma.sync m16n8k16 bf16 -> f32, 128x128x32 block tile
   kMmaCpAsync,     // the same, tiles fetched with cp.async into two buffers (sm_80+)
-  kAuto,           // the fastest that supports the params (kMmaCpAsync > kMma > kPadded)
+  kMmaTma,         // the same, tiles fetched by the Tensor Memory Accelerator into 4 stages (sm_90)
+  kAuto,           // the fastest measured that supports the params (kMmaCpAsync > kMma > kPadded)
 };
 inline constexpr GemmKernel kGemmLadder[] = {
-    GemmKernel::kNaive,  GemmKernel::kCoalesced, GemmKernel::kSmemTiled, GemmKernel::kRegisterTiled,
-    GemmKernel::kPadded, GemmKernel::kMma,       GemmKernel::kMmaCpAsync};
+    GemmKernel::kNaive,  GemmKernel::kCoalesced, GemmKernel::kSmemTiled,  GemmKernel::kRegisterTiled,
+    GemmKernel::kPadded, GemmKernel::kMma,       GemmKernel::kMmaCpAsync, GemmKernel::kMmaTma};
 
 // Tile of the shared-memory rung: 32x32 threads (1024, the block maximum), one C element each.
 inline constexpr int kGemmSmemTile = 32;
@@ -60,6 +61,24 @@ inline constexpr int kGemmMmaThreads = 32 * kGemmMmaWarpsM * kGemmMmaWarpsN;
 inline constexpr int64_t kGemmMmaStageBytes =
     int64_t{2} * (kGemmMmaBm + kGemmMmaBn) * (kGemmMmaBk + kGemmMmaPad);  // bf16: 2 bytes
 
+// The TMA rung (sm_90): the same 128x128x32 block tile and warps as the mma rungs, its tiles
+// copied by the Tensor Memory Accelerator: one thread starts a 2-D tile copy per operand and stage
+// (a CUtensorMap describes the matrix: dims, row stride, box, swizzle), an mbarrier in shared
+// memory counts the bytes as they land, and the warps wait on it. Four stages keep three tiles in
+// flight while the tensor cores work on the fourth. TMA writes a box densely (no padded rows), so
+// the 64-byte swizzle (each 64-byte row of BK = 32 bf16 as four 16-byte chunks, chunk c of row r
+// stored at c ^ ((r >> 1) & 3)) keeps the fragment loads conflict-free instead: the 8 rows a load
+// touches land in 8 distinct 4-bank groups. Stages start 1024-byte aligned (the swizzle repeats
+// every 512 bytes); the +1024 in the dynamic shared memory is the slack to align the base.
+inline constexpr int kGemmTmaStages = 4;
+inline constexpr int64_t kGemmTmaStageBytes = int64_t{2} * (kGemmMmaBm + kGemmMmaBn) * kGemmMmaBk;
+inline constexpr int64_t kGemmTmaSmemBytes = kGemmTmaStages * kGemmTmaStageBytes + 1024;
+// Element (r, k) of a TMA-staged (rows, 32) bf16 tile: dense 64-byte rows, chunk k / 8 swizzled.
+// constexpr, so the kernel (nvcc --expt-relaxed-constexpr) and the CPU tests share it.
+constexpr int gemm_tma_smem_index(int r, int k) {
+  return r * kGemmMmaBk + ((((k >> 3) ^ (r >> 1)) & 3) << 3) + (k & 7);
+}
+
 // One row per GemmKernel, in enum order (checked below): the name bench/ and errors print and
 // the variant the catalog (cuda_catalog.h) describes.
 struct GemmKernelInfo {
@@ -76,6 +95,8 @@ inline constexpr GemmKernelInfo kGemmKernelInfo[] = {
     {GemmKernel::kMma, "mma", "tiled 128x128x32, mma.sync bf16"},
     {GemmKernel::kMmaCpAsync, "mma-cp-async",
      "tiled 128x128x32, mma.sync bf16, cp.async double buffer"},
+    {GemmKernel::kMmaTma, "mma-tma",
+     "tiled 128x128x32, mma.sync bf16, TMA loads into 4 stages, 64-byte swizzle (sm_90)"},
     {GemmKernel::kAuto, "auto", "the fastest rung that takes the params"},
 };
 static_assert([] {
@@ -118,6 +139,10 @@ inline std::string gemm_kernel_symbol(GemmKernel k) {
       return mma(1);
     case GemmKernel::kMmaCpAsync:
       return mma(2);
+    case GemmKernel::kMmaTma:
+      return "kiln::cuda::gemm_mma_bf16_tma<" + std::to_string(kGemmMmaBm) + ", " +
+             std::to_string(kGemmMmaBn) + ", " + std::to_string(kGemmMmaBk) + ", " +
+             std::to_string(kGemmTmaStages) + ">";
     case GemmKernel::kAuto:
       break;
   }
@@ -150,6 +175,11 @@ inline LaunchConfig gemm_launch(GemmKernel k, int64_t m, int64_t n) {
       c.block_x = kGemmMmaThreads;
       c.grid_x = ceil_div(n, kGemmMmaBn), c.grid_y = ceil_div(m, kGemmMmaBm);
       c.smem_bytes = kGemmMmaStageBytes * (k == GemmKernel::kMmaCpAsync ? 2 : 1);
+      break;
+    case GemmKernel::kMmaTma:
+      c.block_x = kGemmMmaThreads;
+      c.grid_x = ceil_div(n, kGemmMmaBn), c.grid_y = ceil_div(m, kGemmMmaBm);
+      c.smem_bytes = kGemmTmaSmemBytes;
       break;
     case GemmKernel::kAuto:
       break;
