@@ -148,6 +148,7 @@ void run_forward_breakdown(const AttentionBenchOptions& opt, const std::vector<s
 
 void run_training_shapes(const AttentionBenchOptions& opt) {
   const int threads = num_threads();
+  cpu::maybe_autotune_first_use_flash(1024, 1024, kHeads);  // the tiles the header names are the ones timed
   if (!opt.json) {
     fmt::print("attention forward / forward+backward: causal, batch 1, {} heads, head_dim {}, {} threads; median of {}\n"
                "flash tiles (Br x Bc): {} ({})\n",

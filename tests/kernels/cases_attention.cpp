@@ -160,7 +160,8 @@ KILN_KERNEL_CASES(flash_attention_tiles) {
     for (int64_t tk : cpu::kFlashTileK) cands.push_back({tq, tk});
   std::vector<KernelCase> cases;
   for (size_t i = 0; i < cands.size(); ++i) {
-    const cpu::FlashTileChoice tiles{cands[i], cands[cands.size() - 1 - i]};
+    cpu::FlashTileChoice tiles{cands[i], cands[cands.size() - 1 - i]};
+    tiles.fwd.pack_v = i % 2 == 0;  // the forward with V in place and packed, each on half the tiles
     const auto run_with = [tiles](const AttnShape& a) {
       const cpu::FlashTileChoice saved = cpu::flash_tiles();
       cpu::set_flash_tiles(tiles);

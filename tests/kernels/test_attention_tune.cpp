@@ -95,7 +95,7 @@ TEST(FlashTune, SavedTilesAndGemmBlockingShareTheEntry) {
   GTEST_FLAG_SET(death_test_style, "threadsafe");
   const auto dir = std::filesystem::temp_directory_path() / "kiln_flash_tune_save";
   const std::string path = (dir / "nested" / "gemm_tune.json").string();  // directories are created
-  const cpu::FlashTileChoice want{{64, 256}, {128, 64}};
+  const cpu::FlashTileChoice want{{64, 256, /*pack_v=*/true}, {128, 64}};
   EXPECT_EXIT(
       {
         std::filesystem::remove_all(dir);

@@ -13,6 +13,7 @@
 #include <nlohmann/json.hpp>
 
 #include "kiln/core/cpu_features.h"
+#include "kiln/kernels/cpu/attention_tiles.h"
 #include "kiln/kernels/cpu/gemm_cpu.h"
 #include "kiln/kernels/gemm.h"
 
@@ -273,14 +274,43 @@ TEST(GemmAutotune, FirstLargeGemmTunesOnceAndSaves) {
     small.size = 128;
     small.reps = 1;
     small.quant_size = 256;
+    small.flash_seq = 128;
     cpu::set_first_use_autotune(arm, small);
     cpu::maybe_autotune_first_use(size, size, size);
-    std::exit(std::filesystem::exists(path) && cpu::gemm_blocking_source() == "tune file (autotune)" ? 0 : 1);
+    std::exit(std::filesystem::exists(path) && cpu::gemm_blocking_source() == "tune file (autotune)" &&
+                      cpu::flash_v_packing_in_tune_file()
+                  ? 0
+                  : 1);
   };
-  EXPECT_EXIT(run(true, 512, nullptr), ::testing::ExitedWithCode(0), "GEMM tuned in");
+  EXPECT_EXIT(run(true, 512, nullptr), ::testing::ExitedWithCode(0), "flash attention forward");
   EXPECT_EXIT(run(true, 256, nullptr), ::testing::ExitedWithCode(1), "");
   EXPECT_EXIT(run(false, 512, nullptr), ::testing::ExitedWithCode(1), "");
   EXPECT_EXIT(run(true, 512, "2"), ::testing::ExitedWithCode(1), "");
+  std::filesystem::remove(path);
+}
+
+// A large enough flash forward is a trigger too, and the V-packing choice it times is saved with
+// the tiles and read back as the forward's; a small one is not.
+TEST(GemmAutotune, FirstFlashForwardDecidesTheVPacking) {
+  GTEST_FLAG_SET(death_test_style, "threadsafe");
+  const std::string path = (std::filesystem::temp_directory_path() / "kiln_tune_first_flash.json").string();
+  auto run = [&](int64_t seq) {
+    std::filesystem::remove(path);
+    setenv("KILN_TUNE_FILE", path.c_str(), 1);
+    cpu::AutotuneOptions small;
+    small.size = 128;
+    small.reps = 1;
+    small.quant_size = 256;
+    small.flash_seq = 128;
+    cpu::set_first_use_autotune(true, small);
+    cpu::maybe_autotune_first_use_flash(seq, seq, 4);
+    if (!cpu::flash_v_packing_in_tune_file()) std::exit(1);
+    std::ifstream in(path);
+    const bool saved = nlohmann::json::parse(in).at("cpus").at(cpu::tune_cpu_key()).at("flash_attention").at("fwd").at("pack_v");
+    std::exit(saved == cpu::flash_tiles().fwd.pack_v && cpu::flash_tiles_source() == "tune file (autotune: V packing)" ? 0 : 2);
+  };
+  EXPECT_EXIT(run(512), ::testing::ExitedWithCode(0), "flash attention forward");
+  EXPECT_EXIT(run(256), ::testing::ExitedWithCode(1), "");
   std::filesystem::remove(path);
 }
 

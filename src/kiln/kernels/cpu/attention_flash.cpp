@@ -27,7 +27,8 @@ int64_t pad16(int64_t n) { return (n + 15) / 16 * 16; }
 }  // namespace
 
 int64_t flash_forward_scratch_floats(int64_t head_dim, FlashTiles t) {
-  return pad16(head_dim * t.q) + pad16(t.k * t.q) + pad16(t.q * head_dim) + 3 * t.q;
+  return pad16(head_dim * t.q) + pad16(t.k * t.q) + pad16(t.q * head_dim) + pad16(3 * t.q) +
+         (t.pack_v ? pad16(t.k * head_dim) : 0);
 }
 int64_t flash_backward_scratch_floats(int64_t head_dim, FlashTiles t) {
   return 2 * pad16(head_dim * t.q) + 2 * pad16(t.k * t.q) + 2 * t.q * head_dim;
@@ -385,6 +386,7 @@ void backward_seqs(const FlashShape& sh, const std::vector<FlashSeq>& seqs) {
 
 void attention_forward_flash(float* out, float* lse, const float* q, const float* k, const float* v,
                              const AttentionParams& p) {
+  maybe_autotune_first_use_flash(p.q_len, p.kv_len, p.n_heads);  // before the tiles are read
   trace::Scope kiln_trace_(trace::Category::kKernel, "attention_forward", [&](trace::Event& e) { describe_attention(e, p, attention_forward_cost(p), "flash"); });
   forward_seqs(shape_of(p, p.q_len, flash_tiles().fwd), batch_seqs(p, out, lse, q, k, v), p.num_splits);
 }

@@ -69,7 +69,7 @@ TileState& tile_state() {
 }
 
 FlashTiles tiles_from_json(const nlohmann::json& j) {
-  const FlashTiles t{j.at("q").get<int64_t>(), j.at("k").get<int64_t>()};
+  const FlashTiles t{j.at("q").get<int64_t>(), j.at("k").get<int64_t>(), j.value("pack_v", false)};
   if (!candidate(t)) throw std::runtime_error(fmt::format("{} is not a candidate", flash_tiles_name(t)));
   return t;
 }
@@ -114,7 +114,7 @@ constexpr double kMinGain = 0.04;
 
 bool is_flash_tile_candidate(FlashTiles t) { return candidate(t); }
 
-std::string flash_tiles_name(FlashTiles t) { return fmt::format("{}x{}", t.q, t.k); }
+std::string flash_tiles_name(FlashTiles t) { return fmt::format("{}x{}{}", t.q, t.k, t.pack_v ? " packed V" : ""); }
 
 // The cache model. A key tile's pass runs its products through one register-blocked
 // micro-kernel (6 rows × 64 columns of C in registers on AVX-512):
@@ -178,7 +178,7 @@ std::string flash_tiles_source() {
 Status save_flash_tuning(const std::string& source) {
   const FlashTileChoice t = flash_tiles();
   nlohmann::json f;
-  f["fwd"] = {{"q", t.fwd.q}, {"k", t.fwd.k}};
+  f["fwd"] = {{"q", t.fwd.q}, {"k", t.fwd.k}, {"pack_v", t.fwd.pack_v}};
   f["bwd"] = {{"q", t.bwd.q}, {"k", t.bwd.k}};
   f["source"] = source;
   Status st = merge_tune_entry({{"flash_attention", f}});
@@ -189,33 +189,74 @@ Status save_flash_tuning(const std::string& source) {
   return st;
 }
 
-FlashTuneResult autotune_flash_tiles(const FlashTuneOptions& opt) {
-  const double t_start = now_seconds();
+namespace {
+// A causal W5-shaped problem (T × heads of 64) to time the flash kernels on.
+struct TuneProblem {
   AttentionParams p;
-  p.q_len = p.kv_len = std::max<int64_t>(64, opt.seq_len);
-  p.n_heads = p.n_kv_heads = std::max<int64_t>(1, opt.heads);
-  p.head_dim = 64;
-  p.causal = true;
-  p = check_attention(p).value();
-  const int64_t n = p.q_len * p.n_heads * p.head_dim;
-  std::vector<float> q(static_cast<size_t>(n)), k(q.size()), v(q.size()), dout(q.size()), o(q.size()), dq(q.size()),
-      dk(q.size()), dv(q.size()), lse(static_cast<size_t>(p.n_heads * p.q_len));
-  Rng rng(1);
-  for (std::vector<float>* x : {&q, &k, &v, &dout}) rng.fill_uniform(*x);
-  const auto forward = [&] { attention_forward_flash(o.data(), lse.data(), q.data(), k.data(), v.data(), p); };
-  const auto backward = [&] {
+  std::vector<float> q, k, v, dout, o, dq, dk, dv, lse;
+  TuneProblem(int64_t seq_len, int64_t heads) {
+    p.q_len = p.kv_len = std::max<int64_t>(64, seq_len);
+    p.n_heads = p.n_kv_heads = std::max<int64_t>(1, heads);
+    p.head_dim = 64;
+    p.causal = true;
+    p = check_attention(p).value();
+    const auto n = static_cast<size_t>(p.q_len * p.n_heads * p.head_dim);
+    for (std::vector<float>* x : {&q, &k, &v, &dout, &o, &dq, &dk, &dv}) x->resize(n);
+    lse.resize(static_cast<size_t>(p.n_heads * p.q_len));
+    Rng rng(1);
+    for (std::vector<float>* x : {&q, &k, &v, &dout}) rng.fill_uniform(*x);
+  }
+  void forward() { attention_forward_flash(o.data(), lse.data(), q.data(), k.data(), v.data(), p); }
+  void backward() {
     attention_backward_flash(dq.data(), dk.data(), dv.data(), dout.data(), q.data(), k.data(), v.data(), o.data(),
                              lse.data(), p);
+  }
+};
+// The best of `reps` runs of f, in ms.
+template <class F>
+double best_ms(int reps, const F& f) {
+  double best = INFINITY;
+  for (int r = 0; r < std::max(1, reps); ++r) {
+    const double t0 = now_seconds();
+    f();
+    best = std::min(best, (now_seconds() - t0) * 1e3);
+  }
+  return best;
+}
+}  // namespace
+
+FlashPackResult autotune_flash_v_packing(int reps, int64_t seq_len) {
+  const double t_start = now_seconds();
+  TuneProblem pr(seq_len, 12);
+  FlashTileChoice c = flash_tiles();
+  const auto time_with = [&](bool pack) {
+    c.fwd.pack_v = pack;
+    set_flash_tiles(c);
+    pr.forward();  // warm-up: scratch, pages, clock
+    return best_ms(reps, [&] { pr.forward(); });
   };
-  const auto best_ms = [&](const auto& f) {
-    double best = INFINITY;
-    for (int r = 0; r < std::max(1, opt.reps); ++r) {
-      const double t0 = now_seconds();
-      f();
-      best = std::min(best, (now_seconds() - t0) * 1e3);
-    }
-    return best;
-  };
+  FlashPackResult r;
+  r.in_place_ms = time_with(false);
+  r.packed_ms = time_with(true);
+  r.pack_v = r.packed_ms < r.in_place_ms * (1 - kMinGain);
+  c.fwd.pack_v = r.pack_v;
+  set_flash_tiles(c);
+  r.seconds = now_seconds() - t_start;
+  return r;
+}
+
+bool flash_v_packing_in_tune_file() {
+  const Expected<nlohmann::json> entry = read_tune_entry();
+  if (!entry.ok() || !entry->is_object() || !entry->contains("flash_attention")) return false;
+  const nlohmann::json& f = entry->at("flash_attention");
+  return f.is_object() && f.contains("fwd") && f.at("fwd").is_object() && f.at("fwd").contains("pack_v");
+}
+
+FlashTuneResult autotune_flash_tiles(const FlashTuneOptions& opt) {
+  const double t_start = now_seconds();
+  TuneProblem pr(opt.seq_len, opt.heads);
+  const auto forward = [&] { pr.forward(); };
+  const auto backward = [&] { pr.backward(); };
   const FlashTileChoice base = default_flash_tiles();
   FlashTuneResult result;
   result.best = base;
@@ -232,7 +273,7 @@ FlashTuneResult autotune_flash_tiles(const FlashTuneOptions& opt) {
       set_flash_tiles(c);
       if (bwd) forward();  // the saved output and logsumexp (the backward reads them)
       bwd ? backward() : forward();  // warm-up: scratch, pages, clock
-      const double ms = bwd ? best_ms(backward) : best_ms(forward);
+      const double ms = bwd ? best_ms(opt.reps, backward) : best_ms(opt.reps, forward);
       if (opt.log)
         opt.log(fmt::format("  tune flash {} Br={:<3} Bc={:<3} {:8.2f} ms", bwd ? "bwd" : "fwd", t.q, t.k, ms));
       if (&t == &cands[0]) *default_out = ms;
@@ -244,6 +285,19 @@ FlashTuneResult autotune_flash_tiles(const FlashTuneOptions& opt) {
     *best_out = best;
   };
   sweep(false, &result.fwd_ms, &result.fwd_default_ms);
+  {  // the forward's winner with V packed
+    FlashTileChoice c = result.best;
+    c.fwd.pack_v = true;
+    set_flash_tiles(c);
+    forward();
+    const double ms = best_ms(opt.reps, forward);
+    if (opt.log)
+      opt.log(fmt::format("  tune flash fwd Br={:<3} Bc={:<3} {:8.2f} ms (V packed)", c.fwd.q, c.fwd.k, ms));
+    if (ms < result.fwd_ms * (1 - kMinGain)) {
+      result.fwd_ms = ms;
+      result.best.fwd.pack_v = true;
+    }
+  }
   if (opt.backward) sweep(true, &result.bwd_ms, &result.bwd_default_ms);
   set_flash_tiles(result.best);
   {

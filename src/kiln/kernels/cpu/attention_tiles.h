@@ -15,10 +15,18 @@ namespace kiln {
 struct AttentionParams;
 namespace cpu {
 
-// Queries per tile (Br) and keys per tile (Bc) of one pass.
+// Queries per tile (Br) and keys per tile (Bc) of one pass; for the forward also whether V_j is
+// copied into contiguous rows before P·V. In place its Bc rows sit n_kv_heads·D floats apart
+// (3 KiB at 12 × 64), so the tile's 256 lines fall into a quarter of L1's sets, more lines per
+// set than ways: P·V, which reads V_j once per 6 query rows, then streams it from L2. Packing
+// costs one copy per key tile. Which wins depends on the core, not on the cache sizes alone:
+// packed was 12-18% faster on an Intel Xeon (AVX-512 FMA at full width, 48 KiB 12-way L1) and
+// 5-14% slower on AMD Zen 4, so it is timed at first use (autotune_flash_v_packing) and kept in
+// the tune file; untuned, V stays in place. The backward packs its operands always.
 struct FlashTiles {
   int64_t q = 64;
   int64_t k = 64;
+  bool pack_v = false;  // forward only
   bool operator==(const FlashTiles&) const = default;
 };
 // The forward's and the backward's (they stream different operands and are swept apart).
@@ -33,7 +41,7 @@ struct FlashTileChoice {
 inline constexpr int64_t kFlashTileQ[] = {32, 64, 128};
 inline constexpr int64_t kFlashTileK[] = {64, 128, 256};
 bool is_flash_tile_candidate(FlashTiles t);
-std::string flash_tiles_name(FlashTiles t);  // "64x128" (Br x Bc)
+std::string flash_tiles_name(FlashTiles t);  // "64x128" (Br x Bc), "64x128 packed V"
 
 // The cache model (see attention_tiles.cpp for the reasoning and the machines it was checked on).
 FlashTileChoice flash_tiles_from_caches(const CacheGeometry& caches, int64_t head_dim);
@@ -69,6 +77,18 @@ struct FlashTuneResult {
 // the caller. 2.5-3 s at the default shape on the 2-core Zen 4 VM (~0.6 s of it the forward):
 // too long for the GEMM's first-use autotune, so only `kiln bench attention --tune` runs it.
 FlashTuneResult autotune_flash_tiles(const FlashTuneOptions& opt = {});
+
+// The forward's V packing timed both ways on this CPU (the current forward tiles, causal, T =
+// seq_len, 12 heads of 64, best of `reps`), the faster set (packing must win by 4%); ~0.1-0.2 s
+// at T = 1024. Part of the first-use autotune (gemm_cpu.h) when this CPU's tune-file entry has
+// no choice yet.
+struct FlashPackResult {
+  bool pack_v = false;
+  double in_place_ms = 0, packed_ms = 0, seconds = 0;
+};
+FlashPackResult autotune_flash_v_packing(int reps = 3, int64_t seq_len = 1024);
+// Whether this CPU's tune-file entry records the forward's V packing.
+bool flash_v_packing_in_tune_file();
 
 // ---- where a forward's time goes -----------------------------------------------------------------
 // Thread-seconds of each part of the query-tile forward, summed over threads: Q·Kᵀ (qk), the

@@ -115,6 +115,7 @@ struct AutotuneOptions {
   int reps = 3;         // best of
   std::function<void(const std::string&)> log;  // one line per candidate, when set
   int64_t quant_size = 2048;  // first use: K = N of the quantized tiles' search (quant_tiles.h)
+  int64_t flash_seq = 1024;   // first use: T of the flash forward's V-packing timing (attention_tiles.h)
 };
 struct AutotuneResult {
   GemmBlocking f32, bf16;
@@ -129,14 +130,17 @@ AutotuneResult autotune_gemm(const AutotuneOptions& opt = {});
 // Off by default in the library; `kiln` turns it on unless --no-autotune or KILN_AUTOTUNE=0.
 // When on, the first packed GEMM of >= 2 * 512^3 FLOPs or the first quantized GEMM (block or
 // weight-only) of a >= 512 x 512 weight, called outside the pool, runs the parts this CPU's
-// tune-file entry lacks: autotune_gemm() (no GEMM blocking yet) and autotune_quant_tiles()
-// (no quant_tiles yet; quant_tiles.h), and saves them (a line on stderr each). Together 1.5-4 s
+// tune-file entry lacks: autotune_gemm() (no GEMM blocking yet), autotune_quant_tiles()
+// (no quant_tiles yet; quant_tiles.h) and autotune_flash_v_packing() (no V packing choice and the
+// flash tiles on their cache model; attention_tiles.h), and saves them (a line on stderr each);
+// the first flash forward of >= 512 x 512 x 4 (queries x keys x heads) is a trigger too. Together 1.5-4 s
 // on the 2-core Zen 4 VM. Not under mpirun with several ranks (they would time each other):
 // there the model's blocking and the default tiles. `search` is what the searches time (tests
 // pass small problems; the triggers stay as above).
 void set_first_use_autotune(bool on, const AutotuneOptions& search = {});
 void maybe_autotune_first_use(int64_t m, int64_t n, int64_t k);
 void maybe_autotune_first_use_quant(int64_t out, int64_t in);
+void maybe_autotune_first_use_flash(int64_t q_len, int64_t kv_len, int64_t heads);
 // The searches call it: their own GEMMs must not start another search.
 void disarm_first_use_autotune();
 

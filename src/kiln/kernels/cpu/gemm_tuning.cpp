@@ -23,6 +23,7 @@
 #include "kiln/core/rng.h"
 #include "kiln/core/thread_pool.h"
 #include "kiln/kernels/cpu/gemm_amx.h"
+#include "kiln/kernels/cpu/attention_tiles.h"
 #include "kiln/kernels/cpu/gemm_cpu.h"
 #include "kiln/kernels/cpu/gemm_driver.h"
 #include "kiln/kernels/cpu/quant_tiles.h"
@@ -467,7 +468,8 @@ void run_first_use_search() {
     gemm_needed = !loaded_state(lock).has_entry;
   }
   const bool quant_needed = !quant_tiles_in_tune_file();
-  if (!gemm_needed && !quant_needed) return;
+  const bool flash_needed = !flash_v_packing_in_tune_file() && flash_tiles_source() == "cache model";
+  if (!gemm_needed && !quant_needed && !flash_needed) return;
   if (mpi_local_ranks() > 1) return;  // ranks on this machine would time each other: the defaults stay
   const AutotuneOptions& search = first_use_search();
   const auto print_saved = [](const Status& st) {
@@ -476,11 +478,13 @@ void run_first_use_search() {
     else
       fmt::print(stderr, "; not saved: {}\n", st.message());
   };
+  std::vector<std::string> what;
+  if (gemm_needed) what.push_back("GEMM cache blockings");
+  if (quant_needed) what.push_back("quantized GEMM tiles");
+  if (flash_needed) what.push_back("flash attention's V packing");
   fmt::print(stderr,
-             "kiln: first use on this CPU: timing {}{}{} once (a few seconds; --no-autotune or KILN_AUTOTUNE=0 "
-             "skips)\n",
-             gemm_needed ? "GEMM cache blockings" : "", gemm_needed && quant_needed ? " and " : "",
-             quant_needed ? "quantized GEMM tiles" : "");
+             "kiln: first use on this CPU: timing {} once (a few seconds; --no-autotune or KILN_AUTOTUNE=0 skips)\n",
+             fmt::join(what, " and "));
   if (gemm_needed) {
     const AutotuneResult r = autotune_gemm(search);
     const Status st = save_gemm_tuning("autotune");
@@ -500,6 +504,13 @@ void run_first_use_search() {
                r.seconds, num_threads(), quant_tiles_name(r.best));
     print_saved(st);
   }
+  if (flash_needed) {
+    const FlashPackResult r = autotune_flash_v_packing(search.reps, search.flash_seq);
+    const Status st = save_flash_tuning("autotune: V packing");
+    fmt::print(stderr, "kiln: flash attention forward {} V in {:.1f} s at {} thread(s): {:.2f} ms in place, {:.2f} ms packed",
+               r.pack_v ? "packs" : "reads in place", r.seconds, num_threads(), r.in_place_ms, r.packed_ms);
+    print_saved(st);
+  }
 }
 
 // Takes the first-use trigger once, from the first call large enough to be worth a search.
@@ -514,6 +525,10 @@ void first_use(bool large_enough) {
 
 void maybe_autotune_first_use(int64_t m, int64_t n, int64_t k) {
   first_use(static_cast<double>(m) * n * k >= 512.0 * 512 * 512);
+}
+
+void maybe_autotune_first_use_flash(int64_t q_len, int64_t kv_len, int64_t heads) {
+  first_use(static_cast<double>(q_len) * kv_len * heads >= 512.0 * 512 * 4);
 }
 
 void maybe_autotune_first_use_quant(int64_t out, int64_t in) {
