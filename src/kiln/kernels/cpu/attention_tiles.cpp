@@ -263,9 +263,12 @@ FlashTuneResult autotune_flash_tiles(const FlashTuneOptions& opt) {
   // One pass: the cache model's tiles first, then every other candidate.
   const auto sweep = [&](bool bwd, double* best_out, double* default_out) {
     std::vector<FlashTiles> cands{bwd ? base.bwd : base.fwd};
-    for (int64_t tq : kFlashTileQ)
-      for (int64_t tk : kFlashTileK)
-        if (FlashTiles{tq, tk} != cands[0]) cands.push_back({tq, tk});
+    for (bool pack_v : {false, true}) {  // the forward's tiles both ways (the backward always packs)
+      if (bwd && pack_v) break;
+      for (int64_t tq : kFlashTileQ)
+        for (int64_t tk : kFlashTileK)
+          if (FlashTiles{tq, tk, pack_v} != cands[0]) cands.push_back({tq, tk, pack_v});
+    }
     double best = INFINITY;
     for (const FlashTiles& t : cands) {
       FlashTileChoice c = result.best;
@@ -275,7 +278,8 @@ FlashTuneResult autotune_flash_tiles(const FlashTuneOptions& opt) {
       bwd ? backward() : forward();  // warm-up: scratch, pages, clock
       const double ms = bwd ? best_ms(opt.reps, backward) : best_ms(opt.reps, forward);
       if (opt.log)
-        opt.log(fmt::format("  tune flash {} Br={:<3} Bc={:<3} {:8.2f} ms", bwd ? "bwd" : "fwd", t.q, t.k, ms));
+        opt.log(fmt::format("  tune flash {} Br={:<3} Bc={:<3} {:8.2f} ms{}", bwd ? "bwd" : "fwd", t.q, t.k, ms,
+                            t.pack_v ? " (V packed)" : ""));
       if (&t == &cands[0]) *default_out = ms;
       if (ms < best * (1 - kMinGain)) {
         best = ms;
@@ -285,19 +289,6 @@ FlashTuneResult autotune_flash_tiles(const FlashTuneOptions& opt) {
     *best_out = best;
   };
   sweep(false, &result.fwd_ms, &result.fwd_default_ms);
-  {  // the forward's winner with V packed
-    FlashTileChoice c = result.best;
-    c.fwd.pack_v = true;
-    set_flash_tiles(c);
-    forward();
-    const double ms = best_ms(opt.reps, forward);
-    if (opt.log)
-      opt.log(fmt::format("  tune flash fwd Br={:<3} Bc={:<3} {:8.2f} ms (V packed)", c.fwd.q, c.fwd.k, ms));
-    if (ms < result.fwd_ms * (1 - kMinGain)) {
-      result.fwd_ms = ms;
-      result.best.fwd.pack_v = true;
-    }
-  }
   if (opt.backward) sweep(true, &result.bwd_ms, &result.bwd_default_ms);
   set_flash_tiles(result.best);
   {

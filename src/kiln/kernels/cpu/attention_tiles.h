@@ -72,10 +72,12 @@ struct FlashTuneResult {
   double fwd_default_ms = 0, bwd_default_ms = 0;  // of default_flash_tiles()
   double seconds = 0;
 };
-// Times every candidate on the current thread count, the cache model's choice first (a candidate
-// must beat the best by 4%, the VMs' run-to-run noise), sets the winners and leaves saving to
-// the caller. 2.5-3 s at the default shape on the 2-core Zen 4 VM (~0.6 s of it the forward):
-// too long for the GEMM's first-use autotune, so only `kiln bench attention --tune` runs it.
+// Times every candidate on the current thread count (the forward's each with V in place and
+// packed), the cache model's choice first (a candidate must beat the best by 4%, the VMs'
+// run-to-run noise), sets the winners and leaves saving to the caller. 2.5-3 s at the default
+// shape on the 2-core Zen 4 VM (~0.6 s of it the forward, before packing doubled its
+// candidates): too long for the first-use autotune, which times only the packing
+// (autotune_flash_v_packing); `kiln bench attention --tune` runs the sweep.
 FlashTuneResult autotune_flash_tiles(const FlashTuneOptions& opt = {});
 
 // The forward's V packing timed both ways on this CPU (the current forward tiles, causal, T =
