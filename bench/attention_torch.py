@@ -11,6 +11,9 @@ With --kiln PATH the same run times kiln's flash attention per T first (`kiln be
 `ratio: X` line per (T, pass): kiln flash speed over torch-sdpa's (time ratio sdpa / kiln).
 Prints JSON lines with kiln's keys.
 
+With --device cuda both sides run on the GPU (`kiln bench attention --device cuda`, torch's SDPA
+on CUDA tensors, timed with synchronizations); scripts/cuda-device-check.sh runs it there.
+
 Run (BENCH.md: OpenBLAS unpinned, threads set; PyPI torch in .venv-torch, see compare_pytorch.sh):
   env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE OMP_NUM_THREADS=2 \
       .venv-torch/bin/python bench/attention_torch.py --threads 2 --kiln build/kiln
@@ -37,19 +40,22 @@ def sdpa(q, k, v, mask):
     return torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
 
 
-def median_ms(fn, reps):
+def median_ms(fn, reps, sync=lambda: None):
     fn()
+    sync()
     times = []
     for _ in range(reps):
         t0 = time.perf_counter()
         fn()
+        sync()
         times.append(time.perf_counter() - t0)
     return statistics.median(times) * 1e3
 
 
-def kiln_rows(kiln, threads, T, reps):
+def kiln_rows(kiln, threads, T, reps, device):
     out = subprocess.run([kiln, "--threads", str(threads), "bench", "attention", "--part", "train", "--seq", str(T),
-                          "--reps", str(reps), "--json", "--no-naive"], check=True, capture_output=True, text=True).stdout
+                          "--reps", str(reps), "--json", "--no-naive", "--device", device],
+                         check=True, capture_output=True, text=True).stdout
     return [json.loads(l) for l in out.splitlines() if l.startswith("{")]
 
 
@@ -61,7 +67,12 @@ def main():
     has_sdpa = hasattr(torch.nn.functional, "scaled_dot_product_attention")
     ap.add_argument("--impl", default="naive,sdpa" if has_sdpa else "naive", help="naive, sdpa or both (comma-separated)")
     ap.add_argument("--kiln", default="", help="kiln binary: time its flash attention beside, per T")
+    ap.add_argument("--device", default="cpu", choices=["cpu", "cuda"], help="where both sides run")
     args = ap.parse_args()
+    if args.device == "cuda" and not torch.cuda.is_available():
+        print("attention_torch.py: skipped: --device cuda, but torch sees no CUDA device")
+        raise SystemExit(77)
+    sync = torch.cuda.synchronize if args.device == "cuda" else (lambda: None)
     impls = [x for x in args.impl.split(",") if x]
     for x in impls:
         if x not in ("naive", "sdpa"):
@@ -73,35 +84,37 @@ def main():
     rows = []
     for T in [int(x) for x in args.seq.split(",")]:
         if args.kiln:
-            for r in kiln_rows(args.kiln, args.threads, T, args.reps):
+            for r in kiln_rows(args.kiln, args.threads, T, args.reps, args.device):
                 print(json.dumps(r), flush=True)
                 rows.append(r)
         shape = (1, HEADS, T, HEAD_DIM)
-        q, k, v = (torch.rand(shape) * 2 - 1 for _ in range(3))
-        mask = torch.ones(T, T, dtype=torch.bool).triu(1)
+        q, k, v = (torch.rand(shape, device=args.device) * 2 - 1 for _ in range(3))
+        mask = torch.ones(T, T, dtype=torch.bool, device=args.device).triu(1)
         tt = HEADS * T * T * 4
         for impl in impls:
             fn = attention if impl == "naive" else sdpa
             with torch.no_grad():
-                fwd = median_ms(lambda: fn(q, k, v, mask), args.reps)
+                fwd = median_ms(lambda: fn(q, k, v, mask), args.reps, sync)
             qg, kg, vg = (x.clone().requires_grad_(True) for x in (q, k, v))
-            dout = torch.rand(shape)
+            dout = torch.rand(shape, device=args.device)
 
             def both():
                 fn(qg, kg, vg, mask).backward(dout)
 
-            fb = median_ms(both, args.reps)
+            fb = median_ms(both, args.reps, sync)
             # Naive forward: scores and masked scores, probabilities (3 T×T); backward adds their
             # gradients (2 more). SDPA's flash kernel keeps no T×T tensor: not computed here.
             for name, ms, extra in (("fwd", fwd, 3 * tt), ("fwd+bwd", fb, 5 * tt)):
                 r = {"bench": "attention", "impl": "torch-" + impl, "T": T, "pass": name, "ms": round(ms, 4),
                      "extra_bytes": extra if impl == "naive" else None, "extra_bytes_measured": False,
-                     "threads": args.threads, "heads": HEADS, "head_dim": HEAD_DIM, "torch": torch.__version__}
+                     "threads": args.threads, "heads": HEADS, "head_dim": HEAD_DIM, "torch": torch.__version__,
+                     "device": args.device}
                 print(json.dumps(r), flush=True)
                 rows.append(r)
     if args.kiln and "sdpa" in impls:
         ms = {(r["impl"], r["T"], r["pass"]): r["ms"] for r in rows}
-        print(f"\nkiln flash vs torch {torch.__version__} SDPA, causal fp32, {HEADS} heads x {HEAD_DIM}, {args.threads} thread(s)")
+        where = torch.cuda.get_device_name() if args.device == "cuda" else f"{args.threads} thread(s)"
+        print(f"\nkiln flash vs torch {torch.__version__} SDPA, causal fp32, {HEADS} heads x {HEAD_DIM}, {where}")
         for (impl, T, pss), kiln_ms in ms.items():
             if impl != "flash" or ("torch-sdpa", T, pss) not in ms:
                 continue

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "bench/bench_util.h"
+#include "bench/cuda_bench_util.h"
 #include "bench/gemm_cuda_bench.h"
 #include "kiln/core/device.h"
 #include "kiln/core/rng.h"
@@ -20,42 +21,15 @@
 namespace kiln::bench {
 namespace {
 
-// Milliseconds of one fn() on the default stream, by CUDA events around it.
-template <class F>
-float time_ms(F&& fn) {
-  cudaEvent_t start, stop;
-  cudaEventCreate(&start);
-  cudaEventCreate(&stop);
-  cudaEventRecord(start);
-  fn();
-  cudaEventRecord(stop);
-  cudaEventSynchronize(stop);
-  float ms = 0;
-  cudaEventElapsedTime(&ms, start, stop);
-  cudaEventDestroy(start);
-  cudaEventDestroy(stop);
-  return ms;
-}
-
 // Median ms of up to opt.reps runs after one warm-up, fewer when a run is slow.
 template <class F>
 double median_ms(const GemmCudaBenchOptions& opt, F&& fn) {
-  const float warm = time_ms(fn);
+  const float warm = cuda_event_ms(fn);
   const int reps = std::clamp(
       static_cast<int>(opt.max_seconds_per_rung * 1e3 / std::max(warm, 1e-3f)), 1, opt.reps);
   std::vector<double> ms;
-  for (int r = 0; r < reps; ++r) ms.push_back(time_ms(fn));
+  for (int r = 0; r < reps; ++r) ms.push_back(cuda_event_ms(fn));
   return summarize(ms).median;
-}
-
-double nmse(const std::vector<float>& expected, const std::vector<float>& actual) {
-  double num = 0, den = 0;
-  for (size_t i = 0; i < expected.size(); ++i) {
-    const double d = static_cast<double>(actual[i]) - expected[i];
-    num += d * d;
-    den += static_cast<double>(expected[i]) * expected[i];
-  }
-  return std::isfinite(num) ? num / std::max(den, 1e-300) : INFINITY;
 }
 
 std::vector<float> download(const Tensor& c) {

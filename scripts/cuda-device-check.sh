@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The CUDA backend's check on a machine with an NVIDIA GPU (sm_80 or sm_90): builds kiln with
 # CUDA, runs the CUDA tests (ctest -L cuda: every kernel against its scalar reference) and the
-# GEMM ladder beside cuBLAS at 1024..8192, bf16 and f32, and the launch-cost table (launches,
+# GEMM ladder beside cuBLAS at 1024..8192, bf16 and f32, the flash attention forward and
+# forward+backward (beside PyTorch's SDPA on the GPU where python has torch), the launch-cost table (launches,
 # syncs, CUDA graph replay, pinned copies, a copy beside a GEMM on two streams), and Triton's GEMM
 # and RMSNorm beside torch where python has both (bench/triton_kernels.py). Meant to finish in
 # about 10 minutes on an H200. Exits 77 (with the reason) when there is no GPU to check on.
@@ -34,12 +35,26 @@ start=$(date +%s)
 echo "cuda-device-check: GEMM ladder $(( $(date +%s) - start )) s"
 
 start=$(date +%s)
+"$BUILD_DIR/kiln" bench attention --device cuda --seq 1024,2048,4096 --reps 5 || status=1
+echo "cuda-device-check: flash attention $(( $(date +%s) - start )) s"
+
+start=$(date +%s)
 "$BUILD_DIR/kiln" bench launch --device cuda --launches 2000 --reps 5 || status=1
 echo "cuda-device-check: launch cost, graphs, streams $(( $(date +%s) - start )) s"
 
-# Triton's GEMM and RMSNorm beside torch (cuBLAS) where this machine's python has both
-# (bench/triton_kernels.py; PYTHON=... picks the interpreter).
+# PyTorch's SDPA beside kiln's flash attention, and Triton's GEMM and RMSNorm beside torch
+# (cuBLAS), where this machine's python has them (PYTHON=... picks the interpreter).
 PYTHON=${PYTHON:-python3}
+if "$PYTHON" -c "import torch" 2> /dev/null; then
+  start=$(date +%s)
+  rc=0
+  "$PYTHON" bench/attention_torch.py --device cuda --impl sdpa --kiln "$BUILD_DIR/kiln" --seq 1024,2048,4096 \
+    --reps 5 || rc=$?
+  [ "$rc" -eq 0 ] || [ "$rc" -eq 77 ] || status=1
+  echo "cuda-device-check: flash attention vs SDPA $(( $(date +%s) - start )) s"
+else
+  echo "cuda-device-check: SDPA rows skipped ($PYTHON lacks torch)"
+fi
 if "$PYTHON" -c "import torch, triton" 2> /dev/null; then
   start=$(date +%s)
   "$PYTHON" bench/triton_kernels.py --bench --sizes "$SIZES" || status=1

@@ -3,9 +3,11 @@
 // split-KV decode latency; the code lives in bench/attention_bench.cpp.
 #include <cstdlib>
 #include <memory>
+#include <string>
 
 #include "apps/kiln/commands.h"
 #include "bench/attention_bench.h"
+#include "bench/attention_cuda_bench.h"
 
 namespace kiln::app {
 
@@ -25,8 +27,22 @@ void register_bench_attention(CLI::App& app) {
   cmd->add_flag("--tune", opt->tune,
                 "Sweep the flash tiles (Br x Bc) first, forward and backward, and save the fastest in the tune file");
   cmd->add_option("--tune-seq", opt->tune_seq, "T of the tile sweep")->check(CLI::Range(64, 1 << 16));
-  cmd->callback([opt] {
-    const int rc = bench::run_attention_bench(*opt);
+  auto device = std::make_shared<std::string>("cpu");
+  cmd->add_option("--device", *device,
+                  "cpu (default) | cuda: the CUDA flash forward and forward+backward, checked against the CPU "
+                  "kernels (T default 1024,2048,4096; bench/attention_torch.py --device cuda adds SDPA)")
+      ->check(CLI::IsMember({"cpu", "cuda"}));
+  cmd->callback([opt, device] {
+    int rc = 0;
+    if (*device == "cuda") {
+      bench::AttentionCudaBenchOptions c;
+      if (!opt->seq_lens.empty()) c.seq_lens = opt->seq_lens;
+      c.reps = opt->reps;
+      c.json = opt->json;
+      rc = bench::run_attention_cuda_bench(c);
+    } else {
+      rc = bench::run_attention_bench(*opt);
+    }
     if (rc != 0) std::exit(rc);
   });
 }
