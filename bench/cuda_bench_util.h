@@ -1,5 +1,6 @@
-// What the CUDA benchmarks (*_cuda.cpp in bench/) share: a kernel's time by CUDA events and the
-// normalized error of a device result against a reference. Included only by CUDA-built files.
+// What the CUDA benchmarks (*_cuda.cpp in bench/) share: a kernel's time by CUDA events, a
+// device tensor's values on the host, and the normalized error of a device result against a
+// reference. Included only by CUDA-built files.
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -7,6 +8,9 @@
 #include <algorithm>
 #include <cmath>
 #include <vector>
+
+#include "kiln/core/device.h"
+#include "kiln/core/tensor.h"
 
 namespace kiln::bench {
 
@@ -25,6 +29,12 @@ float cuda_event_ms(F&& fn) {
   cudaEventDestroy(start);
   cudaEventDestroy(stop);
   return ms;
+}
+
+// A device tensor's values as f32 on the host, after the device's queued work.
+inline std::vector<float> host_floats(const Tensor& t) {
+  cudaDeviceSynchronize();
+  return t.to(Device::kHost).value().to_floats();
 }
 
 // Σ(actual − expected)² / Σ expected²; +inf when the result holds a non-finite value.

@@ -32,11 +32,6 @@ double median_ms(const GemmCudaBenchOptions& opt, F&& fn) {
   return summarize(ms).median;
 }
 
-std::vector<float> download(const Tensor& c) {
-  cudaDeviceSynchronize();
-  return c.to(Device::kHost).value().to_floats();
-}
-
 struct Row {
   std::string dtype, kernel, status;
   int size = 0;
@@ -87,7 +82,7 @@ int bench_one(cublasHandle_t handle, int size, DType dtype, const GemmCudaBenchO
     std::fprintf(stderr, "cublasGemmEx failed: %s\n", cublasGetStatusString(cs));
     return 1;
   }
-  const std::vector<float> expected = download(c);
+  const std::vector<float> expected = host_floats(c);
   print_row({std::string(dtype_name(dtype)), "cublas", "peer", size, peer_ms,
              flops / (peer_ms * 1e6), 1.0, 0.0},
             opt.json);
@@ -116,7 +111,7 @@ int bench_one(cublasHandle_t handle, int size, DType dtype, const GemmCudaBenchO
       ++failures;
       continue;
     }
-    row.nmse = nmse(expected, download(c));
+    row.nmse = nmse(expected, host_floats(c));
     // f32 accumulation in another order: ~1e-12; a wrong index or race: ~1.
     if (row.nmse > 1e-6) {
       row.status = "WRONG";

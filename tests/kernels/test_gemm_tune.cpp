@@ -261,6 +261,16 @@ TEST(GemmTune, AbsentFileMeansDefaults) {
               ::testing::ExitedWithCode(0), "");
 }
 
+// What the first-use tests search: the trigger is the call's size; the search itself stays quick.
+cpu::AutotuneOptions small_search() {
+  cpu::AutotuneOptions small;
+  small.size = 128;
+  small.reps = 1;
+  small.quant_size = 256;
+  small.flash_seq = 128;
+  return small;
+}
+
 // The first-use trigger: armed and without an entry for this CPU, a large GEMM runs the search
 // once and saves it; small GEMMs, an unarmed library and several MPI ranks never do.
 TEST(GemmAutotune, FirstLargeGemmTunesOnceAndSaves) {
@@ -270,12 +280,7 @@ TEST(GemmAutotune, FirstLargeGemmTunesOnceAndSaves) {
     std::filesystem::remove(path);
     setenv("KILN_TUNE_FILE", path.c_str(), 1);
     if (ranks) setenv("OMPI_COMM_WORLD_LOCAL_SIZE", ranks, 1);
-    cpu::AutotuneOptions small;  // the trigger is the call's size; the search itself stays quick
-    small.size = 128;
-    small.reps = 1;
-    small.quant_size = 256;
-    small.flash_seq = 128;
-    cpu::set_first_use_autotune(arm, small);
+    cpu::set_first_use_autotune(arm, small_search());
     cpu::maybe_autotune_first_use(size, size, size);
     std::exit(std::filesystem::exists(path) && cpu::gemm_blocking_source() == "tune file (autotune)" &&
                       cpu::flash_v_packing_in_tune_file()
@@ -297,12 +302,7 @@ TEST(GemmAutotune, FirstFlashForwardDecidesTheVPacking) {
   auto run = [&](int64_t seq) {
     std::filesystem::remove(path);
     setenv("KILN_TUNE_FILE", path.c_str(), 1);
-    cpu::AutotuneOptions small;
-    small.size = 128;
-    small.reps = 1;
-    small.quant_size = 256;
-    small.flash_seq = 128;
-    cpu::set_first_use_autotune(true, small);
+    cpu::set_first_use_autotune(true, small_search());
     cpu::maybe_autotune_first_use_flash(seq, seq, 4);
     if (!cpu::flash_v_packing_in_tune_file()) std::exit(1);
     std::ifstream in(path);

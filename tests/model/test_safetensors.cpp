@@ -11,6 +11,7 @@
 #include "kiln/core/file_io.h"
 #include "kiln/model/safetensors.h"
 #include "kiln/model/weights.h"
+#include "tests/temp_dir.h"
 
 namespace kiln {
 namespace {
@@ -155,12 +156,6 @@ TEST(Safetensors, ErrorsNameTheRuleAndTheTensor) {
 }
 
 // ---- the file-backed reader and load_model ---------------------------------------------------
-fs::path tmp_dir(const char* name) {
-  fs::path p = fs::temp_directory_path() / name;
-  fs::remove_all(p);
-  fs::create_directories(p);
-  return p;
-}
 
 ModelConfig tiny_llama(int64_t layers = 2) {
   ModelConfig c;

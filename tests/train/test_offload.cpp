@@ -13,20 +13,15 @@
 #include "kiln/perf/memory_model.h"
 #include "kiln/train/offload.h"
 #include "kiln/train/trainer.h"
+#include "tests/temp_dir.h"
 
 namespace kiln {
 namespace {
 
 namespace fs = std::filesystem;
-fs::path fresh_dir(const char* name) {
-  fs::path p = fs::temp_directory_path() / name;
-  fs::remove_all(p);
-  fs::create_directories(p);
-  return p;
-}
 
 TEST(OffloadedMoments, StreamRoundTripsAndCountsBytes) {
-  const fs::path dir = fresh_dir("kiln_offload_stream");
+  const fs::path dir = tmp_dir("kiln_offload_stream");
   const int64_t n = 5000;  // 1024-float chunks: four whole, one partial
   auto s = OffloadedMoments::create(dir.string(), n, 1000).value();
   EXPECT_EQ(s->chunk_floats(), 1024);  // rounded up to whole 4 KiB blocks
@@ -64,7 +59,7 @@ TEST(OffloadedMoments, StreamRoundTripsAndCountsBytes) {
 }
 
 TEST(OffloadedMoments, BadDirectoriesAreNamed) {
-  const fs::path dir = fresh_dir("kiln_offload_bad");
+  const fs::path dir = tmp_dir("kiln_offload_bad");
   auto missing = OffloadedMoments::create((dir / "nope").string(), 100);
   ASSERT_FALSE(missing.ok());
   EXPECT_EQ(missing.status().code(), StatusCode::kNotFound);
@@ -120,7 +115,7 @@ TEST(OffloadedMoments, TrainingMatchesTheMomentsInMemory) {
   auto model = Transformer::create(small_llama(), 7).value();
   Trainer t(*model, data, nullptr, o);
   ASSERT_GT(model->num_params(), 4 * 1024);  // many chunks, most pieces cut by one
-  ASSERT_TRUE(t.offload_optimizer_state(fresh_dir("kiln_offload_train").string(), 1024).ok());
+  ASSERT_TRUE(t.offload_optimizer_state(tmp_dir("kiln_offload_train").string(), 1024).ok());
   ASSERT_NE(t.offloaded_moments(), nullptr);
   const int64_t moved = 2 * t.offloaded_moments()->file_bytes();
   bool clipped = false;
@@ -136,7 +131,7 @@ TEST(OffloadedMoments, TrainingMatchesTheMomentsInMemory) {
   int64_t differ = 0;
   for (size_t i = 0; i < model->params().size(); ++i) differ += model->params()[i] != ref_model->params()[i];
   EXPECT_EQ(differ, 0);
-  EXPECT_FALSE(t.offload_optimizer_state(fresh_dir("kiln_offload_train2").string()).ok());  // already offloaded
+  EXPECT_FALSE(t.offload_optimizer_state(tmp_dir("kiln_offload_train2").string()).ok());  // already offloaded
 }
 
 // A checkpoint written with the moments in a file resumes in memory, and the other way round,
@@ -147,7 +142,7 @@ TEST(OffloadedMoments, CheckpointsMoveBetweenFileAndMemory) {
   const TrainOptions o = options();
   auto straight_model = Transformer::create(small_llama(), 3).value();
   const auto straight = train(*straight_model, data, nullptr, o, nullptr);
-  const fs::path dir = fresh_dir("kiln_offload_ckpt");
+  const fs::path dir = tmp_dir("kiln_offload_ckpt");
   const std::string a = (dir / "a.bin").string(), b = (dir / "b.bin").string();
   {
     auto m = Transformer::create(small_llama(), 3).value();
@@ -177,12 +172,12 @@ TEST(OffloadedMoments, TheMomentsMemoryIsGivenBack) {
   auto m = Transformer::create(small_llama(), 3).value();
   Trainer t(*m, data, nullptr, o);
   const int64_t before = default_allocator().stats().bytes_in_use;
-  ASSERT_TRUE(t.offload_optimizer_state(fresh_dir("kiln_offload_mem").string(), 1024).ok());
+  ASSERT_TRUE(t.offload_optimizer_state(tmp_dir("kiln_offload_mem").string(), 1024).ok());
   const int64_t after = default_allocator().stats().bytes_in_use;
   EXPECT_GE(before - after, 2 * 4 * m->num_params());  // m and v, each 4 bytes a parameter
   o.graph_capture = true;  // a captured step writes the moments in place: refused
   Trainer captured(*m, data, nullptr, o);
-  const Status st = captured.offload_optimizer_state(fresh_dir("kiln_offload_mem2").string());
+  const Status st = captured.offload_optimizer_state(tmp_dir("kiln_offload_mem2").string());
   EXPECT_FALSE(st.ok());
   EXPECT_NE(st.message().find("graph capture"), std::string::npos);
 }

@@ -10,17 +10,12 @@
 #include "kiln/serve/sampler.h"
 #include "kiln/train/data.h"
 #include "kiln/train/trainer.h"
+#include "tests/temp_dir.h"
 
 namespace kiln {
 namespace {
 
 namespace fs = std::filesystem;
-fs::path tmp_dir(const char* name) {
-  fs::path p = fs::temp_directory_path() / name;
-  fs::remove_all(p);
-  fs::create_directories(p);
-  return p;
-}
 
 TEST(Shards, RoundTripAndCorruption) {
   const fs::path dir = tmp_dir("kiln_shards");

@@ -62,8 +62,7 @@ Status parse_loss_scale(const TrainRunOptions& o, TrainOptions& t) {
 // machine is one clear error, not an allocator abort minutes later.
 Status check_train_memory(const ModelConfig& cfg, const TrainOptions& t, bool offload_optimizer) {
   perf::MemoryPrediction pred = perf::predict_memory(cfg, t.batch, t.seq_len, t.precision, t.checkpoint);
-  if (offload_optimizer)
-    perf::offload_optimizer_state(pred, OffloadedMoments::staging_bytes_for(OffloadedMoments::kDefaultChunkFloats));
+  if (offload_optimizer) perf::offload_optimizer_state(pred, OffloadedMoments::staging_bytes_for());
   const long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGESIZE);
   if (pages <= 0 || page <= 0) return {};
   const double ram = static_cast<double>(pages) * static_cast<double>(page);
@@ -242,7 +241,7 @@ void memory_report(const TrainRunOptions& o, const ModelConfig& cfg, const Train
                    const RunOutput& out) {
   const AllocatorStats st = default_allocator().stats();
   perf::MemoryPrediction pred = perf::predict_memory(cfg, t.batch, t.seq_len, t.precision, t.checkpoint);
-  const int64_t staging = OffloadedMoments::staging_bytes_for(OffloadedMoments::kDefaultChunkFloats);
+  const int64_t staging = OffloadedMoments::staging_bytes_for();
   if (!o.offload_optimizer.empty()) perf::offload_optimizer_state(pred, staging);
   const auto mib = [](double b) { return b / 1048576.0; };
   out.print("{}", perf::format_memory_prediction(pred));
@@ -375,12 +374,10 @@ std::string format_progress(const StepStats& s, int64_t total_steps, const Progr
     scaling += fmt::format(" | mem {:.0f} MiB/rank | comm {:.0f} ms, exposed {:.0f}%", mib, s.comm.comm_seconds * 1e3,
                            s.comm.comm_seconds > 0 ? 100.0 * s.comm.exposed_seconds / s.comm.comm_seconds : 0.0);
   }
-  if (s.offload.bytes_read + s.offload.bytes_written > 0)  // offloaded moments: traffic, and what the update waited
-    scaling += fmt::format(" | offload {:.0f} MiB, {:.2f} GB/s, exposed {:.0f} ms",
-                           static_cast<double>(s.offload.bytes_read + s.offload.bytes_written) / (1 << 20),
-                           s.offload.io_seconds > 0
-                               ? static_cast<double>(s.offload.bytes_read + s.offload.bytes_written) / s.offload.io_seconds / 1e9
-                               : 0.0,
+  // Offloaded moments: the step's traffic, its rate, and what the update waited for.
+  if (const auto moved = static_cast<double>(s.offload.bytes_read + s.offload.bytes_written); moved > 0)
+    scaling += fmt::format(" | offload {:.0f} MiB, {:.2f} GB/s, exposed {:.0f} ms", moved / (1 << 20),
+                           s.offload.io_seconds > 0 ? moved / s.offload.io_seconds / 1e9 : 0.0,
                            s.offload.exposed_seconds * 1e3);
   if (s.moe.blocks > 0) {  // MoE: the router losses, the load (max / mean tokens per expert), drops
     scaling += fmt::format(" | aux {:.3f} z {:.2f} load {:.2f}x drop {:.1f}%", s.moe.aux_mean(), s.moe.z_mean(),

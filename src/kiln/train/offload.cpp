@@ -57,7 +57,7 @@ Expected<std::unique_ptr<OffloadedMoments>> OffloadedMoments::create(const std::
   std::unique_ptr<OffloadedMoments> s(new OffloadedMoments());
   s->dir_ = dir;
   s->n_ = n;
-  s->chunk_ = (chunk_floats + 1023) / 1024 * 1024;
+  s->chunk_ = whole_blocks(chunk_floats);
   int err = 0;
   s->fd_ = open_unnamed(dir, true, &err);
   s->direct_ = s->fd_ >= 0;
@@ -126,7 +126,7 @@ void OffloadedMoments::io_loop() {
       j = queue_.front();
       queue_.pop_front();
     }
-    char* buf = reinterpret_cast<char*>(staging_ + static_cast<int64_t>(j.stage) * 2 * chunk_);
+    char* buf = reinterpret_cast<char*>(stage_of(j.chunk));
     const off_t at = static_cast<off_t>(j.chunk * bytes);
     const auto t0 = std::chrono::steady_clock::now();
     int64_t moved = 0;
@@ -168,7 +168,7 @@ Status OffloadedMoments::stream(const std::function<void(int64_t, int64_t, float
   std::vector<uint64_t> read_ticket(static_cast<size_t>(chunks));
   const auto read = [&](int64_t c) {
     read_ticket[static_cast<size_t>(c)] = ++submitted_;
-    submit({false, c, static_cast<int>(c % kStages), submitted_});
+    submit({false, c, submitted_});
   };
   // Two reads ahead of the update; with the write behind it, three buffers are in use.
   for (int64_t c = 0; c < std::min<int64_t>(chunks, kStages - 1); ++c) read(c);
@@ -176,10 +176,10 @@ Status OffloadedMoments::stream(const std::function<void(int64_t, int64_t, float
   for (int64_t c = 0; c < chunks; ++c) {
     status = wait_for(read_ticket[static_cast<size_t>(c)]);
     if (!status.ok()) break;
-    float* m = staging_ + (c % kStages) * 2 * chunk_;
+    float* m = stage_of(c);
     const int64_t begin = c * chunk_;
     fn(begin, std::min(chunk_, n_ - begin), m, m + chunk_);
-    if (write_back) submit({true, c, static_cast<int>(c % kStages), ++submitted_});
+    if (write_back) submit({true, c, ++submitted_});
     // Chunk c + 2's buffer was chunk c - 1's, whose write was queued before this read.
     if (c + kStages - 1 < chunks) read(c + kStages - 1);
   }

@@ -58,8 +58,8 @@ class OffloadedMoments {
   bool direct_io() const { return direct_; }
   const std::string& dir() const { return dir_; }
   int64_t staging_bytes() const { return staging_bytes_for(chunk_); }
-  static int64_t staging_bytes_for(int64_t chunk_floats) {
-    return static_cast<int64_t>(kStages) * 2 * ((chunk_floats + 1023) / 1024 * 1024) * 4;
+  static int64_t staging_bytes_for(int64_t chunk_floats = kDefaultChunkFloats) {
+    return static_cast<int64_t>(kStages) * 2 * whole_blocks(chunk_floats) * 4;
   }
   int64_t file_bytes() const { return num_chunks() * 2 * chunk_ * 4; }
 
@@ -76,11 +76,14 @@ class OffloadedMoments {
 
  private:
   OffloadedMoments() = default;
+  // Floats rounded up to whole 4 KiB blocks (1024 floats).
+  static int64_t whole_blocks(int64_t floats) { return (floats + 1023) / 1024 * 1024; }
+  // The staging buffer [m | v] chunk c passes through.
+  float* stage_of(int64_t chunk) const { return staging_ + (chunk % kStages) * 2 * chunk_; }
 
   struct Job {
     bool write = false;
     int64_t chunk = 0;
-    int stage = 0;
     uint64_t ticket = 0;
   };
   void io_loop();

@@ -183,6 +183,13 @@ void Trainer::step_body(float loss_scale) {
 }
 
 namespace {
+// Piece k's moments sit at [at[k], at[k] + n) of the concatenation.
+std::vector<int64_t> piece_starts(const std::vector<OptimizerPiece>& pieces) {
+  std::vector<int64_t> at(pieces.size());
+  for (size_t k = 1; k < pieces.size(); ++k) at[k] = at[k - 1] + pieces[k - 1].n;
+  return at;
+}
+
 AdamWConfig piece_adamw(const TrainOptions& o, double lr, bool decay) {
   AdamWConfig cfg;
   cfg.lr = lr;
@@ -192,27 +199,29 @@ AdamWConfig piece_adamw(const TrainOptions& o, double lr, bool decay) {
   return cfg;
 }
 
-// Piece indices in the order of their moments (state_offset).
-std::vector<size_t> by_state_offset(std::span<const OptimizerPiece> pieces) {
-  std::vector<size_t> order(pieces.size());
-  for (size_t k = 0; k < order.size(); ++k) order[k] = k;
-  std::sort(order.begin(), order.end(),
-            [&](size_t a, size_t b) { return pieces[a].state_offset < pieces[b].state_offset; });
-  return order;
-}
-
-// fn(k, i, j, len) for every piece k (in `order`) whose moments overlap the chunk of moments
-// [begin, begin + count): the piece's elements [i, i + len) are the chunk's [j, j + len).
-template <class Fn>
-void for_overlaps(std::span<const OptimizerPiece> pieces, const std::vector<size_t>& order, int64_t begin,
-                  int64_t count, const Fn& fn) {
-  for (const size_t k : order) {
-    const OptimizerPiece& p = pieces[k];
-    const int64_t lo = std::max(begin, p.state_offset), hi = std::min(begin + count, p.state_offset + p.n);
-    if (lo < hi) fn(k, lo - p.state_offset, lo - begin, hi - lo);
-  }
-}
 }  // namespace
+
+// fn(k, i, len, m, v) for every part of the pieces' moments, where they live: in memory each
+// piece whole (i = 0, len = n); offloaded, the part of piece k that each chunk holds, as the
+// file streams past in order (elements [i, i + len) of the piece). m and v point at the part's
+// moments; with write_back the chunks go back to the file after fn.
+template <class Fn>
+Status Trainer::visit_moments(std::span<const OptimizerPiece> pieces, bool write_back, const Fn& fn) const {
+  if (!offload_) {
+    for (size_t k = 0; k < pieces.size(); ++k)
+      fn(k, 0, pieces[k].n, m_.data<float>() + pieces[k].state_offset, v_.data<float>() + pieces[k].state_offset);
+    return {};
+  }
+  return offload_->stream(
+      [&](int64_t begin, int64_t count, float* m, float* v) {
+        for (size_t k = 0; k < pieces.size(); ++k) {
+          const OptimizerPiece& p = pieces[k];
+          const int64_t lo = std::max(begin, p.state_offset), hi = std::min(begin + count, p.state_offset + p.n);
+          if (lo < hi) fn(k, lo - p.state_offset, hi - lo, m + (lo - begin), v + (lo - begin));
+        }
+      },
+      write_back);
+}
 
 // AdamW over this rank's pieces, after the clip factor. In memory each piece is one node of
 // the step (captured with it); offloaded, the moments stream past chunk by chunk and each
@@ -227,14 +236,13 @@ void Trainer::optimizer_update() {
     if (state_.clip != 1.0f)
       for (const OptimizerPiece& p : pieces)
         for (int64_t i = 0; i < p.n; ++i) p.grads[i] *= state_.clip;
-    const std::vector<size_t> order = by_state_offset(pieces);
     offload_->take_stats();  // what a checkpoint read or wrote is not the step's
-    const Status st = offload_->stream([&](int64_t begin, int64_t count, float* m, float* v) {
-      for_overlaps(pieces, order, begin, count, [&](size_t k, int64_t i, int64_t j, int64_t len) {
-        const OptimizerPiece& p = pieces[k];
-        cpu::adamw_step(p.params + i, p.grads + i, m + j, v + j, len, piece_adamw(o_, state_.lr, p.decay), step_);
-      });
-    });
+    const Status st = visit_moments(pieces, /*write_back=*/true,
+                                    [&](size_t k, int64_t i, int64_t len, float* m, float* v) {
+                                      const OptimizerPiece& p = pieces[k];
+                                      cpu::adamw_step(p.params + i, p.grads + i, m, v, len,
+                                                      piece_adamw(o_, state_.lr, p.decay), step_);
+                                    });
     KILN_CHECK_MSG(st.ok(), "{}", st.message());  // the moments on the disk are no longer the run's
     offload_stats_ = offload_->take_stats();
     return;
@@ -278,45 +286,19 @@ Status Trainer::offload_optimizer_state(const std::string& dir, int64_t chunk_fl
 }
 
 Status Trainer::read_moments(const std::vector<OptimizerPiece>& pieces, std::span<float> m, std::span<float> v) const {
-  std::vector<int64_t> at(pieces.size());  // each piece's place in the concatenation
-  for (size_t k = 1; k < pieces.size(); ++k) at[k] = at[k - 1] + pieces[k - 1].n;
-  if (!offload_) {
-    for (size_t k = 0; k < pieces.size(); ++k) {
-      const OptimizerPiece& p = pieces[k];
-      std::copy(m_.data<float>() + p.state_offset, m_.data<float>() + p.state_offset + p.n, m.begin() + at[k]);
-      std::copy(v_.data<float>() + p.state_offset, v_.data<float>() + p.state_offset + p.n, v.begin() + at[k]);
-    }
-    return {};
-  }
-  const std::vector<size_t> order = by_state_offset(pieces);
-  return offload_->stream(
-      [&](int64_t begin, int64_t count, float* mc, float* vc) {
-        for_overlaps(pieces, order, begin, count, [&](size_t k, int64_t i, int64_t j, int64_t len) {
-          std::copy(mc + j, mc + j + len, m.begin() + at[k] + i);
-          std::copy(vc + j, vc + j + len, v.begin() + at[k] + i);
-        });
-      },
-      /*write_back=*/false);
+  const std::vector<int64_t> at = piece_starts(pieces);
+  return visit_moments(pieces, /*write_back=*/false, [&](size_t k, int64_t i, int64_t len, float* pm, float* pv) {
+    std::copy(pm, pm + len, m.begin() + at[k] + i);
+    std::copy(pv, pv + len, v.begin() + at[k] + i);
+  });
 }
 
 Status Trainer::write_moments(const std::vector<OptimizerPiece>& pieces, std::span<const float> m,
                               std::span<const float> v) {
-  std::vector<int64_t> at(pieces.size());
-  for (size_t k = 1; k < pieces.size(); ++k) at[k] = at[k - 1] + pieces[k - 1].n;
-  if (!offload_) {
-    for (size_t k = 0; k < pieces.size(); ++k) {
-      const OptimizerPiece& p = pieces[k];
-      std::copy(m.begin() + at[k], m.begin() + at[k] + p.n, m_.data<float>() + p.state_offset);
-      std::copy(v.begin() + at[k], v.begin() + at[k] + p.n, v_.data<float>() + p.state_offset);
-    }
-    return {};
-  }
-  const std::vector<size_t> order = by_state_offset(pieces);
-  return offload_->stream([&](int64_t begin, int64_t count, float* mc, float* vc) {
-    for_overlaps(pieces, order, begin, count, [&](size_t k, int64_t i, int64_t j, int64_t len) {
-      std::copy(m.begin() + at[k] + i, m.begin() + at[k] + i + len, mc + j);
-      std::copy(v.begin() + at[k] + i, v.begin() + at[k] + i + len, vc + j);
-    });
+  const std::vector<int64_t> at = piece_starts(pieces);
+  return visit_moments(pieces, /*write_back=*/true, [&](size_t k, int64_t i, int64_t len, float* pm, float* pv) {
+    std::copy(m.begin() + at[k] + i, m.begin() + at[k] + i + len, pm);
+    std::copy(v.begin() + at[k] + i, v.begin() + at[k] + i + len, pv);
   });
 }
 

@@ -149,6 +149,8 @@ class Trainer {
   CheckpointHeader checkpoint_meta() const;
   // The AdamW update of every piece; offloaded, chunk by chunk as the moments stream past.
   void optimizer_update();
+  template <class Fn>
+  Status visit_moments(std::span<const OptimizerPiece> pieces, bool write_back, const Fn& fn) const;
   // The moments of `pieces`, concatenated in piece order, out of memory or the file, and back.
   Status read_moments(const std::vector<OptimizerPiece>& pieces, std::span<float> m, std::span<float> v) const;
   Status write_moments(const std::vector<OptimizerPiece>& pieces, std::span<const float> m, std::span<const float> v);

@@ -146,10 +146,14 @@ __device__ __forceinline__ void mma_bf16_16x8x16(float d[4], const uint32_t a[4]
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
 }
 
+// A shared-memory pointer as the 32-bit address PTX's shared-state instructions take.
+__device__ __forceinline__ uint32_t smem_u32(const void* ptr) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(ptr));
+}
+
 // 16 bytes global -> shared, asynchronously; bytes past src_bytes (0..16) are zero-filled.
 __device__ __forceinline__ void cp_async_16(void* smem, const void* gmem, int src_bytes) {
-  const unsigned dst = static_cast<unsigned>(__cvta_generic_to_shared(smem));
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(gmem),
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_u32(smem)), "l"(gmem),
                "r"(src_bytes));
 }
 __device__ __forceinline__ void cp_async_commit() {
@@ -318,9 +322,6 @@ __global__ void __launch_bounds__(kGemmMmaThreads, 1) gemm_mma_bf16(GemmArgs p) 
 // ---- rung 8: TMA loads into four stages (sm_90) -----------------------------------------------
 namespace {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-__device__ __forceinline__ uint32_t smem_u32(const void* ptr) {
-  return static_cast<uint32_t>(__cvta_generic_to_shared(ptr));
-}
 // An mbarrier expecting one arrival (the thread that starts the copies) per phase.
 __device__ __forceinline__ void mbarrier_init(uint64_t* bar) {
   asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;\n" ::"r"(smem_u32(bar)));

@@ -119,8 +119,8 @@ inline std::string gemm_kernel_symbol(GemmKernel k) {
            std::to_string(kGemmRegTm) + ", " + std::to_string(kGemmRegTn) + ", " +
            std::to_string(pad) + ">";
   };
-  const auto mma = [](int stages) {
-    return "kiln::cuda::gemm_mma_bf16<" + std::to_string(kGemmMmaBm) + ", " +
+  const auto mma = [](const char* kernel, int stages) {
+    return std::string("kiln::cuda::") + kernel + "<" + std::to_string(kGemmMmaBm) + ", " +
            std::to_string(kGemmMmaBn) + ", " + std::to_string(kGemmMmaBk) + ", " +
            std::to_string(stages) + ">";
   };
@@ -136,13 +136,11 @@ inline std::string gemm_kernel_symbol(GemmKernel k) {
     case GemmKernel::kPadded:
       return reg(kGemmRegPad);
     case GemmKernel::kMma:
-      return mma(1);
+      return mma("gemm_mma_bf16", 1);
     case GemmKernel::kMmaCpAsync:
-      return mma(2);
+      return mma("gemm_mma_bf16", 2);
     case GemmKernel::kMmaTma:
-      return "kiln::cuda::gemm_mma_bf16_tma<" + std::to_string(kGemmMmaBm) + ", " +
-             std::to_string(kGemmMmaBn) + ", " + std::to_string(kGemmMmaBk) + ", " +
-             std::to_string(kGemmTmaStages) + ">";
+      return mma("gemm_mma_bf16_tma", kGemmTmaStages);
     case GemmKernel::kAuto:
       break;
   }
@@ -172,14 +170,11 @@ inline LaunchConfig gemm_launch(GemmKernel k, int64_t m, int64_t n) {
       break;
     case GemmKernel::kMma:
     case GemmKernel::kMmaCpAsync:
-      c.block_x = kGemmMmaThreads;
-      c.grid_x = ceil_div(n, kGemmMmaBn), c.grid_y = ceil_div(m, kGemmMmaBm);
-      c.smem_bytes = kGemmMmaStageBytes * (k == GemmKernel::kMmaCpAsync ? 2 : 1);
-      break;
     case GemmKernel::kMmaTma:
       c.block_x = kGemmMmaThreads;
       c.grid_x = ceil_div(n, kGemmMmaBn), c.grid_y = ceil_div(m, kGemmMmaBm);
-      c.smem_bytes = kGemmTmaSmemBytes;
+      c.smem_bytes = k == GemmKernel::kMmaTma ? kGemmTmaSmemBytes
+                                               : kGemmMmaStageBytes * (k == GemmKernel::kMmaCpAsync ? 2 : 1);
       break;
     case GemmKernel::kAuto:
       break;
