@@ -42,21 +42,11 @@ cmp -s "$dir/gen_ep.txt" "$dir/gen_ckpt.txt" || fail "the ep checkpoint generate
 cmp -s "$dir/gen_ep.txt" "$dir/gen_one.txt" || { diff "$dir/gen_ep.txt" "$dir/gen_one.txt"; fail "ep model text differs"; }
 
 # kiln serve serves the MoE model (the completion is the greedy text generate gives).
-"$kiln" --threads 1 serve --model "$dir/ep" --port 0 --kv-cache-mem 32M > "$dir/serve.log" 2>&1 &
-server=$!
-port=""
-for _ in $(seq 1 300); do
-  port=$(sed -nE 's/.*listening on http:\/\/[^:]+:([0-9]+).*/\1/p' "$dir/serve.log")
-  [ -n "$port" ] && break
-  sleep 0.1
-done
-[ -n "$port" ] || { cat "$dir/serve.log"; fail "the server did not start"; }
+start_server "$kiln" --threads 1 serve --model "$dir/ep" --port 0 --kv-cache-mem 32M
 curl -s "http://127.0.0.1:$port/v1/completions" -d '{"prompt": "In the", "max_tokens": 12, "temperature": 0}' \
   > "$dir/completion.json" || fail "no completion"
 grep -q '"text"' "$dir/completion.json" || { cat "$dir/completion.json"; fail "no text in the completion"; }
-kill -TERM "$server"
-wait "$server" || { cat "$dir/serve.log"; fail "the server did not stop cleanly"; }
-server=""
+stop_server
 
 kill_a_rank "$dir/killed.log" "${mpi[@]}" -np 2 "$kiln" --threads 1 train "${small[@]}" --steps 100000 --ep 2 \
   --out "$dir/killed"

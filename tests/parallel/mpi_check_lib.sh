@@ -26,6 +26,7 @@ check_bad() {
 kill_a_rank() {
   local log=$1
   shift
+  : > "$log"  # emptied here: the background job's own redirect may come after the first poll
   "$@" > "$log" 2>&1 &
   local job=$!
   for _ in $(seq 1 600); do grep -q '^step ' "$log" && break; sleep 0.1; done
@@ -51,6 +52,9 @@ serve_text() {  # $1: port, $2: prompt -> the completion's text
     sed -E 's/.*"text":"([^"]*)".*/\1/'
 }
 start_server() {  # $@: the command; sets server and port
+  # Emptied before the job starts: its own redirect truncates the file only once the child runs,
+  # and a poll before that would read the previous server's port (and a later grep an empty log).
+  : > "$dir/serve.log"
   "$@" > "$dir/serve.log" 2>&1 &
   server=$!
   port=""
