@@ -1,4 +1,4 @@
-// Elementwise helper cases (add, scale, accumulate, add_bias, exp and tanh arrays) for the kernel
+// Elementwise helper cases (add, scale, accumulate, add_bias and its backward, exp and tanh arrays) for the kernel
 // harness, plus the accuracy of the SIMD exp and tanh in ulp on every supported target,
 // the numbers stated in src/kiln/kernels/cpu/vec.h.
 #include <gtest/gtest.h>
@@ -70,6 +70,10 @@ KILN_KERNEL_CASES(elementwise) {
              ref::add_bias(e.data(), a.data(), bias.data(), rows, cols);
              cpu::add_bias(c.data(), a.data(), bias.data(), rows, cols);
              out.push_back({"add_bias", e, c, 0.0});
+             std::vector<float> db_ref = bias, db = bias;  // += onto a nonzero gradient
+             ref::bias_backward(db_ref.data(), a.data(), rows, cols);
+             cpu::bias_backward(db.data(), a.data(), rows, cols);
+             out.push_back({"bias_backward", db_ref, db, 0.0});  // the same sums in the same order
              ref::exp_array(e.data(), a.data(), n);
              cpu::exp_array(c.data(), a.data(), n);
              out.push_back({"exp", e, c, kTolElementwise});

@@ -90,18 +90,7 @@ void Linear::backward_weight_f32(const float* dy, const float* x, int64_t n) con
   pw.c = dw; pw.ldc = in;
   pw.beta = 1.0f;
   cpu::gemm(pw);
-  if (db != nullptr) {
-    const int64_t cols = out;
-    graph::op("bias_backward", {graph::writes(db, cols), graph::reads(db, cols), graph::reads(dy, n * cols)},
-              [n, cols](const graph::Access* io) {
-                float* g = io[0].mut<float>();
-                const float* d = io[2].as<float>();
-                parallel_for(cols, 64, [&](int64_t c0, int64_t c1) {
-                  for (int64_t r = 0; r < n; ++r)
-                    for (int64_t c = c0; c < c1; ++c) g[c] += d[r * cols + c];
-                });
-              });
-  }
+  if (db != nullptr) cpu::bias_backward(db, dy, n, out);
 }
 
 // ---- activations ---------------------------------------------------------------------------

@@ -8,6 +8,7 @@
 #include <cmath>
 
 #include "kiln/core/thread_pool.h"
+#include "kiln/kernels/elementwise.h"
 #include "kiln/kernels/gemm.h"
 
 namespace kiln {
@@ -119,13 +120,7 @@ void gemm_backward(const Linear& l, float* dx, const void* dy, const void* x, co
   pw.c = l.dw; pw.ldc = l.in;
   pw.beta = 1.0f;
   cpu::gemm(pw);
-  if (l.db != nullptr) {
-    const int64_t out = l.out;
-    parallel_for(out, 64, [&](int64_t c0, int64_t c1) {
-      for (int64_t r = 0; r < n; ++r)
-        for (int64_t c = c0; c < c1; ++c) l.db[c] += dy_f32[r * out + c];
-    });
-  }
+  if (l.db != nullptr) cpu::bias_backward(l.db, dy_f32, n, l.out);
 }
 
 // bf16: a bf16 copy of W; activations and output gradients rounded to bf16 per call.

@@ -46,6 +46,18 @@ void add_bias(float* out, const float* x, const float* bias, int64_t rows, int64
   });
 }
 
+void bias_backward(float* dbias, const float* dy, int64_t rows, int64_t cols) {
+  KILN_GRAPH_NODE("bias_backward",
+                  [=](const graph::Access* io) { bias_backward(io[0].mut<float>(), io[2].as<float>(), rows, cols); },
+                  graph::writes(dbias, cols), graph::reads(dbias, cols), graph::reads(dy, rows * cols));
+  KILN_TRACE_KERNEL("bias_backward", bias_backward_cost(rows, cols), rows, cols);
+  const auto fn = KILN_OPS_DISPATCH(accumulate_n).pick();
+  // Each task owns a column range and adds the rows into it in order (ref's order per column).
+  parallel_cols(rows, cols, [&](int64_t c0, int64_t c1) {
+    for (int64_t r = 0; r < rows; ++r) fn(dbias + c0, dy + r * cols + c0, c1 - c0);
+  });
+}
+
 void exp_array(float* out, const float* inp, int64_t n) {
   KILN_TRACE_KERNEL("exp_array", exp_array_cost(n), n);
   const auto fn = KILN_OPS_DISPATCH(exp_n).pick();

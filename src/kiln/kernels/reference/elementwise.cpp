@@ -12,6 +12,10 @@ void add_bias(float* out, const float* x, const float* bias, int64_t rows, int64
   for (int64_t r = 0; r < rows; ++r)
     for (int64_t c = 0; c < cols; ++c) out[r * cols + c] = x[r * cols + c] + bias[c];
 }
+void bias_backward(float* dbias, const float* dy, int64_t rows, int64_t cols) {
+  for (int64_t c = 0; c < cols; ++c)
+    for (int64_t r = 0; r < rows; ++r) dbias[c] += dy[r * cols + c];
+}
 void scale(float* out, const float* inp, float s, int64_t n) {
   for (int64_t i = 0; i < n; ++i) out[i] = inp[i] * s;
 }
