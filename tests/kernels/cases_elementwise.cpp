@@ -1,6 +1,6 @@
-// Elementwise helper cases (add, scale, accumulate, add_bias and its backward, exp and tanh arrays) for the kernel
-// harness, plus the accuracy of the SIMD exp and tanh in ulp on every supported target,
-// the numbers stated in src/kiln/kernels/cpu/vec.h.
+// Elementwise helper cases (add, scale, accumulate, add_bias and its backward, exp and tanh
+// arrays) for the kernel harness, plus the accuracy of the SIMD exp and tanh in ulp on every
+// supported target, the numbers stated in src/kiln/kernels/cpu/vec.h.
 #include <gtest/gtest.h>
 #include <xmmintrin.h>
 

@@ -1,6 +1,7 @@
 // Small elementwise helpers a model needs — residual add, scale, accumulate, a row-broadcast
-// bias add and its backward (the bias gradient: column sums) — and the vectorized exp / tanh as array ops, as kiln::ref and kiln::cpu (SIMD,
-// threaded), identical signatures. Buffers (n,) unless said; outputs may alias inputs.
+// bias add and its backward (the bias gradient: column sums) — and the vectorized exp / tanh as
+// array ops, as kiln::ref and kiln::cpu (SIMD, threaded), identical signatures. Buffers (n,)
+// unless said; outputs may alias inputs.
 #pragma once
 
 #include <cstdint>

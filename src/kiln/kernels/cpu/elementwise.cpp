@@ -48,7 +48,9 @@ void add_bias(float* out, const float* x, const float* bias, int64_t rows, int64
 
 void bias_backward(float* dbias, const float* dy, int64_t rows, int64_t cols) {
   KILN_GRAPH_NODE("bias_backward",
-                  [=](const graph::Access* io) { bias_backward(io[0].mut<float>(), io[2].as<float>(), rows, cols); },
+                  [=](const graph::Access* io) {
+                    bias_backward(io[0].mut<float>(), io[2].as<float>(), rows, cols);
+                  },
                   graph::writes(dbias, cols), graph::reads(dbias, cols), graph::reads(dy, rows * cols));
   KILN_TRACE_KERNEL("bias_backward", bias_backward_cost(rows, cols), rows, cols);
   const auto fn = KILN_OPS_DISPATCH(accumulate_n).pick();
