@@ -23,6 +23,9 @@ struct FlashShape {
   int64_t window;  // 0: none
   float scale;
   int64_t q_rs, k_rs, v_rs, o_rs;  // row strides (elements)
+  // Elements between KV heads in k / v (and dk / dv): head_dim in the row layout; 0 when the
+  // driver hands a tile kernel one KV head's rows staged contiguously (attention_flash.cpp).
+  int64_t k_hs, v_hs;
   int64_t lse_hs;                  // lse elements between heads (T, or total_q when packed)
   FlashTiles tiles;                // this call's tiles (forward or backward): Br = tiles.q, Bc = tiles.k
 };
@@ -74,7 +77,11 @@ int64_t flash_backward_scratch_floats(int64_t head_dim, FlashTiles tiles);
                              const float* k_next, const float* v_next, int64_t n_next);         \
   /* out = Σ_c exp(lse_c − lse) · part_c over D values, weights already computed. */           \
   void weighted_sum_rows(float* out, const float* parts, int64_t part_stride,                   \
-                         const float* weights, int64_t num_parts, int64_t d);
+                         const float* weights, int64_t num_parts, int64_t d);                   \
+  /* out[t] = sum over i < d of a[t*rs + i] * b[t*rs + i], t < rows: the backward's             \
+     D = rowsum(dO o O). */                                                                     \
+  void row_dots(float* out, const float* a, const float* b, int64_t rs, int64_t rows,           \
+                int64_t d);
 
 namespace kiln::cpu {
 namespace scalar {
