@@ -1,4 +1,4 @@
-// Elementwise helper cases (add, scale, accumulate, add_bias and its backward, exp and tanh
+// Elementwise helper cases (add, scale, accumulate, add_bias and its backward, exp, exp2 and tanh
 // arrays) for the kernel harness, plus the accuracy of the SIMD exp and tanh in ulp on every
 // supported target, the numbers stated in src/kiln/kernels/cpu/vec.h.
 #include <gtest/gtest.h>
@@ -77,6 +77,9 @@ KILN_KERNEL_CASES(elementwise) {
              ref::exp_array(e.data(), a.data(), n);
              cpu::exp_array(c.data(), a.data(), n);
              out.push_back({"exp", e, c, kTolElementwise});
+             ref::exp2_array(e.data(), a.data(), n);
+             cpu::exp2_array(c.data(), a.data(), n);
+             out.push_back({"exp2", e, c, kTolElementwise});
              ref::tanh_array(e.data(), a.data(), n);
              cpu::tanh_array(c.data(), a.data(), n);
              out.push_back({"tanh", e, c, kTolElementwise});
@@ -92,6 +95,15 @@ KILN_KERNEL_CASES(elementwise) {
                      cpu::exp_array(c.data(), x.data(), static_cast<int64_t>(x.size()));
                      return std::vector<Compare>{{"exp", e, c, kTolElementwise}};
                    }});
+  cases.push_back({"exp2 edges", [] {
+                     const std::vector<float> x = {-INFINITY, -1000.0f, -126.0f, -125.7f,
+                                                   -20.0f,    -1e-30f,  0.0f,    1e-30f,
+                                                   0.5f,      20.0f,    127.0f};
+                     std::vector<float> e(x.size()), c(x.size(), NAN);
+                     ref::exp2_array(e.data(), x.data(), static_cast<int64_t>(x.size()));
+                     cpu::exp2_array(c.data(), x.data(), static_cast<int64_t>(x.size()));
+                     return std::vector<Compare>{{"exp2", e, c, kTolElementwise}};
+                   }});
   return cases;
 }
 
@@ -106,6 +118,12 @@ TEST(SimdMath, ExpAndTanhUlpError) {
         &cpu::exp_array, [](double x) { return std::exp(x); }, -87.3f, 88.3f, &wx);
     const double tanh_ulp = max_ulp(
         &cpu::tanh_array, [](double x) { return std::tanh(x); }, -10.0f, 10.0f, &wt);
+    float w2 = 0;
+    const double exp2_ulp = max_ulp(
+        &cpu::exp2_array, [](double x) { return std::exp2(x); }, -126.0f, 127.4f, &w2);
+    EXPECT_LE(exp2_ulp, 2.0) << info.name << " exp2 worst at x=" << w2;
+    RecordProperty(std::string(info.name) + "_exp2_max_ulp", fmt::format("{:.2f}", exp2_ulp));
+    std::printf("  %-7s exp2 max %.2f ulp (x=%g)\n", std::string(info.name).c_str(), exp2_ulp, w2);
     EXPECT_LE(exp_ulp, 2.0) << info.name << " worst at x=" << wx;
     EXPECT_LE(tanh_ulp, 2.0) << info.name << " worst at x=" << wt;
     RecordProperty(std::string(info.name) + "_exp_max_ulp", fmt::format("{:.2f}", exp_ulp));
@@ -132,6 +150,16 @@ TEST(SimdMath, ExpMakesNoSubnormal) {
     EXPECT_EQ(flags & 0x10u, 0u) << info.name << ": a step underflowed (a subnormal result)";
     for (size_t i = 0; i < x.size(); ++i)
       EXPECT_TRUE(e[i] == 0.0f || e[i] >= FLT_MIN) << info.name << " x=" << x[i] << " e=" << e[i];
+    // exp2 at and below its bound of -126 (2^-126 is FLT_MIN), in steps of 1/512.
+    std::vector<float> x2 = {-INFINITY, -1000.0f, -150.0f, -127.0f};
+    for (float v = -126.6f; v < -125.4f; v += 1.0f / 512) x2.push_back(v);
+    std::vector<float> e2(x2.size());
+    _mm_setcsr(_mm_getcsr() & ~0x3Fu);
+    cpu::exp2_array(e2.data(), x2.data(), static_cast<int64_t>(x2.size()));
+    EXPECT_EQ(_mm_getcsr() & 0x10u, 0u) << info.name << ": an exp2 step underflowed";
+    for (size_t i = 0; i < x2.size(); ++i)
+      EXPECT_TRUE(e2[i] == 0.0f || e2[i] >= FLT_MIN)
+          << info.name << " x=" << x2[i] << " 2^x=" << e2[i];
   }
   set_simd_target(saved);
 }
@@ -157,6 +185,14 @@ TEST(SimdMath, ExpEdges) {
     EXPECT_EQ(t[4], 1.0f) << info.name;
     EXPECT_EQ(t[5], 1.0f) << info.name;
     EXPECT_TRUE(std::isnan(t[6])) << info.name;
+    std::vector<float> e2(x.size());
+    cpu::exp2_array(e2.data(), x.data(), static_cast<int64_t>(x.size()));
+    EXPECT_EQ(e2[0], 0.0f) << info.name;
+    EXPECT_EQ(e2[1], 0.0f) << info.name;
+    EXPECT_EQ(e2[2], std::exp2f(-88.0f)) << info.name;
+    EXPECT_EQ(e2[4], INFINITY) << info.name;
+    EXPECT_EQ(e2[5], INFINITY) << info.name;
+    EXPECT_TRUE(std::isnan(e2[6])) << info.name;
   }
   set_simd_target(saved);
 }

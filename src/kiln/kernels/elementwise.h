@@ -39,16 +39,18 @@ void add_bias(float* out, const float* x, const float* bias, int64_t rows, int64
 // Linear's bias gradient (add_bias's backward).
 void bias_backward(float* dbias, const float* dy, int64_t rows, int64_t cols);
 void exp_array(float* out, const float* inp, int64_t n);          // out = e^inp
+void exp2_array(float* out, const float* inp, int64_t n);         // out = 2^inp
 void tanh_array(float* out, const float* inp, int64_t n);         // out = tanh(inp)
 }  // namespace ref
 
-namespace cpu {  // same contracts; exp and tanh within 2 ulp (see cpu/vec.h)
+namespace cpu {  // same contracts; exp, exp2 and tanh within 2 ulp (see cpu/vec.h)
 void add(float* out, const float* a, const float* b, int64_t n);
 void scale(float* out, const float* inp, float s, int64_t n);
 void accumulate(float* y, const float* x, int64_t n);
 void add_bias(float* out, const float* x, const float* bias, int64_t rows, int64_t cols);
 void bias_backward(float* dbias, const float* dy, int64_t rows, int64_t cols);  // bitwise as ref
 void exp_array(float* out, const float* inp, int64_t n);
+void exp2_array(float* out, const float* inp, int64_t n);
 void tanh_array(float* out, const float* inp, int64_t n);
 }  // namespace cpu
 
@@ -58,6 +60,7 @@ KILN_SAME_SIGNATURE(accumulate);
 KILN_SAME_SIGNATURE(add_bias);
 KILN_SAME_SIGNATURE(bias_backward);
 KILN_SAME_SIGNATURE(exp_array);
+KILN_SAME_SIGNATURE(exp2_array);
 KILN_SAME_SIGNATURE(tanh_array);
 
 }  // namespace kiln

@@ -66,6 +66,12 @@ void exp_array(float* out, const float* inp, int64_t n) {
   parallel_elems(n, [&](int64_t b, int64_t e) { fn(out + b, inp + b, e - b); });
 }
 
+void exp2_array(float* out, const float* inp, int64_t n) {
+  KILN_TRACE_KERNEL("exp2_array", exp_array_cost(n), n);
+  const auto fn = KILN_OPS_DISPATCH(exp2_n).pick();
+  parallel_elems(n, [&](int64_t b, int64_t e) { fn(out + b, inp + b, e - b); });
+}
+
 void tanh_array(float* out, const float* inp, int64_t n) {
   KILN_TRACE_KERNEL("tanh_array", exp_array_cost(n), n);
   const auto fn = KILN_OPS_DISPATCH(tanh_n).pick();

@@ -26,6 +26,10 @@ void exp_array(float* out, const float* inp, int64_t n) {
   for (int64_t i = 0; i < n; ++i)
     out[i] = static_cast<float>(std::exp(static_cast<double>(inp[i])));
 }
+void exp2_array(float* out, const float* inp, int64_t n) {
+  for (int64_t i = 0; i < n; ++i)
+    out[i] = static_cast<float>(std::exp2(static_cast<double>(inp[i])));
+}
 void tanh_array(float* out, const float* inp, int64_t n) {
   for (int64_t i = 0; i < n; ++i) {
     out[i] = static_cast<float>(std::tanh(static_cast<double>(inp[i])));
