@@ -129,16 +129,22 @@ TaskMap make_task_map(size_t num_seqs, CountFn&& count) {
 // the kernels on inputs already laid out head after head ran 17-25% faster than on interleaved
 // rows, at W5's T = 4096 (12 heads, 2 threads) and at W1a's shape (B 8, 6 heads, T 256, fused QKV
 // rows, 1 thread); docs/results/attention-staging-2026-12-07.md has the figures with the staging.
-// Not for sliding windows (a window reads a band of keys, not the whole head) and not past
-// kMaxStageFloats per thread.
+// Not for sliding windows (a window reads a band of keys, not the whole head), not for a
+// sequence of fewer than two query tiles (each key row is read once anyway: a prefill chunk
+// against a long cache would pay the copy for nothing), and not past kMaxStageFloats per thread.
 constexpr int64_t kMaxStageFloats = int64_t{16} << 20;  // 64 MiB per thread
+
+bool stages(const FlashShape& sh, int64_t q_len) {
+  return q_len >= 2 * sh.tiles.q;
+}
 
 // Floats of one thread's staging buffer (0: the tiles read K/V in place): `arrays` arrays of
 // kv_len rows of D (2 forward: K, V; 4 backward: K, V, dK, dV), then q_rows rows of D (the
 // backward's dQ of one KV head's query heads).
-int64_t stage_floats(const FlashShape& sh, int64_t max_kv_len, int arrays, int64_t q_rows = 0) {
+int64_t stage_floats(const FlashShape& sh, int64_t max_q_len, int64_t max_kv_len, int arrays,
+                     int64_t q_rows = 0) {
   const int64_t D = sh.head_dim;
-  if (sh.window > 0 || (sh.k_rs == D && sh.v_rs == D)) return 0;
+  if (sh.window > 0 || (sh.k_rs == D && sh.v_rs == D) || !stages(sh, max_q_len)) return 0;
   const int64_t floats = arrays * pad16(max_kv_len * D) + pad16(q_rows * D);
   return floats <= kMaxStageFloats ? floats : 0;
 }
@@ -184,9 +190,10 @@ void forward_tiles(const FlashShape& sh, const std::vector<const FlashSeq*>& seq
   const TaskMap map =
       make_task_map(seqs.size(), [&](size_t i) { return sh.n_heads * ceil_div(seqs[i]->q_len, Br); });
   const int64_t slices = map.total() > 1 ? num_threads() : 1, D = sh.head_dim;
-  int64_t max_kv = 0;
-  for (const FlashSeq* s : seqs) max_kv = std::max(max_kv, s->kv_len);
-  const int64_t stage = stage_floats(sh, max_kv, 2);
+  int64_t max_kv = 0, max_q = 0;
+  for (const FlashSeq* s : seqs)
+    max_kv = std::max(max_kv, s->kv_len), max_q = std::max(max_q, s->q_len);
+  const int64_t stage = stage_floats(sh, max_q, max_kv, 2);
   const ScratchBuffer scratch(slices, flash_forward_scratch_floats(D, sh.tiles) + stage);
   // Per thread: the (sequence, KV head) its staging buffer holds.
   std::vector<std::pair<size_t, int64_t>> staged(static_cast<size_t>(slices), {seqs.size(), -1});
@@ -206,7 +213,7 @@ void forward_tiles(const FlashShape& sh, const std::vector<const FlashSeq*>& seq
     float* tile_scratch = scratch.slice(thread);
     const FlashShape* use_sh = &sh;
     FlashSeq use_sq = sq;
-    if (stage > 0) {
+    if (stage > 0 && stages(sh, sq.q_len)) {
       const int64_t g = h / (sh.n_heads / sh.n_kv_heads);
       float* ks = tile_scratch + pad16(flash_forward_scratch_floats(D, sh.tiles));
       float* vs = ks + pad16(max_kv * D);
@@ -414,8 +421,8 @@ void backward_seqs(const FlashShape& sh, const std::vector<FlashSeq>& seqs) {
   const ScratchBuffer parts(1, part_begin.back());
   int64_t max_kv = 0;
   for (const FlashSeq& s : seqs) max_kv = std::max(max_kv, s.kv_len);
-  const int64_t stage =
-      stage_floats(sh, max_kv, 4, rep * max_t);  // K, V, dK, dV of one KV head, dQ of its group
+  const int64_t stage = stage_floats(sh, max_t, max_kv, 4,
+                                     rep * max_t);  // K, V, dK, dV of one KV head, dQ of its group
   const ScratchBuffer scratch(
       map.total() > 1 ? num_threads() : 1,
       pad16(flash_backward_scratch_floats(D, sh.tiles)) + pad16(rep * max_t) + stage);
@@ -435,7 +442,7 @@ void backward_seqs(const FlashShape& sh, const std::vector<FlashSeq>& seqs) {
     // With staging, chunk 0's dQ rows of the group also accumulate in rows rep·D apart (the
     // buffer's tail) and go out once at the end.
     const int64_t span = pad16(max_kv * D);
-    float* dq_stage = stage > 0 ? dvec + pad16(rep * max_t) + 4 * span : nullptr;
+    float* dq_stage = stage > 0 && stages(sh, T) ? dvec + pad16(rep * max_t) + 4 * span : nullptr;
     float* dq;
     int64_t ldq;
     if (c == 0 && dq_stage) {
@@ -454,7 +461,7 @@ void backward_seqs(const FlashShape& sh, const std::vector<FlashSeq>& seqs) {
     const int64_t nkt = ceil_div(sq.kv_len, Bc);
     const int64_t kb = std::min(sq.kv_len, (c * nkt / nc) * Bc);
     const int64_t ke = std::min(sq.kv_len, ((c + 1) * nkt / nc) * Bc);
-    if (stage == 0) {
+    if (!dq_stage) {
       keys(sh, sq, g, kb, ke, dq, ldq, dvec, tile_scratch);
       return;
     }
@@ -637,7 +644,8 @@ int64_t attention_forward_scratch_bytes(const AttentionParams& p, AttentionImpl 
   }
   const FlashShape sh = shape_of(p, p.q_len, flash_tiles().fwd);
   return 4 * threads *
-         pad16(flash_forward_scratch_floats(p.head_dim, sh.tiles) + stage_floats(sh, p.kv_len, 2));
+         pad16(flash_forward_scratch_floats(p.head_dim, sh.tiles) +
+               stage_floats(sh, p.q_len, p.kv_len, 2));
 }
 
 int64_t attention_backward_scratch_bytes(const AttentionParams& p, AttentionImpl impl) {
@@ -649,7 +657,8 @@ int64_t attention_backward_scratch_bytes(const AttentionParams& p, AttentionImpl
   const FlashTiles tiles = flash_tiles().bwd;
   const int64_t nc = backward_chunks(p.kv_len, p.batch * p.n_kv_heads, tiles.k);
   const int64_t part = p.batch * p.n_kv_heads * (nc - 1) * p.q_len * rep * p.head_dim;
-  const int64_t stage = stage_floats(shape_of(p, p.q_len, tiles), p.kv_len, 4, rep * p.q_len);
+  const int64_t stage =
+      stage_floats(shape_of(p, p.q_len, tiles), p.q_len, p.kv_len, 4, rep * p.q_len);
   return 4 *
          (pad16(part) + threads * pad16(pad16(flash_backward_scratch_floats(p.head_dim, tiles)) +
                                         pad16(rep * p.q_len) + stage));
