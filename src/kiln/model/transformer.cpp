@@ -1613,8 +1613,18 @@ std::vector<std::pair<const void*, int64_t>> Transformer::graph_outputs() const 
 
 void Transformer::zero_grad() {
   if (!grads_.defined()) return;
+  // In 1 MiB pieces over the pool: one thread's memset of GPT-2 124M's 497 MB of gradients took
+  // 49 ms (10 GB/s, a twentieth of W1b's step at 2 threads), both threads' 26 ms (Xeon).
   graph::op("zero_grad", {graph::writes_bytes(grads_.raw_data(), grads_.nbytes())},
-            [](const graph::Access* io) { std::memset(io[0].ptr, 0, static_cast<size_t>(io[0].bytes)); });
+            [](const graph::Access* io) {
+              constexpr int64_t kPiece = int64_t{1} << 20;
+              char* p = static_cast<char*>(io[0].ptr);
+              const int64_t bytes = io[0].bytes;
+              thread_pool().run((bytes + kPiece - 1) / kPiece, [&](int64_t i, int) {
+                std::memset(p + i * kPiece, 0,
+                            static_cast<size_t>(std::min(kPiece, bytes - i * kPiece)));
+              });
+            });
 }
 
 void Transformer::backward(float loss_scale) { backward_stage(nullptr, loss_scale); }
