@@ -324,12 +324,9 @@ inline Vec exp(Vec x) {
 // two-step ln 2 reduction): the flash attention kernels work in log2 units to use it. x < -126
 // gives 0, x > 127.49 gives +inf (true overflow is at 128), NaN gives NaN. As in exp, x is clamped
 // to -126 first (n >= -126, 2^f >= 1 there), so no step makes a subnormal.
-inline Vec exp2(Vec x) {
-  const Vec lo = Vec::set1(-126.0f), hi = Vec::set1(127.49f);
-  const Mask under = less(x, lo), over = less(hi, x), nan = is_nan(x);
-  const Vec xc = min(max(x, lo), hi);
-  const Vec n = round_nearest(xc);
-  const Vec f = xc - n;
+// 2^f for |f| <= 1/2: the Taylor polynomial of e^(f·ln 2), degree 7 (exp2's and the flash
+// kernels' softmax exponent, attention_flash_impl.inc).
+inline Vec exp2_fraction(Vec f) {
   Vec p = Vec::set1(1.5252733804059840e-5f);  // (ln 2)^7 / 7!, ..., ln 2, 1
   p = fmadd(p, f, Vec::set1(1.5403530393381609e-4f));
   p = fmadd(p, f, Vec::set1(1.3333558146428443e-3f));
@@ -337,8 +334,14 @@ inline Vec exp2(Vec x) {
   p = fmadd(p, f, Vec::set1(5.5504108664821580e-2f));
   p = fmadd(p, f, Vec::set1(2.4022650695910071e-1f));
   p = fmadd(p, f, Vec::set1(6.9314718055994531e-1f));
-  p = fmadd(p, f, Vec::set1(1.0f));
-  Vec y = p * pow2i(n);
+  return fmadd(p, f, Vec::set1(1.0f));
+}
+inline Vec exp2(Vec x) {
+  const Vec lo = Vec::set1(-126.0f), hi = Vec::set1(127.49f);
+  const Mask under = less(x, lo), over = less(hi, x), nan = is_nan(x);
+  const Vec xc = min(max(x, lo), hi);
+  const Vec n = round_nearest(xc);
+  Vec y = exp2_fraction(xc - n) * pow2i(n);
   y = select(under, Vec::zero(), y);
   y = select(over, Vec::set1(INFINITY), y);
   return select(nan, x, y);
