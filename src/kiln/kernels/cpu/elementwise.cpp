@@ -59,12 +59,12 @@ void bias_backward(float* dbias, const float* dy, int64_t rows, int64_t cols) {
   // halves of 4.5-6 KiB rows moved 16 GB/s together, one thread reading whole rows 27 GB/s
   // (Xeon, 2048 x 1152 and 2048 x 1536): each one's prefetchers fetch the other's half too.
   constexpr int64_t kMinCols = 4096;
-  const int64_t units = (cols + kSplitUnit - 1) / kSplitUnit;
-  parallel_for(units, std::max(grain_for(rows * kSplitUnit), kMinCols / kSplitUnit),
-               [&](int64_t b, int64_t e) {
-                 const int64_t c0 = b * kSplitUnit, c1 = std::min(e * kSplitUnit, cols);
-                 for (int64_t r = 0; r < rows; ++r) fn(dbias + c0, dy + r * cols + c0, c1 - c0);
-               });
+  parallel_cols(
+      rows, cols,
+      [&](int64_t c0, int64_t c1) {
+        for (int64_t r = 0; r < rows; ++r) fn(dbias + c0, dy + r * cols + c0, c1 - c0);
+      },
+      kMinCols);
 }
 
 void exp_array(float* out, const float* inp, int64_t n) {

@@ -47,12 +47,12 @@ void parallel_elems(int64_t n, F&& fn) {
 }
 
 // fn(col_begin, col_end) over [0, cols) columns of a (rows, cols) reduction, spread over
-// threads in kSplitUnit-column pieces. Each column is reduced by one task, so the result does
-// not depend on the thread count.
+// threads in kSplitUnit-column pieces, at least min_cols columns per task. Each column is reduced
+// by one task, so the result does not depend on the thread count.
 template <class F>
-void parallel_cols(int64_t rows, int64_t cols, F&& fn) {
+void parallel_cols(int64_t rows, int64_t cols, F&& fn, int64_t min_cols = 0) {
   const int64_t units = (cols + kSplitUnit - 1) / kSplitUnit;
-  parallel_for(units, grain_for(rows * kSplitUnit),
+  parallel_for(units, std::max(grain_for(rows * kSplitUnit), min_cols / kSplitUnit),
                [&](int64_t b, int64_t e) { fn(b * kSplitUnit, std::min(e * kSplitUnit, cols)); });
 }
 

@@ -318,14 +318,9 @@ inline Vec exp(Vec x) {
   return select(nan, x, y);
 }
 
-// 2^x: x = n + f with n = round(x), |f| <= 1/2, and 2^f = e^(f·ln 2) by its Taylor polynomial of
-// degree 7 (truncation below 6e-9 relative): max error 1.1 ulp over [-126, 127.4] on every target
-// (tests/kernels/cases_elementwise.cpp asserts <= 2). 21 vector instructions against exp's 24 (no
-// two-step ln 2 reduction): the flash attention kernels work in log2 units to use it. x < -126
-// gives 0, x > 127.49 gives +inf (true overflow is at 128), NaN gives NaN. As in exp, x is clamped
-// to -126 first (n >= -126, 2^f >= 1 there), so no step makes a subnormal.
-// 2^f for |f| <= 1/2: the Taylor polynomial of e^(f·ln 2), degree 7 (exp2's and the flash
-// kernels' softmax exponent, attention_flash_impl.inc).
+// 2^f for |f| <= 1/2: the Taylor polynomial of e^(f·ln 2), degree 7 (truncation below 6e-9
+// relative). Shared by exp2 and the flash kernels' softmax exponent (attention_flash_impl.inc's
+// exp2_scores, exp2 without the overflow lanes).
 inline Vec exp2_fraction(Vec f) {
   Vec p = Vec::set1(1.5252733804059840e-5f);  // (ln 2)^7 / 7!, ..., ln 2, 1
   p = fmadd(p, f, Vec::set1(1.5403530393381609e-4f));
@@ -336,6 +331,11 @@ inline Vec exp2_fraction(Vec f) {
   p = fmadd(p, f, Vec::set1(6.9314718055994531e-1f));
   return fmadd(p, f, Vec::set1(1.0f));
 }
+// 2^x: x = n + f with n = round(x), |f| <= 1/2, 2^f by exp2_fraction: max error 1.1 ulp over
+// [-126, 127.4] on every target (tests/kernels/cases_elementwise.cpp asserts <= 2), 21 vector
+// instructions against exp's 24 (no two-step ln 2 reduction). x < -126 gives 0, x > 127.49 gives
+// +inf (true overflow is at 128), NaN gives NaN. As in exp, x is clamped to -126 first
+// (n >= -126, 2^f >= 1 there), so no step makes a subnormal.
 inline Vec exp2(Vec x) {
   const Vec lo = Vec::set1(-126.0f), hi = Vec::set1(127.49f);
   const Mask under = less(x, lo), over = less(hi, x), nan = is_nan(x);
