@@ -1,6 +1,7 @@
 // GEMM cases for the kernel harness: cpu::gemm against ref::gemm over odd and even shapes, all
-// four transpose combinations, padded leading dims, alpha/beta, every epilogue, bf16 inputs,
-// several cache blockings (multi-block K, N and M loops) and the decode-like small-M path.
+// four transpose combinations, padded leading dims, alpha/beta, every epilogue (the training
+// pair too: the activation's input saved, the multiply by act'), bf16 inputs, several cache
+// blockings (multi-block K, N and M loops) and the decode-like small-M path.
 //
 // Tolerances (normalized MSE, see harness.cpp): an fp32 length-k dot product in any summation
 // order has nmse ~ k u^2 with u = 2^-24 (~6e-15 per 100 terms), so 1e-10 is orders above any
@@ -27,15 +28,17 @@ struct GemmCase {
   float alpha = 1.0f, beta = 0.0f;
   bool bias = false, residual = false;
   Activation act = Activation::kNone;
+  bool save_pre = false;                    // with act: the activation's input kept too
+  Activation act_grad = Activation::kNone;  // C ⊙ act_grad'(pre), pre random in [-4, 4]
   DType a_dtype = DType::kF32, b_dtype = DType::kF32;
   cpu::GemmBlocking blocking{};  // {0,0,0}: the current blocking
 
   std::string name() const {
     return fmt::format("m={} n={} k={} ta={} tb={} pad={} alpha={} beta={} bias={} act={} res={} "
-                       "a={} b={} blk={}/{}/{}",
+                       "save_pre={} act_grad={} a={} b={} blk={}/{}/{}",
                        m, n, k, ta, tb, pad, alpha, beta, bias, activation_name(act), residual,
-                       dtype_name(a_dtype), dtype_name(b_dtype), blocking.mc, blocking.kc,
-                       blocking.nc);
+                       save_pre, activation_name(act_grad), dtype_name(a_dtype), dtype_name(b_dtype),
+                       blocking.mc, blocking.kc, blocking.nc);
   }
 };
 
@@ -75,6 +78,13 @@ KernelCase make_case(const GemmCase& g, uint64_t seed) {
             for (int64_t i = 0; i < g.m; ++i)
               for (int64_t j = 0; j < g.n; ++j)
                 c0[i * ldc + j] = g.beta != 0.0f ? rng.uniform(-1.0f, 1.0f) : NAN;
+            // The training epilogues' (m, n) operand, rows ldpre apart: written (save_pre, padding
+            // sentinels around it) or read (act_grad: wide enough to reach the activations'
+            // curved parts and ReLU's both sides).
+            const int64_t ldpre = g.n + 3 * g.pad;
+            std::vector<float> pre0(static_cast<size_t>(g.m * ldpre + 1), kPaddingSentinel);
+            if (g.act_grad != Activation::kNone)
+              for (float& x : pre0) x = rng.uniform(-4.0f, 4.0f);
 
             GemmParams p;
             p.m = g.m; p.n = g.n; p.k = g.k;
@@ -85,6 +95,11 @@ KernelCase make_case(const GemmCase& g, uint64_t seed) {
             p.act = g.act;
             p.residual = g.residual ? res.data() : nullptr;
             p.ldr = g.residual ? ldr : 0;
+            std::vector<float> pre_ref = pre0;
+            if (g.save_pre || g.act_grad != Activation::kNone) p.ldpre = ldpre;
+            p.save_pre = g.save_pre ? pre_ref.data() : nullptr;
+            p.act_grad = g.act_grad;
+            p.pre = g.act_grad != Activation::kNone ? pre0.data() : nullptr;
             std::vector<float> c_ref = c0;
             p.c = c_ref.data();
             EXPECT_TRUE(check_gemm(p).ok()) << check_gemm(p).to_string();
@@ -104,12 +119,17 @@ KernelCase make_case(const GemmCase& g, uint64_t seed) {
               if (!low && kernel != cpu::Bf16Kernel::kDot) break;
               if (kernel == cpu::Bf16Kernel::kAmx && !cpu::bf16_amx_available()) continue;
               cpu::set_bf16_gemm_kernel(kernel);
-              std::vector<float> c = c0;
+              std::vector<float> c = c0, pre = pre0;
               p.c = c.data();
+              if (g.save_pre) p.save_pre = pre.data();
               cpu::gemm(p);
               const char* what = kernel == cpu::Bf16Kernel::kDot ? "C" : kernel == cpu::Bf16Kernel::kWiden ? "C widened" : "C amx";
               for (Compare& cmp : compare_strided(what, c_ref, c, g.m, g.n, ldc, low ? 3e-5 : 1e-10))
                 out.push_back(std::move(cmp));
+              if (g.save_pre) {
+                for (Compare& cmp : compare_strided(fmt::format("{} pre", what), pre_ref, pre, g.m, g.n, ldpre, low ? 3e-5 : 1e-10))
+                  out.push_back(std::move(cmp));
+              }
             }
             cpu::set_bf16_gemm_kernel(picked);
             cpu::set_gemm_blocking(cpu::GemmPath::kF32, saved_f32);
@@ -151,6 +171,27 @@ KILN_KERNEL_CASES(gemm) {
       g.residual = false;
       g.beta = 0.25f;
       g.ta = true;
+      cases.push_back(make_case(g, seed++));
+    }
+  }
+  // The training pair on the packed path (several K blocks: only the last one's epilogue saves
+  // or multiplies), the small-M path, transposed A, beta, bf16 inputs (the AMX tiles' scratch
+  // epilogue) and padded rows: the activation's input saved beside act(C + bias), and
+  // C = (alpha A B + beta C) ⊙ act'(pre) for every activation.
+  for (Activation act : {Activation::kGeluTanh, Activation::kSilu, Activation::kRelu}) {
+    for (int v = 0; v < 4; ++v) {
+      GemmCase g{v == 1 ? int64_t{5} : int64_t{70}, 96, 130, v == 2, true, v == 3 ? 2 : 0};
+      g.beta = v == 2 ? 0.5f : 0.0f;
+      g.alpha = v == 3 ? 0.75f : 1.0f;
+      if (v == 0) g.blocking = {28, 48, 64};
+      if (v == 3) g.a_dtype = g.b_dtype = DType::kBF16;
+      GemmCase fwd = g;
+      fwd.act = act;
+      fwd.bias = v != 2;
+      fwd.residual = v == 1;
+      fwd.save_pre = true;
+      cases.push_back(make_case(fwd, seed++));
+      g.act_grad = act;
       cases.push_back(make_case(g, seed++));
     }
   }

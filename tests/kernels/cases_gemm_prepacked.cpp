@@ -25,14 +25,18 @@ struct PrepackedCase {
   float alpha = 1.0f, beta = 0.0f;
   bool bias = false, residual = false;
   Activation act = Activation::kNone;
+  bool save_pre = false;                    // with act: the activation's input kept too
+  Activation act_grad = Activation::kNone;  // C ⊙ act_grad'(pre), pre random in [-4, 4]
   DType a_dtype = DType::kF32;
   DType w_dtype = DType::kF32;  // bf16: pack_weight_as bf16 (pairs of k with AVX512_BF16); f16: halves
   cpu::GemmBlocking blocking{};
 
   std::string name() const {
-    return fmt::format("m={} n={} k={} ta={} pad={} alpha={} beta={} bias={} act={} res={} a={} w={} blk={}/{}",
-                       m, n, k, ta, pad, alpha, beta, bias, activation_name(act), residual,
-                       dtype_name(a_dtype), dtype_name(w_dtype), blocking.mc, blocking.kc);
+    return fmt::format("m={} n={} k={} ta={} pad={} alpha={} beta={} bias={} act={} res={} save_pre={} act_grad={} "
+                       "a={} w={} blk={}/{}",
+                       m, n, k, ta, pad, alpha, beta, bias, activation_name(act), residual, save_pre,
+                       activation_name(act_grad), dtype_name(a_dtype), dtype_name(w_dtype), blocking.mc,
+                       blocking.kc);
   }
 };
 
@@ -57,6 +61,11 @@ KernelCase make_case(const PrepackedCase& g, uint64_t seed) {
             std::vector<float> c0(static_cast<size_t>(g.m * ldc), kPaddingSentinel);
             for (int64_t i = 0; i < g.m; ++i)
               for (int64_t j = 0; j < g.n; ++j) c0[i * ldc + j] = g.beta != 0.0f ? rng.uniform(-1.0f, 1.0f) : NAN;
+            const int64_t ldpre = g.n + 3 * g.pad;  // the training epilogues' (m, n) operand
+            std::vector<float> pre0(static_cast<size_t>(g.m * ldpre + 1), kPaddingSentinel);
+            if (g.act_grad != Activation::kNone)
+              for (float& x : pre0) x = rng.uniform(-4.0f, 4.0f);
+            std::vector<float> pre_ref = pre0, pre_fast = pre0;
 
             GemmParams p;
             p.m = g.m; p.n = g.n; p.k = g.k;
@@ -69,6 +78,10 @@ KernelCase make_case(const PrepackedCase& g, uint64_t seed) {
             p.act = g.act;
             p.residual = g.residual ? res.data() : nullptr;
             p.ldr = g.residual ? ldr : 0;
+            if (g.save_pre || g.act_grad != Activation::kNone) p.ldpre = ldpre;
+            p.save_pre = g.save_pre ? pre_ref.data() : nullptr;
+            p.act_grad = g.act_grad;
+            p.pre = g.act_grad != Activation::kNone ? pre0.data() : nullptr;
             std::vector<float> c_ref = c0, c_fast = c0;
             p.c = c_ref.data();
             ref::gemm(p);
@@ -84,11 +97,13 @@ KernelCase make_case(const PrepackedCase& g, uint64_t seed) {
             GemmParams q = p;
             q.b = nullptr;  // ignored by gemm_prepacked
             q.c = c_fast.data();
+            if (g.save_pre) q.save_pre = pre_fast.data();
             Compare ok{"check_gemm_prepacked", {0.0f}, {check_gemm_prepacked(q, packed).ok() ? 0.0f : 1.0f}, 0.0};
             gemm_prepacked(q, packed);
             std::vector<float> c_f32 = c0;  // f16 W: the f32 packed path on the widened weight
             if (w_f16) {
               q.c = c_f32.data();
+              q.save_pre = nullptr;
               gemm_prepacked(q, pack_weight(w.data(), g.n, g.k, ldw));
             }
             cpu::set_gemm_blocking(cpu::GemmPath::kF32, saved);
@@ -97,6 +112,11 @@ KernelCase make_case(const PrepackedCase& g, uint64_t seed) {
             std::vector<Compare> out = compare_strided("C", c_ref, c_fast, g.m, g.n, ldc,
                                                        g.a_dtype == DType::kBF16 || w_bf16 ? 3e-5 : 1e-10);
             out.insert(out.begin(), ok);
+            if (g.save_pre) {
+              std::vector<Compare> pre = compare_strided("pre", pre_ref, pre_fast, g.m, g.n, ldpre,
+                                                         g.a_dtype == DType::kBF16 || w_bf16 ? 3e-5 : 1e-10);
+              out.insert(out.end(), pre.begin(), pre.end());
+            }
             if (w_f16 && g.a_dtype == DType::kF32) {
               std::vector<Compare> same = compare_strided("C vs the f32 path", c_f32, c_fast, g.m, g.n, ldc, 0.0);
               out.insert(out.end(), same.begin(), same.end());
@@ -123,6 +143,23 @@ KILN_KERNEL_CASES(gemm_prepacked) {
     g.beta = m % 7 == 0 ? 0.5f : 0.0f;
     g.alpha = m % 11 == 0 ? -1.5f : 1.0f;
     cases.push_back(make_case(g, seed++));
+  }
+  // The training pair (activation input saved; C ⊙ act'(pre)) on the packed path over two K
+  // blocks and on the small-M path, bf16 weights and padded rows included.
+  for (Activation act : {Activation::kGeluTanh, Activation::kSilu, Activation::kRelu}) {
+    for (int64_t m : {int64_t{6}, int64_t{33}}) {
+      PrepackedCase g{m, 70, 301};
+      g.pad = m == 6 ? 2 : 0;
+      g.w_dtype = act == Activation::kSilu ? DType::kBF16 : DType::kF32;
+      PrepackedCase fwd = g;
+      fwd.act = act;
+      fwd.bias = true;
+      fwd.save_pre = true;
+      cases.push_back(make_case(fwd, seed++));
+      g.act_grad = act;
+      g.beta = m == 33 ? 0.5f : 0.0f;
+      cases.push_back(make_case(g, seed++));
+    }
   }
   // Every activation on the packed and the small-M path.
   for (Activation act : {Activation::kGeluTanh, Activation::kSilu, Activation::kRelu}) {

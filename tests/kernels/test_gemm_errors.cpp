@@ -59,6 +59,37 @@ TEST(GemmErrors, CheckGemmNamesTheProblem) {
   EXPECT_NE(check_gemm(q).message().find("null"), std::string::npos);
 }
 
+// The training epilogues' combinations: save_pre needs an activation, act_grad its input and no
+// other epilogue, both a leading dim of at least n.
+TEST(GemmErrors, TrainingEpiloguesNameWhatIsMissing) {
+  std::vector<float> a, b, c, pre(2 * 4, 0.5f);
+  const GemmParams p = valid_params(a, b, c);
+  GemmParams q = p;
+  q.save_pre = pre.data();
+  q.ldpre = 4;
+  EXPECT_NE(check_gemm(q).message().find("act is none"), std::string::npos) << check_gemm(q).message();
+  q.act = Activation::kGeluTanh;
+  EXPECT_TRUE(check_gemm(q).ok()) << check_gemm(q).message();
+  q.ldpre = 3;
+  EXPECT_NE(check_gemm(q).message().find("ldpre 3 must be >= n 4"), std::string::npos) << check_gemm(q).message();
+
+  q = p;
+  q.act_grad = Activation::kGeluTanh;
+  EXPECT_NE(check_gemm(q).message().find("act_grad gelu_tanh needs pre"), std::string::npos)
+      << check_gemm(q).message();
+  q.pre = pre.data();
+  q.ldpre = 4;
+  EXPECT_TRUE(check_gemm(q).ok()) << check_gemm(q).message();
+  q.bias = pre.data();
+  EXPECT_NE(check_gemm(q).message().find("takes no bias"), std::string::npos) << check_gemm(q).message();
+  q.bias = nullptr;
+  q.act_grad = Activation::kNone;
+  EXPECT_NE(check_gemm(q).message().find("pre is set but act_grad is none"), std::string::npos)
+      << check_gemm(q).message();
+  q.act_grad = static_cast<Activation>(9);
+  EXPECT_NE(check_gemm(q).message().find("unknown activation 9"), std::string::npos) << check_gemm(q).message();
+}
+
 TEST(GemmErrors, MatmulShapesAndDtypes) {
   Tensor a = Tensor::full({2, 3}, 1.0f);
   Tensor b = Tensor::full({4, 5}, 1.0f);

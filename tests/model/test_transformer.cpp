@@ -94,6 +94,42 @@ TEST(Transformer, LatentAttentionGradientsMatchFiniteDifferences) {
 }
 
 TEST(Transformer, Gpt2GradientsMatchFiniteDifferences) { check_gradients(tiny(ModelFamily::kGpt2)); }
+
+// GPT-2's MLP runs GELU in the up projection's GEMM epilogue, keeping its input for the backward
+// (Linear::forward_act, GemmParams::save_pre). The epilogue evaluates GELU with the elementwise
+// kernel's instructions, so the loss and every gradient are bitwise those of the unfused path
+// (split_epilogue: the GEMMs, then the bias, residual and GELU kernels), at 1 and 2 threads.
+TEST(Transformer, FusedGeluEpiloguesMatchTheSplitPathBitwise) {
+  ModelConfig c = tiny(ModelFamily::kGpt2);
+  c.d_model = 16;
+  c.d_ff = 40;
+  const int saved_threads = num_threads();
+  for (int threads : {1, 2}) {
+    set_num_threads(threads);
+    std::vector<std::vector<float>> grads;
+    std::vector<float> losses;
+    for (bool split : {false, true}) {
+      auto model = Transformer::create(c, 3).value();
+      Rng rng(5);
+      for (float& w : model->params()) w += 0.3f * rng.normal();
+      model->set_split_epilogues(split);
+      const int64_t B = 2, T = 7;
+      std::vector<int32_t> tokens(B * T), targets(B * T);
+      for (auto& t : tokens) t = static_cast<int32_t>(rng.below(11));
+      for (auto& t : targets) t = static_cast<int32_t>(rng.below(11));
+      model->zero_grad();
+      losses.push_back(model->forward(tokens.data(), targets.data(), B, T).value());
+      model->backward();
+      grads.emplace_back(model->grads().begin(), model->grads().end());
+    }
+    EXPECT_EQ(losses[0], losses[1]) << threads << " threads";
+    ASSERT_EQ(grads[0].size(), grads[1].size());
+    int64_t differ = 0;
+    for (size_t i = 0; i < grads[0].size(); ++i) differ += grads[0][i] != grads[1][i];
+    EXPECT_EQ(differ, 0) << threads << " threads: gradients that differ from the split path's";
+  }
+  set_num_threads(saved_threads);
+}
 TEST(Transformer, LlamaGradientsMatchFiniteDifferences) { check_gradients(tiny(ModelFamily::kLlama)); }
 
 // The HF config options (hf_config.h) in forward and backward: Llama's biases and each RoPE

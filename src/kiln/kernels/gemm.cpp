@@ -36,6 +36,24 @@ float apply_activation(Activation act, float v) {
   return v;
 }
 
+float activation_grad(Activation act, float x) {
+  const double v = x;
+  switch (act) {
+    case Activation::kNone: return 1.0f;
+    case Activation::kGeluTanh: {  // 0.5 (1 + t) + 0.5 x (1 - t²) u', t = tanh(u), u = c (x + a x³)
+      const double c = 0.79788456080286535588, a = 0.044715;
+      const double t = std::tanh(c * (v + a * v * v * v)), du = c * (1.0 + 3.0 * a * v * v);
+      return static_cast<float>(0.5 * (1.0 + t) + 0.5 * v * (1.0 - t * t) * du);
+    }
+    case Activation::kSilu: {  // s (1 + x (1 - s)), s = sigmoid(x)
+      const double s = 1.0 / (1.0 + std::exp(-v));
+      return static_cast<float>(s * (1.0 + v * (1.0 - s)));
+    }
+    case Activation::kRelu: return x > 0.0f ? 1.0f : 0.0f;
+  }
+  return 1.0f;
+}
+
 Status check_gemm(const GemmParams& p) {
   const auto desc = [&] {
     return fmt::format("A{} ({}, {}) {}, B{} ({}, {}) {}", p.trans_a ? "^T" : "", p.m, p.k,
@@ -65,8 +83,23 @@ Status check_gemm(const GemmParams& p) {
   if (p.residual != nullptr && p.ldr < std::max<int64_t>(1, p.n))
     return invalid_argument("[gemm] ldr {} must be >= n {} for the residual ({})", p.ldr, p.n,
                             desc());
-  if (static_cast<int>(p.act) < 0 || static_cast<int>(p.act) > static_cast<int>(Activation::kRelu))
-    return invalid_argument("[gemm] unknown activation {}", static_cast<int>(p.act));
+  for (Activation a : {p.act, p.act_grad}) {
+    if (static_cast<int>(a) < 0 || static_cast<int>(a) > static_cast<int>(Activation::kRelu))
+      return invalid_argument("[gemm] unknown activation {}", static_cast<int>(a));
+  }
+  const bool grad = p.act_grad != Activation::kNone;
+  if (p.save_pre != nullptr && p.act == Activation::kNone)
+    return invalid_argument("[gemm] save_pre keeps an activation's input, but act is none ({})", desc());
+  if (grad && p.pre == nullptr)
+    return invalid_argument("[gemm] act_grad {} needs pre, the activation's input ({})",
+                            activation_name(p.act_grad), desc());
+  if (!grad && p.pre != nullptr)
+    return invalid_argument("[gemm] pre is set but act_grad is none ({})", desc());
+  if (grad && (p.act != Activation::kNone || p.bias || p.residual || p.save_pre))
+    return invalid_argument("[gemm] act_grad {} takes no bias, act, residual or save_pre ({})",
+                            activation_name(p.act_grad), desc());
+  if ((p.save_pre != nullptr || grad) && p.ldpre < std::max<int64_t>(1, p.n))
+    return invalid_argument("[gemm] ldpre {} must be >= n {} ({})", p.ldpre, p.n, desc());
   return Status::ok_status();
 }
 
@@ -74,11 +107,12 @@ double gemm_bytes(const GemmParams& p) {
   const double a = static_cast<double>(dtype_nbytes(p.a_dtype, p.m * p.k));
   const double b = static_cast<double>(dtype_nbytes(p.b_dtype, p.k * p.n));
   const double c = 4.0 * p.m * p.n * (p.beta != 0.0f ? 2 : 1);
-  const double extra = (p.bias ? 4.0 * p.n : 0.0) + (p.residual ? 4.0 * p.m * p.n : 0.0);
+  const double extra = (p.bias ? 4.0 * p.n : 0.0) + (p.residual ? 4.0 * p.m * p.n : 0.0) +
+                       (p.save_pre ? 4.0 * p.m * p.n : 0.0) + (p.pre ? 4.0 * p.m * p.n : 0.0);
   return a + b + c + extra;
 }
 
-std::array<graph::Access, 6> gemm_io(const GemmParams& p) {
+std::array<graph::Access, kGemmIoCount> gemm_io(const GemmParams& p) {
   // A (rows, cols) stored with leading dim ld, in elements of `dt`.
   auto bytes = [](int64_t rows, int64_t cols, int64_t ld, DType dt) {
     return rows > 0 && cols > 0 ? dtype_nbytes(dt, (rows - 1) * ld + cols) : 0;
@@ -86,9 +120,11 @@ std::array<graph::Access, 6> gemm_io(const GemmParams& p) {
   const int64_t a = p.trans_a ? bytes(p.k, p.m, p.lda, p.a_dtype) : bytes(p.m, p.k, p.lda, p.a_dtype);
   const int64_t b = p.trans_b ? bytes(p.n, p.k, p.ldb, p.b_dtype) : bytes(p.k, p.n, p.ldb, p.b_dtype);
   const int64_t c = bytes(p.m, p.n, p.ldc, DType::kF32);
+  const int64_t pre = bytes(p.m, p.n, p.ldpre, DType::kF32);
   return {graph::writes_bytes(p.c, c), graph::reads_bytes(p.a, a), graph::reads_bytes(p.b, b),
           graph::reads(p.bias, p.n), graph::reads_bytes(p.residual, bytes(p.m, p.n, p.ldr, DType::kF32)),
-          p.beta != 0.0f ? graph::reads_bytes(p.c, c) : graph::Access{}};
+          p.beta != 0.0f ? graph::reads_bytes(p.c, c) : graph::Access{}, graph::writes_bytes(p.save_pre, pre),
+          graph::reads_bytes(p.pre, pre)};
 }
 
 void describe_gemm(trace::Event& e, const GemmParams& p) {

@@ -1,5 +1,6 @@
 // GEMM, the contract every backend implements: row-major C = act(alpha·op(A)·op(B) + beta·C +
-// bias) + residual, f32 or bf16 inputs, f32 accumulate and output. check_gemm() validates at
+// bias) + residual, f32 or bf16 inputs, f32 accumulate and output; for training, the activation's
+// input can be kept (save_pre) and the backward's multiply by act' fused (act_grad). check_gemm() validates at
 // the op boundary; ref::gemm is the ground truth; cpu::gemm is the fast packed path.
 #pragma once
 
@@ -40,24 +41,38 @@ struct GemmParams {
   Activation act = Activation::kNone;
   const float* residual = nullptr;  // (m, n) with leading dim ldr, added after the activation
   int64_t ldr = 0;
+  // Training's activation pair, as cuBLASLt's GELU_AUX and DGELU epilogues (both (m, n) with
+  // leading dim ldpre; at most one of them per call):
+  //  * save_pre, with act set: also receives the activation's input, alpha·op(A)·op(B) + beta·C +
+  //    bias, which the backward needs (the forward of a Linear followed by its activation);
+  //  * act_grad, with pre: C = (alpha·op(A)·op(B) + beta·C) ⊙ act_grad'(pre), the gradient through
+  //    the activation that turned pre into this GEMM's input (no bias, act or residual then).
+  float* save_pre = nullptr;
+  Activation act_grad = Activation::kNone;
+  const float* pre = nullptr;
+  int64_t ldpre = 0;
 };
 
 // Op-level validation: names the op, the shapes, leading dims and dtypes that are wrong.
 Status check_gemm(const GemmParams& p);
 
 // Work and traffic of one call (STYLE rule 10): 2mnk FLOPs; bytes = each operand read once
-// plus C written (and read when beta != 0), bias and residual read.
+// plus C written (and read when beta != 0), bias, residual and pre read, save_pre written.
 inline double gemm_flops(int64_t m, int64_t n, int64_t k) { return 2.0 * m * n * k; }
 double gemm_bytes(const GemmParams& p);
 // The profiler's arguments of one call (core/trace.h): FLOPs, bytes, (m, n, k), dtype.
 void describe_gemm(trace::Event& e, const GemmParams& p);
 
 // The buffers of one call for graph capture (core/graph.h), in this order: C written, A, B,
-// bias, residual, and C read when beta != 0 (a null or empty operand is an empty access).
-std::array<graph::Access, 6> gemm_io(const GemmParams& p);
+// bias, residual, C read when beta != 0, save_pre written, pre read (a null or empty operand is
+// an empty access).
+inline constexpr int kGemmIoCount = 8;
+std::array<graph::Access, kGemmIoCount> gemm_io(const GemmParams& p);
 
 // The scalar epilogue, shared by the reference and edge paths: v is alpha·acc + beta·C.
 float apply_activation(Activation act, float v);
+// act'(x), what act_grad multiplies by: in double, as ref::gelu_backward and ref::silu_backward.
+float activation_grad(Activation act, float x);
 
 namespace ref {
 // Plain triple loop, fp32 accumulate in k order; the ground truth for every fast path.

@@ -240,6 +240,10 @@ struct Linear {
   bool split_epilogue = false;
   // y (n, out) = act(x Wᵀ + b) + residual; x (n, in).
   void forward(float* y, const float* x, int64_t n, const float* residual = nullptr) const;
+  // y_act (n, out) = act(x Wᵀ + b), keeping the activation's input x Wᵀ + b in y_pre for the
+  // backward (act: GELU or SiLU). The fp32 GEMM does both in its epilogue (GemmParams::save_pre);
+  // a backend or split_epilogue runs the activation as a kernel of its own after forward().
+  void forward_act(float* y_act, float* y_pre, const float* x, int64_t n, Activation act) const;
   // dx (n, in) = dy W (or += when accumulate_dx); dW += dyᵀ x; db += Σ dy.
   void backward(float* dx, const float* dy, const float* x, int64_t n, bool accumulate_dx) const;
   // The fp32 paths, whatever the backend (backends fall back to them); backward_f32 is the

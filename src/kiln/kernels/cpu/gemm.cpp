@@ -43,7 +43,7 @@ struct V1 {
   static T div(T a, T b) { return a / b; }
   static T max(T a, T b) { return a > b ? a : b; }
   static float reduce_add(T a) { return a; }
-  static T exp(T x) { return std::exp(x); }
+  using Vec = scalar::Vec;  // vec.h: the epilogue's activations
 };
 
 GemmTargetKernels make_scalar_kernels() {
@@ -146,16 +146,13 @@ void run_block(const GemmParams& p, const PackedPath& path, const PanelLayout& l
     TileEpilogue ep;
     ep.alpha = p.alpha;
     ep.beta = first ? p.beta : 1.0f;
-    ep.act = last ? p.act : Activation::kNone;
-    ep.ldr = p.ldr;
     const uint32_t* bq = bpack + lay.offset(q);
     auto tile = [&](int64_t ms, int64_t ns) {
       const int64_t col = jc + ns * nr;
       const int nv = static_cast<int>(std::min(nr, jc + nc - col));
-      ep.bias = last && p.bias ? p.bias + col : nullptr;
       const int64_t row = ms * mr;
       const int mv = static_cast<int>(std::min(mr, p.m - row));
-      ep.residual = last && p.residual ? p.residual + row * p.ldr + col : nullptr;
+      if (last) ep.set_last(p, row, col);
       float* c = p.c + row * p.ldc + col;
       if (direct_q && ms < full_end) {
         const char* a = static_cast<const char*>(p.a) + (row * p.lda + pc) * esize;
@@ -342,10 +339,7 @@ void small_m_columns(const GemmParams& p, const GemmTargetKernels& kernels, cons
   TileEpilogue ep;
   ep.alpha = p.alpha;
   ep.beta = p.beta;
-  ep.act = p.act;
-  ep.bias = p.bias ? p.bias + j0 : nullptr;
-  ep.residual = p.residual ? p.residual + j0 : nullptr;
-  ep.ldr = p.ldr;
+  ep.set_last(p, 0, j0);
   kernels.epilogue_rows(p.c + j0, p.ldc, acc, j1 - j0, p.m, j1 - j0, ep);
 }
 
@@ -392,6 +386,7 @@ void gemm(const GemmParams& p) {
   KILN_GRAPH_NODE_IO("gemm", [p](const graph::Access* io) {
     GemmParams q = p;
     q.c = io[0].mut<float>(); q.a = io[1].ptr; q.b = io[2].ptr; q.bias = io[3].as<float>(); q.residual = io[4].as<float>();
+    q.save_pre = io[6].mut<float>(); q.pre = io[7].as<float>();
     gemm(q);
   }, gemm_io(p));
   trace::Scope kiln_trace_(trace::Category::kKernel, "gemm", [&](trace::Event& e) { describe_gemm(e, p); e.algo = p.m <= kGemmSmallM ? "small-m" : "packed"; });

@@ -49,23 +49,7 @@ struct V256 {
     s = _mm_add_ss(s, _mm_movehdup_ps(s));
     return _mm_cvtss_f32(s);
   }
-  // e^x as in the AVX-512 target; 2^n is built in the exponent field.
-  static T exp(T x) {
-    x = _mm256_min_ps(_mm256_max_ps(x, set1(-87.3f)), set1(88.3f));
-    const T n = _mm256_round_ps(_mm256_mul_ps(x, set1(1.4426950408889634f)),
-                                _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    T r = _mm256_fnmadd_ps(n, set1(0.693145751953125f), x);
-    r = _mm256_fnmadd_ps(n, set1(1.4286068203094172e-06f), r);
-    T q = set1(1.0f / 720);
-    q = fmadd(q, r, set1(1.0f / 120));
-    q = fmadd(q, r, set1(1.0f / 24));
-    q = fmadd(q, r, set1(1.0f / 6));
-    q = fmadd(q, r, set1(0.5f));
-    q = fmadd(q, r, set1(1.0f));
-    q = fmadd(q, r, set1(1.0f));
-    const __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
-    return _mm256_mul_ps(q, _mm256_castsi256_ps(e));
-  }
+  using Vec = avx2::Vec;  // vec.h: the epilogue's activations
 };
 
 // ---- SIMD packing (f32): 8 x 8 transposes instead of element-by-element copies --------------

@@ -53,23 +53,7 @@ struct V512 {
   static T div(T a, T b) { return _mm512_div_ps(a, b); }
   static T max(T a, T b) { return _mm512_max_ps(a, b); }
   static float reduce_add(T a) { return _mm512_reduce_add_ps(a); }
-  // e^x: x = n ln2 + r, |r| <= ln2/2, degree-6 Taylor polynomial for e^r (rel. error ~2e-7),
-  // then scalef by 2^n. Inputs are clamped to the range where the result is a normal float.
-  static T exp(T x) {
-    x = _mm512_min_ps(_mm512_max_ps(x, set1(-87.3f)), set1(88.3f));
-    const T n = _mm512_roundscale_ps(_mm512_mul_ps(x, set1(1.4426950408889634f)),
-                                     _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    T r = _mm512_fnmadd_ps(n, set1(0.693145751953125f), x);
-    r = _mm512_fnmadd_ps(n, set1(1.4286068203094172e-06f), r);
-    T q = set1(1.0f / 720);
-    q = fmadd(q, r, set1(1.0f / 120));
-    q = fmadd(q, r, set1(1.0f / 24));
-    q = fmadd(q, r, set1(1.0f / 6));
-    q = fmadd(q, r, set1(0.5f));
-    q = fmadd(q, r, set1(1.0f));
-    q = fmadd(q, r, set1(1.0f));
-    return _mm512_scalef_ps(q, n);
-  }
+  using Vec = avx512::Vec;  // vec.h: the epilogue's activations
 };
 
 // 14 x 32 over bf16 pairs: per k pair, two B vectors (16 columns x 2 k each) and 14 broadcast A

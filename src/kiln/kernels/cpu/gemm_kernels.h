@@ -9,15 +9,44 @@
 
 namespace kiln::cpu {
 
-// What the micro-kernel does when it writes its tile: C = act(alpha*acc + beta*C + bias) + res.
-// bias/act/residual are set only on the last K block; beta is the caller's on the first K block
-// and 1 afterwards. bias points at the tile's first column, residual at the tile's (0, 0).
+// What the micro-kernel does when it writes its tile: v = alpha*acc + beta*C + bias, saved to
+// save_pre, times act_grad'(pre); C = act(v) + res. bias, act, residual, save_pre and act_grad are
+// set only on the last K block; beta is the caller's on the first K block and 1 afterwards. bias
+// points at the tile's first column; residual, save_pre and pre at the tile's (0, 0).
 struct TileEpilogue {
   float alpha = 1.0f, beta = 0.0f;
   const float* bias = nullptr;
   Activation act = Activation::kNone;
   const float* residual = nullptr;
   int64_t ldr = 0;
+  float* save_pre = nullptr;
+  Activation act_grad = Activation::kNone;
+  const float* pre = nullptr;
+  int64_t ldpre = 0;
+  // Nothing past alpha and beta (the AMX path's in-place tiles need that).
+  bool scales_only() const {
+    return !bias && act == Activation::kNone && !residual && !save_pre && act_grad == Activation::kNone;
+  }
+  // The same epilogue `col` columns further right.
+  TileEpilogue at_col(int64_t col) const {
+    TileEpilogue e = *this;
+    if (e.bias) e.bias += col;
+    if (e.residual) e.residual += col;
+    if (e.save_pre) e.save_pre += col;
+    if (e.pre) e.pre += col;
+    return e;
+  }
+  // The last K block's parts of `p` at C's element (row, col); the caller sets alpha and beta.
+  void set_last(const GemmParams& p, int64_t row, int64_t col) {
+    bias = p.bias ? p.bias + col : nullptr;
+    act = p.act;
+    residual = p.residual ? p.residual + row * p.ldr + col : nullptr;
+    ldr = p.ldr;
+    save_pre = p.save_pre ? p.save_pre + row * p.ldpre + col : nullptr;
+    act_grad = p.act_grad;
+    pre = p.pre ? p.pre + row * p.ldpre + col : nullptr;
+    ldpre = p.ldpre;
+  }
 };
 
 // One packed (BLIS-style) path. Packed panels are strips of MR rows of A / NR columns of B;

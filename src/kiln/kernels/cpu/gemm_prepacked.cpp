@@ -136,10 +136,7 @@ void gemm_prepacked_small_m(const GemmParams& p, const PackedMatrix& b,
     TileEpilogue ep;
     ep.alpha = p.alpha;
     ep.beta = p.beta;
-    ep.act = p.act;
-    ep.bias = p.bias;
-    ep.residual = p.residual ? p.residual + i0 * p.ldr : nullptr;
-    ep.ldr = p.ldr;
+    ep.set_last(p, i0, 0);
     run_tasks(chunks, [&](int64_t t) {
       kernel(m, steps, a, b.data(), nstrips * t / chunks, nstrips * (t + 1) / chunks,
              p.c + i0 * p.ldc, p.ldc, p.n, ep);
@@ -222,8 +219,8 @@ double gemm_prepacked_bytes(const GemmParams& p, const PackedMatrix& b) {
 
 namespace {
 // gemm_io() with the packed weight as B (p.b is null).
-std::array<graph::Access, 6> packed_gemm_io(const GemmParams& p, const PackedMatrix& b) {
-  std::array<graph::Access, 6> io = gemm_io(p);
+std::array<graph::Access, kGemmIoCount> packed_gemm_io(const GemmParams& p, const PackedMatrix& b) {
+  std::array<graph::Access, kGemmIoCount> io = gemm_io(p);
   io[2] = graph::reads_bytes(b.data(), b.packed_bytes());
   return io;
 }
@@ -233,6 +230,7 @@ void gemm_prepacked(const GemmParams& p, const PackedMatrix& b) {
   KILN_GRAPH_NODE_IO("gemm", ([p, &b](const graph::Access* io) {
     GemmParams q = p;
     q.c = io[0].mut<float>(); q.a = io[1].ptr; q.bias = io[3].as<float>(); q.residual = io[4].as<float>();
+    q.save_pre = io[6].mut<float>(); q.pre = io[7].as<float>();
     gemm_prepacked(q, b);
   }), packed_gemm_io(p, b));
   trace::Scope kiln_trace_(trace::Category::kKernel, "gemm", [&](trace::Event& e) { describe_gemm(e, p); e.algo = "prepacked"; });
@@ -294,19 +292,16 @@ void gemm_prepacked(const GemmParams& p, const PackedMatrix& b) {
       TileEpilogue ep;
       ep.alpha = p.alpha;
       ep.beta = first ? p.beta : 1.0f;
-      ep.act = last ? p.act : Activation::kNone;
-      ep.ldr = p.ldr;
       const uint32_t* aq = a_block(q);
       for (int64_t ns = ns0; ns < ns1; ++ns) {
         const int64_t col = ns * nr;
         const int nv = static_cast<int>(std::min(nr, p.n - col));
         const char* bq = static_cast<const char*>(b.data()) +
                          (ns * strip_elems + q * (kc_block / ks) * nr) * b.elem_bytes();
-        ep.bias = last && p.bias ? p.bias + col : nullptr;
         for (int64_t ms = ms0; ms < ms1; ++ms) {
           const int64_t row = ms * mr;
           const int mv = static_cast<int>(std::min(mr, p.m - row));
-          ep.residual = last && p.residual ? p.residual + row * p.ldr + col : nullptr;
+          if (last) ep.set_last(p, row, col);
           path.kernel(steps, aq + ms * mr * steps, bq, p.c + row * p.ldc + col, p.ldc, mv, nv, ep);
         }
       }

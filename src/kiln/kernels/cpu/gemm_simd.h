@@ -14,6 +14,7 @@
 
 #include "kiln/core/dtype.h"
 #include "kiln/kernels/cpu/gemm_kernels.h"
+#include "kiln/kernels/cpu/vec.h"
 
 namespace kiln::cpu::gemm_detail {
 namespace {
@@ -236,34 +237,45 @@ void pack_b_pairs(const GemmParams& p, int64_t j0, int64_t cols, int64_t k0, int
 }
 
 // ---- fused epilogue on one vector of n (<= lanes) valid columns ------------------------------
+// The activations and their derivatives are vec.h's, compiled for the same target as V (V::Vec),
+// which the elementwise kernels use too: act = GELU here gives bitwise what gelu_forward gives
+// on this GEMM's output, act_grad what gelu_backward gives.
 template <class V>
 inline typename V::T act_vec(Activation act, typename V::T x) {
+  using Vec = typename V::Vec;
   switch (act) {
     case Activation::kNone: return x;
-    case Activation::kRelu: return V::max(x, V::zero());
-    case Activation::kSilu:  // x / (1 + e^-x)
-      return V::div(x, V::add(V::set1(1.0f), V::exp(V::sub(V::zero(), x))));
-    case Activation::kGeluTanh: {
-      // 0.5 x (1 + tanh(y)), y = sqrt(2/pi) (x + 0.044715 x^3), tanh(y) = 1 - 2 / (e^{2y} + 1)
-      const typename V::T x2 = V::mul(x, x);
-      const typename V::T y = V::mul(V::mul(V::set1(0.7978845608028654f), x),
-                                     V::fmadd(V::set1(0.044715f), x2, V::set1(1.0f)));
-      const typename V::T e = V::exp(V::add(y, y));
-      const typename V::T t = V::sub(V::set1(1.0f), V::div(V::set1(2.0f), V::add(e, V::set1(1.0f))));
-      return V::mul(V::mul(V::set1(0.5f), x), V::add(V::set1(1.0f), t));
-    }
+    case Activation::kRelu: return relu(Vec{x}).v;
+    case Activation::kSilu: return silu(Vec{x}).v;
+    case Activation::kGeluTanh: return gelu(Vec{x}).v;
   }
   return x;
 }
 
 template <class V>
-[[gnu::always_inline]] inline typename V::T epilogue_vec(typename V::T acc, const float* c, const float* bias,
-                                  const float* res, int n, const TileEpilogue& ep) {
+inline typename V::T act_grad_vec(Activation act, typename V::T x) {
+  using Vec = typename V::Vec;
+  switch (act) {
+    case Activation::kNone: return V::set1(1.0f);
+    case Activation::kRelu: return relu_grad(Vec{x}).v;
+    case Activation::kSilu: return silu_grad(Vec{x}).v;
+    case Activation::kGeluTanh: return gelu_grad(Vec{x}).v;
+  }
+  return V::set1(1.0f);
+}
+
+// C's vector at (row i, column j) of the tile the epilogue's pointers start at.
+template <class V>
+[[gnu::always_inline]] inline typename V::T epilogue_vec(typename V::T acc, const float* c, int64_t i, int64_t j,
+                                                         int n, const TileEpilogue& ep) {
   typename V::T x = ep.alpha == 1.0f ? acc : V::mul(V::set1(ep.alpha), acc);
   if (ep.beta != 0.0f) x = V::fmadd(V::set1(ep.beta), V::load_n(c, n), x);
-  if (bias) x = V::add(x, V::load_n(bias, n));
+  if (ep.bias) x = V::add(x, V::load_n(ep.bias + j, n));
+  if (ep.save_pre) V::store_n(ep.save_pre + i * ep.ldpre + j, x, n);
+  if (ep.act_grad != Activation::kNone)
+    x = V::mul(x, act_grad_vec<V>(ep.act_grad, V::load_n(ep.pre + i * ep.ldpre + j, n)));
   if (ep.act != Activation::kNone) x = act_vec<V>(ep.act, x);
-  if (res) x = V::add(x, V::load_n(res, n));
+  if (ep.residual) x = V::add(x, V::load_n(ep.residual + i * ep.ldr + j, n));
   return x;
 }
 
@@ -274,9 +286,7 @@ void epilogue_rows(float* c, int64_t ldc, const float* acc, int64_t ld_acc, int6
   for (int64_t i = 0; i < rows; ++i) {
     for (int64_t j = 0; j < cols; j += L) {
       const int n = static_cast<int>(std::min<int64_t>(L, cols - j));
-      const typename V::T x = epilogue_vec<V>(
-          V::load_n(acc + i * ld_acc + j, n), c + i * ldc + j, ep.bias ? ep.bias + j : nullptr,
-          ep.residual ? ep.residual + i * ep.ldr + j : nullptr, n, ep);
+      const typename V::T x = epilogue_vec<V>(V::load_n(acc + i * ld_acc + j, n), c + i * ldc + j, i, j, n, ep);
       V::store_n(c + i * ldc + j, x, n);
     }
   }
@@ -295,9 +305,7 @@ template <class V, int MR, int NV>
       const int nv = n - v * L;
       if (nv <= 0) break;
       float* cp = c + i * ldc + v * L;
-      const typename V::T x = epilogue_vec<V>(
-          acc[i][v], cp, ep.bias ? ep.bias + v * L : nullptr,
-          ep.residual ? ep.residual + i * ep.ldr + v * L : nullptr, nv, ep);
+      const typename V::T x = epilogue_vec<V>(acc[i][v], cp, i, v * L, nv, ep);
       V::store_n(cp, x, nv);
     }
   }
@@ -503,11 +511,8 @@ void small_m_packed_group(int64_t steps, const typename Ops::EA* a, const typena
   for (int s = 0; s < S; ++s) {
     const int64_t col = s * NR;
     if (col >= n) break;
-    TileEpilogue e = ep;
-    if (e.bias) e.bias += col;
-    if (e.residual) e.residual += col;
     store_tile<V, M, NV>(acc[s], c + col, ldc, M, static_cast<int>(std::min<int64_t>(NR, n - col)),
-                         e);
+                         ep.at_col(col));
   }
 }
 
@@ -520,12 +525,7 @@ void small_m_packed_rows(int64_t steps, const typename Ops::EA* a, const typenam
   constexpr bool kPf = Ops::kLanes > 1 && kSmallMPackedShapes[M].prefetch;
   const int64_t strip_elems = NR * steps;
   const typename Ops::EW* limit = w + s1 * strip_elems;
-  auto at = [&](int64_t s) {
-    TileEpilogue e = ep;
-    if (e.bias) e.bias += s * NR;
-    if (e.residual) e.residual += s * NR;
-    return e;
-  };
+  auto at = [&](int64_t s) { return ep.at_col(s * NR); };
   int64_t s = s0;
   for (; s + S <= s1; s += S)
     small_m_packed_group<V, Ops, NV, M, S, kPf>(steps, a, w + s * strip_elems, strip_elems, limit,

@@ -370,4 +370,55 @@ inline Vec tanh(Vec x) {
   return select(less(ax, Vec::set1(0.625f)), small, big);
 }
 
+// ---- activations and their derivatives: the elementwise kernels (ops_impl.inc) and the GEMM
+// epilogue (gemm_simd.h) evaluate them with these same instructions, so an activation fused
+// into a GEMM gives bitwise what the GEMM and then the kernel give.
+inline constexpr float kGeluC = 0.7978845608028654f;  // sqrt(2/pi)
+inline constexpr float kGeluA = 0.044715f;
+
+// s = sigmoid(x) and 1 - s, the latter as e·s (e = e^-x) rather than by subtraction, which
+// would cancel to few correct bits where s is close to 1 (the derivatives need it there).
+// e is capped at FLT_MAX so that e·s stays finite (≈ 1 · s) where e^-x overflows.
+inline void sigmoid_pair(Vec x, Vec* s, Vec* one_minus_s) {
+  const Vec e = min(exp(-x), Vec::set1(3.4028234663852886e38f));
+  *s = Vec::set1(1.0f) / (Vec::set1(1.0f) + e);
+  *one_minus_s = e * *s;
+}
+
+// gelu(x) = 0.5·x·(1 + tanh(u)), u = c·(x + a·x³), evaluated as x·sigmoid(2u) (the same
+// function: 0.5·(1 + tanh(u)) = sigmoid(2u)) which does not cancel for negative x.
+inline Vec gelu(Vec x) {
+  return x * sigmoid(Vec::set1(2.0f * kGeluC) * fmadd(Vec::set1(kGeluA) * x, x * x, x));
+}
+
+// d gelu/dx = s + 2·x·s·(1 - s)·u', s = sigmoid(2u), u' = c·(1 + 3a·x²)
+// (from 1 - tanh²(u) = 4·s·(1 - s)).
+inline Vec gelu_grad(Vec x) {
+  const Vec x2 = x * x;
+  Vec s, oms;
+  sigmoid_pair(Vec::set1(2.0f * kGeluC) * fmadd(Vec::set1(kGeluA) * x, x2, x), &s, &oms);
+  const Vec du = Vec::set1(kGeluC) * fmadd(Vec::set1(3.0f * kGeluA), x2, Vec::set1(1.0f));
+  return fmadd(Vec::set1(2.0f) * x * s * oms, du, s);
+}
+
+inline Vec silu(Vec x) {
+  return x * sigmoid(x);
+}
+
+// d silu/dx = s·(1 + x·(1 - s)), s = sigmoid(x).
+inline Vec silu_grad(Vec x) {
+  Vec s, oms;
+  sigmoid_pair(x, &s, &oms);
+  return s * fmadd(x, oms, Vec::set1(1.0f));
+}
+
+inline Vec relu(Vec x) {
+  return max(x, Vec::zero());
+}
+
+// 1 where x > 0, else 0 (NaN gives 0).
+inline Vec relu_grad(Vec x) {
+  return select(less(Vec::zero(), x), Vec::set1(1.0f), Vec::zero());
+}
+
 }  // namespace kiln::cpu::KILN_VEC_TARGET

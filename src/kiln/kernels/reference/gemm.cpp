@@ -25,6 +25,8 @@ void gemm(const GemmParams& p) {
       float v = p.alpha * acc;
       if (p.beta != 0.0f) v += p.beta * *c;  // beta = 0 never reads C (it may hold NaN)
       if (p.bias) v += p.bias[j];
+      if (p.save_pre) p.save_pre[i * p.ldpre + j] = v;
+      if (p.act_grad != Activation::kNone) v *= activation_grad(p.act_grad, p.pre[i * p.ldpre + j]);
       v = apply_activation(p.act, v);
       if (p.residual) v += p.residual[i * p.ldr + j];
       *c = v;
