@@ -34,11 +34,12 @@ struct GemmCase {
   cpu::GemmBlocking blocking{};  // {0,0,0}: the current blocking
 
   std::string name() const {
-    return fmt::format("m={} n={} k={} ta={} tb={} pad={} alpha={} beta={} bias={} act={} res={} "
-                       "save_pre={} act_grad={} a={} b={} blk={}/{}/{}",
-                       m, n, k, ta, tb, pad, alpha, beta, bias, activation_name(act), residual,
-                       save_pre, activation_name(act_grad), dtype_name(a_dtype), dtype_name(b_dtype),
-                       blocking.mc, blocking.kc, blocking.nc);
+    return fmt::format(
+        "m={} n={} k={} ta={} tb={} pad={} alpha={} beta={} bias={} act={} res={} "
+        "save_pre={} act_grad={} a={} b={} blk={}/{}/{}",
+        m, n, k, ta, tb, pad, alpha, beta, bias, activation_name(act), residual, save_pre,
+        activation_name(act_grad), dtype_name(a_dtype), dtype_name(b_dtype), blocking.mc,
+        blocking.kc, blocking.nc);
   }
 };
 
@@ -127,7 +128,8 @@ KernelCase make_case(const GemmCase& g, uint64_t seed) {
               for (Compare& cmp : compare_strided(what, c_ref, c, g.m, g.n, ldc, low ? 3e-5 : 1e-10))
                 out.push_back(std::move(cmp));
               if (g.save_pre) {
-                for (Compare& cmp : compare_strided(fmt::format("{} pre", what), pre_ref, pre, g.m, g.n, ldpre, low ? 3e-5 : 1e-10))
+                for (Compare& cmp : compare_strided(fmt::format("{} pre", what), pre_ref, pre, g.m,
+                                                    g.n, ldpre, low ? 3e-5 : 1e-10))
                   out.push_back(std::move(cmp));
               }
             }

@@ -32,11 +32,13 @@ struct PrepackedCase {
   cpu::GemmBlocking blocking{};
 
   std::string name() const {
-    return fmt::format("m={} n={} k={} ta={} pad={} alpha={} beta={} bias={} act={} res={} save_pre={} act_grad={} "
-                       "a={} w={} blk={}/{}",
-                       m, n, k, ta, pad, alpha, beta, bias, activation_name(act), residual, save_pre,
-                       activation_name(act_grad), dtype_name(a_dtype), dtype_name(w_dtype), blocking.mc,
-                       blocking.kc);
+    return fmt::format(
+        "m={} n={} k={} ta={} pad={} alpha={} beta={} bias={} act={} res={} save_pre={} "
+        "act_grad={} "
+        "a={} w={} blk={}/{}",
+        m, n, k, ta, pad, alpha, beta, bias, activation_name(act), residual, save_pre,
+        activation_name(act_grad), dtype_name(a_dtype), dtype_name(w_dtype), blocking.mc,
+        blocking.kc);
   }
 };
 
@@ -113,8 +115,9 @@ KernelCase make_case(const PrepackedCase& g, uint64_t seed) {
                                                        g.a_dtype == DType::kBF16 || w_bf16 ? 3e-5 : 1e-10);
             out.insert(out.begin(), ok);
             if (g.save_pre) {
-              std::vector<Compare> pre = compare_strided("pre", pre_ref, pre_fast, g.m, g.n, ldpre,
-                                                         g.a_dtype == DType::kBF16 || w_bf16 ? 3e-5 : 1e-10);
+              std::vector<Compare> pre =
+                  compare_strided("pre", pre_ref, pre_fast, g.m, g.n, ldpre,
+                                  g.a_dtype == DType::kBF16 || w_bf16 ? 3e-5 : 1e-10);
               out.insert(out.end(), pre.begin(), pre.end());
             }
             if (w_f16 && g.a_dtype == DType::kF32) {

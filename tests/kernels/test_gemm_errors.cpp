@@ -67,11 +67,13 @@ TEST(GemmErrors, TrainingEpiloguesNameWhatIsMissing) {
   GemmParams q = p;
   q.save_pre = pre.data();
   q.ldpre = 4;
-  EXPECT_NE(check_gemm(q).message().find("act is none"), std::string::npos) << check_gemm(q).message();
+  EXPECT_NE(check_gemm(q).message().find("act is none"), std::string::npos)
+      << check_gemm(q).message();
   q.act = Activation::kGeluTanh;
   EXPECT_TRUE(check_gemm(q).ok()) << check_gemm(q).message();
   q.ldpre = 3;
-  EXPECT_NE(check_gemm(q).message().find("ldpre 3 must be >= n 4"), std::string::npos) << check_gemm(q).message();
+  EXPECT_NE(check_gemm(q).message().find("ldpre 3 must be >= n 4"), std::string::npos)
+      << check_gemm(q).message();
 
   q = p;
   q.act_grad = Activation::kGeluTanh;
@@ -81,13 +83,15 @@ TEST(GemmErrors, TrainingEpiloguesNameWhatIsMissing) {
   q.ldpre = 4;
   EXPECT_TRUE(check_gemm(q).ok()) << check_gemm(q).message();
   q.bias = pre.data();
-  EXPECT_NE(check_gemm(q).message().find("takes no bias"), std::string::npos) << check_gemm(q).message();
+  EXPECT_NE(check_gemm(q).message().find("takes no bias"), std::string::npos)
+      << check_gemm(q).message();
   q.bias = nullptr;
   q.act_grad = Activation::kNone;
   EXPECT_NE(check_gemm(q).message().find("pre is set but act_grad is none"), std::string::npos)
       << check_gemm(q).message();
   q.act_grad = static_cast<Activation>(9);
-  EXPECT_NE(check_gemm(q).message().find("unknown activation 9"), std::string::npos) << check_gemm(q).message();
+  EXPECT_NE(check_gemm(q).message().find("unknown activation 9"), std::string::npos)
+      << check_gemm(q).message();
 }
 
 TEST(GemmErrors, MatmulShapesAndDtypes) {

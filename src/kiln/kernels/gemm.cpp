@@ -39,7 +39,8 @@ float apply_activation(Activation act, float v) {
 float activation_grad(Activation act, float x) {
   const double v = x;
   switch (act) {
-    case Activation::kNone: return 1.0f;
+    case Activation::kNone:
+      return 1.0f;
     case Activation::kGeluTanh: {  // 0.5 (1 + t) + 0.5 x (1 - t²) u', t = tanh(u), u = c (x + a x³)
       const double c = 0.79788456080286535588, a = 0.044715;
       const double t = std::tanh(c * (v + a * v * v * v)), du = c * (1.0 + 3.0 * a * v * v);
@@ -49,7 +50,8 @@ float activation_grad(Activation act, float x) {
       const double s = 1.0 / (1.0 + std::exp(-v));
       return static_cast<float>(s * (1.0 + v * (1.0 - s)));
     }
-    case Activation::kRelu: return x > 0.0f ? 1.0f : 0.0f;
+    case Activation::kRelu:
+      return x > 0.0f ? 1.0f : 0.0f;
   }
   return 1.0f;
 }
@@ -89,7 +91,8 @@ Status check_gemm(const GemmParams& p) {
   }
   const bool grad = p.act_grad != Activation::kNone;
   if (p.save_pre != nullptr && p.act == Activation::kNone)
-    return invalid_argument("[gemm] save_pre keeps an activation's input, but act is none ({})", desc());
+    return invalid_argument("[gemm] save_pre keeps an activation's input, but act is none ({})",
+                            desc());
   if (grad && p.pre == nullptr)
     return invalid_argument("[gemm] act_grad {} needs pre, the activation's input ({})",
                             activation_name(p.act_grad), desc());
@@ -121,9 +124,13 @@ std::array<graph::Access, kGemmIoCount> gemm_io(const GemmParams& p) {
   const int64_t b = p.trans_b ? bytes(p.n, p.k, p.ldb, p.b_dtype) : bytes(p.k, p.n, p.ldb, p.b_dtype);
   const int64_t c = bytes(p.m, p.n, p.ldc, DType::kF32);
   const int64_t pre = bytes(p.m, p.n, p.ldpre, DType::kF32);
-  return {graph::writes_bytes(p.c, c), graph::reads_bytes(p.a, a), graph::reads_bytes(p.b, b),
-          graph::reads(p.bias, p.n), graph::reads_bytes(p.residual, bytes(p.m, p.n, p.ldr, DType::kF32)),
-          p.beta != 0.0f ? graph::reads_bytes(p.c, c) : graph::Access{}, graph::writes_bytes(p.save_pre, pre),
+  return {graph::writes_bytes(p.c, c),
+          graph::reads_bytes(p.a, a),
+          graph::reads_bytes(p.b, b),
+          graph::reads(p.bias, p.n),
+          graph::reads_bytes(p.residual, bytes(p.m, p.n, p.ldr, DType::kF32)),
+          p.beta != 0.0f ? graph::reads_bytes(p.c, c) : graph::Access{},
+          graph::writes_bytes(p.save_pre, pre),
           graph::reads_bytes(p.pre, pre)};
 }
 

@@ -1,7 +1,7 @@
 // GEMM, the contract every backend implements: row-major C = act(alpha·op(A)·op(B) + beta·C +
 // bias) + residual, f32 or bf16 inputs, f32 accumulate and output; for training, the activation's
-// input can be kept (save_pre) and the backward's multiply by act' fused (act_grad). check_gemm() validates at
-// the op boundary; ref::gemm is the ground truth; cpu::gemm is the fast packed path.
+// input can be kept (save_pre) and the backward's multiply by act' fused (act_grad). check_gemm()
+// validates at the op boundary; ref::gemm is the ground truth; cpu::gemm is the fast packed path.
 #pragma once
 
 #include <array>

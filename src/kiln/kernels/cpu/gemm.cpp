@@ -386,7 +386,8 @@ void gemm(const GemmParams& p) {
   KILN_GRAPH_NODE_IO("gemm", [p](const graph::Access* io) {
     GemmParams q = p;
     q.c = io[0].mut<float>(); q.a = io[1].ptr; q.b = io[2].ptr; q.bias = io[3].as<float>(); q.residual = io[4].as<float>();
-    q.save_pre = io[6].mut<float>(); q.pre = io[7].as<float>();
+    q.save_pre = io[6].mut<float>();
+    q.pre = io[7].as<float>();
     gemm(q);
   }, gemm_io(p));
   trace::Scope kiln_trace_(trace::Category::kKernel, "gemm", [&](trace::Event& e) { describe_gemm(e, p); e.algo = p.m <= kGemmSmallM ? "small-m" : "packed"; });

@@ -90,7 +90,8 @@ void pack_a_amx(const GemmParams& p, int64_t i0, int64_t rows, int64_t k0, int64
 void run_tile(int64_t steps, const AmxA& a, const void* b_packed, float* c, int64_t ldc, int m, int n,
               const TileEpilogue& ep) {
   const auto* b = static_cast<const uint32_t*>(b_packed);
-  if (m == kAmxMr && n == kAmxNr && ep.alpha == 1.0f && (ep.beta == 0.0f || ep.beta == 1.0f) && ep.scales_only())
+  if (m == kAmxMr && n == kAmxNr && ep.alpha == 1.0f && (ep.beta == 0.0f || ep.beta == 1.0f) &&
+      ep.scales_only())
     return amx_bf16_tile_32x32(steps, a, b, c, ldc, ep.beta == 1.0f);
   alignas(64) float acc[kAmxMr * kAmxNr];
   amx_bf16_tile_32x32(steps, a, b, acc, kAmxNr, false);

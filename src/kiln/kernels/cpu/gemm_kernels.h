@@ -25,7 +25,8 @@ struct TileEpilogue {
   int64_t ldpre = 0;
   // Nothing past alpha and beta (the AMX path's in-place tiles need that).
   bool scales_only() const {
-    return !bias && act == Activation::kNone && !residual && !save_pre && act_grad == Activation::kNone;
+    return !bias && act == Activation::kNone && !residual && !save_pre &&
+           act_grad == Activation::kNone;
   }
   // The same epilogue `col` columns further right.
   TileEpilogue at_col(int64_t col) const {

@@ -230,7 +230,8 @@ void gemm_prepacked(const GemmParams& p, const PackedMatrix& b) {
   KILN_GRAPH_NODE_IO("gemm", ([p, &b](const graph::Access* io) {
     GemmParams q = p;
     q.c = io[0].mut<float>(); q.a = io[1].ptr; q.bias = io[3].as<float>(); q.residual = io[4].as<float>();
-    q.save_pre = io[6].mut<float>(); q.pre = io[7].as<float>();
+    q.save_pre = io[6].mut<float>();
+    q.pre = io[7].as<float>();
     gemm_prepacked(q, b);
   }), packed_gemm_io(p, b));
   trace::Scope kiln_trace_(trace::Category::kKernel, "gemm", [&](trace::Event& e) { describe_gemm(e, p); e.algo = "prepacked"; });

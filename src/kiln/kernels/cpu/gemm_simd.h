@@ -245,9 +245,12 @@ inline typename V::T act_vec(Activation act, typename V::T x) {
   using Vec = typename V::Vec;
   switch (act) {
     case Activation::kNone: return x;
-    case Activation::kRelu: return relu(Vec{x}).v;
-    case Activation::kSilu: return silu(Vec{x}).v;
-    case Activation::kGeluTanh: return gelu(Vec{x}).v;
+    case Activation::kRelu:
+      return relu(Vec{x}).v;
+    case Activation::kSilu:
+      return silu(Vec{x}).v;
+    case Activation::kGeluTanh:
+      return gelu(Vec{x}).v;
   }
   return x;
 }
@@ -256,18 +259,23 @@ template <class V>
 inline typename V::T act_grad_vec(Activation act, typename V::T x) {
   using Vec = typename V::Vec;
   switch (act) {
-    case Activation::kNone: return V::set1(1.0f);
-    case Activation::kRelu: return relu_grad(Vec{x}).v;
-    case Activation::kSilu: return silu_grad(Vec{x}).v;
-    case Activation::kGeluTanh: return gelu_grad(Vec{x}).v;
+    case Activation::kNone:
+      return V::set1(1.0f);
+    case Activation::kRelu:
+      return relu_grad(Vec{x}).v;
+    case Activation::kSilu:
+      return silu_grad(Vec{x}).v;
+    case Activation::kGeluTanh:
+      return gelu_grad(Vec{x}).v;
   }
   return V::set1(1.0f);
 }
 
 // C's vector at (row i, column j) of the tile the epilogue's pointers start at.
 template <class V>
-[[gnu::always_inline]] inline typename V::T epilogue_vec(typename V::T acc, const float* c, int64_t i, int64_t j,
-                                                         int n, const TileEpilogue& ep) {
+[[gnu::always_inline]] inline typename V::T epilogue_vec(typename V::T acc, const float* c,
+                                                         int64_t i, int64_t j, int n,
+                                                         const TileEpilogue& ep) {
   typename V::T x = ep.alpha == 1.0f ? acc : V::mul(V::set1(ep.alpha), acc);
   if (ep.beta != 0.0f) x = V::fmadd(V::set1(ep.beta), V::load_n(c, n), x);
   if (ep.bias) x = V::add(x, V::load_n(ep.bias + j, n));
@@ -286,7 +294,8 @@ void epilogue_rows(float* c, int64_t ldc, const float* acc, int64_t ld_acc, int6
   for (int64_t i = 0; i < rows; ++i) {
     for (int64_t j = 0; j < cols; j += L) {
       const int n = static_cast<int>(std::min<int64_t>(L, cols - j));
-      const typename V::T x = epilogue_vec<V>(V::load_n(acc + i * ld_acc + j, n), c + i * ldc + j, i, j, n, ep);
+      const typename V::T x =
+          epilogue_vec<V>(V::load_n(acc + i * ld_acc + j, n), c + i * ldc + j, i, j, n, ep);
       V::store_n(c + i * ldc + j, x, n);
     }
   }

@@ -73,9 +73,10 @@ Status check_rope(const char* op, int64_t max_positions, int64_t batch, int64_t 
 // ---- GEMM -------------------------------------------------------------------------------------
 Status gemm_supports(const GemmParams& p, GemmKernel kernel) {
   if (p.save_pre != nullptr || p.act_grad != Activation::kNone)
-    return unimplemented("[cuda::gemm] the training epilogues (save_pre, act_grad {}) run on the host only; "
-                         "apply the activation or its gradient as a kernel of its own",
-                         activation_name(p.act_grad));
+    return unimplemented(
+        "[cuda::gemm] the training epilogues (save_pre, act_grad {}) run on the host only; "
+        "apply the activation or its gradient as a kernel of its own",
+        activation_name(p.act_grad));
   const bool both_bf16 = p.a_dtype == DType::kBF16 && p.b_dtype == DType::kBF16;
   const bool async_rung = kernel == GemmKernel::kMmaCpAsync || kernel == GemmKernel::kMmaTma;
   if ((kernel == GemmKernel::kMma || async_rung) && !both_bf16)
