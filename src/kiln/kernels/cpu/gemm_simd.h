@@ -77,9 +77,15 @@ void pack_b_f32_impl(const GemmParams& p, int64_t j0, int64_t cols, int64_t k0, 
   const T* b = static_cast<const T*>(p.b);
   const int64_t full_strips = cols / NR;
   if (!p.trans_b) {
-    // Stored (k, n): sweep each row of B once, left to right, dealing NR-wide runs to the strips.
+    // Stored (k, n): sweep each row of B once, left to right, dealing NR-wide runs to the strips;
+    // the row two ahead is prefetched (rows ldb apart are in other pages, where the hardware
+    // prefetchers start over).
     for (int64_t l = 0; l < kc; ++l) {
       const T* src = b + (k0 + l) * p.ldb + j0;
+      if (l + 2 < kc) {
+        const char* ahead = reinterpret_cast<const char*>(src + 2 * p.ldb);
+        for (int64_t q = 0; q < cols * static_cast<int64_t>(sizeof(T)); q += 64) __builtin_prefetch(ahead + q, 0, 3);
+      }
       for (int64_t t = 0; t < full_strips; ++t) {
         float* d = dst + t * NR * kc + l * NR;
         const T* s = src + t * NR;
