@@ -111,12 +111,10 @@ void pack_a_avx2_6(const GemmParams& p, int64_t i0, int64_t rows, int64_t k0, in
     const __m256i last_mask = V256::mask(static_cast<int>(rows - (strips - 1) * kMr));
     for (int64_t l = 0; l < kc; ++l) {
       const float* src = a + (k0 + l) * p.lda + i0;
-      if (l + 2 < kc) {
-        const char* ahead = reinterpret_cast<const char*>(src + 2 * p.lda);
-        for (int64_t b = 0; b < rows * 4; b += 64) _mm_prefetch(ahead + b, _MM_HINT_T0);
-      }
+      if (l + 2 < kc) gemm_detail::prefetch_row_ahead(src, p.lda, rows * 4);
       for (int64_t s = 0; s + 1 < strips; ++s)
-        _mm256_maskstore_ps(out + (s * kc + l) * kMr, store_mask, _mm256_maskload_ps(src + s * kMr, store_mask));
+        _mm256_maskstore_ps(out + (s * kc + l) * kMr, store_mask,
+                            _mm256_maskload_ps(src + s * kMr, store_mask));
       _mm256_maskstore_ps(out + ((strips - 1) * kc + l) * kMr, store_mask,
                           _mm256_maskload_ps(src + (strips - 1) * kMr, last_mask));
     }

@@ -229,12 +229,10 @@ void pack_a_avx512_14(const GemmParams& p, int64_t i0, int64_t rows, int64_t k0,
       auto* d = reinterpret_cast<float*>(out);
       for (int64_t l = 0; l < kc; ++l) {
         const float* src = a + (k0 + l) * p.lda + i0;
-        if (l + 2 < kc) {
-          const char* ahead = reinterpret_cast<const char*>(src + 2 * p.lda);
-          for (int64_t b = 0; b < rows * 4; b += 64) _mm_prefetch(ahead + b, _MM_HINT_T0);
-        }
+        if (l + 2 < kc) gemm_detail::prefetch_row_ahead(src, p.lda, rows * 4);
         for (int64_t s = 0; s + 1 < strips; ++s)
-          _mm512_mask_storeu_ps(d + (s * kc + l) * kMr, kStoreMask, _mm512_maskz_loadu_ps(kStoreMask, src + s * kMr));
+          _mm512_mask_storeu_ps(d + (s * kc + l) * kMr, kStoreMask,
+                                _mm512_maskz_loadu_ps(kStoreMask, src + s * kMr));
         _mm512_mask_storeu_ps(d + ((strips - 1) * kc + l) * kMr, kStoreMask,
                               _mm512_maskz_loadu_ps(last_mask, src + (strips - 1) * kMr));
       }

@@ -71,21 +71,26 @@ void pack_a_f32_impl(const GemmParams& p, int64_t i0, int64_t rows, int64_t k0, 
   }
 }
 
+// The packs that sweep a stored matrix row by row (B (k, n), A (k, m)) fetch the row two ahead
+// while they deal this one: rows ld elements apart sit in other pages, where the hardware
+// prefetchers start over. `bytes` of row l + 2 from `row` (row l's first element used).
+template <class T>
+[[gnu::always_inline]] inline void prefetch_row_ahead(const T* row, int64_t ld, int64_t bytes) {
+  const char* ahead = reinterpret_cast<const char*>(row + 2 * ld);
+  for (int64_t q = 0; q < bytes; q += 64) __builtin_prefetch(ahead + q, 0, 3);
+}
+
 template <int NR, class T>
 void pack_b_f32_impl(const GemmParams& p, int64_t j0, int64_t cols, int64_t k0, int64_t kc,
                      float* dst) {
   const T* b = static_cast<const T*>(p.b);
   const int64_t full_strips = cols / NR;
   if (!p.trans_b) {
-    // Stored (k, n): sweep each row of B once, left to right, dealing NR-wide runs to the strips;
-    // the row two ahead is prefetched (rows ldb apart are in other pages, where the hardware
-    // prefetchers start over).
+    // Stored (k, n): sweep each row of B once, left to right, dealing NR-wide runs to the strips
+    // (the row two ahead prefetched).
     for (int64_t l = 0; l < kc; ++l) {
       const T* src = b + (k0 + l) * p.ldb + j0;
-      if (l + 2 < kc) {
-        const char* ahead = reinterpret_cast<const char*>(src + 2 * p.ldb);
-        for (int64_t q = 0; q < cols * static_cast<int64_t>(sizeof(T)); q += 64) __builtin_prefetch(ahead + q, 0, 3);
-      }
+      if (l + 2 < kc) prefetch_row_ahead(src, p.ldb, cols * static_cast<int64_t>(sizeof(T)));
       for (int64_t t = 0; t < full_strips; ++t) {
         float* d = dst + t * NR * kc + l * NR;
         const T* s = src + t * NR;
