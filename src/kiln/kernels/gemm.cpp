@@ -7,6 +7,7 @@
 
 #include "kiln/core/graph.h"
 #include "kiln/core/trace.h"
+#include "kiln/kernels/activation.h"
 #include "kiln/kernels/ops.h"
 #include "kiln/kernels/ops_backends.h"
 
@@ -37,23 +38,22 @@ float apply_activation(Activation act, float v) {
 }
 
 float activation_grad(Activation act, float x) {
-  const double v = x;
+  const float one = 1.0f;
+  float g = 1.0f;
   switch (act) {
     case Activation::kNone:
-      return 1.0f;
-    case Activation::kGeluTanh: {  // 0.5 (1 + t) + 0.5 x (1 - t²) u', t = tanh(u), u = c (x + a x³)
-      const double c = 0.79788456080286535588, a = 0.044715;
-      const double t = std::tanh(c * (v + a * v * v * v)), du = c * (1.0 + 3.0 * a * v * v);
-      return static_cast<float>(0.5 * (1.0 + t) + 0.5 * v * (1.0 - t * t) * du);
-    }
-    case Activation::kSilu: {  // s (1 + x (1 - s)), s = sigmoid(x)
-      const double s = 1.0 / (1.0 + std::exp(-v));
-      return static_cast<float>(s * (1.0 + v * (1.0 - s)));
-    }
+      break;
+    case Activation::kGeluTanh:
+      ref::gelu_backward(&g, &one, &x, 1);
+      break;
+    case Activation::kSilu:
+      ref::silu_backward(&g, &one, &x, 1);
+      break;
     case Activation::kRelu:
-      return x > 0.0f ? 1.0f : 0.0f;
+      g = x > 0.0f ? 1.0f : 0.0f;
+      break;
   }
-  return 1.0f;
+  return g;
 }
 
 Status check_gemm(const GemmParams& p) {

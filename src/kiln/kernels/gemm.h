@@ -71,7 +71,7 @@ std::array<graph::Access, kGemmIoCount> gemm_io(const GemmParams& p);
 
 // The scalar epilogue, shared by the reference and edge paths: v is alpha·acc + beta·C.
 float apply_activation(Activation act, float v);
-// act'(x), what act_grad multiplies by: in double, as ref::gelu_backward and ref::silu_backward.
+// act'(x), what act_grad multiplies by: ref::gelu_backward's and ref::silu_backward's (in double).
 float activation_grad(Activation act, float x);
 
 namespace ref {
