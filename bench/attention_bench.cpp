@@ -80,13 +80,21 @@ AttentionParams training_params(int64_t T) {
   return check_attention(p).value();
 }
 
+// The tiles a causal call of length T runs (the tuned ones fitted to T), or the tuned ones (T 0).
+cpu::FlashTileChoice tiles_at(int64_t T) {
+  cpu::FlashTileChoice t = cpu::flash_tiles();
+  if (T > 0)
+    t = {cpu::flash_tiles_for_length(t.fwd, T, true), cpu::flash_tiles_for_length(t.bwd, T, true)};
+  return t;
+}
+
 std::string tiles_used() {
-  const cpu::FlashTileChoice t = cpu::flash_tiles();
+  const cpu::FlashTileChoice t = tiles_at(0);
   return fmt::format("fwd {} bwd {}", cpu::flash_tiles_name(t.fwd), cpu::flash_tiles_name(t.bwd));
 }
 
-std::string tiles_json() {
-  const cpu::FlashTileChoice t = cpu::flash_tiles();
+std::string tiles_json(int64_t T) {
+  const cpu::FlashTileChoice t = tiles_at(T);
   return fmt::format(R"(, "tiles_fwd": "{}", "tiles_bwd": "{}")", cpu::flash_tiles_name(t.fwd), cpu::flash_tiles_name(t.bwd));
 }
 
@@ -128,10 +136,12 @@ void run_forward_breakdown(const AttentionBenchOptions& opt, const std::vector<s
     const double tot = best.total_s();
     const auto pct = [&](double x) { return 100.0 * x / tot; };
     if (opt.json) {
-      fmt::print(R"({{"bench": "attention", "impl": "flash", "T": {}, "pass": "fwd-breakdown", "ms": {:.4f}, "gflops": {:.2f}, "peak_gflops": {:.2f}, "pct_peak": {:.2f}, "flop_per_byte": {:.2f}, "dram_gbps": {:.2f}, "qk_pct": {:.2f}, "mask_pct": {:.2f}, "softmax_pct": {:.2f}, "pv_pct": {:.2f}, "other_pct": {:.2f}, "qk_pct_peak": {:.2f}, "pv_pct_peak": {:.2f}, "ns_per_exp": {:.3f}, "threads": {}{}}})"
-                 "\n",
-                 T, ms, gflops, peak, 100.0 * gflops / peak, cost.intensity(), dram, pct(best.qk_s), pct(best.mask_s),
-                 pct(best.softmax_s), pct(best.pv_s), pct(best.other_s), qk_pk, pv_pk, ns_exp, threads, tiles_json());
+      fmt::print(
+          R"({{"bench": "attention", "impl": "flash", "T": {}, "pass": "fwd-breakdown", "ms": {:.4f}, "gflops": {:.2f}, "peak_gflops": {:.2f}, "pct_peak": {:.2f}, "flop_per_byte": {:.2f}, "dram_gbps": {:.2f}, "qk_pct": {:.2f}, "mask_pct": {:.2f}, "softmax_pct": {:.2f}, "pv_pct": {:.2f}, "other_pct": {:.2f}, "qk_pct_peak": {:.2f}, "pv_pct_peak": {:.2f}, "ns_per_exp": {:.3f}, "threads": {}{}}})"
+          "\n",
+          T, ms, gflops, peak, 100.0 * gflops / peak, cost.intensity(), dram, pct(best.qk_s),
+          pct(best.mask_s), pct(best.softmax_s), pct(best.pv_s), pct(best.other_s), qk_pk, pv_pk,
+          ns_exp, threads, tiles_json(T));
     } else {
       fmt::print("{:>6} | {:>8.2f} {:>9.1f} {:>6.1f}% {:>10.0f} | {:>5.1f}% {:>5.1f}% {:>7.1f}% {:>5.1f}% {:>5.1f}% | {:>8.1f}% "
                  "{:>8.1f}% {:>7.2f}\n",
@@ -150,9 +160,11 @@ void run_training_shapes(const AttentionBenchOptions& opt) {
   const int threads = num_threads();
   cpu::maybe_autotune_first_use_flash(1024, 1024, kHeads);  // the tiles the header names are the ones timed
   if (!opt.json) {
-    fmt::print("attention forward / forward+backward: causal, batch 1, {} heads, head_dim {}, {} threads; median of {}\n"
-               "flash tiles (Br x Bc): {} ({})\n",
-               kHeads, kHeadDim, threads, opt.reps, tiles_used(), cpu::flash_tiles_source());
+    fmt::print(
+        "attention forward / forward+backward: causal, batch 1, {} heads, head_dim {}, {} threads; "
+        "median of {}\n"
+        "flash tiles (Br x Bc): {} ({}); halved for T < 8 x size (flash_tiles_for_length)\n",
+        kHeads, kHeadDim, threads, opt.reps, tiles_used(), cpu::flash_tiles_source());
     fmt::print("{:>6} | {:>10} {:>10} | {:>10} {:>10} {:>7} | {:>11} {:>11} {:>8}\n", "T", "naive fwd", "flash fwd",
                "naive f+b", "flash f+b", "speedup", "naive extra", "flash extra", "ratio");
   }
@@ -198,7 +210,7 @@ void run_training_shapes(const AttentionBenchOptions& opt) {
       extra[i] = extra_bytes(both);
       default_allocator().empty_cache();  // naive's T×T blocks must not linger
       if (opt.json) {
-        const std::string tiles = impl == AttentionImpl::kFlash ? tiles_json() : "";
+        const std::string tiles = impl == AttentionImpl::kFlash ? tiles_json(T) : "";
         print_json({name, T, "fwd", fwd[i], fwd_extra}, threads, tiles);
         print_json({name, T, "fwd+bwd", fb[i], extra[i]}, threads, tiles);
       }
@@ -227,9 +239,11 @@ void run_tune(const AttentionBenchOptions& opt) {
   const cpu::FlashTuneResult r = cpu::autotune_flash_tiles(t);
   const Status st = cpu::save_flash_tuning();
   if (opt.json) {
-    fmt::print(R"({{"bench": "attention", "tune": true, "T": {}, "fwd_ms": {:.4f}, "bwd_ms": {:.4f}, "fwd_default_ms": {:.4f}, "bwd_default_ms": {:.4f}, "seconds": {:.2f}, "saved": {}{}}})"
-               "\n",
-               t.seq_len, r.fwd_ms, r.bwd_ms, r.fwd_default_ms, r.bwd_default_ms, r.seconds, st.ok(), tiles_json());
+    fmt::print(
+        R"({{"bench": "attention", "tune": true, "T": {}, "fwd_ms": {:.4f}, "bwd_ms": {:.4f}, "fwd_default_ms": {:.4f}, "bwd_default_ms": {:.4f}, "seconds": {:.2f}, "saved": {}{}}})"
+        "\n",
+        t.seq_len, r.fwd_ms, r.bwd_ms, r.fwd_default_ms, r.bwd_default_ms, r.seconds, st.ok(),
+        tiles_json(0));
     return;
   }
   fmt::print("chosen in {:.1f} s: fwd {} ({:.2f} ms; cache model's {}: {:.2f} ms), bwd {} ({:.2f} ms; cache model's {}: "

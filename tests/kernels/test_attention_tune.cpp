@@ -159,5 +159,30 @@ TEST(FlashTileCacheModel, ChoiceMeetsItsCacheBounds) {
   EXPECT_EQ(cpu::flash_tiles_from_caches(machines[0], 64), (cpu::FlashTileChoice{{64, 64}, {128, 64}}));
 }
 
+// Causal and windowed calls shorter than 8 tiles get halved tiles (not below 64 or the tuned
+// size); unmasked calls and long ones keep the tuned tiles, and every result is a candidate.
+TEST(FlashTileLength, ShortMaskedCallsHalveTheirTiles) {
+  for (int64_t tq : cpu::kFlashTileQ) {
+    for (int64_t tk : cpu::kFlashTileK) {
+      const cpu::FlashTiles tuned{tq, tk, true};
+      for (int64_t T : {1, 16, 100, 256, 512, 1000, 1024, 2048, 4096}) {
+        EXPECT_EQ(cpu::flash_tiles_for_length(tuned, T, false), tuned);
+        const cpu::FlashTiles t = cpu::flash_tiles_for_length(tuned, T, true);
+        EXPECT_TRUE(cpu::is_flash_tile_candidate(t)) << cpu::flash_tiles_name(t);
+        EXPECT_TRUE(t.pack_v);
+        for (auto [got, want] : {std::pair{t.q, tq}, std::pair{t.k, tk}}) {
+          EXPECT_LE(got, want);
+          EXPECT_TRUE(got == std::min<int64_t>(64, want) || 8 * got <= T)
+              << T << " " << got;  // short: at most 1/8
+          EXPECT_TRUE(got == want || 16 * got > T)
+              << T << " " << got;  // halved no further than needed
+        }
+      }
+    }
+  }
+  EXPECT_EQ(cpu::flash_tiles_for_length({128, 64}, 256, true), (cpu::FlashTiles{64, 64}));
+  EXPECT_EQ(cpu::flash_tiles_for_length({128, 256}, 1024, true), (cpu::FlashTiles{128, 128}));
+}
+
 }  // namespace
 }  // namespace kiln

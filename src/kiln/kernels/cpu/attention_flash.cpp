@@ -40,8 +40,15 @@ namespace {
 // scanning a few dozen keys, so shorter chunks would not pay for themselves.
 constexpr int64_t kMinSplitKeys = 256;
 
+// The forward's and the backward's tiles of a batched call (flash_tiles() fitted to its length).
+FlashTileChoice call_tiles(const AttentionParams& p) {
+  const FlashTileChoice t = flash_tiles();
+  const bool masked = p.causal || p.window > 0;
+  return {flash_tiles_for_length(t.fwd, p.q_len, masked),
+          flash_tiles_for_length(t.bwd, p.q_len, masked)};
+}
 
-// tiles: the forward's or the backward's (flash_tiles()).
+// tiles: the forward's or the backward's (flash_tiles(), or call_tiles() for a batched call).
 FlashShape shape_of(const AttentionParams& p, int64_t lse_hs, FlashTiles tiles) {
   FlashShape sh;
   sh.n_heads = p.n_heads;
@@ -513,7 +520,8 @@ void attention_forward_flash(float* out, float* lse, const float* q, const float
                              const AttentionParams& p) {
   maybe_autotune_first_use_flash(p.q_len, p.kv_len, p.n_heads);  // before the tiles are read
   trace::Scope kiln_trace_(trace::Category::kKernel, "attention_forward", [&](trace::Event& e) { describe_attention(e, p, attention_forward_cost(p), "flash"); });
-  forward_seqs(shape_of(p, p.q_len, flash_tiles().fwd), batch_seqs(p, out, lse, q, k, v), p.num_splits);
+  forward_seqs(shape_of(p, p.q_len, call_tiles(p).fwd), batch_seqs(p, out, lse, q, k, v),
+               p.num_splits);
 }
 
 FlashProfile attention_forward_flash_profiled(float* out, float* lse, const float* q, const float* k, const float* v,
@@ -523,7 +531,7 @@ FlashProfile attention_forward_flash_profiled(float* out, float* lse, const floa
   std::vector<const FlashSeq*> ptrs;
   for (const FlashSeq& s : seqs) ptrs.push_back(&s);
   std::vector<FlashProfile> per_thread(static_cast<size_t>(num_threads()));
-  forward_tiles(shape_of(p, p.q_len, flash_tiles().fwd), ptrs, per_thread.data());
+  forward_tiles(shape_of(p, p.q_len, call_tiles(p).fwd), ptrs, per_thread.data());
   FlashProfile sum;
   for (const FlashProfile& t : per_thread) sum += t;
   return sum;
@@ -540,7 +548,7 @@ void attention_backward_flash(float* dq, float* dk, float* dv, const float* dout
     s.dk = dk + b * p.kv_len * p.k_row_stride;
     s.dv = dv + b * p.kv_len * p.v_row_stride;
   }
-  backward_seqs(shape_of(p, p.q_len, flash_tiles().bwd), seqs);
+  backward_seqs(shape_of(p, p.q_len, call_tiles(p).bwd), seqs);
 }
 
 void attention_forward_split_kv(float* out, float* lse, const float* q, const float* k, const float* v,
@@ -647,7 +655,7 @@ int64_t attention_forward_scratch_bytes(const AttentionParams& p, AttentionImpl 
     const int64_t part = nc > 1 ? p.batch * nc * rows * (p.head_dim + 1) : 0;
     return 4 * (pad16(part) + threads * pad16(rows * (p.head_dim + 2)));
   }
-  const FlashShape sh = shape_of(p, p.q_len, flash_tiles().fwd);
+  const FlashShape sh = shape_of(p, p.q_len, call_tiles(p).fwd);
   return 4 * threads *
          pad16(flash_forward_scratch_floats(p.head_dim, sh.tiles) +
                stage_floats(sh, p.q_len, p.kv_len, 2));
@@ -659,7 +667,7 @@ int64_t attention_backward_scratch_bytes(const AttentionParams& p, AttentionImpl
   if (impl == AttentionImpl::kNaive)
     return (p.batch * p.n_kv_heads > 1 ? threads : 1) * pad16(2 * p.q_len * p.kv_len) * 4;
   const int64_t rep = p.n_heads / p.n_kv_heads;
-  const FlashTiles tiles = flash_tiles().bwd;
+  const FlashTiles tiles = call_tiles(p).bwd;
   const int64_t nc = backward_chunks(p.kv_len, p.batch * p.n_kv_heads, tiles.k);
   const int64_t part = p.batch * p.n_kv_heads * (nc - 1) * p.q_len * rep * p.head_dim;
   const int64_t stage =

@@ -155,6 +155,15 @@ FlashTileChoice flash_tiles_from_caches(const CacheGeometry& c, int64_t head_dim
   return {fwd, bwd};
 }
 
+FlashTiles flash_tiles_for_length(FlashTiles tuned, int64_t q_len, bool masked) {
+  if (!masked) return tuned;
+  const auto fit = [&](int64_t size) {
+    while (size > 64 && 8 * size > q_len) size /= 2;
+    return size;
+  };
+  return {fit(tuned.q), fit(tuned.k), tuned.pack_v};
+}
+
 FlashTileChoice default_flash_tiles() { return flash_tiles_from_caches(this_cpu_caches(), 64); }
 
 FlashTileChoice flash_tiles() {
@@ -267,7 +276,10 @@ FlashTuneResult autotune_flash_tiles(const FlashTuneOptions& opt) {
       if (bwd && pack_v) break;
       for (int64_t tq : kFlashTileQ)
         for (int64_t tk : kFlashTileK)
-          if (FlashTiles{tq, tk, pack_v} != cands[0]) cands.push_back({tq, tk, pack_v});
+          // Tiles a causal call of this length would shrink (flash_tiles_for_length) are not timed.
+          if (const FlashTiles t{tq, tk, pack_v};
+              t != cands[0] && flash_tiles_for_length(t, opt.seq_len, true) == t)
+            cands.push_back(t);
     }
     double best = INFINITY;
     for (const FlashTiles& t : cands) {
