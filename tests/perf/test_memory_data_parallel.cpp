@@ -123,10 +123,14 @@ TEST(DataParallelMemory, PeakIsTheLargestPhaseNotTheSum) {
                         "kernel scratch"})
     groups += p.group_block_bytes(g);
   EXPECT_EQ(groups, p.total_block_bytes());
-  // One process: nothing lives in the optimizer step alone, so the peak is the backward's.
+  // One process: nothing lives in the optimizer step alone, so the peak is the forward's or the
+  // backward's, whichever attention scratch is larger (at T = 64 their tiles may take the same
+  // blocks: the flash tiles are fitted to the length, flash_tiles_for_length).
   const MemoryPrediction one = predict_memory(c, 4, 64, Precision::kF32, CheckpointMode::kNone);
-  EXPECT_EQ(one.peak_phase(), StepPhase::kBackward);
-  EXPECT_EQ(one.total_block_bytes(), whole - (p.group_block_bytes("model states") - one.group_block_bytes("model states")) + backward);
+  EXPECT_NE(one.peak_phase(), StepPhase::kOptimizerStep);
+  EXPECT_EQ(one.total_block_bytes(),
+            whole - (p.group_block_bytes("model states") - one.group_block_bytes("model states")) +
+                std::max(forward, backward));
 }
 
 TEST(DataParallelMemory, StagesShardMoreInOrder) {
