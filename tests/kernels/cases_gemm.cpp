@@ -30,15 +30,16 @@ struct GemmCase {
   Activation act = Activation::kNone;
   bool save_pre = false;                    // with act: the activation's input kept too
   Activation act_grad = Activation::kNone;  // C ⊙ act_grad'(pre), pre random in [-4, 4]
+  bool bias_grad = false;  // op(A)'s row sums added into a random (m,) vector: bitwise ref's
   DType a_dtype = DType::kF32, b_dtype = DType::kF32;
   cpu::GemmBlocking blocking{};  // {0,0,0}: the current blocking
 
   std::string name() const {
     return fmt::format(
         "m={} n={} k={} ta={} tb={} pad={} alpha={} beta={} bias={} act={} res={} "
-        "save_pre={} act_grad={} a={} b={} blk={}/{}/{}",
+        "save_pre={} act_grad={} bias_grad={} a={} b={} blk={}/{}/{}",
         m, n, k, ta, tb, pad, alpha, beta, bias, activation_name(act), residual, save_pre,
-        activation_name(act_grad), dtype_name(a_dtype), dtype_name(b_dtype), blocking.mc,
+        activation_name(act_grad), bias_grad, dtype_name(a_dtype), dtype_name(b_dtype), blocking.mc,
         blocking.kc, blocking.nc);
   }
 };
@@ -101,6 +102,11 @@ KernelCase make_case(const GemmCase& g, uint64_t seed) {
             p.save_pre = g.save_pre ? pre_ref.data() : nullptr;
             p.act_grad = g.act_grad;
             p.pre = g.act_grad != Activation::kNone ? pre0.data() : nullptr;
+            // bias_grad: added into, so its start is random (drawn only for these cases).
+            const std::vector<float> bg0 =
+                g.bias_grad ? random_vector(rng, static_cast<size_t>(g.m)) : std::vector<float>{};
+            std::vector<float> bg_ref = bg0;
+            p.bias_grad = g.bias_grad ? bg_ref.data() : nullptr;
             std::vector<float> c_ref = c0;
             p.c = c_ref.data();
             EXPECT_TRUE(check_gemm(p).ok()) << check_gemm(p).to_string();
@@ -120,9 +126,10 @@ KernelCase make_case(const GemmCase& g, uint64_t seed) {
               if (!low && kernel != cpu::Bf16Kernel::kDot) break;
               if (kernel == cpu::Bf16Kernel::kAmx && !cpu::bf16_amx_available()) continue;
               cpu::set_bf16_gemm_kernel(kernel);
-              std::vector<float> c = c0, pre = pre0;
+              std::vector<float> c = c0, pre = pre0, bg = bg0;
               p.c = c.data();
               if (g.save_pre) p.save_pre = pre.data();
+              if (g.bias_grad) p.bias_grad = bg.data();
               cpu::gemm(p);
               const char* what = kernel == cpu::Bf16Kernel::kDot ? "C" : kernel == cpu::Bf16Kernel::kWiden ? "C widened" : "C amx";
               for (Compare& cmp : compare_strided(what, c_ref, c, g.m, g.n, ldc, low ? 3e-5 : 1e-10))
@@ -132,6 +139,7 @@ KernelCase make_case(const GemmCase& g, uint64_t seed) {
                                                     g.n, ldpre, low ? 3e-5 : 1e-10))
                   out.push_back(std::move(cmp));
               }
+              if (g.bias_grad) out.push_back({fmt::format("{} bias_grad", what), bg_ref, bg, 0.0});
             }
             cpu::set_bf16_gemm_kernel(picked);
             cpu::set_gemm_blocking(cpu::GemmPath::kF32, saved_f32);
@@ -194,6 +202,27 @@ KILN_KERNEL_CASES(gemm) {
       fwd.save_pre = true;
       cases.push_back(make_case(fwd, seed++));
       g.act_grad = act;
+      cases.push_back(make_case(g, seed++));
+    }
+  }
+  // The bias-gradient epilogue (BGRADA), bitwise the reference's k-order sums: transposed f32 A
+  // (the weight gradient's dYᵀ) on the packed path with several K blocks and two NC panels (only
+  // the task holding column 0 adds), on the column split (m <= n, several strips per thread),
+  // with C accumulated; A in place (element by element), bf16 A (every bf16 kernel), the
+  // small-M path, n = 0 (no product, the sums still made) and k = 0 (nothing added).
+  {
+    const GemmCase bg[] = {
+        {.m = 70, .n = 96, .k = 130, .ta = true, .tb = true, .blocking = {28, 48, 64}},
+        {.m = 70, .n = 260, .k = 77, .ta = true, .pad = 2},
+        {.m = 300, .n = 520, .k = 129, .ta = true, .beta = 1.0f, .bias = true},
+        {.m = 45, .n = 33, .k = 100, .pad = 1, .blocking = {28, 48, 64}},
+        {.m = 57, .n = 65, .k = 130, .ta = true, .a_dtype = DType::kBF16, .b_dtype = DType::kBF16},
+        {.m = 5, .n = 70, .k = 50, .ta = true},
+        {.m = 20, .n = 0, .k = 37, .ta = true, .pad = 1},
+        {.m = 20, .n = 37, .k = 0, .beta = 0.5f},
+    };
+    for (GemmCase g : bg) {
+      g.bias_grad = true;
       cases.push_back(make_case(g, seed++));
     }
   }

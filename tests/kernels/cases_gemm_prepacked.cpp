@@ -27,6 +27,7 @@ struct PrepackedCase {
   Activation act = Activation::kNone;
   bool save_pre = false;                    // with act: the activation's input kept too
   Activation act_grad = Activation::kNone;  // C ⊙ act_grad'(pre), pre random in [-4, 4]
+  bool bias_grad = false;  // op(A)'s row sums added into a random (m,) vector: bitwise ref's
   DType a_dtype = DType::kF32;
   DType w_dtype = DType::kF32;  // bf16: pack_weight_as bf16 (pairs of k with AVX512_BF16); f16: halves
   cpu::GemmBlocking blocking{};
@@ -34,10 +35,10 @@ struct PrepackedCase {
   std::string name() const {
     return fmt::format(
         "m={} n={} k={} ta={} pad={} alpha={} beta={} bias={} act={} res={} save_pre={} "
-        "act_grad={} "
+        "act_grad={} bias_grad={} "
         "a={} w={} blk={}/{}",
         m, n, k, ta, pad, alpha, beta, bias, activation_name(act), residual, save_pre,
-        activation_name(act_grad), dtype_name(a_dtype), dtype_name(w_dtype), blocking.mc,
+        activation_name(act_grad), bias_grad, dtype_name(a_dtype), dtype_name(w_dtype), blocking.mc,
         blocking.kc);
   }
 };
@@ -84,6 +85,10 @@ KernelCase make_case(const PrepackedCase& g, uint64_t seed) {
             p.save_pre = g.save_pre ? pre_ref.data() : nullptr;
             p.act_grad = g.act_grad;
             p.pre = g.act_grad != Activation::kNone ? pre0.data() : nullptr;
+            const std::vector<float> bg0 =
+                g.bias_grad ? random_vector(rng, static_cast<size_t>(g.m)) : std::vector<float>{};
+            std::vector<float> bg_ref = bg0, bg_fast = bg0;
+            p.bias_grad = g.bias_grad ? bg_ref.data() : nullptr;
             std::vector<float> c_ref = c0, c_fast = c0;
             p.c = c_ref.data();
             ref::gemm(p);
@@ -100,12 +105,14 @@ KernelCase make_case(const PrepackedCase& g, uint64_t seed) {
             q.b = nullptr;  // ignored by gemm_prepacked
             q.c = c_fast.data();
             if (g.save_pre) q.save_pre = pre_fast.data();
+            if (g.bias_grad) q.bias_grad = bg_fast.data();
             Compare ok{"check_gemm_prepacked", {0.0f}, {check_gemm_prepacked(q, packed).ok() ? 0.0f : 1.0f}, 0.0};
             gemm_prepacked(q, packed);
             std::vector<float> c_f32 = c0;  // f16 W: the f32 packed path on the widened weight
             if (w_f16) {
               q.c = c_f32.data();
               q.save_pre = nullptr;
+              q.bias_grad = nullptr;
               gemm_prepacked(q, pack_weight(w.data(), g.n, g.k, ldw));
             }
             cpu::set_gemm_blocking(cpu::GemmPath::kF32, saved);
@@ -120,6 +127,7 @@ KernelCase make_case(const PrepackedCase& g, uint64_t seed) {
                                   g.a_dtype == DType::kBF16 || w_bf16 ? 3e-5 : 1e-10);
               out.insert(out.end(), pre.begin(), pre.end());
             }
+            if (g.bias_grad) out.push_back({"bias_grad", bg_ref, bg_fast, 0.0});
             if (w_f16 && g.a_dtype == DType::kF32) {
               std::vector<Compare> same = compare_strided("C vs the f32 path", c_f32, c_fast, g.m, g.n, ldc, 0.0);
               out.insert(out.end(), same.begin(), same.end());
@@ -163,6 +171,13 @@ KILN_KERNEL_CASES(gemm_prepacked) {
       g.beta = m == 33 ? 0.5f : 0.0f;
       cases.push_back(make_case(g, seed++));
     }
+  }
+  // The bias-gradient epilogue (one pass after the product), transposed and in-place A, the packed
+  // and the small-M path: bitwise the reference's sums.
+  for (int64_t m : {int64_t{6}, int64_t{33}}) {
+    PrepackedCase g{m, 70, 301, m == 33, m == 6 ? 2 : 0};
+    g.bias_grad = true;
+    cases.push_back(make_case(g, seed++));
   }
   // Every activation on the packed and the small-M path.
   for (Activation act : {Activation::kGeluTanh, Activation::kSilu, Activation::kRelu}) {

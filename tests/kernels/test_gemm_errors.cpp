@@ -94,6 +94,21 @@ TEST(GemmErrors, TrainingEpiloguesNameWhatIsMissing) {
       << check_gemm(q).message();
 }
 
+// The bias-gradient epilogue reads A even where there is no product (n = 0).
+TEST(GemmErrors, BiasGradNeedsA) {
+  std::vector<float> a, b, c, db(2, 0.0f);
+  GemmParams q = valid_params(a, b, c);
+  q.bias_grad = db.data();
+  EXPECT_TRUE(check_gemm(q).ok()) << check_gemm(q).message();
+  q.n = 0;
+  q.b = nullptr;
+  EXPECT_TRUE(check_gemm(q).ok()) << check_gemm(q).message();
+  q.a = nullptr;
+  EXPECT_NE(check_gemm(q).message().find("bias_grad sums A's rows, but A is null"),
+            std::string::npos)
+      << check_gemm(q).message();
+}
+
 TEST(GemmErrors, MatmulShapesAndDtypes) {
   Tensor a = Tensor::full({2, 3}, 1.0f);
   Tensor b = Tensor::full({4, 5}, 1.0f);

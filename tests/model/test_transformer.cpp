@@ -97,8 +97,10 @@ TEST(Transformer, Gpt2GradientsMatchFiniteDifferences) { check_gradients(tiny(Mo
 
 // GPT-2's MLP runs GELU in the up projection's GEMM epilogue, keeping its input for the backward
 // (Linear::forward_act, GemmParams::save_pre). The epilogue evaluates GELU with the elementwise
-// kernel's instructions, so the loss and every gradient are bitwise those of the unfused path
-// (split_epilogue: the GEMMs, then the bias, residual and GELU kernels), at 1 and 2 threads.
+// kernel's instructions, and the weight-gradient GEMMs sum dY's rows into the bias gradients in
+// the separate pass's order (GemmParams::bias_grad), so the loss and every gradient are bitwise
+// those of the unfused path (split_epilogue: the GEMMs, then the bias, residual, GELU and bias
+// gradient kernels), at 1 and 2 threads.
 TEST(Transformer, FusedGeluEpiloguesMatchTheSplitPathBitwise) {
   ModelConfig c = tiny(ModelFamily::kGpt2);
   c.d_model = 16;

@@ -82,6 +82,8 @@ Status check_gemm(const GemmParams& p) {
   if (p.m > 0 && p.n > 0 && p.c == nullptr) return invalid_argument("[gemm] C is null ({})", desc());
   if (p.m > 0 && p.n > 0 && p.k > 0 && (p.a == nullptr || p.b == nullptr))
     return invalid_argument("[gemm] A or B is null ({})", desc());
+  if (p.bias_grad != nullptr && p.m > 0 && p.k > 0 && p.a == nullptr)
+    return invalid_argument("[gemm] bias_grad sums A's rows, but A is null ({})", desc());
   if (p.residual != nullptr && p.ldr < std::max<int64_t>(1, p.n))
     return invalid_argument("[gemm] ldr {} must be >= n {} for the residual ({})", p.ldr, p.n,
                             desc());
@@ -111,7 +113,8 @@ double gemm_bytes(const GemmParams& p) {
   const double b = static_cast<double>(dtype_nbytes(p.b_dtype, p.k * p.n));
   const double c = 4.0 * p.m * p.n * (p.beta != 0.0f ? 2 : 1);
   const double extra = (p.bias ? 4.0 * p.n : 0.0) + (p.residual ? 4.0 * p.m * p.n : 0.0) +
-                       (p.save_pre ? 4.0 * p.m * p.n : 0.0) + (p.pre ? 4.0 * p.m * p.n : 0.0);
+                       (p.save_pre ? 4.0 * p.m * p.n : 0.0) + (p.pre ? 4.0 * p.m * p.n : 0.0) +
+                       (p.bias_grad ? 8.0 * p.m : 0.0);
   return a + b + c + extra;
 }
 
@@ -131,7 +134,9 @@ std::array<graph::Access, kGemmIoCount> gemm_io(const GemmParams& p) {
           graph::reads_bytes(p.residual, bytes(p.m, p.n, p.ldr, DType::kF32)),
           p.beta != 0.0f ? graph::reads_bytes(p.c, c) : graph::Access{},
           graph::writes_bytes(p.save_pre, pre),
-          graph::reads_bytes(p.pre, pre)};
+          graph::reads_bytes(p.pre, pre),
+          graph::writes(p.bias_grad, p.m),
+          graph::reads(p.bias_grad, p.m)};
 }
 
 void describe_gemm(trace::Event& e, const GemmParams& p) {

@@ -51,22 +51,28 @@ struct GemmParams {
   Activation act_grad = Activation::kNone;
   const float* pre = nullptr;
   int64_t ldpre = 0;
+  // The bias gradient of a weight-gradient GEMM, as cuBLASLt's BGRADA epilogue: bias_grad (m,)
+  // += the sum over k of op(A)'s row i, added in k order (bitwise the column sums of dY that a
+  // separate pass makes). For dW (out, in) = dYᵀ X, A = dY stored (tokens, out) with trans_a, and
+  // the sum is over the tokens. Independent of B, C and the epilogue (also made when n is 0).
+  float* bias_grad = nullptr;
 };
 
 // Op-level validation: names the op, the shapes, leading dims and dtypes that are wrong.
 Status check_gemm(const GemmParams& p);
 
 // Work and traffic of one call (STYLE rule 10): 2mnk FLOPs; bytes = each operand read once
-// plus C written (and read when beta != 0), bias, residual and pre read, save_pre written.
+// plus C written (and read when beta != 0), bias, residual and pre read, save_pre written,
+// bias_grad read and written.
 inline double gemm_flops(int64_t m, int64_t n, int64_t k) { return 2.0 * m * n * k; }
 double gemm_bytes(const GemmParams& p);
 // The profiler's arguments of one call (core/trace.h): FLOPs, bytes, (m, n, k), dtype.
 void describe_gemm(trace::Event& e, const GemmParams& p);
 
 // The buffers of one call for graph capture (core/graph.h), in this order: C written, A, B,
-// bias, residual, C read when beta != 0, save_pre written, pre read (a null or empty operand is
-// an empty access).
-inline constexpr int kGemmIoCount = 8;
+// bias, residual, C read when beta != 0, save_pre written, pre read, bias_grad written and read
+// (a null or empty operand is an empty access).
+inline constexpr int kGemmIoCount = 10;
 std::array<graph::Access, kGemmIoCount> gemm_io(const GemmParams& p);
 
 // The scalar epilogue, shared by the reference and edge paths: v is alpha·acc + beta·C.

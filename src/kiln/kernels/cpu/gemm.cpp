@@ -17,6 +17,7 @@
 #include "kiln/kernels/cpu/gemm_cpu.h"
 #include "kiln/kernels/cpu/gemm_driver.h"
 #include "kiln/kernels/cpu/gemm_simd.h"
+#include "kiln/kernels/cpu/ops_targets.h"
 #include "kiln/kernels/dispatch.h"
 #include "kiln/kernels/cpu/parallel.h"
 
@@ -141,6 +142,9 @@ void run_block(const GemmParams& p, const PackedPath& path, const PanelLayout& l
       const int64_t fe = direct_q ? std::max(ms0, full_end) : ms0;  // strips from fe on are packed
       if (fe < ms1)
         path.pack_a(p, fe * mr, std::min(p.m, ms1 * mr) - fe * mr, pc, kc, apack + (fe - ms0) * a_strip);
+      // BGRADA: one task per row adds it (the one holding column 0), K block after K block.
+      if (p.bias_grad != nullptr && jc == 0 && ns0 == 0)
+        gemm_bias_grad(p, ms0 * mr, std::min(p.m, ms1 * mr) - ms0 * mr, pc, kc);
     }
     const bool first = q == 0, last = q + 1 == lay.num_pc;
     TileEpilogue ep;
@@ -174,6 +178,23 @@ void run_block(const GemmParams& p, const PackedPath& path, const PanelLayout& l
 }
 
 }  // namespace
+
+void gemm_bias_grad(const GemmParams& p, int64_t r0, int64_t rows, int64_t pc, int64_t kc) {
+  float* out = p.bias_grad + r0;
+  if (p.trans_a && p.a_dtype == DType::kF32) {
+    const auto add = KILN_OPS_DISPATCH(accumulate_n).pick();
+    const float* a = static_cast<const float*>(p.a) + r0;
+    for (int64_t l = pc; l < pc + kc; ++l) add(out, a + l * p.lda, rows);
+    return;
+  }
+  const auto at = [&](int64_t i, int64_t l) {
+    const int64_t idx = p.trans_a ? l * p.lda + i : i * p.lda + l;
+    return p.a_dtype == DType::kF32 ? static_cast<const float*>(p.a)[idx]
+                                    : gemm_detail::bf16_bits_to_f32(static_cast<const uint16_t*>(p.a)[idx]);
+  };
+  for (int64_t i = 0; i < rows; ++i)
+    for (int64_t l = pc; l < pc + kc; ++l) out[i] += at(r0 + i, l);
+}
 
 PanelLayout panel_layout(const GemmParams& p, const PackedPath& path, GemmBlocking blk) {
   const int64_t num_kb = std::max<int64_t>(1, ceil_div(p.k, blk.kc));
@@ -388,13 +409,18 @@ void gemm(const GemmParams& p) {
     q.c = io[0].mut<float>(); q.a = io[1].ptr; q.b = io[2].ptr; q.bias = io[3].as<float>(); q.residual = io[4].as<float>();
     q.save_pre = io[6].mut<float>();
     q.pre = io[7].as<float>();
+    q.bias_grad = io[8].mut<float>();
     gemm(q);
   }, gemm_io(p));
   trace::Scope kiln_trace_(trace::Category::kKernel, "gemm", [&](trace::Event& e) { describe_gemm(e, p); e.algo = p.m <= kGemmSmallM ? "small-m" : "packed"; });
   KILN_CHECK_MSG(check_gemm(p).ok(), "{}", check_gemm(p).message());
-  if (p.m == 0 || p.n == 0) return;
+  if (p.m == 0) return;
   const GemmTargetKernels& kernels = gemm_target_kernels();
-  if (p.m <= kGemmSmallM) return gemm_small_m(p, kernels);
+  if (p.n == 0 || p.m <= kGemmSmallM) {
+    if (p.n > 0) gemm_small_m(p, kernels);
+    if (p.bias_grad != nullptr) gemm_bias_grad(p, 0, p.m, 0, p.k);  // the small-M path packs no A
+    return;
+  }
   maybe_autotune_first_use(p.m, p.n, p.k);
   const bool bf16 = p.a_dtype == DType::kBF16 || p.b_dtype == DType::kBF16;
   const PackedPath& path = !bf16 ? kernels.f32 : bf16_packed_path(kernels, bf16_gemm_kernel());

@@ -48,6 +48,13 @@ inline constexpr int64_t kThreadPanelBytes = int64_t{4} << 20;
 void run_column_chunk(const GemmParams& p, const PackedPath& path, PanelLayout lay, int64_t s0,
                       int64_t s1, int64_t ms0, int64_t ms1, int64_t mc_strips);
 
+// The bias-gradient epilogue (GemmParams::bias_grad) over rows [r0, r0 + rows) of op(A) and k in
+// [pc, pc + kc), added in k order: what the packed path runs per K block beside packing A (the
+// task holding C's column 0 does it, A's block is in cache), and the other drivers run in one
+// pass after the product. f32 A stored (k, m) adds whole stored rows at once (16 lanes); other
+// layouts and bf16 go element by element.
+void gemm_bias_grad(const GemmParams& p, int64_t r0, int64_t rows, int64_t pc, int64_t kc);
+
 // The small-M (m <= kGemmSmallM) path in two steps: small_m_args copies A into the calling
 // thread's scratch (f32, L1-friendly row stride; also bf16 when B is bf16); small_m_columns
 // computes C's columns [j0, j1) (j0 a multiple of 16) from it on the calling thread, epilogue

@@ -16,6 +16,7 @@
 #include "kiln/core/graph.h"
 #include "kiln/core/trace.h"
 #include "kiln/kernels/cpu/gemm_cpu.h"
+#include "kiln/kernels/cpu/gemm_driver.h"
 #include "kiln/kernels/cpu/gemm_kernels.h"
 #include "kiln/kernels/cpu/parallel.h"
 
@@ -224,19 +225,9 @@ std::array<graph::Access, kGemmIoCount> packed_gemm_io(const GemmParams& p, cons
   io[2] = graph::reads_bytes(b.data(), b.packed_bytes());
   return io;
 }
-}  // namespace
 
-void gemm_prepacked(const GemmParams& p, const PackedMatrix& b) {
-  KILN_GRAPH_NODE_IO("gemm", ([p, &b](const graph::Access* io) {
-    GemmParams q = p;
-    q.c = io[0].mut<float>(); q.a = io[1].ptr; q.bias = io[3].as<float>(); q.residual = io[4].as<float>();
-    q.save_pre = io[6].mut<float>();
-    q.pre = io[7].as<float>();
-    gemm_prepacked(q, b);
-  }), packed_gemm_io(p, b));
-  trace::Scope kiln_trace_(trace::Category::kKernel, "gemm", [&](trace::Event& e) { describe_gemm(e, p); e.algo = "prepacked"; });
-  KILN_CHECK_MSG(check_gemm_prepacked(p, b).ok(), "{}", check_gemm_prepacked(p, b).message());
-  if (p.m == 0 || p.n == 0) return;
+// The product and its epilogue (bias_grad aside), p.m > 0 and p.n > 0.
+void run_prepacked(const GemmParams& p, const PackedMatrix& b) {
   const GemmTargetKernels& kr = kernels_for(b.target());
   const cpu::PackedPath& path = path_for(kr, b.weight_dtype());
   const int64_t mr = path.mr, nr = path.nr, ks = path.k_per_step;
@@ -308,6 +299,22 @@ void gemm_prepacked(const GemmParams& p, const PackedMatrix& b) {
       }
     }
   });
+}
+}  // namespace
+
+void gemm_prepacked(const GemmParams& p, const PackedMatrix& b) {
+  KILN_GRAPH_NODE_IO("gemm", ([p, &b](const graph::Access* io) {
+    GemmParams q = p;
+    q.c = io[0].mut<float>(); q.a = io[1].ptr; q.bias = io[3].as<float>(); q.residual = io[4].as<float>();
+    q.save_pre = io[6].mut<float>();
+    q.pre = io[7].as<float>();
+    q.bias_grad = io[8].mut<float>();
+    gemm_prepacked(q, b);
+  }), packed_gemm_io(p, b));
+  trace::Scope kiln_trace_(trace::Category::kKernel, "gemm", [&](trace::Event& e) { describe_gemm(e, p); e.algo = "prepacked"; });
+  KILN_CHECK_MSG(check_gemm_prepacked(p, b).ok(), "{}", check_gemm_prepacked(p, b).message());
+  if (p.m > 0 && p.n > 0) run_prepacked(p, b);
+  if (p.bias_grad != nullptr) cpu::gemm_bias_grad(p, 0, p.m, 0, p.k);  // one pass: A is packed for all tasks
 }
 
 }  // namespace kiln

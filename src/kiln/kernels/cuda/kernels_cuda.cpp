@@ -77,6 +77,10 @@ Status gemm_supports(const GemmParams& p, GemmKernel kernel) {
         "[cuda::gemm] the training epilogues (save_pre, act_grad {}) run on the host only; "
         "apply the activation or its gradient as a kernel of its own",
         activation_name(p.act_grad));
+  if (p.bias_grad != nullptr)
+    return unimplemented(
+        "[cuda::gemm] the bias-gradient epilogue (bias_grad) runs on the host only; sum dY's rows "
+        "as a kernel of its own");
   const bool both_bf16 = p.a_dtype == DType::kBF16 && p.b_dtype == DType::kBF16;
   const bool async_rung = kernel == GemmKernel::kMmaCpAsync || kernel == GemmKernel::kMmaTma;
   if ((kernel == GemmKernel::kMma || async_rung) && !both_bf16)

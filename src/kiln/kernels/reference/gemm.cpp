@@ -32,6 +32,11 @@ void gemm(const GemmParams& p) {
       *c = v;
     }
   }
+  if (p.bias_grad) {
+    for (int64_t i = 0; i < p.m; ++i)
+      for (int64_t l = 0; l < p.k; ++l)
+        p.bias_grad[i] += load(p.a, p.a_dtype, p.trans_a ? l * p.lda + i : i * p.lda + l);
+  }
 }
 
 }  // namespace kiln::ref
