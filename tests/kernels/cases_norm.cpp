@@ -96,6 +96,29 @@ KILN_KERNEL_CASES(layernorm) {
                        }});
     }
   }
+  // accumulate_dx: dinp += the input gradient (the residual stream's gradient joins it), from
+  // random values; rows past one row block and odd widths.
+  for (auto [rows, cols] : {std::pair<int64_t, int64_t>{5, 300}, {70, 33}}) {
+    cases.push_back({fmt::format("accumulate rows={} cols={}", rows, cols), [rows, cols] {
+                       const NormInputs in = norm_inputs(rows, cols, 31 * rows + cols);
+                       std::vector<float> mean(rows), rstd(rows), y(in.x.size());
+                       ref::layernorm_forward(y.data(), mean.data(), rstd.data(), in.x.data(),
+                                              in.w.data(), in.b.data(), rows, cols);
+                       Rng rng(rows + cols);
+                       const std::vector<float> dx0 = random_vector(rng, in.x.size());
+                       std::vector<float> dx_ref = dx0, dx_cpu = dx0, dw_ref = in.dw0,
+                                          dw_cpu = in.dw0, db_ref = in.db0, db_cpu = in.db0;
+                       ref::layernorm_backward(dx_ref.data(), dw_ref.data(), db_ref.data(),
+                                               in.dy.data(), in.x.data(), in.w.data(), mean.data(),
+                                               rstd.data(), rows, cols, true);
+                       cpu::layernorm_backward(dx_cpu.data(), dw_cpu.data(), db_cpu.data(),
+                                               in.dy.data(), in.x.data(), in.w.data(), mean.data(),
+                                               rstd.data(), rows, cols, true);
+                       return std::vector<Compare>{{"dinp +=", dx_ref, dx_cpu, kTolReduction},
+                                                   {"dweight", dw_ref, dw_cpu, kTolReduction},
+                                                   {"dbias", db_ref, db_cpu, kTolReduction}};
+                     }});
+  }
   // in place: out aliases inp
   cases.push_back({"in place rows=5 cols=300", [] {
                      const NormInputs in = norm_inputs(5, 300, 7);
@@ -136,6 +159,24 @@ KILN_KERNEL_CASES(rmsnorm) {
              return out;
            }});
     }
+  }
+  // accumulate_dx, as in layernorm's cases.
+  for (auto [rows, cols] : {std::pair<int64_t, int64_t>{5, 300}, {70, 33}}) {
+    cases.push_back(
+        {fmt::format("accumulate rows={} cols={}", rows, cols), [rows, cols] {
+           const NormInputs in = norm_inputs(rows, cols, 37 * rows + cols);
+           std::vector<float> rstd(rows), y(in.x.size());
+           ref::rmsnorm_forward(y.data(), rstd.data(), in.x.data(), in.w.data(), rows, cols);
+           Rng rng(rows + cols);
+           const std::vector<float> dx0 = random_vector(rng, in.x.size());
+           std::vector<float> dx_ref = dx0, dx_cpu = dx0, dw_ref = in.dw0, dw_cpu = in.dw0;
+           ref::rmsnorm_backward(dx_ref.data(), dw_ref.data(), in.dy.data(), in.x.data(),
+                                 in.w.data(), rstd.data(), rows, cols, true);
+           cpu::rmsnorm_backward(dx_cpu.data(), dw_cpu.data(), in.dy.data(), in.x.data(),
+                                 in.w.data(), rstd.data(), rows, cols, true);
+           return std::vector<Compare>{{"dinp +=", dx_ref, dx_cpu, kTolReduction},
+                                       {"dweight", dw_ref, dw_cpu, kTolReduction}};
+         }});
   }
   return cases;
 }

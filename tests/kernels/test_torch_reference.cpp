@@ -92,7 +92,7 @@ TEST(TorchReference, LayerNorm) {
       fwd(y.data(), mean.data(), rstd.data(), x.data(), w.data(), b.data(), rows, cols,
           c["eps"].get<float>());
       bwd(dx.data(), dw.data(), db.data(), dy.data(), x.data(), w.data(), mean.data(), rstd.data(),
-          rows, cols);
+          rows, cols, false);
       expect_close(impl + " y", c["y"], y, kTolReduction);
       expect_close(impl + " dx", c["dx"], dx, kTolReduction);
       expect_close(impl + " dweight", c["dweight"], dw, kTolReduction);
@@ -110,7 +110,7 @@ TEST(TorchReference, RmsNorm) {
       auto fwd = use_cpu ? &cpu::rmsnorm_forward : &ref::rmsnorm_forward;
       auto bwd = use_cpu ? &cpu::rmsnorm_backward : &ref::rmsnorm_backward;
       fwd(y.data(), rstd.data(), x.data(), w.data(), rows, cols, c["eps"].get<float>());
-      bwd(dx.data(), dw.data(), dy.data(), x.data(), w.data(), rstd.data(), rows, cols);
+      bwd(dx.data(), dw.data(), dy.data(), x.data(), w.data(), rstd.data(), rows, cols, false);
       expect_close(impl + " y", c["y"], y, kTolReduction);
       expect_close(impl + " dx", c["dx"], dx, kTolReduction);
       expect_close(impl + " dweight", c["dweight"], dw, kTolReduction);

@@ -158,8 +158,9 @@ TEST(Profiler, OffRecordsNothingInATrainingStep) {
 // (forward 2·in·out·N, backward dx and dW as much again: 6·in·out·N each); causal attention of
 // T(T+1)/2 visible pairs per (sequence, head), forward (4D + 3) and backward (10D + 6) FLOPs a
 // pair (attention.h); RMSNorm before attention, before the MLP and at the end; RoPE on q and k
-// forward and backward; SwiGLU; two residual accumulates per layer in backward (the forward's
-// residual adds ride in the GEMM epilogue, uncounted); the embedding's backward scatter-add;
+// forward and backward; SwiGLU; in backward the two norms of each layer add their input gradient
+// into the residual stream's (accumulate_dx: one more FLOP an element; the forward's residual
+// adds ride in the GEMM epilogue, uncounted); the embedding's backward scatter-add;
 // cross-entropy over V; AdamW over every parameter. The costs are the kernel headers' *_cost.
 std::map<std::string, double> llama_step_flops(const ModelConfig& c, double B, double T, double num_params) {
   const double N = B * T, C = static_cast<double>(c.d_model), H = static_cast<double>(c.n_heads);
@@ -172,12 +173,11 @@ std::map<std::string, double> llama_step_flops(const ModelConfig& c, double B, d
       {"attention_forward", L * pairs * (4 * D + 3)},
       {"attention_backward", L * pairs * (10 * D + 6)},
       {"rmsnorm_forward", (2 * L + 1) * 4 * N * C},
-      {"rmsnorm_backward", (2 * L + 1) * 11 * N * C},
+      {"rmsnorm_backward", (2 * L + 1) * 11 * N * C + 2 * L * N * C},
       {"rope_forward", L * 3 * N * (H + Hkv) * D},
       {"rope_backward", L * 3 * N * (H + Hkv) * D},
       {"swiglu_forward", L * 5 * N * F},
       {"swiglu_backward", L * 10 * N * F},
-      {"accumulate", L * 2 * N * C},
       {"embedding_backward", N * C},
       {"cross_entropy_forward", 4 * N * V},
       {"cross_entropy_backward", 7 * N * V},

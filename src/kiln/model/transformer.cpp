@@ -347,7 +347,7 @@ struct Transformer::Acts {
   int64_t num_valid = 0;
   float loss = 0;  // the last forward's mean loss (a captured graph writes it here too)
   // Backward scratch (shared by layers):
-  Buf dresid, dtmp, dnorm, datt, dq, dk, dv, dff_a, dff_b, dff_c;
+  Buf dresid, dnorm, datt, dq, dk, dv, dff_a, dff_b, dff_c;
 };
 
 // What one layer's attention needs of a paged (serving) step: the batch, where each sequence's
@@ -697,14 +697,13 @@ struct Transformer::Layer {
         linear_backward(*defer, gate, s.dnorm.p, s.dff_b.p, in2, N, false);
         linear_backward(*defer, up, s.dnorm.p, s.dff_c.p, in2, N, true);
       }
-      cpu::rmsnorm_backward(s.dtmp.p, dnorm2_w, tp->reduce(s.dnorm.p, N, C), x1.p, norm2_w, rstd2.p, Ns, C);
-      cpu::accumulate(dx1, s.dtmp.p, Ns * C);
+      // The norms' input gradients join the residual stream's in the kernel (accumulate_dx).
+      cpu::rmsnorm_backward(dx1, dnorm2_w, tp->reduce(s.dnorm.p, N, C), x1.p, norm2_w, rstd2.p, Ns, C, true);
       if (mla) {  // its own buffers: o_proj's input is H·Dv wide; the Linears are not deferred
         std::vector<float> datt(static_cast<size_t>(N * o.in));
         o.backward(datt.data(), dx1, att.p, N, false);
         mla->backward(s.dnorm.p, datt.data(), n1.p, mla_acts);
-        cpu::rmsnorm_backward(s.dtmp.p, dnorm1_w, s.dnorm.p, x, norm1_w, rstd1.p, Ns, C);
-        cpu::accumulate(dx1, s.dtmp.p, Ns * C);
+        cpu::rmsnorm_backward(dx1, dnorm1_w, s.dnorm.p, x, norm1_w, rstd1.p, Ns, C, true);
         return;
       }
       linear_backward(*defer, o, s.datt.p, tp->gather(dx1, N, C), att.p, N, false);
@@ -719,8 +718,7 @@ struct Transformer::Layer {
       linear_backward(*defer, q, s.dnorm.p, s.dq.p, in1, N, false);
       linear_backward(*defer, k, s.dnorm.p, s.dk.p, in1, N, true);
       linear_backward(*defer, v, s.dnorm.p, s.dv.p, in1, N, true);
-      cpu::rmsnorm_backward(s.dtmp.p, dnorm1_w, tp->reduce(s.dnorm.p, N, C), x, norm1_w, rstd1.p, Ns, C);
-      cpu::accumulate(dx1, s.dtmp.p, Ns * C);
+      cpu::rmsnorm_backward(dx1, dnorm1_w, tp->reduce(s.dnorm.p, N, C), x, norm1_w, rstd1.p, Ns, C, true);
     } else {
       // GELU's backward as a kernel of its own, not in this GEMM's epilogue (GemmParams::act_grad):
       // fused, the W1a step was 6 ms slower at 1 thread (Xeon; the pass after the GEMM reads its
@@ -728,17 +726,15 @@ struct Transformer::Layer {
       linear_backward(*defer, proj, s.dff_a.p, tp->gather(dy, N, C), ffa.p, N, false);
       cpu::gelu_backward(s.dff_b.p, s.dff_a.p, ff1.p, N * F);
       linear_backward(*defer, fc, s.dnorm.p, s.dff_b.p, tp->gather(n2.p, N, C), N, false);
-      cpu::layernorm_backward(s.dtmp.p, dnorm2_w, dnorm2_b, tp->reduce(s.dnorm.p, N, C), x1.p, norm2_w, mean2.p,
-                              rstd2.p, Ns, C);
-      cpu::accumulate(dx1, s.dtmp.p, Ns * C);
+      cpu::layernorm_backward(dx1, dnorm2_w, dnorm2_b, tp->reduce(s.dnorm.p, N, C), x1.p, norm2_w, mean2.p,
+                              rstd2.p, Ns, C, true);
       linear_backward(*defer, o, s.datt.p, tp->gather(dx1, N, C), att.p, N, false);
       float* dqkv = s.dq.p;  // (N, 3·qw)
       cpu::attention_backward(dqkv, dqkv + qw, dqkv + 2 * qw, s.datt.p, qkv_out.p, qkv_out.p + qw,
                               qkv_out.p + 2 * qw, att.p, lse.p, ap);
       linear_backward(*defer, qkv, s.dnorm.p, dqkv, tp->gather(n1.p, N, C), N, false);
-      cpu::layernorm_backward(s.dtmp.p, dnorm1_w, dnorm1_b, tp->reduce(s.dnorm.p, N, C), x, norm1_w, mean1.p,
-                              rstd1.p, Ns, C);
-      cpu::accumulate(dx1, s.dtmp.p, Ns * C);
+      cpu::layernorm_backward(dx1, dnorm1_w, dnorm1_b, tp->reduce(s.dnorm.p, N, C), x, norm1_w, mean1.p,
+                              rstd1.p, Ns, C, true);
     }
   }
 };
@@ -1300,7 +1296,7 @@ void Transformer::ensure_activations(int64_t B, int64_t T) {
   const int64_t N = B * T, Ns = tp.rows(N), C = config_.d_model, R = shard_.size;
   const int64_t F = config_.d_ff / R, D = config_.head_dim(), qw = config_.n_heads / R * D;
   const int64_t kvw = layers_.empty() ? 0 : layers_[0]->kv_heads * D;
-  a.dresid.alloc(Ns * C); a.dtmp.alloc(Ns * C); a.dnorm.alloc(N * C); a.datt.alloc(N * qw);
+  a.dresid.alloc(Ns * C); a.dnorm.alloc(N * C); a.datt.alloc(N * qw);
   a.dq.alloc(N * (config_.is_llama() ? qw : 3 * qw));
   a.dk.alloc(N * kvw); a.dv.alloc(N * kvw);
   a.dff_a.alloc(N * F); a.dff_b.alloc(N * F); a.dff_c.alloc(N * F);

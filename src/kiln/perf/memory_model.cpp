@@ -188,7 +188,7 @@ MemoryPrediction predict_shard(const ModelConfig& c, int64_t B, int64_t T, Preci
   }
   if (sp) add(oa, "SP: gathered rows, row-parallel partial output", "4·N·C", 2, 4 * N * C);
   const std::string sc = "scratch";
-  add(sc, "backward: dresid, dtmp", rows("4·N·C"), 2, 4 * Ns * C);
+  add(sc, "backward: dresid", rows("4·N·C"), 1, 4 * Ns * C);
   add(sc, "backward: dnorm", "4·N·C", 1, 4 * N * C);
   add(sc, "backward: datt", cols("4·N·H·D"), 1, 4 * N * H * D);
   if (c.is_llama()) add(sc, "backward: dq", cols("4·N·H·D"), 1, 4 * N * H * D);

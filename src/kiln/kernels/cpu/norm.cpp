@@ -46,14 +46,14 @@ void layernorm_forward(float* out, float* mean, float* rstd, const float* inp, c
 
 void layernorm_backward(float* dinp, float* dweight, float* dbias, const float* dout,
                         const float* inp, const float* weight, const float* mean, const float* rstd,
-                        int64_t rows, int64_t cols) {
+                        int64_t rows, int64_t cols, bool accumulate_dx) {
   KILN_GRAPH_NODE("layernorm_backward", [=](const graph::Access* io) {
     layernorm_backward(io[0].mut<float>(), io[1].mut<float>(), io[2].mut<float>(), io[5].as<float>(), io[6].as<float>(),
-                       io[7].as<float>(), io[8].as<float>(), io[9].as<float>(), rows, cols);
+                       io[7].as<float>(), io[8].as<float>(), io[9].as<float>(), rows, cols, accumulate_dx);
   }, graph::writes(dinp, rows * cols), graph::writes(dweight, cols), graph::writes(dbias, cols), graph::reads(dweight, cols),
      graph::reads(dbias, cols), graph::reads(dout, rows * cols), graph::reads(inp, rows * cols), graph::reads(weight, cols),
-     graph::reads(mean, rows), graph::reads(rstd, rows));
-  KILN_TRACE_KERNEL("layernorm_backward", layernorm_backward_cost(rows, cols), rows, cols);
+     graph::reads(mean, rows), graph::reads(rstd, rows), graph::reads(accumulate_dx ? dinp : nullptr, rows * cols));
+  KILN_TRACE_KERNEL("layernorm_backward", layernorm_backward_cost(rows, cols, accumulate_dx), rows, cols);
   KILN_CHECK(rows >= 0 && cols > 0);
   const int64_t blocks = (rows + kRowBlock - 1) / kRowBlock;
   float* dw_part = partials(2 * blocks * cols);  // (blocks, cols)
@@ -62,7 +62,7 @@ void layernorm_backward(float* dinp, float* dweight, float* dbias, const float* 
   parallel_for(blocks, grain_for(kRowBlock * cols), [&](int64_t b0, int64_t b1) {
     for (int64_t blk = b0; blk < b1; ++blk) {
       fn(dinp, dw_part + blk * cols, db_part + blk * cols, dout, inp, weight, mean, rstd,
-         blk * kRowBlock, std::min(rows, (blk + 1) * kRowBlock), cols);
+         blk * kRowBlock, std::min(rows, (blk + 1) * kRowBlock), cols, accumulate_dx);
     }
   });
   const auto sum = KILN_OPS_DISPATCH(sum_parts_cols).pick();
@@ -85,13 +85,15 @@ void rmsnorm_forward(float* out, float* rstd, const float* inp, const float* wei
 }
 
 void rmsnorm_backward(float* dinp, float* dweight, const float* dout, const float* inp,
-                      const float* weight, const float* rstd, int64_t rows, int64_t cols) {
+                      const float* weight, const float* rstd, int64_t rows, int64_t cols,
+                      bool accumulate_dx) {
   KILN_GRAPH_NODE("rmsnorm_backward", [=](const graph::Access* io) {
     rmsnorm_backward(io[0].mut<float>(), io[1].mut<float>(), io[3].as<float>(), io[4].as<float>(), io[5].as<float>(),
-                     io[6].as<float>(), rows, cols);
+                     io[6].as<float>(), rows, cols, accumulate_dx);
   }, graph::writes(dinp, rows * cols), graph::writes(dweight, cols), graph::reads(dweight, cols), graph::reads(dout, rows * cols),
-     graph::reads(inp, rows * cols), graph::reads(weight, cols), graph::reads(rstd, rows));
-  KILN_TRACE_KERNEL("rmsnorm_backward", rmsnorm_backward_cost(rows, cols), rows, cols);
+     graph::reads(inp, rows * cols), graph::reads(weight, cols), graph::reads(rstd, rows),
+     graph::reads(accumulate_dx ? dinp : nullptr, rows * cols));
+  KILN_TRACE_KERNEL("rmsnorm_backward", rmsnorm_backward_cost(rows, cols, accumulate_dx), rows, cols);
   KILN_CHECK(rows >= 0 && cols > 0);
   const int64_t blocks = (rows + kRowBlock - 1) / kRowBlock;
   float* dw_part = partials(blocks * cols);  // (blocks, cols)
@@ -99,7 +101,7 @@ void rmsnorm_backward(float* dinp, float* dweight, const float* dout, const floa
   parallel_for(blocks, grain_for(kRowBlock * cols), [&](int64_t b0, int64_t b1) {
     for (int64_t blk = b0; blk < b1; ++blk) {
       fn(dinp, dw_part + blk * cols, dout, inp, weight, rstd, blk * kRowBlock,
-         std::min(rows, (blk + 1) * kRowBlock), cols);
+         std::min(rows, (blk + 1) * kRowBlock), cols, accumulate_dx);
     }
   });
   const auto sum = KILN_OPS_DISPATCH(sum_parts_cols).pick();

@@ -31,7 +31,7 @@ void layernorm_forward(float* out, float* mean, float* rstd, const float* inp, c
 
 void layernorm_backward(float* dinp, float* dweight, float* dbias, const float* dout,
                         const float* inp, const float* weight, const float* mean, const float* rstd,
-                        int64_t rows, int64_t cols) {
+                        int64_t rows, int64_t cols, bool accumulate_dx) {
   KILN_CHECK(rows >= 0 && cols > 0);
   std::vector<double> dw(cols, 0.0), db(cols, 0.0);  // (cols,)
   for (int64_t r = 0; r < rows; ++r) {
@@ -53,7 +53,8 @@ void layernorm_backward(float* dinp, float* dweight, float* dbias, const float* 
     for (int64_t c = 0; c < cols; ++c) {
       const double xhat = (x[c] - m) * s;
       const double g = static_cast<double>(dy[c]) * weight[c];
-      dx[c] = static_cast<float>(s * (g - a - xhat * b));
+      const double v = s * (g - a - xhat * b);
+      dx[c] = accumulate_dx ? dx[c] + static_cast<float>(v) : static_cast<float>(v);
     }
   }
   for (int64_t c = 0; c < cols; ++c) {
@@ -77,7 +78,8 @@ void rmsnorm_forward(float* out, float* rstd, const float* inp, const float* wei
 }
 
 void rmsnorm_backward(float* dinp, float* dweight, const float* dout, const float* inp,
-                      const float* weight, const float* rstd, int64_t rows, int64_t cols) {
+                      const float* weight, const float* rstd, int64_t rows, int64_t cols,
+                      bool accumulate_dx) {
   KILN_CHECK(rows >= 0 && cols > 0);
   std::vector<double> dw(cols, 0.0);
   for (int64_t r = 0; r < rows; ++r) {
@@ -94,7 +96,8 @@ void rmsnorm_backward(float* dinp, float* dweight, const float* dout, const floa
     b /= static_cast<double>(cols);
     for (int64_t c = 0; c < cols; ++c) {
       const double g = static_cast<double>(dy[c]) * weight[c];
-      dx[c] = static_cast<float>(s * (g - x[c] * s * b));
+      const double v = s * (g - x[c] * s * b);
+      dx[c] = accumulate_dx ? dx[c] + static_cast<float>(v) : static_cast<float>(v);
     }
   }
   for (int64_t c = 0; c < cols; ++c) dweight[c] = static_cast<float>(dweight[c] + dw[c]);
