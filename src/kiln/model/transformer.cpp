@@ -108,8 +108,8 @@ void Linear::backward_weight_f32(const float* dy, const float* x, int64_t n) con
   pw.b = x; pw.ldb = in;
   pw.c = dw; pw.ldc = in;
   pw.beta = 1.0f;
-  // db += the sum of dy's rows, made while the GEMM packs dyᵀ (cuBLASLt's BGRADA); at 2 threads
-  // the separate pass took ~9 ms of W1a's step on one thread (its 4 KiB rows split poorly).
+  // db += the sum of dy's rows, made while the GEMM packs dyᵀ (cuBLASLt's BGRADA). The separate
+  // pass ran on one thread even at two (its 4 KiB rows split poorly): ~9 ms of W1a's step.
   if (!split_epilogue) pw.bias_grad = db;
   cpu::gemm(pw);
   if (split_epilogue && db != nullptr) cpu::bias_backward(db, dy, n, out);
