@@ -98,7 +98,8 @@ KILN_KERNEL_CASES(layernorm) {
   }
   // accumulate_dx: dinp += the input gradient (the residual stream's gradient joins it), from
   // random values; rows past one row block and odd widths.
-  for (auto [rows, cols] : {std::pair<int64_t, int64_t>{5, 300}, {70, 33}}) {
+  for (const auto& shape : {std::pair<int64_t, int64_t>{5, 300}, {70, 33}}) {
+    const int64_t rows = shape.first, cols = shape.second;  // (captured: no structured binding)
     cases.push_back({fmt::format("accumulate rows={} cols={}", rows, cols), [rows, cols] {
                        const NormInputs in = norm_inputs(rows, cols, 31 * rows + cols);
                        std::vector<float> mean(rows), rstd(rows), y(in.x.size());
@@ -161,7 +162,8 @@ KILN_KERNEL_CASES(rmsnorm) {
     }
   }
   // accumulate_dx, as in layernorm's cases.
-  for (auto [rows, cols] : {std::pair<int64_t, int64_t>{5, 300}, {70, 33}}) {
+  for (const auto& shape : {std::pair<int64_t, int64_t>{5, 300}, {70, 33}}) {
+    const int64_t rows = shape.first, cols = shape.second;  // (captured: no structured binding)
     cases.push_back(
         {fmt::format("accumulate rows={} cols={}", rows, cols), [rows, cols] {
            const NormInputs in = norm_inputs(rows, cols, 37 * rows + cols);
