@@ -82,10 +82,7 @@ AttentionParams training_params(int64_t T) {
 
 // The tiles a causal call of length T runs (the tuned ones fitted to T), or the tuned ones (T 0).
 cpu::FlashTileChoice tiles_at(int64_t T) {
-  cpu::FlashTileChoice t = cpu::flash_tiles();
-  if (T > 0)
-    t = {cpu::flash_tiles_for_length(t.fwd, T, true), cpu::flash_tiles_for_length(t.bwd, T, true)};
-  return t;
+  return T > 0 ? cpu::flash_tiles_for_length(cpu::flash_tiles(), T, true) : cpu::flash_tiles();
 }
 
 std::string tiles_used() {

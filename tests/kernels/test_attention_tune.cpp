@@ -180,8 +180,12 @@ TEST(FlashTileLength, ShortMaskedCallsHalveTheirTiles) {
       }
     }
   }
-  EXPECT_EQ(cpu::flash_tiles_for_length({128, 64}, 256, true), (cpu::FlashTiles{64, 64}));
-  EXPECT_EQ(cpu::flash_tiles_for_length({128, 256}, 1024, true), (cpu::FlashTiles{128, 128}));
+  EXPECT_EQ(cpu::flash_tiles_for_length(cpu::FlashTiles{128, 64}, 256, true),
+            (cpu::FlashTiles{64, 64}));
+  EXPECT_EQ(cpu::flash_tiles_for_length(cpu::FlashTiles{128, 256}, 1024, true),
+            (cpu::FlashTiles{128, 128}));
+  EXPECT_EQ(cpu::flash_tiles_for_length(cpu::FlashTileChoice{{64, 64, true}, {128, 64}}, 256, true),
+            (cpu::FlashTileChoice{{64, 64, true}, {64, 64}}));
 }
 
 }  // namespace

@@ -56,6 +56,17 @@ float activation_grad(Activation act, float x) {
   return g;
 }
 
+void add_bias_grad_rows(const GemmParams& p, int64_t r0, int64_t rows, int64_t pc, int64_t kc) {
+  for (int64_t i = r0; i < r0 + rows; ++i) {
+    for (int64_t l = pc; l < pc + kc; ++l) {
+      const int64_t at = p.trans_a ? l * p.lda + i : i * p.lda + l;
+      p.bias_grad[i] += p.a_dtype == DType::kBF16
+                            ? bf16_to_f32(static_cast<const uint16_t*>(p.a)[at])
+                            : static_cast<const float*>(p.a)[at];
+    }
+  }
+}
+
 Status check_gemm(const GemmParams& p) {
   const auto desc = [&] {
     return fmt::format("A{} ({}, {}) {}, B{} ({}, {}) {}", p.trans_a ? "^T" : "", p.m, p.k,

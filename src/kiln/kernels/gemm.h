@@ -79,6 +79,10 @@ std::array<graph::Access, kGemmIoCount> gemm_io(const GemmParams& p);
 float apply_activation(Activation act, float v);
 // act'(x), what act_grad multiplies by: ref::gelu_backward's and ref::silu_backward's (in double).
 float activation_grad(Activation act, float x);
+// The bias-gradient epilogue element by element: bias_grad[i] += op(A)(i, l) for rows i in
+// [r0, r0 + rows) and l in [pc, pc + kc), in k order. ref::gemm runs it whole; the fast paths run
+// it for the layouts they have no vector loop for.
+void add_bias_grad_rows(const GemmParams& p, int64_t r0, int64_t rows, int64_t pc, int64_t kc);
 
 namespace ref {
 // Plain triple loop, fp32 accumulate in k order; the ground truth for every fast path.

@@ -42,10 +42,7 @@ constexpr int64_t kMinSplitKeys = 256;
 
 // The forward's and the backward's tiles of a batched call (flash_tiles() fitted to its length).
 FlashTileChoice call_tiles(const AttentionParams& p) {
-  const FlashTileChoice t = flash_tiles();
-  const bool masked = p.causal || p.window > 0;
-  return {flash_tiles_for_length(t.fwd, p.q_len, masked),
-          flash_tiles_for_length(t.bwd, p.q_len, masked)};
+  return flash_tiles_for_length(flash_tiles(), p.q_len, p.causal || p.window > 0);
 }
 
 // tiles: the forward's or the backward's (flash_tiles(), or call_tiles() for a batched call).

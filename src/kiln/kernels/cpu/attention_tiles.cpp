@@ -163,6 +163,10 @@ FlashTiles flash_tiles_for_length(FlashTiles tuned, int64_t q_len, bool masked) 
   };
   return {fit(tuned.q), fit(tuned.k), tuned.pack_v};
 }
+FlashTileChoice flash_tiles_for_length(FlashTileChoice tuned, int64_t q_len, bool masked) {
+  return {flash_tiles_for_length(tuned.fwd, q_len, masked),
+          flash_tiles_for_length(tuned.bwd, q_len, masked)};
+}
 
 FlashTileChoice default_flash_tiles() { return flash_tiles_from_caches(this_cpu_caches(), 64); }
 

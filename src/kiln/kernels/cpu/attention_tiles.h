@@ -55,6 +55,7 @@ FlashTileChoice default_flash_tiles();
 // at T = 512 9.12 and 8.55; at T = 1024 even (31.2, 31.8), where the rule keeps 128. In W1a
 // (T = 256, 1 thread) attention_backward went from 79 to 68 ms per step.
 FlashTiles flash_tiles_for_length(FlashTiles tuned, int64_t q_len, bool masked);
+FlashTileChoice flash_tiles_for_length(FlashTileChoice tuned, int64_t q_len, bool masked);  // both
 // The tiles every flash call uses now: set_flash_tiles(), else KILN_FLASH_TILES (one BrxBc for
 // both passes), else this CPU's tune-file entry (read once), else default_flash_tiles().
 FlashTileChoice flash_tiles();

@@ -180,20 +180,10 @@ void run_block(const GemmParams& p, const PackedPath& path, const PanelLayout& l
 }  // namespace
 
 void gemm_bias_grad(const GemmParams& p, int64_t r0, int64_t rows, int64_t pc, int64_t kc) {
-  float* out = p.bias_grad + r0;
-  if (p.trans_a && p.a_dtype == DType::kF32) {
-    const auto add = KILN_OPS_DISPATCH(accumulate_n).pick();
-    const float* a = static_cast<const float*>(p.a) + r0;
-    for (int64_t l = pc; l < pc + kc; ++l) add(out, a + l * p.lda, rows);
-    return;
-  }
-  const auto at = [&](int64_t i, int64_t l) {
-    const int64_t idx = p.trans_a ? l * p.lda + i : i * p.lda + l;
-    return p.a_dtype == DType::kF32 ? static_cast<const float*>(p.a)[idx]
-                                    : gemm_detail::bf16_bits_to_f32(static_cast<const uint16_t*>(p.a)[idx]);
-  };
-  for (int64_t i = 0; i < rows; ++i)
-    for (int64_t l = pc; l < pc + kc; ++l) out[i] += at(r0 + i, l);
+  if (!p.trans_a || p.a_dtype != DType::kF32) return add_bias_grad_rows(p, r0, rows, pc, kc);
+  const auto add = KILN_OPS_DISPATCH(accumulate_n).pick();
+  const float* a = static_cast<const float*>(p.a) + r0;
+  for (int64_t l = pc; l < pc + kc; ++l) add(p.bias_grad + r0, a + l * p.lda, rows);
 }
 
 PanelLayout panel_layout(const GemmParams& p, const PackedPath& path, GemmBlocking blk) {

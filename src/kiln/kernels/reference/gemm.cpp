@@ -32,11 +32,7 @@ void gemm(const GemmParams& p) {
       *c = v;
     }
   }
-  if (p.bias_grad) {
-    for (int64_t i = 0; i < p.m; ++i)
-      for (int64_t l = 0; l < p.k; ++l)
-        p.bias_grad[i] += load(p.a, p.a_dtype, p.trans_a ? l * p.lda + i : i * p.lda + l);
-  }
+  if (p.bias_grad) add_bias_grad_rows(p, 0, p.m, 0, p.k);
 }
 
 }  // namespace kiln::ref
