@@ -420,6 +420,10 @@ void micro_kernel_f32_direct(int64_t steps, const void* a_rows, int64_t lda, con
 #pragma GCC unroll 4
     for (int v = 0; v < NV; ++v) acc[i][v] = V::zero();
   for (int64_t l = 0; l < steps; ++l) {
+    // B streams from L2 as in micro_kernel_f32: fetched 8 k steps ahead. Paired on the Xeon VM
+    // (1 thread, W1a's K = 384 and 1536 shapes, A in place): +1.5-4%.
+    for (int v = 0; v < NV * L * 4; v += 64)
+      __builtin_prefetch(reinterpret_cast<const char*>(b + 8 * NV * L) + v, 0, 3);
     typename V::T bv[NV];
 #pragma GCC unroll 4
     for (int v = 0; v < NV; ++v) bv[v] = V::load(b + v * L);
