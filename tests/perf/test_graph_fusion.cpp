@@ -171,7 +171,9 @@ TEST(GraphFusion, SplitEpiloguesOfAGpt2StepFuseBack) {
     Trainer trainer(*m, data, nullptr, t);
     std::vector<float> losses;
     while (!trainer.done()) losses.push_back(trainer.step().loss);
-    if (fused) EXPECT_EQ(trainer.graph_stats()->replays, 3);
+    if (fused) {
+      EXPECT_EQ(trainer.graph_stats()->replays, 3);
+    }
     return losses;
   };
   const std::vector<float> hand = train(false, false), split = train(true, false), fused = train(true, true);
