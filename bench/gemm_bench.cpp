@@ -390,6 +390,37 @@ std::optional<ShapeToken> parse_shape_token(std::string tok) {
   return st;
 }
 
+// --tiles: the f32 micro-kernel's register tilings in L1 (cpu::f32_tile_rates) beside the FMA loop,
+// one thread. The loop is the ceiling of any tiling; how far each one stays below it, and whether
+// the one cpu::gemm uses is the best of its neighbours, is this CPU's answer.
+void bench_tiles(const GemmBenchOptions& opt) {
+  set_num_threads(1);
+  constexpr int kRounds = 5;
+  const perf::FmaPeak pf = perf::measure_fma_peak(DType::kF32, 1);
+  const std::vector<cpu::TileRate> rates = cpu::f32_tile_rates(0.05, kRounds);
+  const double loop = pf.loop_gflops;
+  if (!opt.json) {
+    fmt::print(
+        "kiln bench gemm --tiles: the f32 micro-kernel's register tilings (MR x NR of C in "
+        "registers),\n"
+        "each on one tile whose A strip and B micro-panel fit in 3/4 of L1, best of {} alternated "
+        "rounds,\n"
+        "beside the register-only FMA loop ({:.1f} GFLOP/s, 1 thread) on {}\n",
+        kRounds, loop, cpu_features().brand);
+    fmt::print("{:<28} {:>5} {:>10} {:>9}\n", "tiling", "used", "GFLOP/s", "% loop");
+  }
+  for (const cpu::TileRate& r : rates) {
+    const double pct = loop > 0 ? 100 * r.gflops / loop : 0.0;
+    if (opt.json)
+      fmt::print(
+          R"({{"op": "tile", "name": "{}", "mr": {}, "nr": {}, "used": {}, "gflops": {:.1f}, "loop_gflops": {:.1f}, "pct_loop": {:.1f}}})"
+          "\n",
+          r.name, r.mr, r.nr, r.used, r.gflops, loop, pct);
+    else
+      fmt::print("{:<28} {:>5} {:>10.1f} {:>8.1f}%\n", r.name, r.used ? "yes" : "", r.gflops, pct);
+  }
+}
+
 // --pack: the packing of B alone, as the driver runs it on one thread (each NC panel's K blocks
 // into one panel buffer), for a W1b MLP weight (3072 x 768) in both stored layouts: (n, k) is a
 // Linear weight in the forward (y = x W^T: packing transposes it), (k, n) the same weight in the
@@ -468,6 +499,16 @@ int run_gemm_bench(const GemmBenchOptions& opt) {
   std::vector<int> threads_list;
   for (int t : opt.threads_list)
     if (t >= 1 && t < 8) threads_list.push_back(t);
+  if (opt.tiles) {
+    if (opt.pack || opt.tune || f16 || !opt.shapes.empty()) {
+      fmt::print(stderr,
+                 "kiln bench gemm: --tiles runs alone (f32, 1 thread): drop --pack, --tune, "
+                 "--dtype f16 and --shapes\n");
+      return 2;
+    }
+    bench_tiles(opt);
+    return 0;
+  }
   if (f16 && opt.pack) {
     fmt::print(stderr, "kiln bench gemm: --pack times the f32 and bf16 packs; --dtype f16 has its own table\n");
     return 2;

@@ -13,6 +13,7 @@ struct GemmBenchOptions {
   bool tune = false;   // time (MC, KC, NC) candidates first and save the best to the tune file
   bool quick = false;  // small subset, ~20 s
   bool pack = false;   // only the packing of B (a 3072 x 768 weight, both layouts, cold and warm)
+  bool tiles = false;  // only the f32 micro-kernel's register tilings in L1 beside the FMA loop
   std::vector<int> threads_list = {1, 2};
   std::string dtype = "all";  // f32 | bf16 | all, or f16: the fp16-arithmetic GEMM's own table
   int f16_chunk = 64;         // --dtype f16: k steps summed in fp16 (gemm_f16.h)

@@ -20,6 +20,9 @@ void register_bench(CLI::App& app) {
   gemm->add_flag("--tune", gemm_opt->tune, "Time (MC, KC, NC) candidates first and save the best");
   gemm->add_flag("--quick", gemm_opt->quick, "A small subset (~20 s)");
   gemm->add_flag("--pack", gemm_opt->pack, "Only the packing of B (1 thread; --shapes and --threads-list are not used): a 3072 x 768 weight in both layouts, cold and warm, GB/s");
+  gemm->add_flag("--tiles", gemm_opt->tiles,
+                 "Only the f32 micro-kernel's register tilings (the one used and its neighbours), "
+                 "each in L1 beside the FMA loop, 1 thread");
   gemm->add_option("--threads-list", gemm_opt->threads_list, "Thread counts, e.g. 1,2")
       ->delimiter(',')
       ->check(CLI::Range(1, 7));

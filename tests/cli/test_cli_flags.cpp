@@ -225,6 +225,8 @@ TEST(CliFlags, BadIntegersAreRefused) {
       {{"bench", "gemm", "--shapes", "512,d0"}, "--shapes"},
       {{"bench", "gemm", "--shapes", "16384x16384x16384"}, "--shapes"},  // 1 GiB per operand
       {{"bench", "gemm", "--dtype", "f16", "--pack"}, "--pack"},
+      {{"bench", "gemm", "--tiles", "--pack"}, "--tiles"},
+      {{"bench", "gemm", "--tiles", "--shapes", "512"}, "--tiles"},
       {{"bench", "gemm", "--dtype", "f16", "--f16-chunk", "0"}, "--f16-chunk"},
       {{"bench", "launch", "--device", "tpu"}, "--device"},
       {{"bench", "launch", "--launches", "0"}, "--launches"},

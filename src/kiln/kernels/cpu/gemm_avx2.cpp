@@ -150,6 +150,10 @@ GemmTargetKernels make_kernels() {
   using namespace gemm_detail;
   GemmTargetKernels k;
   k.f32 = {"avx2 6x16 micro-kernel", 6, 16, 1, &pack_a_avx2_6, &pack_b_avx2_16, &micro_kernel_f32<V256, 6, 2>};
+  // 12 accumulators each, as 6x16 (16 ymm).
+  k.f32_other_tiles = {
+      {"avx2 4x24", 4, 24, 1, &pack_a_f32<4>, &pack_b_f32<24>, &micro_kernel_f32<V256, 4, 3>},
+      {"avx2 3x32", 3, 32, 1, &pack_a_f32<3>, &pack_b_f32<32>, &micro_kernel_f32<V256, 3, 4>}};
   k.bf16 = k.f32;
   k.bf16.name = "avx2 6x16 micro-kernel, bf16 widened to f32 in packing";
   k.bf16_f32 = k.bf16;

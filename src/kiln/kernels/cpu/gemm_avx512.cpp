@@ -502,6 +502,11 @@ GemmTargetKernels make_kernels() {
            nullptr, DType::kF32, 2};
   k.small_m_packed_half = &small_m_packed<V512, PackedHalfOps<V512>, 2>;
   k.epilogue_rows = &epilogue_rows<V512>;
+  // 24 accumulators each (32 zmm: the B vectors and a broadcast take the rest).
+  k.f32_other_tiles = {
+      {"avx512 12x32", 12, 32, 1, &pack_a_f32<12>, &pack_b_f32<32>, &micro_kernel_f32<V512, 12, 2>},
+      {"avx512 8x48", 8, 48, 1, &pack_a_f32<8>, &pack_b_f32<48>, &micro_kernel_f32<V512, 8, 3>},
+      {"avx512 6x64", 6, 64, 1, &pack_a_f32<6>, &pack_b_f32<64>, &micro_kernel_f32<V512, 6, 4>}};
   return k;
 }
 

@@ -7,6 +7,7 @@
 
 #include <functional>
 #include <string>
+#include <vector>
 
 #include <nlohmann/json.hpp>
 
@@ -108,6 +109,17 @@ double run_bf16_amx_peak_loop(int64_t reps);
 // micro-panel fit in 3/4 of L1: the compute-bound rate a GEMM's inner loop reaches. The
 // calling thread's own buffers. For the FMA-peak self-check (perf/peak.h).
 double run_micro_kernel_in_l1(GemmPath path, int64_t reps);
+
+// The f32 micro-kernel's rate in L1, as run_micro_kernel_in_l1 times it, for the active target's
+// tiling (used: true) and each of its other register tilings (GemmTargetKernels::f32_other_tiles):
+// `rounds` rounds of ~`seconds` per tiling, the tilings alternated within a round, best kept.
+struct TileRate {
+  std::string name;
+  int mr = 0, nr = 0;
+  double gflops = 0;
+  bool used = false;
+};
+std::vector<TileRate> f32_tile_rates(double seconds, int rounds);
 
 // ---- first-use autotune ------------------------------------------------------------------------
 struct AutotuneOptions {

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstdint>
+#include <vector>
 
 #include "kiln/kernels/gemm.h"
 
@@ -114,6 +115,10 @@ struct GemmTargetKernels {
   // and order, so the result equals the f32 path on the widened weight bit for bit.
   PackedPath f16;
   SmallMPackedFn small_m_packed_half = nullptr;
+  // Other register tilings of the f32 micro-kernel (MR x NR, with the generic packing), which
+  // cpu::gemm never runs: `kiln bench gemm --tiles` times each in L1 beside f32, so a reader sees
+  // how the chosen one compares with its neighbours on the CPU at hand.
+  std::vector<PackedPath> f32_other_tiles;
   // C rows (rows, cols) = epilogue(acc) with ep.beta read from C.
   void (*epilogue_rows)(float* c, int64_t ldc, const float* acc, int64_t ld_acc, int64_t rows,
                         int64_t cols, const TileEpilogue& ep);

@@ -369,6 +369,18 @@ std::string bf16_gemm_choice() {
   return b.why;
 }
 
+std::vector<TileRate> f32_tile_rates(double seconds, int rounds) {
+  const GemmTargetKernels& k = gemm_target_kernels();
+  std::vector<const PackedPath*> paths = {&k.f32};
+  for (const PackedPath& p : k.f32_other_tiles) paths.push_back(&p);
+  std::vector<TileRate> out;
+  for (const PackedPath* p : paths) out.push_back({p->name, p->mr, p->nr, 0.0, p == &k.f32});
+  for (int r = 0; r < rounds; ++r)
+    for (size_t i = 0; i < paths.size(); ++i)
+      out[i].gflops = std::max(out[i].gflops, kernel_rate(*paths[i], seconds, 1));
+  return out;
+}
+
 double run_micro_kernel_in_l1(GemmPath path, int64_t reps) {
   bf16_gemm_kernel();  // decided, so micro_path names the kernel cpu::gemm runs
   return kernel_loop(micro_path(path), reps);
