@@ -400,13 +400,10 @@ void bench_tiles(const GemmBenchOptions& opt) {
   const std::vector<cpu::TileRate> rates = cpu::f32_tile_rates(0.05, kRounds);
   const double loop = pf.loop_gflops;
   if (!opt.json) {
-    fmt::print(
-        "kiln bench gemm --tiles: the f32 micro-kernel's register tilings (MR x NR of C in "
-        "registers),\n"
-        "each on one tile whose A strip and B micro-panel fit in 3/4 of L1, best of {} alternated "
-        "rounds,\n"
-        "beside the register-only FMA loop ({:.1f} GFLOP/s, 1 thread) on {}\n",
-        kRounds, loop, cpu_features().brand);
+    fmt::print("kiln bench gemm --tiles: the f32 micro-kernel's register tilings (MR x NR of C in registers)\n");
+    fmt::print("each on one tile whose A strip and B micro-panel fit in 3/4 of L1, best of {} alternated rounds,\n",
+               kRounds);
+    fmt::print("beside the register-only FMA loop ({:.1f} GFLOP/s, 1 thread) on {}\n", loop, cpu_features().brand);
     fmt::print("{:<28} {:>5} {:>10} {:>9}\n", "tiling", "used", "GFLOP/s", "% loop");
   }
   for (const cpu::TileRate& r : rates) {
