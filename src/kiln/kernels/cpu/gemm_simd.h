@@ -378,6 +378,19 @@ template <class V>
 template <class V>
 [[gnu::always_inline]] inline typename V::T load_weights(const uint16_t* p) { return V::load_half(p); }
 
+// The B micro-panel (KC x NR, 64 KiB at KC = 512) does not fit L1 and streams from L2: each k
+// step of the f32 kernels fetches the step 8 ahead (b: this step's NV vectors of W elements).
+// Measured: packed kernel, EPYC VM, f32 2048^3 1 thread, paired against OpenBLAS: +0.7% alone, and
+// part of the blocking change in gemm.cpp; the in-place-A kernel, Xeon VM, W1a's K = 384 and 1536
+// shapes, 1 thread, paired: +1.5-4%.
+template <class V, int NV, class W>
+[[gnu::always_inline]] inline void prefetch_b_ahead(const W* b) {
+  constexpr int L = V::kLanes;
+  if constexpr (L > 1)
+    for (int v = 0; v < NV * L * static_cast<int>(sizeof(W)); v += 64)
+      __builtin_prefetch(reinterpret_cast<const char*>(b + 8 * NV * L) + v, 0, 3);
+}
+
 // The register-tiled f32 kernel: rows<R> runs the first R rows of an MR-row packed strip
 // (R = MR: all of it). W is the packed B's element: float, or uint16_t for IEEE halves (the same
 // FMAs in the same order on the widened values).
@@ -396,13 +409,7 @@ struct MicroTileF32 {
       for (int v = 0; v < NV; ++v) acc[i][v] = V::zero();
     for (int64_t l = 0; l < steps; ++l) {
       __builtin_prefetch(a + 16 * MR, 0, 3);  // the A strip streams from L2, ~16 k steps ahead
-      if constexpr (L > 1) {
-        // The B micro-panel (KC x NR, 64 KiB at KC = 512) does not fit the 32 KiB L1 either and
-        // streams from L2: fetch it 8 k steps ahead. Measured on the EPYC VM, f32 2048^3 1 thread,
-        // paired against OpenBLAS: +0.7% alone, and part of the blocking change in gemm.cpp.
-        for (int v = 0; v < NV * L * static_cast<int>(sizeof(W)); v += 64)
-          __builtin_prefetch(reinterpret_cast<const char*>(b + 8 * NV * L) + v, 0, 3);
-      }
+      prefetch_b_ahead<V, NV>(b);
       typename V::T bv[NV];
 #pragma GCC unroll 4
       for (int v = 0; v < NV; ++v) bv[v] = load_weights<V>(b + v * L);
@@ -441,10 +448,7 @@ void micro_kernel_f32_direct(int64_t steps, const void* a_rows, int64_t lda, con
 #pragma GCC unroll 4
     for (int v = 0; v < NV; ++v) acc[i][v] = V::zero();
   for (int64_t l = 0; l < steps; ++l) {
-    // B streams from L2 as in micro_kernel_f32: fetched 8 k steps ahead. Paired on the Xeon VM
-    // (1 thread, W1a's K = 384 and 1536 shapes, A in place): +1.5-4%.
-    for (int v = 0; v < NV * L * 4; v += 64)
-      __builtin_prefetch(reinterpret_cast<const char*>(b + 8 * NV * L) + v, 0, 3);
+    prefetch_b_ahead<V, NV>(b);
     typename V::T bv[NV];
 #pragma GCC unroll 4
     for (int v = 0; v < NV; ++v) bv[v] = V::load(b + v * L);
