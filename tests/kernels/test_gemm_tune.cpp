@@ -7,14 +7,17 @@
 #include <gtest/gtest.h>
 
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <new>
 
 #include <nlohmann/json.hpp>
 
 #include "kiln/core/cpu_features.h"
 #include "kiln/kernels/cpu/attention_tiles.h"
 #include "kiln/kernels/cpu/gemm_cpu.h"
+#include "kiln/kernels/cpu/gemm_kernels.h"
 #include "kiln/kernels/gemm.h"
 
 namespace kiln {
@@ -181,6 +184,31 @@ TEST(GemmTune, AmxBlockingFollowsItsModel) {
         ::testing::ExitedWithCode(0), "")
         << kernel;
   }
+}
+
+// A CPU without AMX never gets the AMX path. Its PackedPath is built with no kernel there, so
+// every function pointer of a path must start null: one left uninitialized read as a kernel, and
+// on AMD Zen 4 the bf16 GEMM and `kiln bench gemm` died on their first tile instruction (SIGILL).
+TEST(GemmBf16Kernel, AmxOnlyWhereTheCpuHasIt) {
+  const CpuFeatures& f = cpu_features();
+  if (!(f.amx_tile && f.amx_bf16 && f.avx512_bf16)) {
+    EXPECT_FALSE(cpu::bf16_amx_available());
+    EXPECT_NE(cpu::bf16_gemm_kernel(), cpu::Bf16Kernel::kAmx);
+  }
+  // Built over memory that is not zero, as a path on the stack may be.
+  alignas(cpu::GemmTargetKernels) unsigned char raw[sizeof(cpu::GemmTargetKernels)];
+  std::memset(raw, 0xa5, sizeof raw);
+  auto* k = new (raw) cpu::GemmTargetKernels;
+  for (const cpu::PackedPath* p : {&k->f32, &k->bf16, &k->bf16_f32, &k->bf16_amx, &k->f16}) {
+    EXPECT_EQ(p->pack_a, nullptr);
+    EXPECT_EQ(p->pack_b, nullptr);
+    EXPECT_EQ(p->kernel, nullptr);
+    EXPECT_EQ(p->kernel_direct_a, nullptr);
+  }
+  EXPECT_EQ(k->small_m, nullptr);
+  EXPECT_EQ(k->small_m_packed, nullptr);
+  EXPECT_EQ(k->epilogue_rows, nullptr);
+  k->~GemmTargetKernels();
 }
 
 // The bf16 product choice: KILN_BF16_GEMM forces it (children: it is decided once per process),

@@ -60,12 +60,14 @@ struct PackedPath {
   int mr = 0, nr = 0;
   int k_per_step = 1;
   // Packs rows [i0, i0+rows) of op(A), k in [k0, k0+kc), into ceil(rows/MR) strips (zero-padded).
-  void (*pack_a)(const GemmParams& p, int64_t i0, int64_t rows, int64_t k0, int64_t kc, void* dst);
+  void (*pack_a)(const GemmParams& p, int64_t i0, int64_t rows, int64_t k0, int64_t kc,
+                 void* dst) = nullptr;
   // Packs columns [j0, j0+cols) of op(B), k in [k0, k0+kc), into ceil(cols/NR) strips.
-  void (*pack_b)(const GemmParams& p, int64_t j0, int64_t cols, int64_t k0, int64_t kc, void* dst);
+  void (*pack_b)(const GemmParams& p, int64_t j0, int64_t cols, int64_t k0, int64_t kc,
+                 void* dst) = nullptr;
   // One MR x NR tile over `steps` k steps; writes the m x n valid corner of C through the epilogue.
   void (*kernel)(int64_t steps, const void* a, const void* b, float* c, int64_t ldc, int m, int n,
-                 const TileEpilogue& ep);
+                 const TileEpilogue& ep) = nullptr;
   // Optional: the same full MR-row tile reading A straight from the caller's memory instead of a
   // packed strip: op(A) not transposed, elements of direct_a_dtype, `a` at row 0 / the block's
   // first k, rows lda elements apart (bf16: pairs of k, so the block's k count must be even).
@@ -100,7 +102,7 @@ struct GemmTargetKernels {
   PackedPath bf16_amx;
   const char* small_m_name = "";
   // acc (m, j1 - j0) = A[:, :] x op(B)[:, j0:j1]
-  void (*small_m)(const SmallMArgs& s, int64_t j0, int64_t j1, float* acc);
+  void (*small_m)(const SmallMArgs& s, int64_t j0, int64_t j1, float* acc) = nullptr;
   // Decode-like over a weight W pre-packed in strips (gemm_prepacked): C (m <= kGemmSmallM rows,
   // the n columns of W) = epilogue(A x W) for the strips [s0, s1) only; A interleaved (steps, m):
   // a[l * m + i]; c, ep.bias and ep.residual at column 0. small_m_packed: f32 strips (steps = k,
@@ -121,7 +123,7 @@ struct GemmTargetKernels {
   std::vector<PackedPath> f32_other_tiles;
   // C rows (rows, cols) = epilogue(acc) with ep.beta read from C.
   void (*epilogue_rows)(float* c, int64_t ldc, const float* acc, int64_t ld_acc, int64_t rows,
-                        int64_t cols, const TileEpilogue& ep);
+                        int64_t cols, const TileEpilogue& ep) = nullptr;
 };
 
 const GemmTargetKernels& gemm_kernels_scalar();
