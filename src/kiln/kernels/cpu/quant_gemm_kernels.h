@@ -19,15 +19,16 @@ struct QuantTargetKernels {
   // rows, dot with x, then the epilogue. xsums (n, num_groups) = Σ of x over each group, given
   // when the weight has zero-points (the kernel subtracts scale·zero·xsum per group). q: the
   // tile shapes (quant_tiles.h) on targets that compile variants; others ignore it.
-  void (*wo_rows)(const QuantGemmParams& p, const float* xsums, int64_t j0, int64_t j1, const QuantTiles& q);
+  void (*wo_rows)(const QuantGemmParams& p, const float* xsums, int64_t j0, int64_t j1,
+                  const QuantTiles& q) = nullptr;
   // dst (j1 - j0, in) f32 = the dequantized rows j0..j1 of w (the prefill packing step).
-  void (*dequant_rows)(const QuantWeight& w, int64_t j0, int64_t j1, float* dst);
+  void (*dequant_rows)(const QuantWeight& w, int64_t j0, int64_t j1, float* dst) = nullptr;
   // W8A8 rows [0, p.n), channels [j0, j1), epilogue included.
-  void (*w8a8_rows)(const W8A8Params& p, int64_t j0, int64_t j1);
-  const char* (*w8a8_name)();
+  void (*w8a8_rows)(const W8A8Params& p, int64_t j0, int64_t j1) = nullptr;
+  const char* (*w8a8_name)() = nullptr;
   // Same contract as ref::quantize_rows_int8 on rows [0, n).
   void (*quantize_rows)(const float* x, int64_t n, int64_t in, int64_t ldx, int8_t* q, int64_t ldq,
-                        float* scales);
+                        float* scales) = nullptr;
 };
 
 const QuantTargetKernels& quant_kernels_scalar();
